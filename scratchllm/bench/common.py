@@ -1,0 +1,51 @@
+"""What every benchmark shares: timing with medians, and the facts of the machine it ran on."""
+
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+
+def time_runs(fn, repeat: int = 5, warmup: int = 1) -> list[float]:
+    """Seconds per call of fn(), `repeat` times after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def machine_facts() -> dict:
+    """Enough to tell two runs' machines apart: CPU model, cores, NumPy and its BLAS."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads)" for i in threadpool_info()]
+    except ImportError:
+        blas = []
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": blas,
+        "platform": platform.platform(),
+    }

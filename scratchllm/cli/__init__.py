@@ -1,0 +1,1 @@
+"""The `scratchllm` command line. Each sub-command lives in its own module here."""

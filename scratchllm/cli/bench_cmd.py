@@ -1,0 +1,46 @@
+"""`scratchllm bench NAME`: benchmarks that print ratios against a baseline measured in the same run.
+
+Each benchmark is a module scratchllm.bench.<name> with ``add_arguments(parser)`` and
+``run(args) -> dict``; ``render(result) -> str`` prints the human table. With ``--json`` the dict
+is printed as one JSON object instead (inputs, figures, ratios, machine facts).
+"""
+
+import importlib
+import json
+
+BENCHES = {
+    "matmul": "matrix multiply four ways, cache model and tile sweep (C1)",
+    "load": "load + dequantize the default model: ours vs the gguf package (C2)",
+    "tokenizer": "tokenizer encode MB/s: ours vs Hugging Face tokenizers (C3)",
+    "generate": "prefill and single-stream decode tok/s vs the memory-bandwidth bound (C3)",
+    "engine": "continuous vs static batching on a mixed workload (C4)",
+    "masks": "3-D attention mask generator: vectorized vs Python loop (C4)",
+    "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles (C5)",
+}
+
+
+def add_parser(sub):
+    parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH")
+    for name, help_text in BENCHES.items():
+        module_name = f"scratchllm.bench.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        p = benches.add_parser(name, help=help_text, description=module.__doc__)
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        module.add_arguments(p)
+        p.set_defaults(func=_run(module))
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _run(module):
+    def func(args):
+        result = module.run(args)
+        if args.json:
+            print(json.dumps(result, indent=None, default=str))
+        else:
+            print(module.render(result))
+        return 0
+
+    return func
