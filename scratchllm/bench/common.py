@@ -38,7 +38,10 @@ def machine_facts() -> dict:
     try:
         from threadpoolctl import threadpool_info
 
-        blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads)" for i in threadpool_info()]
+        blas = [
+            f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
+            for info in threadpool_info()
+        ]
     except ImportError:
         blas = []
     return {
