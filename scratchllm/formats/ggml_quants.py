@@ -1,0 +1,121 @@
+"""GGML tensor types: their block sizes, and vectorized dequantization of the ones we read.
+
+A quantized GGML tensor is a run of fixed-size blocks; each block holds `block_size` consecutive
+elements of the innermost dimension (ne[0], which must be a multiple of the block size):
+
+    Q8_0  34 bytes = f16 d,          32 x int8 q     value = d * q
+    Q4_0  18 bytes = f16 d,          16 bytes qs     value = d * (q - 8)
+    Q4_1  20 bytes = f16 d, f16 m,   16 bytes qs     value = d * q + m
+
+In the 4-bit types byte j of `qs` holds element j in its low nibble and element j + 16 in its
+high nibble (not j*2, j*2+1): the first half of the block is all low nibbles.
+
+Dequantization works on the whole tensor at once: the bytes are viewed as an array of blocks
+(a NumPy structured dtype, zero-copy), and each step is one ufunc over every block. There is no
+Python loop over blocks; the cost is a few passes over the float32 output.
+"""
+
+import numpy as np
+
+# type id -> (name, elements per block, bytes per block). The full table, so that every tensor of
+# a file can be sized and bounds-checked even when we cannot decode its type.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+}
+
+# Plain element types: the file's bytes are the array (zero-copy view), except BF16 which NumPy
+# lacks and which we widen to float32.
+PLAIN_DTYPES = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "F64": np.dtype("<f8"),
+    "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"),
+    "I32": np.dtype("<i4"),
+    "I64": np.dtype("<i8"),
+}
+
+BLOCK_DTYPES = {
+    "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
+    "Q4_0": np.dtype([("d", "<f2"), ("qs", "u1", (16,))]),
+    "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
+}
+
+QUANT_LAYOUT = {
+    "Q8_0": "blocks of 32: f16 scale + 32 x int8",
+    "Q4_0": "blocks of 32: f16 scale + 32 x 4-bit (offset 8)",
+    "Q4_1": "blocks of 32: f16 scale + f16 min + 32 x 4-bit",
+}
+
+SUPPORTED = set(PLAIN_DTYPES) | set(BLOCK_DTYPES) | {"BF16"}
+
+
+def out_dtype(type_name: str) -> str:
+    """NumPy dtype name a lookup of a tensor of this GGML type returns."""
+    if type_name in PLAIN_DTYPES:
+        return PLAIN_DTYPES[type_name].name
+    return "float32"  # quantized and BF16 are widened
+
+
+def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bit patterns [...] -> float32 [...]: bf16 is the top half of a float32."""
+    out = np.empty(raw.shape, dtype=np.float32)
+    np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
+
+
+def dequantize(type_name: str, data: np.ndarray, numel: int) -> np.ndarray:
+    """Raw block bytes (uint8 [nbytes]) -> float32 [numel], in file element order."""
+    block = BLOCK_DTYPES[type_name]
+    n_blocks = numel // 32
+    # Invariant: the parser sized the tensor as whole blocks; anything else is a parser bug.
+    assert numel % 32 == 0 and data.nbytes == n_blocks * block.itemsize, (type_name, numel, data.nbytes)
+    blocks = data.view(block)  # [n_blocks] structured, zero-copy
+    out = np.empty((n_blocks, 32), dtype=np.float32)
+    d = blocks["d"].astype(np.float32)[:, None]  # [n_blocks, 1]
+    if type_name == "Q8_0":
+        np.multiply(blocks["qs"], d, out=out)
+        return out.reshape(numel)
+    qs = blocks["qs"]  # [n_blocks, 16] uint8, strided view
+    lo, hi = out[:, :16], out[:, 16:]
+    if type_name == "Q4_0":
+        # (q - 8) in int8 is exact; one fused multiply per half.
+        np.multiply((qs & 0x0F).view(np.int8) - np.int8(8), d, out=lo)
+        np.multiply((qs >> 4).view(np.int8) - np.int8(8), d, out=hi)
+        return out.reshape(numel)
+    # Q4_1: d * q + m
+    np.multiply(qs & 0x0F, d, out=lo)
+    np.multiply(qs >> 4, d, out=hi)
+    out += blocks["m"].astype(np.float32)[:, None]
+    return out.reshape(numel)
