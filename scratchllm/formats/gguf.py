@@ -18,7 +18,6 @@ Opening a file reads only the header pages (the file is memory-mapped); tensor b
 when a tensor is looked up.
 """
 
-import mmap
 import struct
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 from scratchllm.errors import FormatError
 from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats.checkpoint import Checkpoint, TensorInfo, row_major_strides
+from scratchllm.formats.mapped import map_file
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -138,26 +138,13 @@ class _Cursor:
         return out
 
 
-def _map(path: Path) -> np.ndarray:
-    """The whole file as a read-only uint8 array backed by mmap (pages load on first touch)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            if size == 0:
-                raise FormatError(path, "empty file")
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as err:
-        raise FormatError(path, f"cannot read: {err.strerror or err}") from None
-    return np.frombuffer(mm, dtype=np.uint8)
-
-
 class GGUFFile:
     """A parsed GGUF file: `.metadata`, `.tensors` (name -> TensorInfo), `.version`, `.alignment`,
     `.data_offset`. Reading it does not read tensor data; `.tensor(name)` does, for one tensor."""
 
     def __init__(self, path):
         self.path = Path(path)
-        self.bytes = _map(self.path)  # uint8 [file_size]
+        self.bytes = map_file(self.path)  # uint8 [file_size]
         buf = memoryview(self.bytes)
         cur = _Cursor(buf, str(self.path))
         p = str(self.path)

@@ -1,0 +1,28 @@
+"""A model file as a read-only, memory-mapped uint8 array: the one way every parser touches bytes.
+
+Mapping costs nothing up front: the kernel loads a 4 KiB page when it is first touched, so a
+parser that reads only the table of contents reads only those pages, and a tensor's bytes are
+read when (and only when) that tensor is looked up. Views of this array are zero-copy and
+read-only; they keep the mapping alive for as long as they live.
+"""
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.errors import FormatError
+
+
+def map_file(path: Path) -> np.ndarray:
+    """uint8 [file_size], backed by mmap. An empty or unreadable file is a FormatError."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                raise FormatError(path, "empty file")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as err:
+        raise FormatError(path, f"cannot read: {err.strerror or err}") from None
+    return np.frombuffer(mm, dtype=np.uint8)
+
