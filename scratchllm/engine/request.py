@@ -1,0 +1,135 @@
+"""A request and its state machine, with the monotonic timestamps the metrics are made of.
+
+    WAITING --admit--> RUNNING --eos/stop/length--> FINISHED
+       ^                  |
+       |              preempt (blocks freed, recompute later)
+       +---- PREEMPTED <--+
+    abort: from any live state to ABORTED.
+
+Tokens: `token_ids` = prompt + output so far. `num_computed_tokens` of them have their K/V in the
+paged cache. Invariant: 0 <= num_computed_tokens <= len(token_ids), and the block table covers
+at least num_computed_tokens slots. Preemption by recompute resets num_computed_tokens to 0 and
+keeps token_ids, so a resumed request re-prefills prompt + output and continues unchanged.
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scratchllm.sampling import SamplingParams, make_rng
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+    @property
+    def done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+
+class Priority(enum.IntEnum):
+    HIGH = 0  # the seed's short requests: max_tokens < 256, FIFO
+    LOW = 1  # everything else, by arrival
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Monotonic times (time.monotonic seconds) and the durations between them, in ms."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float | None
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    num_preemptions: int = 0
+
+
+def _ms(a, b) -> float:
+    return 0.0 if a is None or b is None else (b - a) * 1000.0
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: Priority
+    arrival: float = field(default_factory=time.monotonic)
+    priority_adjust_s: float = 0.0  # from the priority hook: > 0 ages faster, < 0 slower
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the cached full blocks
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    # timestamps (monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+
+    def __post_init__(self):
+        assert len(self.prompt_token_ids) >= 1, "a request needs at least one prompt token"
+        self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
+        self.token_ids: list[int] = list(self.prompt_token_ids)
+        self.rng: np.random.Generator = make_rng(self.params)
+
+    # --- sizes ---
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until every known token (prompt, plus output when resuming) has its K/V cached
+        except the last, whose forward produces the next token."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    # --- transitions ---
+    def append_token(self, token_id: int, now: float) -> None:
+        self.token_ids.append(int(token_id))
+        if self.first_token is None:
+            self.first_token = now
+        self.token_times.append(now)
+
+    def finish(self, reason: str, now: float) -> None:
+        assert not self.status.done, f"request {self.request_id} finished twice"
+        self.status = RequestStatus.ABORTED if reason == "abort" else RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.finished = now
+
+    def metrics(self) -> RequestMetrics:
+        return RequestMetrics(
+            arrival=self.arrival,
+            first_scheduled=self.first_scheduled,
+            first_token=self.first_token,
+            finished=self.finished,
+            queue_ms=_ms(self.arrival, self.first_scheduled),
+            prefill_ms=_ms(self.first_scheduled, self.first_token),
+            decode_ms=_ms(self.first_token, self.finished),
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=self.num_output_tokens,
+            num_preemptions=self.num_preemptions,
+        )
