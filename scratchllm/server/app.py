@@ -1,0 +1,168 @@
+"""The FastAPI app: routes, admission control, body limits and OpenAI-style errors.
+
+`create_app(model, embedder=None, config=ServerConfig())` takes an engine client, not a model
+path: the real AsyncEngine (cli/serve_cmd.py) or the in-process FakeEngine (tests) plug in the
+same way. Layout: uvicorn's event loop owns every socket, parses, tokenizes and streams; the
+engine steps in its own thread; one pump thread per request bridges the two (streaming.py).
+"""
+
+import asyncio
+import math
+import statistics
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scratchllm.server.metrics import ServerMetrics
+from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
+
+
+@dataclass
+class ServedModel:
+    """A generation backend: what the server needs of it, nothing more."""
+
+    name: str  # the id clients send as "model" and see in /v1/models
+    engine: Any  # AsyncEngine contract: submit(ids, params, request_id) -> stream; shutdown(drain); stats()
+    tokenizer: Any  # encode / decode / apply_chat_template / eos_token_id
+    max_model_len: int  # prompt + completion tokens may not exceed this
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass
+class ServedEmbedder:
+    name: str
+    embed: Any  # (input_ids [B, T] int64, attention_mask [B, T]) -> [B, hidden] float32, L2-normalized
+    tokenizer: Any
+    max_len: int
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_in_flight: int = 64  # requests held in the engine at once (running + waiting); beyond -> 429
+    max_body_bytes: int = 1 << 20  # larger bodies -> 413 before they are read
+    drain_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
+
+
+@dataclass
+class ServerState:
+    model: ServedModel
+    embedder: ServedEmbedder | None
+    config: ServerConfig
+    metrics: ServerMetrics
+    recent_e2e_s: deque = field(default_factory=lambda: deque(maxlen=64))
+    embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def admit(self, n: int = 1) -> None:
+        """Reserve n engine slots or refuse with 429. The loop is single-threaded: no lock needed."""
+        if self.metrics.in_flight + n > self.config.max_in_flight:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise APIError(429, f"server is at capacity ({self.config.max_in_flight} requests in flight); "
+                           "retry later", type="rate_limit_exceeded", code="queue_full",
+                           headers={"Retry-After": str(self.retry_after_s())})
+        self.metrics.in_flight += n
+
+    def release(self, n: int = 1) -> None:
+        self.metrics.in_flight -= n
+        assert self.metrics.in_flight >= 0, "released more slots than were admitted"
+
+    def retry_after_s(self) -> int:
+        """About one typical request's lifetime: by then a slot has most likely opened."""
+        typical = statistics.median(self.recent_e2e_s) if self.recent_e2e_s else 1.0
+        return max(MIN_RETRY_AFTER_S, math.ceil(typical))
+
+    def check_model(self, name: str, embedding: bool = False) -> None:
+        served = self.embedder if embedding else self.model
+        if served is None or name not in (served.name, *served.aliases):
+            kind = "embedding model" if embedding else "model"
+            have = f"'{served.name}'" if served else "none"
+            raise APIError(404, f"The {kind} '{name}' does not exist (this server has {have})",
+                           param="model", code="model_not_found")
+
+
+class BodyLimit:
+    """Pure ASGI: refuse a body over the limit from its Content-Length, or while it streams in."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                response = JSONResponse(too_large.body(), status_code=413, headers={"Connection": "close"})
+                return await response(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise too_large  # turned into a 413 by the APIError handler
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
+               config: ServerConfig = ServerConfig()) -> FastAPI:
+    from scratchllm.server import embeddings, generation
+
+    stats = getattr(model.engine, "stats", None) or (lambda: {})
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
+        await asyncio.to_thread(model.engine.shutdown, True)
+
+    metrics = ServerMetrics(stats)
+    app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = ServerState(model, embedder, config, metrics)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError):
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        kind = "not_found" if err.status_code == 404 else "invalid_request_error"
+        body = APIError(err.status_code, str(err.detail), type=kind).body()
+        return JSONResponse(body, status_code=err.status_code, headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception):
+        body = APIError(500, f"internal error: {type(err).__name__}", type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "in_flight": metrics.in_flight}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        served = [model] + ([embedder] if embedder else [])
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "scratchllm",
+             "max_model_len": getattr(m, "max_model_len", getattr(m, "max_len", None))} for m in served]}
+
+    app.post("/v1/completions")(generation.completions)
+    app.post("/v1/chat/completions")(generation.chat_completions)
+    app.post("/v1/embeddings")(embeddings.create_embeddings)
+    return app

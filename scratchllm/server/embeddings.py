@@ -1,0 +1,69 @@
+"""POST /v1/embeddings: tokenize, pad into one batch, embed off the event loop.
+
+The forward pass is NumPy (it releases the GIL in its GEMMs), run with `asyncio.to_thread` so
+the loop keeps serving streams meanwhile; one batch at a time (a lock), because two concurrent
+batches only fight over the same cores. `encoding_format="base64"` is little-endian float32, which
+is what the official client asks for by default and decodes with NumPy.
+"""
+
+import asyncio
+import base64
+
+import numpy as np
+from fastapi import Request
+
+from scratchllm.server.protocol import APIError, EmbeddingRequest, bad_request, parse_body
+
+MAX_INPUTS = 256  # inputs in one request; more is a client bug more often than a real batch
+
+
+def pad_batch(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token-id lists -> input_ids [B, T] int64, attention_mask [B, T] int64 (1 = real token)."""
+    T = max(len(r) for r in rows)
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+async def create_embeddings(request: Request):
+    state = request.app.state.server
+    req = parse_body(await request.body(), EmbeddingRequest)
+    state.check_model(req.model, embedding=True)
+    emb = state.embedder
+    if req.dimensions is not None:
+        raise bad_request("'dimensions' is not supported: this model's size is fixed", param="dimensions")
+    inputs = req.inputs()
+    if len(inputs) > MAX_INPUTS:
+        raise bad_request(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param="input")
+    rows = []
+    for x in inputs:
+        ids = emb.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x)
+        if not ids:
+            raise bad_request("an input is empty", param="input")
+        if len(ids) > emb.max_len:
+            raise bad_request(f"an input has {len(ids)} tokens; this model takes at most {emb.max_len}",
+                              param="input", code="context_length_exceeded")
+        if any(not isinstance(t, int) or not 0 <= t < emb.tokenizer.vocab_size for t in ids):
+            raise bad_request("'input' has token ids outside the vocabulary", param="input")
+        rows.append(ids)
+    ids, mask = pad_batch(rows, getattr(emb.tokenizer, "pad_token_id", 0) or 0)
+    async with state.embed_lock:
+        try:
+            vectors = await asyncio.to_thread(emb.embed, ids, mask)  # [B, hidden]
+        except Exception as err:
+            raise APIError(500, f"embedding failed: {type(err).__name__}", type="server_error") from None
+    vectors = np.asarray(vectors, dtype=np.float32)
+    assert vectors.shape[0] == len(rows)
+    data = [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+            for i, v in enumerate(vectors)]
+    n = int(mask.sum())
+    return {"object": "list", "data": data, "model": req.model, "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _encode(vector: np.ndarray, fmt: str):
+    if fmt == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()

@@ -1,0 +1,263 @@
+"""POST /v1/completions and /v1/chat/completions, plain and streamed (SSE).
+
+Both endpoints are one pipeline: parse -> check model -> token ids -> SamplingParams (with the
+context-length checks) -> admit (or 429) -> submit -> collect or stream -> release. A request
+holds its engine slot from admission to `Generation.close()`, which runs on every path out
+(finished, client gone, error) and aborts whatever is still running, freeing its KV blocks.
+"""
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from scratchllm.errors import ConfigError
+from scratchllm.sampling import SamplingParams
+from scratchllm.server.metrics import TokenClock
+from scratchllm.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    bad_request,
+    new_id,
+    now_s,
+    parse_body,
+    timings,
+    usage,
+)
+from scratchllm.server.streaming import SSE_DONE, EventBridge, sse, wait_for_disconnect
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class Generation:
+    """One HTTP request's engine requests (one per prompt), admitted and submitted together."""
+
+    def __init__(self, state, prompts: list[list[int]], params: list[SamplingParams], request_id: str):
+        state.admit(len(prompts))
+        self.state, self.prompts, self.closed = state, prompts, False
+        self.bridges: list[EventBridge] = []
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                self.bridges.append(EventBridge(state.model.engine.submit(ids, p, request_id=rid)))
+        except Exception as err:
+            self.close()
+            raise APIError(503, f"engine refused the request: {err}", type="server_error",
+                           code="engine_unavailable") from None
+
+    async def events(self, i: int):
+        """The i-th prompt's events; finished requests are recorded in the metrics here."""
+        clock = TokenClock(self.state.metrics)
+        async for event in self.bridges[i]:
+            clock.tick()
+            if event.finish_reason is not None:
+                self.state.metrics.observe_finished(event.metrics, event.finish_reason)
+                m = event.metrics
+                if m is not None and m.finished is not None:
+                    self.state.recent_e2e_s.append(m.finished - m.arrival)
+            yield event
+
+    async def collect(self, receive) -> list[dict] | None:
+        """Every prompt's full result, or None if the client hung up first (then all is aborted)."""
+        results = asyncio.ensure_future(asyncio.gather(*(self._collect_one(i) for i in range(len(self.prompts)))))
+        hangup = asyncio.ensure_future(wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({results, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            return results.result() if results in done else None
+        finally:
+            hangup.cancel()
+            results.cancel()
+            self.close()
+
+    async def _collect_one(self, i: int) -> dict:
+        out = {"token_ids": [], "text": [], "logprobs": [], "finish_reason": None, "metrics": None}
+        async for event in self.events(i):
+            if event.finish_reason != "abort":
+                out["token_ids"].append(event.token_id)
+                out["logprobs"].append((event.token_id, event.logprob, event.top_logprobs))
+            out["text"].append(event.text)
+            out["finish_reason"], out["metrics"] = event.finish_reason, event.metrics
+        out["text"] = "".join(out["text"])
+        return out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for bridge in self.bridges:
+            if not bridge.finished:
+                self.state.metrics.requests.labels("abort").inc()
+            bridge.aclose()
+        self.state.release(len(self.prompts))
+
+
+class EventStream(StreamingResponse):
+    """SSE response that closes its Generation however the stream ends (done, disconnect, error)."""
+
+    def __init__(self, body, generation: Generation):
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.generation = generation
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.close()
+
+
+# --- request -> token ids and params ----------------------------------------------------------
+def _prompt_ids(state, prompt, param: str, special: bool = True) -> list[int]:
+    tok = state.model.tokenizer
+    ids = tok.encode(prompt, add_special_tokens=special) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise bad_request(f"'{param}' is empty after tokenization", param=param)
+    vocab = tok.vocab_size
+    if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+        raise bad_request(f"'{param}' has token ids outside [0, {vocab})", param=param)
+    return ids
+
+
+def _params(state, req, n_prompt: int, max_tokens: int | None, default: int | None, logprobs) -> SamplingParams:
+    limit = state.model.max_model_len
+    if n_prompt >= limit:
+        raise bad_request(f"prompt has {n_prompt} tokens; this model's context is {limit} tokens",
+                          param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                          code="context_length_exceeded")
+    room = limit - n_prompt
+    if max_tokens is None:
+        max_tokens = min(default, room) if default else room
+    if max_tokens < 1:
+        raise bad_request(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+    if max_tokens > room:
+        raise bad_request(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceeds this model's "
+                          f"context of {limit} tokens", param="max_tokens", code="context_length_exceeded")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise bad_request(f"'{name}' is not supported (only 0)", param=name)
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                              seed=req.seed, stop=req.stop_list(), stop_token_ids=tuple(req.stop_token_ids),
+                              ignore_eos=req.ignore_eos, logprobs=logprobs)
+    except ConfigError as err:
+        raise bad_request(str(err)) from None
+
+
+def _token_str(tok, token_id: int) -> str:
+    return tok.decode([token_id])
+
+
+def _top(top) -> list[tuple[int, float]]:
+    """The engine's top-logprobs (a dict id -> logprob, or (id, logprob) pairs) as sorted pairs."""
+    pairs = list(top.items()) if isinstance(top, dict) else [tuple(p) for p in (top or ())]
+    return sorted(pairs, key=lambda p: -p[1])
+
+
+# --- /v1/completions -----------------------------------------------------------------------------
+async def completions(request: Request):
+    state = request.app.state.server
+    req = parse_body(await request.body(), CompletionRequest)
+    state.check_model(req.model)
+    if req.echo:
+        raise bad_request("'echo' is not supported", param="echo")
+    prompts = [_prompt_ids(state, p, "prompt") for p in req.prompts()]
+    if req.stream and len(prompts) > 1:
+        raise bad_request("streaming takes one prompt per request", param="prompt")
+    params = [_params(state, req, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, req.logprobs)
+              for ids in prompts]
+    rid, created = new_id("cmpl"), now_s()
+    gen = Generation(state, prompts, params, rid)
+    head = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+    tok = state.model.tokenizer
+    if req.stream:
+        return EventStream(_stream_completion(gen, head, req, tok), gen)
+    results = await gen.collect(request.receive)
+    if results is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    choices = [{"index": i, "text": r["text"], "finish_reason": r["finish_reason"],
+                "logprobs": _completion_logprobs(tok, r["logprobs"]) if req.logprobs is not None else None}
+               for i, r in enumerate(results)]
+    n_prompt = sum(len(p) for p in prompts)
+    n_out = sum(len(r["token_ids"]) for r in results)
+    return {**head, "choices": choices, "usage": usage(n_prompt, n_out), "timings": timings(results[0]["metrics"])}
+
+
+def _completion_logprobs(tok, items) -> dict:
+    return {"tokens": [_token_str(tok, t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
+            "top_logprobs": [{_token_str(tok, i): lp for i, lp in _top(top)} for _, _, top in items],
+            "text_offset": []}
+
+
+async def _stream_completion(gen: Generation, head: dict, req, tok):
+    n_out = 0
+    async for event in gen.events(0):
+        counted = event.finish_reason != "abort"
+        n_out += counted
+        if event.text or event.finish_reason:
+            choice = {"index": 0, "text": event.text, "finish_reason": event.finish_reason, "logprobs": None}
+            if req.logprobs is not None and counted:
+                choice["logprobs"] = _completion_logprobs(tok, [(event.token_id, event.logprob, event.top_logprobs)])
+            chunk = {**head, "choices": [choice]}
+            if event.finish_reason:
+                chunk["timings"] = timings(event.metrics)
+            yield sse(chunk)
+    if req.stream_options and req.stream_options.include_usage:
+        yield sse({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
+    yield SSE_DONE
+
+
+# --- /v1/chat/completions ------------------------------------------------------------------------
+async def chat_completions(request: Request):
+    state = request.app.state.server
+    req = parse_body(await request.body(), ChatCompletionRequest)
+    state.check_model(req.model)
+    tok = state.model.tokenizer
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001 - a template that rejects these messages is the client's input
+        raise bad_request(f"messages do not fit the chat template: {err}", param="messages") from None
+    # The template already spells the special tokens (e.g. <|im_start|>): add none of our own.
+    ids = _prompt_ids(state, text, "messages", special=False)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = _params(state, req, len(ids), req.max_completion_tokens or req.max_tokens, None, logprobs)
+    rid, created = new_id("chatcmpl"), now_s()
+    gen = Generation(state, [ids], [params], rid)
+    head = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
+    if req.stream:
+        return EventStream(_stream_chat(gen, {**head, "object": "chat.completion.chunk"}, req, tok), gen)
+    results = await gen.collect(request.receive)
+    if results is None:
+        return Response(status_code=499)
+    r = results[0]
+    choice = {"index": 0, "message": {"role": "assistant", "content": r["text"]}, "finish_reason": r["finish_reason"],
+              "logprobs": {"content": [_chat_logprob(tok, *x) for x in r["logprobs"]]} if req.logprobs else None}
+    n_out = len(r["token_ids"])
+    return {**head, "choices": [choice], "usage": usage(len(ids), n_out), "timings": timings(r["metrics"])}
+
+
+def _chat_logprob(tok, token_id, logprob, top) -> dict:
+    def entry(t, lp):
+        s = _token_str(tok, t)
+        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+
+    return {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in _top(top)]}
+
+
+async def _stream_chat(gen: Generation, head: dict, req, tok):
+    yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None, "logprobs": None}]})
+    n_out = 0
+    async for event in gen.events(0):
+        n_out += event.finish_reason != "abort"
+        if event.text:
+            lp = {"content": [_chat_logprob(tok, event.token_id, event.logprob, event.top_logprobs)]} \
+                if req.logprobs else None
+            yield sse({**head, "choices": [{"index": 0, "delta": {"content": event.text}, "finish_reason": None,
+                                            "logprobs": lp}]})
+        if event.finish_reason:
+            yield sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": event.finish_reason,
+                                            "logprobs": None}], "timings": timings(event.metrics)})
+    if req.stream_options and req.stream_options.include_usage:
+        yield sse({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
+    yield SSE_DONE
