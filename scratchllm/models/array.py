@@ -1,0 +1,36 @@
+"""Which array module computes: NumPy today, CuPy later (SPEC C8).
+
+Model code never names NumPy for array math. A function that needs a module-level call
+(``exp``, ``sqrt``, ``matmul`` with ``out=``) asks ``xp = array_module(x)`` for the module its input
+lives in, the way CuPy's ``get_array_module`` works, so the same forward pass runs on host arrays
+or on device arrays without a global switch. Operators (``@``, ``*``, ``+``) dispatch by themselves.
+Host-side work that is inherently NumPy (reading files, sampling) converts with ``to_numpy``.
+"""
+
+import sys
+
+import numpy
+
+
+def array_module(*arrays):
+    """numpy, or cupy when any argument is a CuPy array (CuPy is only looked at if imported)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and any(isinstance(a, cupy.ndarray) for a in arrays):
+        return cupy
+    return numpy
+
+
+def to_numpy(a) -> numpy.ndarray:
+    """A host NumPy array (no copy when it already is one)."""
+    if isinstance(a, numpy.ndarray):
+        return a
+    return a.get()  # CuPy: device -> host
+
+
+def to_device(a: numpy.ndarray, module: str = "numpy"):
+    """Place a host array on the named module: identity for numpy, a host -> device copy for cupy."""
+    if module == "numpy":
+        return a
+    import importlib
+
+    return importlib.import_module(module).asarray(a)

@@ -1,0 +1,99 @@
+"""BERT encoder and sentence embeddings (Devlin et al. 2019; Reimers & Gurevych 2019).
+
+    x = layer_norm(word[ids] + position[0..T) + token_type[0])
+    for each layer:  x = layer_norm(x + dense(bidirectional_attention(q(x), k(x), v(x), mask)))
+                     x = layer_norm(x + out(gelu(intermediate(x))))
+    embedding = normalize(mean of x over the non-padding tokens)
+
+Post-norm (the residual is added before LayerNorm), exact erf GELU, no causal mask.
+"""
+
+import numpy as np
+
+from scratchllm.models.array import array_module
+from scratchllm.models.attention import bidirectional_attention
+from scratchllm.models.config import ModelConfig
+from scratchllm.models.ops import gelu_erf, layer_norm, linear
+
+
+def encoder_layer(x, mask, p: dict, cfg: ModelConfig):  # [B, T, C], [B, T] -> [B, T, C]
+    B, T, C = x.shape
+    H, D = cfg.num_heads, cfg.head_dim
+    flat = x.reshape(B * T, C)
+    q, k, v = (linear(flat, p[f"attention.self.{n}.weight"], p[f"attention.self.{n}.bias"]).reshape(B, T, H, D)
+               for n in ("query", "key", "value"))
+    ctx = bidirectional_attention(q, k, v, mask).reshape(B * T, C)
+    attn = linear(ctx, p["attention.output.dense.weight"], p["attention.output.dense.bias"])
+    flat = layer_norm(flat + attn, p["attention.output.LayerNorm.weight"], p["attention.output.LayerNorm.bias"],
+                      cfg.norm_eps)
+    h = gelu_erf(linear(flat, p["intermediate.dense.weight"], p["intermediate.dense.bias"]))
+    out = linear(h, p["output.dense.weight"], p["output.dense.bias"])
+    flat = layer_norm(flat + out, p["output.LayerNorm.weight"], p["output.LayerNorm.bias"], cfg.norm_eps)
+    return flat.reshape(B, T, C)
+
+
+def bert(input_ids, attention_mask, w: dict, cfg: ModelConfig, token_type_ids=None):  # [B, T] x2 -> [B, T, C]
+    B, T = input_ids.shape
+    e = w["embeddings"]
+    types = e["token_type_embeddings.weight"][0 if token_type_ids is None else token_type_ids]
+    x = e["word_embeddings.weight"][input_ids] + e["position_embeddings.weight"][:T][None] + types
+    x = layer_norm(x, e["LayerNorm.weight"], e["LayerNorm.bias"], cfg.norm_eps)
+    for p in w["layers"]:
+        x = encoder_layer(x, attention_mask, p, cfg)
+    return x
+
+
+def mean_pool_normalize(h, attention_mask):  # [B, T, C], [B, T] -> [B, C]
+    xp = array_module(h)
+    m = attention_mask[:, :, None].astype(h.dtype)
+    pooled = (h * m).sum(axis=1) / xp.maximum(m.sum(axis=1), 1e-9)
+    return pooled / xp.maximum(xp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+
+
+def _layer_shapes(C, I):
+    s = {f"attention.self.{n}.{k}": (C, C) if k == "weight" else (C,)
+         for n in ("query", "key", "value") for k in ("weight", "bias")}
+    s.update({"attention.output.dense.weight": (C, C), "attention.output.dense.bias": (C,),
+              "attention.output.LayerNorm.weight": (C,), "attention.output.LayerNorm.bias": (C,),
+              "intermediate.dense.weight": (I, C), "intermediate.dense.bias": (I,),
+              "output.dense.weight": (C, I), "output.dense.bias": (C,),
+              "output.LayerNorm.weight": (C,), "output.LayerNorm.bias": (C,)})
+    return s
+
+
+class BertModel:
+    def __init__(self, config: ModelConfig, weights):
+        """`weights`: HF names, with or without the "bert." prefix of the task heads' checkpoints."""
+        self.config = config
+        C, I = config.hidden_size, config.intermediate_size
+        self.weights = {}
+
+        def get(name, shape):
+            for full in (name, "bert." + name):
+                if full in weights:
+                    a = weights[full]
+                    if tuple(a.shape) != shape:
+                        raise ValueError(f"tensor {full!r} has shape {tuple(a.shape)}, expected {shape}")
+                    self.weights[full] = np.ascontiguousarray(a, dtype=np.float32)
+                    return self.weights[full]
+            raise KeyError(f"checkpoint lacks tensor {name!r}")
+
+        emb_shapes = {"word_embeddings.weight": (config.vocab_size, C),
+                      "position_embeddings.weight": (config.max_position_embeddings, C),
+                      "token_type_embeddings.weight": (config.type_vocab_size, C),
+                      "LayerNorm.weight": (C,), "LayerNorm.bias": (C,)}
+        self.params = {
+            "embeddings": {k: get("embeddings." + k, s) for k, s in emb_shapes.items()},
+            "layers": [{k: get(f"encoder.layer.{i}.{k}", s) for k, s in _layer_shapes(C, I).items()}
+                       for i in range(config.num_layers)],
+        }
+
+    def encode(self, input_ids, attention_mask, token_type_ids=None):  # [B, T] -> [B, T, C]
+        input_ids = np.asarray(input_ids)
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"{input_ids.shape[1]} tokens exceed BERT's {self.config.max_position_embeddings}")
+        return bert(input_ids, np.asarray(attention_mask), self.params, self.config, token_type_ids)
+
+    def embed(self, input_ids, attention_mask):  # [B, T], [B, T] -> [B, C], unit length
+        mask = np.asarray(attention_mask)
+        return mean_pool_normalize(self.encode(input_ids, mask), mask)

@@ -1,0 +1,154 @@
+"""load_model(ref): a checkpoint (GGUF, safetensors, pytorch_model.bin, folder) -> a runnable model.
+
+The architecture comes from config.json "architectures" (Hugging Face folders) or GGUF metadata
+"general.architecture". Every model sees Hugging Face tensor names: GGUF names are mapped here,
+and llama.cpp's reordering of the q/k rows is undone (see `unpermute_rotary`). Loading fails
+loudly on a missing, extra or mis-shaped tensor.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from scratchllm.errors import ConfigError, FormatError
+from scratchllm.formats import load_checkpoint
+from scratchllm.formats.refs import resolve_model
+from scratchllm.models.bert import BertModel
+from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
+from scratchllm.models.gpt2 import GPT2Model
+from scratchllm.models.llama import LlamaModel
+
+FAMILIES = {"llama": LlamaModel, "gpt2": GPT2Model, "bert": BertModel}
+
+# Tensors a checkpoint may carry that the forward pass never needs: buffers older transformers
+# saved, task heads and poolers we do not run, a stored copy of a tied LM head.
+IGNORABLE = re.compile(
+    r"(.*rotary_emb\.inv_freq|.*attn\.(masked_)?bias|.*embeddings\.position_ids|(bert\.)?pooler\..*|cls\..*|lm_head\.weight)$"
+)
+
+GGUF_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    if name in GGUF_GLOBAL_NAMES:
+        return GGUF_GLOBAL_NAMES[name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+    if m and m.group(2) in GGUF_BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{GGUF_BLOCK_NAMES[m.group(2)]}"
+    return None
+
+
+def unpermute_rotary(w, n_head: int):  # [n_head * D, ...] -> [n_head * D, ...]
+    """Undo llama.cpp's q/k row permutation.
+
+    Hugging Face Llama rotates the pair (x_i, x_{i + D/2}) of each head ("rotate half"); ggml's
+    default rope rotates adjacent pairs (x_{2i}, x_{2i+1}). So convert_hf_to_gguf.py reorders each
+    head's D output rows from [2, D/2] to [D/2, 2] (pair members side by side), which makes the
+    two rotations the same computation. We rotate the HF way, so we put the rows back:
+    view the rows as [n_head, D/2, 2] and swap the last two axes to [n_head, 2, D/2].
+    (Qwen2 files use the "neox" rope = rotate half, and are stored unpermuted.)
+    """
+    rows = w.shape[0]
+    assert rows % (2 * n_head) == 0, "rows must split into heads of even size"
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class GGUFAsHF(Mapping):
+    """A GGUF checkpoint seen through Hugging Face names; q/k rows unpermuted on lookup (Llama only)."""
+
+    def __init__(self, ckpt, config: ModelConfig):
+        self.ckpt, self.config = ckpt, config
+        self.names = {}
+        for name in ckpt:
+            hf = gguf_to_hf_name(name)
+            if hf is None:
+                raise FormatError(ckpt.path, f"tensor '{name}' has no place in a {config.model_type} model")
+            self.names[hf] = name
+
+    def __getitem__(self, hf_name: str):
+        a = self.ckpt[self.names[hf_name]]
+        if self.config.model_type == "llama":
+            if ".q_proj." in hf_name:
+                a = unpermute_rotary(a, self.config.num_heads)
+            elif ".k_proj." in hf_name:
+                a = unpermute_rotary(a, self.config.num_kv_heads)
+        return a
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+
+class _Recorder(Mapping):
+    """Remembers which tensors the model read, so that leftovers can be reported."""
+
+    def __init__(self, inner):
+        self.inner, self.read = inner, set()
+
+    def __getitem__(self, name):
+        value = self.inner[name]
+        self.read.add(name)
+        return value
+
+    def __iter__(self):
+        return iter(self.inner)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __contains__(self, name):
+        return name in self.inner
+
+
+def read_config(path: Path, ckpt) -> ModelConfig:
+    if ckpt.format == "gguf":
+        names = set(ckpt)
+        return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names)
+    folder = path if path.is_dir() else path.parent
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{path}: no config.json beside the weights, so the architecture is unknown")
+    try:
+        return from_hf_config(json.loads(config_file.read_text(encoding="utf-8")))
+    except (KeyError, TypeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
+
+
+def load_model(ref="default"):
+    """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder."""
+    path = resolve_model(ref)
+    ckpt = load_checkpoint(path)
+    config = read_config(path, ckpt)
+    weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
+    try:
+        model = FAMILIES[config.family](config, weights)
+    except (KeyError, ValueError) as err:
+        raise FormatError(ckpt.path, str(err).strip("'\"")) from None
+    extra = sorted(n for n in weights if n not in weights.read and not IGNORABLE.fullmatch(n))
+    if extra:
+        raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
+                                     + ", ".join(extra[:5]))
+    model.path = str(path)
+    model.format = ckpt.format
+    return model
