@@ -65,6 +65,7 @@ class Request:
     params: SamplingParams
     priority: Priority
     arrival: float = field(default_factory=time.monotonic)
+    seq_no: int = 0  # the scheduler's tie-break: among equal times, first added goes first
     priority_adjust_s: float = 0.0  # from the priority hook: > 0 ages faster, < 0 slower
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
