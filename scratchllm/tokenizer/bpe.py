@@ -1,0 +1,105 @@
+"""Byte-pair encoding of one pre-token: start from single symbols, merge the best pair, repeat.
+
+"Best" is the adjacent pair with the lowest merge rank; ties go to the leftmost pair. This is the
+rule of Hugging Face `tokenizers` (rank = line of the merges list) and of tiktoken (rank of the
+concatenated bytes); both reduce to a table (left, right) -> rank, built once here.
+
+Cost: almost all encode time is spent in `_merge`, once per distinct pre-token, because the result
+of every pre-token is cached (prose repeats its words; the cache turns BPE into a dict lookup).
+"""
+
+from collections.abc import Iterable
+
+# Rank of a pair that cannot merge: larger than any real rank, and still a plain int so that
+# min() over the pair ranks compares ints only.
+NO_MERGE = 1 << 62
+
+# Pre-tokens cached per tokenizer; past this many, new ones are encoded but no longer stored.
+CACHE_LIMIT = 200_000
+
+
+class BPE:
+    """vocab: token text -> id; ranks: (left, right) -> rank; the merge of a pair is left + right.
+
+    ignore_merges: look the whole pre-token up in the vocabulary first (tiktoken and Llama 3 do;
+    GPT-2 style tokenizers do not, and the two can differ when a token is in the vocabulary but
+    the merges reach the word by another path).
+    """
+
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        ranks: dict[tuple[str, str], int],
+        *,
+        ignore_merges: bool = False,
+        unk_id: int | None = None,
+    ):
+        self.vocab = vocab
+        self.ranks = ranks
+        self.ignore_merges = ignore_merges
+        self.unk_id = unk_id
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_merges(cls, vocab: dict[str, int], merges: Iterable[tuple[str, str]], **kw) -> "BPE":
+        ranks: dict[tuple[str, str], int] = {}
+        for rank, pair in enumerate(merges):
+            # A pair listed twice keeps its first (best) rank, as tokenizers does.
+            ranks.setdefault(pair, rank)
+        return cls(vocab, ranks, **kw)
+
+    @classmethod
+    def from_ranked_tokens(cls, ranked: dict[str, int], **kw) -> "BPE":
+        """tiktoken's form: each token's rank is its id and the rank of any pair that concatenates
+        to it. Every split of a token into two tokens becomes a pair (a few per token)."""
+        ranks: dict[tuple[str, str], int] = {}
+        for token, rank in ranked.items():
+            for cut in range(1, len(token)):
+                left, right = token[:cut], token[cut:]
+                if left in ranked and right in ranked:
+                    ranks[(left, right)] = rank
+        return cls(dict(ranked), ranks, ignore_merges=True, **kw)
+
+    def encode_word(self, word: str) -> list[int]:
+        """One pre-token, already in the vocabulary's alphabet (byte-level text for GPT-2 style),
+        -> ids, through the cache."""
+        cached = self._cache.get(word)
+        if cached is None:
+            cached = self.encode_uncached(word)
+            if len(self._cache) < CACHE_LIMIT:
+                self._cache[word] = cached
+        return cached
+
+    def encode_uncached(self, word: str) -> list[int]:
+        """Symbols missing from the vocabulary become unk_id, or are dropped without one (what
+        tokenizers does)."""
+        vocab = self.vocab
+        if self.ignore_merges and word in vocab:
+            return [vocab[word]]
+        ids = []
+        for symbol in self._merge(word):
+            token_id = vocab.get(symbol, self.unk_id)
+            if token_id is not None:
+                ids.append(token_id)
+        return ids
+
+    def _merge(self, word: str) -> list[str]:
+        symbols = list(word)
+        get = self.ranks.get
+        # pair_ranks[i] is the rank of (symbols[i], symbols[i + 1]): kept in step with symbols,
+        # so each merge recomputes two entries instead of the whole row.
+        pair_ranks = [get((a, b), NO_MERGE) for a, b in zip(symbols, symbols[1:], strict=False)]
+        while pair_ranks:
+            best = min(pair_ranks)
+            if best == NO_MERGE:
+                break
+            i = pair_ranks.index(best)  # leftmost of the lowest rank
+            merged = symbols[i] + symbols[i + 1]
+            symbols[i : i + 2] = [merged]
+            del pair_ranks[i]
+            if i > 0:
+                pair_ranks[i - 1] = get((symbols[i - 1], merged), NO_MERGE)
+            if i < len(pair_ranks):
+                pair_ranks[i] = get((merged, symbols[i + 1]), NO_MERGE)
+        assert len(pair_ranks) == max(len(symbols) - 1, 0)
+        return symbols

@@ -1,0 +1,34 @@
+"""Incremental detokenization for streaming: text only when its characters are complete.
+
+A byte-level token can end in the middle of a UTF-8 character (one emoji is often 2-4 tokens).
+Printing each token's bytes at once would show replacement characters; holding the whole output
+until the end would defeat streaming. An incremental UTF-8 decoder keeps the unfinished tail and
+emits everything before it, so the pieces pushed out join to exactly decode(ids).
+"""
+
+import codecs
+
+
+class Detokenizer:
+    """push(token_id) -> the new complete text (often '', sometimes several characters);
+    flush() -> whatever is left at the end (a cut character becomes U+FFFD, as decode does)."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = False):
+        self._tok = tokenizer
+        self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._byte_level = tokenizer.spec.kind == "bpe"
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._count = 0  # tokens emitted so far (WordPiece writes no space before the first)
+
+    def push(self, token_id: int) -> str:
+        token_id = int(token_id)
+        if token_id in self._skip:
+            return ""
+        first = self._count == 0
+        self._count += 1
+        if self._byte_level:
+            return self._utf8.decode(self._tok.token_bytes(token_id))
+        return self._tok.wordpiece_text(token_id, first)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,329 @@
+"""Read a tokenizer from the files a checkpoint ships: GGUF metadata, tokenizer.json (+ its
+tokenizer_config.json), a BERT vocab.txt, or a tiktoken rank file. Each returns a TokenizerSpec.
+
+Only what the files declare is used; anything we do not implement is refused with a FormatError
+naming the file and the component, never silently approximated.
+"""
+
+import base64
+import json
+import unicodedata
+from pathlib import Path
+
+from scratchllm.errors import FormatError
+from scratchllm.formats.refs import resolve_model
+from scratchllm.tokenizer import pretokenize as pt
+from scratchllm.tokenizer.bpe import BPE
+from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
+from scratchllm.tokenizer.tokenizer import TokenizerSpec
+from scratchllm.tokenizer.wordpiece import WordPiece, bert_normalize, bert_pre_tokenize
+
+# GGUF token types (llama.cpp's llama_token_type): 3 = control (<|im_start|>), 4 = user-defined.
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+
+
+def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None) -> TokenizerSpec:
+    """pattern and special_tokens apply to tiktoken rank files only, which carry neither."""
+    path = resolve_model(ref)
+    if path.is_dir():
+        if (path / "tokenizer.json").exists():
+            return from_tokenizer_json(path / "tokenizer.json")
+        if (path / "vocab.txt").exists():
+            return from_vocab_txt(path)
+        raise FormatError(path, "no tokenizer here: expected tokenizer.json or vocab.txt")
+    if path.suffix == ".gguf":
+        return from_gguf(path)
+    if path.name.endswith(".json"):
+        return from_tokenizer_json(path)
+    return from_tiktoken(path, pattern=pattern, special_tokens=special_tokens)
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+def from_gguf(path) -> TokenizerSpec:
+    from scratchllm.formats.gguf import GGUFFile
+
+    meta = GGUFFile(path).metadata
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') only")
+    tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    if any(len(m) != 2 for m in merges):
+        raise FormatError(path, "tokenizer.ggml.merges holds an entry without a space between its two halves")
+    pre = str(meta.get("tokenizer.ggml.pre", "default"))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # Control and user-defined tokens are matched in raw text before BPE (llama.cpp does the same);
+    # control tokens are the "special" ones that decode(skip_special_tokens=True) drops.
+    added = {t: i for i, t in enumerate(tokens) if types[i] in (GGUF_CONTROL, GGUF_USER_DEFINED)}
+    special = frozenset(i for i, t in enumerate(types) if t == GGUF_CONTROL)
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    # llama.cpp's default for a BPE vocabulary is to add BOS when the key is absent.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    model = BPE.from_merges(vocab, merges, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
+    return TokenizerSpec(
+        kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
+        added=added, special_ids=special,
+        prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
+        bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(meta.get("tokenizer.ggml.padding_token_id")),
+        chat_template=meta.get("tokenizer.chat_template"),
+        model_max_length=_int(meta.get(f"{meta.get('general.architecture')}.context_length")),
+        source=str(path),
+    )
+
+
+def _int(v):
+    return None if v is None else int(v)
+
+
+# ---- tiktoken -----------------------------------------------------------------------------
+def from_tiktoken(path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None):
+    """A rank file: one 'base64(token bytes) rank' per line, rank = id, as tiktoken loads.
+
+    The file carries no pattern and no special tokens: GPT-2's regex is the default, and, as for
+    GPT-2, '<|endoftext|>' takes the id after the last rank unless special_tokens says otherwise.
+    """
+    ranked: dict[str, int] = {}
+    path = Path(path)
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise FormatError(path, f"cannot read: {e.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            token_b64, rank = line.split()
+            token = base64.b64decode(token_b64, validate=True)
+            rank = int(rank)
+        except ValueError:
+            raise FormatError(path, f"line {n} is not 'base64-token rank' (is this a tiktoken rank file?)") from None
+        # Tokens are kept in the byte-level alphabet so the BPE code is shared with GPT-2 vocabularies.
+        ranked["".join(BYTE_TO_CHAR[b] for b in token)] = rank
+    missing = [b for b in range(256) if BYTE_TO_CHAR[b] not in ranked]
+    if missing:
+        raise FormatError(path, f"{len(missing)} single bytes have no rank (e.g. {missing[0]}); BPE needs all 256")
+    n_ids = max(ranked.values()) + 1
+    id_to_token = [""] * n_ids
+    for token, rank in ranked.items():
+        id_to_token[rank] = token
+    if special_tokens is None:
+        special_tokens = {"<|endoftext|>": n_ids}
+    eot = special_tokens.get("<|endoftext|>")
+    return TokenizerSpec(
+        kind="bpe", model=BPE.from_ranked_tokens(ranked), id_to_token=id_to_token,
+        pre_tokenizer=pt.PreTokenizer([pt.Split(pattern)]),
+        added=dict(special_tokens), special_ids=frozenset(special_tokens.values()),
+        bos_token_id=eot, eos_token_id=eot, source=str(path),
+    )
+
+
+# ---- tokenizer.json -----------------------------------------------------------------------
+def from_tokenizer_json(path) -> TokenizerSpec:
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FormatError(path, f"cannot read tokenizer.json: {e}") from None
+    config = _read_config(path.parent)
+    model_spec = spec.get("model") or {}
+    mtype = model_spec.get("type")
+    added = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
+    special = frozenset(int(t["id"]) for t in spec.get("added_tokens") or [] if t.get("special"))
+
+    if mtype == "BPE":
+        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model_spec.get("merges", [])]
+        unk = model_spec.get("unk_token")
+        model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
+                                unk_id=vocab.get(unk) if unk else None)
+        kind = "bpe"
+        if not _is_byte_level(spec):
+            raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
+    elif mtype == "WordPiece":
+        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        model = WordPiece(vocab, unk_token=model_spec.get("unk_token", "[UNK]"),
+                          prefix=model_spec.get("continuing_subword_prefix", "##"),
+                          max_chars=int(model_spec.get("max_input_chars_per_word", 100)))
+        kind = "wordpiece"
+    else:
+        raise FormatError(path, f"model type {mtype!r} is not supported (BPE and WordPiece are)")
+
+    id_to_token = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        id_to_token[i] = token
+    prefix, suffix = _post_processor(spec.get("post_processor"), added, vocab, path)
+    bos, eos, pad = (_config_token_id(config.get(k), added, vocab) for k in ("bos_token", "eos_token", "pad_token"))
+    if kind == "wordpiece" and pad is None:
+        pad = added.get("[PAD]", vocab.get("[PAD]"))
+    return TokenizerSpec(
+        kind=kind, model=model, id_to_token=id_to_token,
+        pre_tokenizer=_pre_tokenizer(spec.get("pre_tokenizer"), path),
+        normalizer=_normalizer(spec.get("normalizer"), path),
+        added=added, special_ids=special, prefix_ids=prefix, suffix_ids=suffix,
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+        chat_template=_chat_template(config, path.parent), model_max_length=_max_length(config, path.parent),
+        source=str(path),
+    )
+
+
+def _is_byte_level(spec) -> bool:
+    text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+    return '"ByteLevel"' in text
+
+
+def _pre_tokenizer(node, path):
+    if node is None:
+        return pt.PreTokenizer([])
+    kind = node.get("type")
+    if kind == "BertPreTokenizer":
+        return bert_pre_tokenize
+    return pt.PreTokenizer(_split_steps(node, path))
+
+
+def _split_steps(node, path) -> list[pt.Split]:
+    kind = node.get("type")
+    if kind == "Sequence":
+        return [s for child in node["pretokenizers"] for s in _split_steps(child, path)]
+    if kind == "ByteLevel":
+        if node.get("add_prefix_space"):
+            raise FormatError(path, "ByteLevel add_prefix_space=true is not supported")
+        return [pt.Split(pt.GPT2_PATTERN)] if node.get("use_regex", True) else []
+    if kind == "Digits":
+        return [pt.Split(r"\p{N}" if node.get("individual_digits") else r"\p{N}+")]
+    if kind == "Split":
+        pattern = node["pattern"]
+        source = pattern["Regex"] if "Regex" in pattern else _escape(pattern["String"])
+        behavior = {"Isolated": "isolated", "Removed": "removed"}.get(node.get("behavior"))
+        if behavior is None:
+            raise FormatError(path, f"Split behavior {node.get('behavior')!r} is not supported")
+        return [pt.Split(source, behavior, bool(node.get("invert", False)))]
+    if kind == "Whitespace":
+        return [pt.Split(r"\w+|[^\w\s]+", "removed", invert=True)]
+    if kind == "WhitespaceSplit":
+        return [pt.Split(r"\s+", "removed")]
+    raise FormatError(path, f"pre-tokenizer {kind!r} is not supported")
+
+
+def _escape(s: str) -> str:
+    import regex
+
+    return regex.escape(s)
+
+
+def _normalizer(node, path):
+    if node is None:
+        return None
+    kind = node.get("type")
+    if kind == "Sequence":
+        steps = [_normalizer(n, path) for n in node["normalizers"]]
+
+        def sequence(text):
+            for step in steps:
+                text = step(text)
+            return text
+
+        return sequence
+    if kind in ("NFC", "NFD", "NFKC", "NFKD"):
+        return lambda text: unicodedata.normalize(kind, text)
+    if kind == "Lowercase":
+        return str.lower
+    if kind == "BertNormalizer":
+        opts = dict(lowercase=bool(node.get("lowercase", True)), strip_accents=node.get("strip_accents"),
+                    clean_text=bool(node.get("clean_text", True)),
+                    handle_chinese_chars=bool(node.get("handle_chinese_chars", True)))
+        return lambda text: bert_normalize(text, **opts)
+    raise FormatError(path, f"normalizer {kind!r} is not supported")
+
+
+def _post_processor(node, added, vocab, path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids encode(add_special_tokens=True) puts before and after a single sequence."""
+    if node is None:
+        return (), ()
+    kind = node.get("type")
+    if kind == "Sequence":
+        prefix, suffix = (), ()
+        for child in node["processors"]:
+            p, s = _post_processor(child, added, vocab, path)
+            prefix, suffix = prefix + p, s + suffix
+        return prefix, suffix
+    if kind == "ByteLevel":
+        return (), ()
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return (int(node["cls"][1]),), (int(node["sep"][1]),)
+    if kind == "TemplateProcessing":
+        prefix, suffix, seen_text = [], [], False
+        for item in node["single"]:
+            if "Sequence" in item:
+                seen_text = True
+                continue
+            name = item["SpecialToken"]["id"]
+            ids = node["special_tokens"][name]["ids"]
+            (suffix if seen_text else prefix).extend(int(i) for i in ids)
+        return tuple(prefix), tuple(suffix)
+    raise FormatError(path, f"post-processor {kind!r} is not supported")
+
+
+# ---- tokenizer_config.json and friends ------------------------------------------------------
+def _read_config(folder: Path) -> dict:
+    f = folder / "tokenizer_config.json"
+    if not f.exists():
+        return {}
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise FormatError(f, f"not valid JSON: {e}") from None
+
+
+def _config_token_id(value, added, vocab):
+    if isinstance(value, dict):  # {"content": "<s>", "lstrip": false, ...}
+        value = value.get("content")
+    if not value:
+        return None
+    return added.get(value, vocab.get(value))
+
+
+def _chat_template(config: dict, folder: Path) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    if template is None and (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    return template
+
+
+def _max_length(config: dict, folder: Path) -> int | None:
+    # sentence-transformers truncates at its own max_seq_length, which is what the embeddings
+    # were computed with; fall back to the tokenizer's model_max_length.
+    st = folder / "sentence_bert_config.json"
+    if st.exists():
+        try:
+            return int(json.loads(st.read_text())["max_seq_length"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    value = config.get("model_max_length")
+    return int(value) if isinstance(value, int | float) and value < 1e9 else None
+
+
+# ---- BERT vocab.txt -------------------------------------------------------------------------
+def from_vocab_txt(folder: Path) -> TokenizerSpec:
+    """A BERT folder without tokenizer.json: vocab.txt (one token per line, id = line number)."""
+    tokens = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab = {t: i for i, t in enumerate(tokens)}
+    config = _read_config(folder)
+    lowercase = bool(config.get("do_lower_case", True))
+    strip = config.get("strip_accents")
+    names = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    missing = [n for n in names if n not in vocab]
+    if missing:
+        raise FormatError(folder / "vocab.txt", f"a BERT vocabulary needs {', '.join(missing)}")
+    added = {n: vocab[n] for n in names}
+    return TokenizerSpec(
+        kind="wordpiece", model=WordPiece(vocab), id_to_token=tokens, pre_tokenizer=bert_pre_tokenize,
+        normalizer=lambda text: bert_normalize(text, lowercase=lowercase, strip_accents=strip),
+        added=added, special_ids=frozenset(added.values()),
+        prefix_ids=(vocab["[CLS]"],), suffix_ids=(vocab["[SEP]"],), pad_token_id=vocab["[PAD]"],
+        model_max_length=_max_length(config, folder), source=str(folder),
+    )

@@ -1,0 +1,119 @@
+"""Pre-tokenizers: cut text into the pieces that BPE or WordPiece then encode one at a time.
+
+A merge never crosses a piece boundary, so these regexes decide much of a tokenizer's behaviour:
+GPT-2 keeps a leading space on the word it precedes (' world'), Llama 3 and Qwen2 peel digits
+into groups, SmolLM (and StarCoder) first isolate every digit. A pre-tokenizer here is a list of
+split steps applied in turn, each to every piece the previous step produced, as both Hugging Face
+`tokenizers` (Sequence) and llama.cpp (its list of regexes per `tokenizer.ggml.pre`) do.
+"""
+
+from dataclasses import dataclass
+
+import regex
+
+from scratchllm.errors import FormatError
+
+# GPT-2's rule (also tiktoken's "gpt2" and HF ByteLevel(use_regex=True)). The trailing `\s+(?!\S)`
+# leaves the last space of a run for the next word, so 'a   b' -> 'a', '  ', ' b'.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Llama 3 (llama.cpp `llama-bpe`): case-insensitive contractions, one non-letter may lead a word,
+# numbers in groups of at most three digits, newlines kept together.
+LLAMA3_PATTERN = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Qwen2: Llama 3's rule with every digit on its own.
+QWEN2_PATTERN = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+DIGIT_PATTERN = r"\p{N}"
+
+
+@dataclass(frozen=True)
+class Split:
+    """One step: cut each piece at the matches of `pattern`.
+
+    behavior 'isolated' keeps matches and the text between them as pieces; 'removed' drops the
+    matches (whitespace splitting). invert=True means the pattern describes the pieces to keep.
+    """
+
+    pattern: str
+    behavior: str = "isolated"
+    invert: bool = False
+
+    def __post_init__(self):
+        assert self.behavior in ("isolated", "removed"), self.behavior
+
+
+class PreTokenizer:
+    """Applies its split steps in order: text -> list of non-empty pieces. With 'isolated' steps
+    only, the pieces concatenate back to the text."""
+
+    def __init__(self, steps: list[Split]):
+        self.steps = tuple(steps)
+        self._compiled = []
+        for step in self.steps:
+            pattern = regex.compile(step.pattern)
+            # findall can stand in for the general loop only when it returns whole matches
+            # (no groups) and never an empty one.
+            simple = pattern.groups == 0 and pattern.fullmatch("") is None
+            self._compiled.append((pattern, step, simple))
+
+    def __call__(self, text: str) -> list[str]:
+        pieces = [text] if text else []
+        for pattern, step, simple in self._compiled:
+            out: list[str] = []
+            for piece in pieces:
+                out += _split(pattern, step, simple, piece)
+            pieces = out
+        return pieces
+
+
+def _split(pattern, step: Split, simple: bool, text: str) -> list[str]:
+    keep_matches = step.behavior == "isolated" or step.invert
+    keep_gaps = step.behavior == "isolated" or not step.invert
+    if keep_matches and keep_gaps and simple:
+        found = pattern.findall(text)
+        # Fast path: the matches tile the whole text (the GPT-2 family's patterns always do).
+        if sum(map(len, found)) == len(text):
+            return found
+    pieces = []
+    start = 0
+    for m in pattern.finditer(text):
+        if keep_gaps and m.start() > start:
+            pieces.append(text[start : m.start()])
+        if keep_matches and m.end() > m.start():
+            pieces.append(m.group())
+        start = m.end()
+    if keep_gaps and start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+# llama.cpp's `tokenizer.ggml.pre` names -> the split steps it applies (llama-vocab.cpp).
+GGUF_PRETOKENIZERS: dict[str, list[Split]] = {
+    "default": [Split(GPT2_PATTERN)],
+    "gpt2": [Split(GPT2_PATTERN)],
+    "gpt-2": [Split(GPT2_PATTERN)],
+    "llama-bpe": [Split(LLAMA3_PATTERN)],
+    "llama3": [Split(LLAMA3_PATTERN)],
+    "qwen2": [Split(QWEN2_PATTERN)],
+    # StarCoder family: every digit alone first, then GPT-2's rule on what is left.
+    "smollm": [Split(DIGIT_PATTERN), Split(GPT2_PATTERN)],
+    "starcoder": [Split(DIGIT_PATTERN), Split(GPT2_PATTERN)],
+    "refact": [Split(DIGIT_PATTERN), Split(GPT2_PATTERN)],
+}
+
+# GGUF kinds whose tokenizer checks the whole piece against the vocabulary before merging.
+GGUF_IGNORE_MERGES = {"llama-bpe", "llama3"}
+
+
+def from_gguf_name(name: str, path) -> PreTokenizer:
+    if name not in GGUF_PRETOKENIZERS:
+        known = ", ".join(sorted(GGUF_PRETOKENIZERS))
+        raise FormatError(path, f"tokenizer.ggml.pre '{name}' is not a pre-tokenizer we know ({known})")
+    return PreTokenizer(GGUF_PRETOKENIZERS[name])

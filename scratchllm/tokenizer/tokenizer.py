@@ -1,0 +1,225 @@
+"""The Tokenizer: text <-> ids for every model kind we read, behind one class.
+
+encode: split out special tokens (never cut into pieces) -> normalize -> pre-tokenize ->
+        model (BPE or WordPiece) per piece -> add the model's BOS/CLS/SEP when asked.
+decode: ids -> bytes per token -> UTF-8 text (byte-level), or WordPiece's '##' joining.
+
+Which normalizer, pre-tokenizer and model a checkpoint uses is read from its files by
+scratchllm.tokenizer.loaders; this module only runs the pipeline.
+"""
+
+from dataclasses import dataclass, field
+
+import regex
+
+from scratchllm.tokenizer.bpe import CACHE_LIMIT
+from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
+from scratchllm.tokenizer.chat import render_chat
+from scratchllm.tokenizer.detokenizer import Detokenizer
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything a loader reads from a checkpoint's files.
+
+    model: a BPE or WordPiece (has encode_word and vocab); id_to_token: the model's token text by
+    id. added: text -> id of tokens matched on the raw text before anything else (specials and
+    user-defined tokens); special_ids: those that skip_special_tokens removes.
+    """
+
+    kind: str  # "bpe" (byte-level) or "wordpiece"
+    model: object
+    id_to_token: list[str]
+    pre_tokenizer: object  # text -> list[str]
+    normalizer: object = None  # text -> text, or None
+    added: dict[str, int] = field(default_factory=dict)
+    special_ids: frozenset[int] = frozenset()
+    prefix_ids: tuple[int, ...] = ()  # added by encode(add_special_tokens=True)
+    suffix_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    chat_template: str | None = None
+    model_max_length: int | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        assert self.kind in ("bpe", "wordpiece"), self.kind
+
+
+class Tokenizer:
+    def __init__(self, spec: TokenizerSpec):
+        self.spec = spec
+        self._model = spec.model
+        self._byte_level = spec.kind == "bpe"
+        self._id_to_token = spec.id_to_token
+        self._added_by_id = {i: t for t, i in spec.added.items()}
+        # Longest first so that '<|im_start|>' wins over any shorter special it begins with
+        # (leftmost-longest, as tokenizers' Aho-Corasick matcher does).
+        specials = sorted(spec.added, key=len, reverse=True)
+        self._special_re = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
+        self._token_bytes: list[bytes] | None = None
+        self._piece_cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_pretrained(cls, ref, **options) -> "Tokenizer":
+        """ref: 'default', 'minilm', a .gguf, a folder with tokenizer.json or vocab.txt, a
+        tokenizer.json, or a tiktoken rank file."""
+        from scratchllm.tokenizer.loaders import load_spec
+
+        return cls(load_spec(ref, **options))
+
+    # ---- facts -----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return max(len(self._id_to_token), max(self._added_by_id, default=-1) + 1)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.spec.bos_token_id
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.spec.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.spec.pad_token_id
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self.spec.special_ids
+
+    @property
+    def model_max_length(self) -> int | None:
+        return self.spec.model_max_length
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self.spec.added:
+            return self.spec.added[token]
+        return self._model.vocab.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        if token_id in self._added_by_id:
+            return self._added_by_id[token_id]
+        return self._id_to_token[token_id]
+
+    def __repr__(self):
+        return f"Tokenizer({self.spec.kind}, vocab_size={self.vocab_size}, source={self.spec.source!r})"
+
+    # ---- encode ----------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """text -> ids. Special tokens written in the text become their single id."""
+        ids = list(self.spec.prefix_ids) if add_special_tokens else []
+        if self._special_re is None:
+            ids += self._encode_ordinary(text)
+        else:
+            # split with a group alternates text, special, text, ...: odd indices are specials.
+            for i, part in enumerate(self._special_re.split(text)):
+                if i % 2:
+                    ids.append(self.spec.added[part])
+                elif part:
+                    ids += self._encode_ordinary(part)
+        if add_special_tokens:
+            ids += self.spec.suffix_ids
+        return ids
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if self.spec.normalizer is not None:
+            text = self.spec.normalizer(text)
+        ids: list[int] = []
+        if self._byte_level:
+            # Keyed by the raw piece, so a word seen before skips the byte-level translation too.
+            # (A cache of its own: raw 'Ġ' and the byte-level form of ' ' are the same string.)
+            cache = self._piece_cache
+            encode_uncached = self._model.encode_uncached
+            for piece in self.spec.pre_tokenizer(text):
+                cached = cache.get(piece)
+                if cached is None:
+                    cached = encode_uncached(text_to_bytelevel(piece))
+                    if len(cache) < CACHE_LIMIT:
+                        cache[piece] = cached
+                ids += cached
+        else:
+            encode_word = self._model.encode_word
+            for piece in self.spec.pre_tokenizer(text):
+                ids += encode_word(piece)
+        return ids
+
+    def encode_batch(self, texts: list[str], *, max_length: int | None = None, pad_id: int | None = None):
+        """For encoder models: (input_ids [B, T], attention_mask [B, T]) as int64 arrays, padded on
+        the right to the longest text; texts longer than max_length (default model_max_length)
+        are cut, keeping the closing special tokens (e.g. [SEP]) as tokenizers' truncation does."""
+        import numpy as np
+
+        max_length = max_length or self.spec.model_max_length
+        pad = pad_id if pad_id is not None else (self.spec.pad_token_id or 0)
+        rows = []
+        for text in texts:
+            ids = self.encode(text, add_special_tokens=True)
+            if max_length is not None and len(ids) > max_length:
+                keep = max_length - len(self.spec.suffix_ids)
+                assert keep > len(self.spec.prefix_ids), "max_length leaves no room for text"
+                ids = ids[:keep] + list(self.spec.suffix_ids)
+            rows.append(ids)
+        width = max((len(r) for r in rows), default=0)
+        input_ids = np.full((len(rows), width), pad, dtype=np.int64)
+        attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+        for b, ids in enumerate(rows):
+            input_ids[b, : len(ids)] = ids
+            attention_mask[b, : len(ids)] = 1
+        return input_ids, attention_mask
+
+    # ---- decode ----------------------------------------------------------------------------
+    def token_bytes(self, token_id: int) -> bytes:
+        """What one token contributes to byte-level decoded text (its own text for specials)."""
+        if self._token_bytes is None:
+            self._token_bytes = [bytelevel_to_bytes(t) for t in self._id_to_token]
+        if token_id in self._added_by_id:
+            return self._added_by_id[token_id].encode("utf-8")
+        return self._token_bytes[token_id]
+
+    def wordpiece_text(self, token_id: int, first: bool) -> str:
+        """One WordPiece token as the decoder writes it: '##ing' joins the word before it, other
+        tokens follow a space; then tokenizers' cleanup pulls punctuation back (' .' -> '.')."""
+        token = self.id_to_token(token_id)
+        if not first:
+            token = token[2:] if token.startswith("##") else " " + token
+        for before, after in _CLEANUP:
+            token = token.replace(before, after)
+        return token
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self.spec.special_ids]
+        if self._byte_level:
+            # Invalid UTF-8 (a cut multi-byte character) shows as U+FFFD, like tokenizers.
+            return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+        return "".join(self.wordpiece_text(i, n == 0) for n, i in enumerate(ids))
+
+    def detokenizer(self, skip_special_tokens: bool = False) -> Detokenizer:
+        """Incremental decoding for streaming: push(id) returns only complete characters."""
+        return Detokenizer(self, skip_special_tokens=skip_special_tokens)
+
+    # ---- chat --------------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> str | None:
+        return self.spec.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        from scratchllm.errors import ConfigError
+
+        if not self.spec.chat_template:
+            raise ConfigError(f"{self.spec.source}: this tokenizer has no chat template")
+        names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id, "pad_token": self.pad_token_id}
+        special_tokens = {k: self.id_to_token(v) for k, v in names.items() if v is not None}
+        return render_chat(self.spec.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           special_tokens=special_tokens, **extra)
+
+
+# tokenizers' WordPiece decoder cleanup (what BERT's original decoder did), applied per token.
+_CLEANUP = (
+    (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+    (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
+)
