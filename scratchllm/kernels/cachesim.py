@@ -135,14 +135,16 @@ def naive_trace(n: int, elem_bytes: int = 4, rows: int | None = None) -> np.ndar
     return np.concatenate([ab, c], axis=2).reshape(-1)
 
 
-def blocked_trace(n: int, tile: int, elem_bytes: int = 4) -> np.ndarray:
+def blocked_trace(n: int, tile: int, elem_bytes: int = 4, rows: int | None = None) -> np.ndarray:
     """The textbook tiled loop: tiles i0, j0, k0 of `tile`, inside them i, j, k as in naive_trace.
 
     The order the seed's 24x24 advice is about: a tile each of A, B and C should stay in L1.
+    rows: simulate only the tile rows i0 < rows (every band of rows runs the same loop).
     """
     a0, b0, c0 = _bases(n, elem_bytes)
+    r = n if rows is None else min(rows, n)
     parts = []
-    for i0 in range(0, n, tile):
+    for i0 in range(0, r, tile):
         i = np.arange(i0, min(i0 + tile, n))[:, None, None]
         for j0 in range(0, n, tile):
             j = np.arange(j0, min(j0 + tile, n))[None, :, None]
