@@ -119,6 +119,7 @@ class _Request:
     events: queue.Queue = field(default_factory=queue.Queue)
     output: list[int] = field(default_factory=list)
     text: str = ""
+    emitted: int = 0  # characters of `text` already sent as deltas
     blocks: int = 0
     aborted: bool = False
     offset: int = 0
@@ -156,7 +157,10 @@ class FakeEngine:
             request.metrics.prompt_tokens = len(request.prompt)
             seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
             greedy = params.temperature == 0
-            request.offset = seed % len(PHRASE) if greedy else random.Random(seed).randrange(len(PHRASE))
+            offset = seed % len(PHRASE) if greedy else random.Random(seed).randrange(len(PHRASE))
+            while PHRASE[offset] & 0xC0 == 0x80:  # start on a character, so the text is valid UTF-8
+                offset = (offset + 1) % len(PHRASE)
+            request.offset = offset
             self._waiting.append(request)
             self._lock.notify()
         return FakeRequestStream(self, request)
@@ -238,17 +242,20 @@ class FakeEngine:
         now = time.monotonic()
         if n == 0:
             request.metrics.first_token = now
-        text = request.detok.push(token)
-        request.text += text
-        finish = None
+        request.text += request.detok.push(token)
+        finish, end = None, len(request.text)
+        hits = [request.text.find(s) for s in params.stop if s in request.text]
         if token == EOS or token in params.stop_token_ids:
-            finish, text = "stop", ""
-        elif any(s in request.text for s in params.stop):
-            stop_at = min(request.text.find(s) for s in params.stop if s in request.text)
-            kept = len(request.text) - len(text)
-            text, finish = request.text[kept:stop_at] if stop_at > kept else "", "stop"
+            finish = "stop"
+        elif hits:
+            finish, end = "stop", min(hits)  # the text ends before the first stop string
         elif len(request.output) >= params.max_tokens:
             finish = "length"
+        else:
+            # Hold back a tail that could still grow into a stop string: streamed text never
+            # shows what the final text will not contain.
+            end -= max((k for s in params.stop for k in range(1, len(s)) if request.text.endswith(s[:k])), default=0)
+        text, request.emitted = request.text[request.emitted:end], max(request.emitted, end)
         logprob = -0.25 if params.temperature == 0 else -1.0
         top = {token: logprob, (token % (VOCAB_SIZE - 3)) + 3 + 1: logprob - 1.0} if params.logprobs else None
         event = TokenEvent(token, text, n, finish, logprob, top)
