@@ -164,7 +164,7 @@ def load_torch(path) -> Checkpoint:
         if swap:
             view = view.astype(dtype.newbyteorder("<"))
         if ref.dtype == "bfloat16":
-            view = gq.bf16_to_float32(np.ascontiguousarray(view))
+            view = gq.bf16_to_float32(view)  # any strides in, a dense float32 array out
         return view
 
     return Checkpoint(
