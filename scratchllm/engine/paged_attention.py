@@ -1,0 +1,101 @@
+"""The paged KV pool and the attention call the model makes into it.
+
+The model calls `attention(layer, q [N, H, D], k [N, KVH, D], v [N, KVH, D]) -> [N, H, D]` for
+the N packed tokens of a step. Before the forward the model runner tells this object the
+layout of those tokens (`set_layout`): which sequence each belongs to (a row of the block
+table array) and its position. The Cython kernel writes k/v into the pool and attends through
+the block tables (scratchllm/kernels/paged_attention.pyx).
+
+Pool layout, per layer: K and V as [num_blocks, block_size, KVH, D] float32: one block's slots
+are contiguous, and one slot's KVH x D numbers are one memcpy.
+
+`reference_attention` is the NumPy twin the kernel is tested against: gather each sequence's keys
+through its block table into a padded batch and use the 3-D mask generator.
+"""
+
+import math
+
+import numpy as np
+from scratchllm.kernels.paged_attention import copy_blocks, paged_attention
+
+from scratchllm.engine.masks import varlen_causal_mask
+
+
+class PagedAttention:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 num_threads: int = 0):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        # np.zeros maps pages lazily: untouched blocks cost address space, not memory
+        self.k_cache = np.zeros(shape, dtype=np.float32)
+        self.v_cache = np.zeros(shape, dtype=np.float32)
+        self.block_size = block_size
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.num_threads = num_threads
+        self.block_tables = self.token_seq = self.token_pos = None
+
+    @classmethod
+    def for_model(cls, config, num_blocks: int, block_size: int, num_threads: int = 0):
+        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads)
+
+    @staticmethod
+    def bytes_per_block(config, block_size: int) -> int:
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 4
+
+    def set_layout(self, block_tables, token_seq, token_pos) -> None:  # [S, MB], [N], [N]
+        self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int32)
+        self.token_pos = np.ascontiguousarray(token_pos, dtype=np.int32)
+
+    def copy_blocks(self, pairs) -> None:
+        """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
+        if not pairs:
+            return
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        for layer in range(self.k_cache.shape[0]):
+            copy_blocks(self.k_cache[layer], pairs)
+            copy_blocks(self.v_cache[layer], pairs)
+
+    def __call__(self, layer: int, q, k, v):  # [N, H, D], [N, KVH, D], [N, KVH, D] -> [N, H, D]
+        if q.dtype != np.float32:
+            q, k, v = (a.astype(np.float32) for a in (q, k, v))
+        out = np.empty(q.shape, dtype=np.float32)
+        paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
+                        self.token_pos, self.scale, out, self.num_threads)
+        return out
+
+
+def reference_attention(q, k, v, k_cache, v_cache, block_tables, token_seq, token_pos):
+    """NumPy paged attention for one layer: the same contract as the kernel, written plainly.
+    Writes k, v into the caches; returns [N, H, D]. Tokens of a sequence must be contiguous and
+    in position order (as the model runner packs them)."""
+    N, H, D = q.shape
+    KVH, BS = k.shape[1], k_cache.shape[1]
+    G = H // KVH
+    blocks = block_tables[token_seq, token_pos // BS]
+    k_cache[blocks, token_pos % BS] = k
+    v_cache[blocks, token_pos % BS] = v
+    seqs = list(dict.fromkeys(token_seq.tolist()))  # in order of first appearance
+    rows = [np.flatnonzero(token_seq == s) for s in seqs]
+    q_lens = np.array([len(r) for r in rows])
+    k_lens = np.array([token_pos[r[-1]] + 1 for r in rows])
+    B, Q, K = len(seqs), q_lens.max(), k_lens.max()
+    qb = np.zeros((B, Q, H, D), np.float32)
+    kb = np.zeros((B, K, KVH, D), np.float32)
+    vb = np.zeros((B, K, KVH, D), np.float32)
+    for b, (s, r) in enumerate(zip(seqs, rows, strict=True)):
+        qb[b, : len(r)] = q[r]
+        t = np.arange(k_lens[b])
+        kb[b, : k_lens[b]] = k_cache[block_tables[s, t // BS], t % BS]  # the gather the kernel avoids
+        vb[b, : k_lens[b]] = v_cache[block_tables[s, t // BS], t % BS]
+    kb, vb = np.repeat(kb, G, axis=2), np.repeat(vb, G, axis=2)  # [B, K, H, D]
+    scores = np.einsum("bqhd,bkhd->bhqk", qb, kb) / math.sqrt(D)  # [B, H, Q, K]
+    mask = varlen_causal_mask(q_lens, k_lens)  # [B, Q, K]
+    scores = np.where(mask[:, None], scores, -np.inf)
+    scores = np.where(mask[:, None].any(-1, keepdims=True), scores, 0.0)  # padding rows: no NaN
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = scores / scores.sum(-1, keepdims=True)
+    ob = np.einsum("bhqk,bkhd->bqhd", probs, vb)  # [B, Q, H, D]
+    out = np.empty((N, H, D), np.float32)
+    for b, r in enumerate(rows):
+        out[r] = ob[b, : len(r)]
+    return out
