@@ -15,10 +15,16 @@ __all__ = ["Checkpoint", "TensorInfo", "load_checkpoint", "sniff"]
 
 
 def sniff(path: Path) -> str:
-    """The format of a file from its first bytes (never from its name alone)."""
+    """The format of a file: its suffix when it names one (so that a bad .gguf is reported as a bad
+    GGUF), else its first bytes."""
+    by_suffix = {".gguf": "gguf", ".safetensors": "safetensors"}
+    if path.suffix in by_suffix:
+        return by_suffix[path.suffix]
+    if path.name.endswith(".index.json"):
+        return "index"
     try:
         with open(path, "rb") as f:
-            head = f.read(8)
+            head = f.read(9)
     except OSError as err:
         raise FormatError(path, f"cannot read: {err.strerror or err}") from None
     if head[:4] == b"GGUF":
@@ -27,12 +33,8 @@ def sniff(path: Path) -> str:
         return "torch"
     if head[:1] == b"\x80":
         return "torch-legacy"
-    if len(head) == 8 and path.suffix == ".safetensors":
-        return "safetensors"
-    if path.name.endswith(".index.json"):
-        return "index"
-    if len(head) == 8 and head[7:8] == b"\x00" and path.suffix != ".json":
-        return "safetensors"  # an 8-byte little-endian header length well under 2**56
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 2**32:
+        return "safetensors"  # an 8-byte little-endian header length, then the JSON header
     raise FormatError(path, f"unknown model file format (first bytes {head.hex()})")
 
 

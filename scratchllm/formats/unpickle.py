@@ -15,6 +15,7 @@ and a persistent id per storage: ("storage", storage type, key, location, numel)
 the zip entry `data/<key>`.
 """
 
+import _compat_pickle
 import collections
 import io
 import pickle
@@ -115,7 +116,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         try:
             return self.allowed[(module, name)]
         except (KeyError, TypeError):
-            raise self.problem(f"refuses global '{module}.{name}': a state dict never needs it "
+            raise self.problem(f"refuses global '{_py3_name(module, name)}': a state dict never needs it "
                                f"(nothing from the file was run)") from None
 
     def persistent_load(self, pid):
@@ -164,6 +165,15 @@ class RestrictedUnpickler(pickle.Unpickler):
         if not isinstance(args, tuple):
             raise self.problem("malformed tensor subclass arguments")
         return func(*args)
+
+
+def _py3_name(module, name) -> str:
+    """The Python 3 name of a global, for the message: protocol-2 pickles write '__builtin__.eval'."""
+    if not isinstance(module, str) or not isinstance(name, str):
+        return f"{module!r:.40}.{name!r:.40}"
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+    return f"{module}.{name}"[:120]
 
 
 def load_state_dict_pickle(data: bytes, path: str):
