@@ -48,6 +48,7 @@ def build(args):
         if args.num_kv_blocks:
             options["num_blocks"] = args.num_kv_blocks
         model, embedder = fake_backend(max_model_len=args.max_model_len or 2048, **options)
+        model.name = args.served_model_name or model.name
         return model, (None if args.embedding_model == "none" else embedder)
     from scratchllm.server.backend import load_embedder, load_model
 

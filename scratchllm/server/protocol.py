@@ -141,9 +141,16 @@ def parse_body(raw: bytes, model_cls: type[BaseModel]) -> BaseModel:
         return model_cls.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = ".".join(str(p) for p in first["loc"] if not _union_tag(p)) or None
         raise bad_request(f"{param}: {first['msg']}" if param else first["msg"], param=param,
                           code="invalid_value") from None
+
+
+def _union_tag(loc_part) -> bool:
+    """Pydantic names the union member it tried ('str', 'list[int]', 'TextPart'); clients want the field."""
+    if not isinstance(loc_part, str):
+        return False
+    return loc_part in ("str", "int", "float", "bool", "none") or "[" in loc_part or loc_part[:1].isupper()
 
 
 def new_id(prefix: str) -> str:

@@ -40,3 +40,9 @@ def fake_server():
     app = create_app(model, embedder, ServerConfig(max_in_flight=32, max_body_bytes=64 * 1024))
     with live_server(app) as url:
         yield url, app
+
+
+@pytest.fixture
+def serve():
+    """The live_server context manager, for tests that need an app of their own."""
+    return live_server
