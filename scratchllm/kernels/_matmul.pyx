@@ -136,7 +136,7 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
     cdef const float *pb = &b[0, 0]
     cdef float *pc_ = &c[0, 0]
     cdef float *bbuf = _alloc_aligned(kc * nc)
-    cdef float *abuf = _alloc_aligned(threads * mc * kc)
+    cdef float *abuf = _alloc_aligned(min(threads, (m + mc - 1) // mc) * mc * kc)
     if bbuf == NULL or abuf == NULL:
         free(bbuf)
         free(abuf)
@@ -145,8 +145,11 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
     # panel offsets are multiples of MR*kc or NR*kc floats from 64-byte aligned bases.
     assert (<uintptr_t> bbuf) % ALIGN == 0 and (<uintptr_t> abuf) % ALIGN == 0
 
-    cdef Py_ssize_t jc, pc, ncur, kcur, jr, ir, t, u, v, ic, mcur, n_ic, n_jr, tid, bj, bp
+    cdef Py_ssize_t jc, pc, ncur, kcur, jr, ir, t, u, v, ic, mcur, n_jr, tid, bj, bp
     cdef float *ap
+    # Never more threads than row blocks: a thread with nothing to do still joins the barrier.
+    cdef Py_ssize_t n_ic = (m + mc - 1) // mc
+    cdef int team = <int> min(threads, n_ic)
     with nogil:
         for bj in range((n + nc - 1) // nc):
             jc = bj * nc
@@ -155,11 +158,13 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
             for bp in range((k + kc - 1) // kc):
                 pc = bp * kc
                 kcur = min(kc, k - pc)
-                for t in prange(n_jr, num_threads=threads, schedule="static"):
+                # B is packed by one thread: it is k x n work beside m x k x n, and every
+                # parallel region costs a fork and a barrier (a whole time slice when another
+                # job holds the other core).
+                for t in range(n_jr):
                     _pack_b_panel(pb + pc * rsb + (jc + t * NR) * csb, rsb, csb, kcur,
                                   min(NR, ncur - t * NR), bbuf + t * NR * kcur)
-                n_ic = (m + mc - 1) // mc
-                for t in prange(n_ic, num_threads=threads, schedule="dynamic"):
+                for t in prange(n_ic, num_threads=team, schedule="dynamic"):
                     tid = threadid()
                     ap = abuf + tid * mc * kc
                     ic = t * mc
