@@ -14,6 +14,7 @@ scratchllm.formats.unpickle, which can build only tensor references. Each tensor
 reach lies inside the storage; non-contiguous tensors (a saved transpose) stay views.
 """
 
+import pickletools
 import struct
 import zipfile
 from pathlib import Path
@@ -101,7 +102,8 @@ def load_torch(path) -> Checkpoint:
             raise FormatError(p, f"byteorder entry says {byteorder!r}")
     if pickles[0].file_size > MAX_PICKLE:
         raise FormatError(p, f"data.pkl claims {pickles[0].file_size} bytes; a state dict pickle is far smaller")
-    obj, storages = load_state_dict_pickle(_read_small(archive, pickles[0], p), p)
+    pickle_bytes = _read_small(archive, pickles[0], p)
+    obj, storages = load_state_dict_pickle(pickle_bytes, p)
     tensors: dict[str, TensorRef] = {}
     other: dict = {}
     _flatten(obj, "", tensors, other, p)
@@ -179,10 +181,33 @@ def load_torch(path) -> Checkpoint:
             "byteorder": byteorder,
             "file_size": int(data.size),
             "entries": [_describe(data, e, p) for e in entries],
+            "pickle": _pickle_summary(pickle_bytes),
             "storages": {k: {"dtype": r.dtype, "numel": r.numel, "location": r.location}
                          for k, r in storages.items()},
         },
     )
+
+
+def _pickle_summary(data: bytes) -> dict:
+    """What data.pkl asks for, read opcode by opcode (pickletools only parses; it runs nothing)."""
+    globals_used: dict[str, int] = {}
+    counts = {"opcodes": 0, "REDUCE": 0, "BINPERSID": 0}
+    protocol, strings = 0, []
+    for op, arg, _ in pickletools.genops(data):
+        counts["opcodes"] += 1
+        if op.name == "PROTO":
+            protocol = arg
+        elif op.name == "GLOBAL":
+            name = arg.replace(" ", ".")
+            globals_used[name] = globals_used.get(name, 0) + 1
+        elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+            name = f"{strings[-2]}.{strings[-1]}"
+            globals_used[name] = globals_used.get(name, 0) + 1
+        elif op.name in counts:
+            counts[op.name] += 1
+        if isinstance(arg, str):
+            strings.append(arg)
+    return {"bytes": len(data), "protocol": protocol, "globals": globals_used, **counts}
 
 
 def _read_small(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, path: str) -> bytes:
