@@ -44,7 +44,7 @@ def build(args):
     if args.fake_engine:
         from scratchllm.server.fake_engine import fake_backend
 
-        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms}
+        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
         if args.num_kv_blocks:
             options["num_blocks"] = args.num_kv_blocks
         model, embedder = fake_backend(max_model_len=args.max_model_len or 2048, **options)

@@ -19,9 +19,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-# Byte-level vocabulary: id = byte + 3, after three specials.
+# Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
+# that prompts may hold (load tests send random ids) but the fake never generates or decodes.
 PAD, BOS, EOS = 0, 1, 2
-VOCAB_SIZE = 256 + 3
+BYTE_TOKENS = 256 + 3
+VOCAB_SIZE = 32000
 PHRASE = "The quick brown fox jumps over the lazy dog, café ☕ naïve 東京. ".encode()
 
 
@@ -67,7 +69,7 @@ class FakeTokenizer:
         return [b + 3 for b in text.encode("utf-8")]
 
     def decode(self, ids) -> str:
-        return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="replace")
+        return bytes(i - 3 for i in ids if 3 <= i < BYTE_TOKENS).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -131,8 +133,12 @@ class FakeEngine:
 
     def __init__(self, step_ms: float = 2.0, prefill_ms_per_token: float = 0.01, max_running: int = 8,
                  num_blocks: int = 1024, block_size: int = 16, max_model_len: int = 2048,
-                 block_bytes: int = 16 * 2 * 30 * 3 * 64 * 4, eos_after: int | None = None):
+                 block_bytes: int = 16 * 2 * 30 * 3 * 64 * 4, eos_after: int | None = None,
+                 batching: str = "continuous"):
         assert max_running >= 1 and num_blocks >= 1 and step_ms >= 0
+        assert batching in ("continuous", "static")
+        self.static = batching == "static"
+        self._static_blocks = 0  # static mode: blocks the current padded batch holds until it all ends
         self.step_s, self.prefill_s_per_token = step_ms / 1e3, prefill_ms_per_token / 1e3
         self.max_running, self.num_blocks, self.block_size = max_running, num_blocks, block_size
         self.max_model_len, self.block_bytes, self.eos_after = max_model_len, block_bytes, eos_after
@@ -210,6 +216,8 @@ class FakeEngine:
                         self._emit_next(request)
 
     def _admit(self) -> list[_Request]:
+        if self.static:
+            return self._admit_static()
         newly = []
         while self._waiting and len(self._running) < self.max_running:
             need = self._blocks_for(self._waiting[0])
@@ -223,6 +231,28 @@ class FakeEngine:
             self._running.append(request)
             newly.append(request)
         return newly
+
+    def _admit_static(self) -> list[_Request]:
+        """The padded baseline: a new batch only when the last one has entirely finished; every
+        member holds blocks for the batch's longest prompt + longest output until then."""
+        if self._running or self._static_blocks or not self._waiting:
+            return []
+        batch = self._waiting[: self.max_running]
+        longest = max(len(r.prompt) for r in batch) + max(r.params.max_tokens for r in batch)
+        per_request = -(-longest // self.block_size)
+        while batch and per_request * len(batch) > self.num_blocks - self._used_blocks:
+            batch.pop()
+        if not batch:
+            return []
+        del self._waiting[: len(batch)]
+        self._static_blocks = per_request * len(batch)
+        self._used_blocks += self._static_blocks
+        self._peak_blocks = max(self._peak_blocks, self._used_blocks)
+        now = time.monotonic()
+        for request in batch:
+            request.metrics.first_scheduled = now
+            self._running.append(request)
+        return batch
 
     def _drop_aborted(self) -> None:
         for request in [r for r in self._waiting + self._running if r.aborted]:
@@ -257,7 +287,7 @@ class FakeEngine:
             end -= max((k for s in params.stop for k in range(1, len(s)) if request.text.endswith(s[:k])), default=0)
         text, request.emitted = request.text[request.emitted:end], max(request.emitted, end)
         logprob = -0.25 if params.temperature == 0 else -1.0
-        top = {token: logprob, (token % (VOCAB_SIZE - 3)) + 3 + 1: logprob - 1.0} if params.logprobs else None
+        top = {token: logprob, (token - 2) % (BYTE_TOKENS - 3) + 3: logprob - 1.0} if params.logprobs else None
         event = TokenEvent(token, text, n, finish, logprob, top)
         if finish is None:
             request.events.put(event)
@@ -270,6 +300,9 @@ class FakeEngine:
         if request in self._running:
             self._running.remove(request)
             self._used_blocks -= request.blocks
+            if self.static and not self._running:  # the padded batch is over: its blocks go back
+                self._used_blocks -= self._static_blocks
+                self._static_blocks = 0
             assert self._used_blocks >= 0
         elif request in self._waiting:
             self._waiting.remove(request)
@@ -286,7 +319,8 @@ def fake_embed(input_ids, attention_mask):  # [B, T], [B, T] -> [B, 32], L2-norm
     """A deterministic stand-in for MiniLM: mean of fixed per-token vectors, normalized."""
     import numpy as np
 
-    table = np.random.default_rng(0).standard_normal((VOCAB_SIZE, 32)).astype(np.float32)
+    table = np.random.default_rng(0).standard_normal((BYTE_TOKENS, 32)).astype(np.float32)
+    input_ids = np.asarray(input_ids) % BYTE_TOKENS  # opaque ids share the byte rows
     mask = np.asarray(attention_mask, dtype=np.float32)[..., None]
     pooled = (table[np.asarray(input_ids)] * mask).sum(1) / np.maximum(mask.sum(1), 1.0)
     return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)

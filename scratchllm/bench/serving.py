@@ -1,0 +1,200 @@
+"""HTTP load test of a running server (`--url`), or static vs continuous batching (`--compare`).
+
+Requests follow a seeded workload file (scratchllm/bench/workloads/*.json, or your own): prompt
+and output lengths in tokens, arrivals Poisson/gamma at --rate, or all at once with a
+--concurrency cap. Reports request/s, output tokens/s, TTFT, TPOT, ITL and end-to-end latency
+(mean/p50/p90/p99), goodput under an SLO, peak KV blocks from /metrics, and the latency of
+/health probes sent during the run (is the HTTP side starved by the engine?).
+
+`--compare` starts `scratchllm serve` twice on the same model, `--batching static` then
+`--batching continuous`, runs the same workload on each and prints the seed's table beside ours.
+Everything stays on loopback and is bounded by --num-requests and --max-duration.
+"""
+
+import asyncio
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from scratchllm.bench.common import machine_facts
+from scratchllm.errors import ConfigError
+from scratchllm.server import client, loadgen
+
+# The seed's serving figures (section 4): continuous vs static batching.
+SEED = {"static": {"qps": 89.0, "p99_ms": 113.0}, "continuous": {"qps": 127.0, "p99_ms": 42.0},
+        "kv_memory_less": 0.37}
+GOALS = {"qps_ratio": 2.0, "p99_ratio": 3.0, "kv_memory_less": 0.50}
+
+
+def add_arguments(p):
+    p.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000 (not with --compare)")
+    p.add_argument("--workload", default="mixed", help="a workload JSON file, or a shipped one: mixed, short, "
+                   "long-prompt")
+    p.add_argument("--num-requests", type=int, default=None, help="default: the workload's")
+    p.add_argument("--rate", type=float, default=None, help="requests/s (inf = all at once); default: the workload's")
+    p.add_argument("--burstiness", type=float, default=None, help="gamma shape of the gaps; 1 = Poisson")
+    p.add_argument("--concurrency", type=int, default=None, help="most requests in flight at once")
+    p.add_argument("--seed", type=int, default=None, help="default: the workload's")
+    p.add_argument("--model", default=None, help="model id to request (default: the server's first)")
+    p.add_argument("--max-duration", type=float, default=600.0, help="stop sending after this many seconds")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO: time to first token")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO: time per output token")
+    p.add_argument("--slo-e2e-ms", type=float, default=None, help="goodput SLO: end-to-end latency")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compare", action="store_true", help="start the server twice: static vs continuous batching")
+    p.add_argument("--serve-model", default="default", help="--compare: the model to serve")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="--compare: sequences per engine step")
+    p.add_argument("--fake-engine", action="store_true", help="--compare: serve the fake engine (no model)")
+
+
+def run(args) -> dict:
+    workload = loadgen.load_workload(args.workload, args.num_requests, args.rate, args.burstiness, args.seed)
+    slo = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2e_ms": args.slo_e2e_ms}
+    inputs = {"workload": workload.name, "num_requests": len(workload.prompts), "rate": workload.rate,
+              "burstiness": workload.burstiness, "concurrency": args.concurrency, "seed": workload.seed,
+              "mean_prompt_tokens": sum(map(len, workload.prompts)) / len(workload.prompts),
+              "mean_output_tokens": sum(workload.output_tokens) / len(workload.output_tokens)}
+    if not args.compare:
+        if not args.url:
+            raise ConfigError("give --url of a running server, or --compare to start one")
+        figures = _measure(args.url, args, workload, slo)
+        return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
+                "machine": machine_facts()}
+    runs = {}
+    for mode in ("static", "continuous"):
+        with _server(args, mode, len(workload.prompts)) as url:
+            runs[mode] = _measure(url, args, workload, slo)
+    s, c = runs["static"], runs["continuous"]
+    ratios = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
+              "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
+              "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
+              "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
+    model = "fake engine" if args.fake_engine else args.serve_model
+    return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs}, "figures": runs,
+            "ratios": ratios, "seed": SEED, "goals": GOALS, "machine": machine_facts()}
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _measure(url: str, args, workload, slo) -> dict:
+    from tqdm import tqdm
+
+    model = args.model or _first_model(url)
+    with tqdm(total=len(workload.prompts), disable=args.no_progress, desc="requests", file=sys.stderr) as bar:
+        raw = asyncio.run(loadgen.run_load(url, model, workload, args.concurrency, args.max_duration, bar))
+    return loadgen.summarize(raw, slo)
+
+
+def _first_model(url: str) -> str:
+    reply = asyncio.run(client.request(url + "/v1/models", timeout=30))
+    return reply.json()["data"][0]["id"]
+
+
+class _server:
+    """`scratchllm serve` in a subprocess on a free loopback port; SIGTERM (drain) on exit."""
+
+    def __init__(self, args, batching: str, num_requests: int):
+        self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
+                    "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
+        self.cmd += ["--fake-engine"] if args.fake_engine else ["--model", args.serve_model]
+        if args.max_num_seqs:
+            self.cmd += ["--max-num-seqs", str(args.max_num_seqs)]
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        found = re.search(r"http://\S+", line)
+        if not found:
+            rest = line + self.proc.stderr.read()
+            self.proc.wait()
+            raise ConfigError(f"server did not start: {rest.strip()[-500:]}")
+        url = found.group(0)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if asyncio.run(client.request(url + "/health", timeout=5)).status == 200:
+                    return url
+            except OSError:
+                time.sleep(0.1)
+        raise ConfigError(f"server at {url} never became healthy")
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stderr.close()
+
+
+def _fmt(x, digits=1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _latency_rows(f: dict) -> list[str]:
+    rows = []
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "end-to-end"),
+                      ("health_probe_ms", "/health probe")):
+        d = f[key]
+        rows.append(f"  {name:<14} mean {_fmt(d['mean']):>9}  p50 {_fmt(d['p50']):>9}  p90 {_fmt(d['p90']):>9}  "
+                    f"p99 {_fmt(d['p99']):>9}  ms")
+    return rows
+
+
+def _summary(f: dict) -> list[str]:
+    lines = [f"  completed {f['completed']}, failed {f['failed']} {f['errors'] or ''}in {_fmt(f['duration_s'], 2)} s",
+             f"  request/s {_fmt(f['request_throughput'], 2)}   output tok/s {_fmt(f['output_token_throughput'])}   "
+             f"total tok/s {_fmt(f['total_token_throughput'])}   goodput {_fmt(f['goodput'], 2)} req/s",
+             f"  peak KV blocks {_fmt(f['peak_kv_blocks'], 0)}"
+             + (f" ({_fmt(f['peak_kv_bytes'] / 2**20)} MiB)" if f["peak_kv_bytes"] else "")]
+    return lines + _latency_rows(f)
+
+
+def render(result: dict) -> str:
+    i = result["inputs"]
+    head = (f"workload {i['workload']}: {i['num_requests']} requests, rate {i['rate']}/s "
+            f"(gamma shape {i['burstiness']}), concurrency {i['concurrency'] or 'unbounded'}, seed {i['seed']}, "
+            f"mean prompt {_fmt(i['mean_prompt_tokens'])} / output {_fmt(i['mean_output_tokens'])} tokens")
+    if "seed" not in result:
+        return "\n".join([f"serving benchmark against {i['url']}", head, *_summary(result["figures"])])
+    s, c, r = result["figures"]["static"], result["figures"]["continuous"], result["ratios"]
+    seed = result["seed"]
+    kv_less = r["kv_memory_less"]
+    table = [
+        "| figure | static (ours) | continuous (ours) | ours: continuous vs static | seed: static | seed: continuous "
+        "| seed ratio | goal |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| QPS (completed requests/s) | {_fmt(s['request_throughput'], 2)} | {_fmt(c['request_throughput'], 2)} | "
+        f"{_fmt(r['qps_ratio'], 2)}x | {seed['static']['qps']:.0f} | {seed['continuous']['qps']:.0f} | "
+        f"{seed['continuous']['qps'] / seed['static']['qps']:.2f}x | >= {GOALS['qps_ratio']:.0f}x |",
+        f"| p99 latency, ms | {_fmt(s['e2e_ms']['p99'])} | {_fmt(c['e2e_ms']['p99'])} | "
+        f"{_fmt(r['p99_ratio'], 2)}x lower | {seed['static']['p99_ms']:.0f} | {seed['continuous']['p99_ms']:.0f} | "
+        f"{seed['static']['p99_ms'] / seed['continuous']['p99_ms']:.2f}x lower | >= {GOALS['p99_ratio']:.0f}x lower |",
+        f"| peak KV memory, blocks | {_fmt(s['peak_kv_blocks'], 0)} | {_fmt(c['peak_kv_blocks'], 0)} | "
+        f"{'-' if kv_less is None else f'{kv_less:.0%} less'} | - | - | {seed['kv_memory_less']:.0%} less | "
+        f">= {GOALS['kv_memory_less']:.0%} less |",
+        f"| output tok/s | {_fmt(s['output_token_throughput'])} | {_fmt(c['output_token_throughput'])} | "
+        f"{_fmt(r['output_tps_ratio'], 2)}x | - | - | - | - |",
+    ]
+    return "\n".join([f"static vs continuous batching, model {i['model']}", head, "", *table, "",
+                      "static:", *_summary(s), "continuous:", *_summary(c)])
+
+
+if __name__ == "__main__":  # handy while developing: python -m scratchllm.bench.serving --url ...
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args()
+    out = run(ns)
+    print(json.dumps(out, default=str) if ns.json else render(out))

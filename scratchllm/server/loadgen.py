@@ -1,0 +1,230 @@
+"""Drive a server with a seeded workload: arrivals, requests, per-token timestamps, percentiles.
+
+A workload file (JSON) gives distributions of prompt and output lengths in tokens; prompts are
+random token ids from a range (so the client needs no tokenizer and the lengths are exact) and
+requests set `ignore_eos` (so each produces exactly its output length: static and continuous
+batching then do the same work). Arrivals are a gamma process at `rate` requests/s: shape 1 is
+Poisson, shape < 1 burstier; `rate=inf` sends everything at once. `concurrency` caps requests
+in flight (a closed loop when the rate is infinite).
+"""
+
+import asyncio
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.errors import ConfigError
+from scratchllm.server import client
+
+WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "bench" / "workloads"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]  # token ids, one list per request
+    output_tokens: list[int]
+    rate: float  # requests/s; inf = all at t=0
+    burstiness: float  # gamma shape; 1.0 = Poisson
+    seed: int
+
+
+def load_workload(ref: str, num_requests: int | None = None, rate: float | None = None,
+                  burstiness: float | None = None, seed: int | None = None) -> Workload:
+    """A workload file (or the name of a shipped one), sampled with its seed into concrete requests."""
+    path = Path(ref) if Path(ref).exists() else WORKLOAD_DIR / f"{ref}.json"
+    if not path.exists():
+        shipped = ", ".join(sorted(p.stem for p in WORKLOAD_DIR.glob("*.json")))
+        raise ConfigError(f"no workload '{ref}': give a JSON file or one of: {shipped}")
+    try:
+        spec = json.loads(path.read_text())
+        seed = spec.get("seed", 0) if seed is None else seed
+        n = num_requests or spec["num_requests"]
+        rng = np.random.default_rng(seed)
+        prompt_lens = _sample(spec["prompt_tokens"], n, rng)
+        output_lens = _sample(spec["output_tokens"], n, rng)
+        low, high = spec.get("token_id_range", [300, 20000])
+        prompts = [rng.integers(low, high, size=k).tolist() for k in prompt_lens]
+        rate = float(spec.get("rate", math.inf)) if rate is None else rate
+        burst = float(spec.get("burstiness", 1.0)) if burstiness is None else burstiness
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"workload {path}: {err!r}") from None
+    if n < 1 or rate <= 0 or burst <= 0:
+        raise ConfigError("workload needs num_requests >= 1, rate > 0 and burstiness > 0")
+    return Workload(spec.get("name", path.stem), prompts, [int(k) for k in output_lens], rate, burst, seed)
+
+
+def _sample(dist: dict, n: int, rng) -> np.ndarray:  # -> [n] ints >= 1
+    kind = dist["distribution"]
+    if kind == "fixed":
+        x = np.full(n, dist["value"])
+    elif kind == "uniform":
+        x = rng.integers(dist["low"], dist["high"] + 1, size=n)
+    elif kind == "normal":
+        x = np.clip(np.rint(rng.normal(dist["mean"], dist["std"], size=n)), dist["low"], dist["high"])
+    elif kind == "choice":
+        p = np.asarray(dist.get("weights", [1] * len(dist["values"])), dtype=float)
+        x = rng.choice(dist["values"], size=n, p=p / p.sum())
+    else:
+        raise ValueError(f"unknown distribution {kind!r} (fixed, uniform, normal, choice)")
+    return np.maximum(x.astype(int), 1)
+
+
+def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:  # -> [n] seconds from start
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = np.random.default_rng(seed + 1).gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+    gaps[0] = 0.0  # the first request starts the clock
+    return np.cumsum(gaps)
+
+
+@dataclass
+class Result:
+    prompt_tokens: int
+    output_tokens: int = 0
+    status: int = 0
+    error: str = ""
+    start: float = 0.0
+    ttft: float | None = None  # seconds
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+async def run_load(url: str, model: str, workload: Workload, concurrency: int | None = None,
+                   max_duration_s: float = 600.0, progress=None, probe_interval_s: float = 0.1) -> dict:
+    """Send the workload; return results, wall time, /metrics KV peak and /health probe latencies."""
+    times = arrival_times(len(workload.prompts), workload.rate, workload.burstiness, workload.seed)
+    gate = asyncio.Semaphore(concurrency or len(workload.prompts))
+    results = [Result(len(p)) for p in workload.prompts]
+    start = time.monotonic()
+    deadline = start + max_duration_s
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(max(0.0, start + times[i] - time.monotonic()))
+        async with gate:
+            if time.monotonic() > deadline:
+                results[i].error = "not sent: --max-duration reached"
+                return
+            body = {"model": model, "prompt": workload.prompts[i], "max_tokens": workload.output_tokens[i],
+                    "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            await _send(url, body, results[i], deadline)
+        if progress is not None:
+            progress.update(1)
+
+    watcher = Watcher(url, probe_interval_s)
+    watching = asyncio.ensure_future(watcher.run())
+    await asyncio.gather(*(one(i) for i in range(len(results))))
+    duration = time.monotonic() - start
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+    final = await scrape_metrics(url)
+    return {"results": results, "duration_s": duration, "probe_ms": watcher.probe_ms,
+            "kv_samples": watcher.kv_blocks, "metrics": final}
+
+
+async def _send(url: str, body: dict, r: Result, deadline: float) -> None:
+    r.start = time.monotonic()
+    try:
+        reply = await client.request(url + "/v1/completions", "POST", body, timeout=max(1.0, deadline - r.start))
+    except (TimeoutError, OSError, EOFError, ValueError) as err:
+        r.error = f"{type(err).__name__}: {err}"
+        return
+    r.status = reply.status
+    if reply.status != 200:
+        r.error = reply.body.decode(errors="replace")[:200]
+        return
+    token_times = [t for t, e in reply.events if e.get("choices") and e["choices"][0].get("text")]
+    usage = [e["usage"] for _, e in reply.events if e.get("usage")]
+    if not reply.done or not usage or not token_times:
+        r.error = "stream ended early"
+        return
+    r.output_tokens = usage[-1]["completion_tokens"]
+    r.ttft = token_times[0] - r.start
+    r.e2e = reply.events[-1][0] - r.start
+    r.itl = np.diff(token_times).tolist()
+
+
+class Watcher:
+    """Until cancelled: /health latency (is the HTTP side starved?) and KV blocks in use."""
+
+    def __init__(self, url: str, interval_s: float):
+        self.url, self.interval_s = url, interval_s
+        self.probe_ms: list[float] = []
+        self.kv_blocks: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            t = time.monotonic()
+            try:
+                await client.request(self.url + "/health", timeout=30)
+                self.probe_ms.append((time.monotonic() - t) * 1e3)
+                m = await scrape_metrics(self.url)
+                if "scratchllm_kv_blocks_used" in m:
+                    self.kv_blocks.append(m["scratchllm_kv_blocks_used"])
+            except (TimeoutError, OSError):
+                pass
+            await asyncio.sleep(self.interval_s)
+
+
+async def scrape_metrics(url: str) -> dict[str, float]:
+    reply = await client.request(url + "/metrics", timeout=30)
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(scratchllm_\S+) (\S+)$", reply.body.decode(), re.M)}
+
+
+def percentiles(values, ms: bool = True) -> dict:
+    """mean/p50/p90/p99 (in ms when the values are seconds); None when there is nothing to summarize."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    x = np.asarray(values, dtype=float) * (1e3 if ms else 1.0)
+    return {"mean": float(x.mean()), **{f"p{q}": float(np.percentile(x, q)) for q in (50, 90, 99)}}
+
+
+def summarize(run: dict, slo: dict) -> dict:
+    """Throughput, latency percentiles and goodput (requests/s meeting every SLO given, in ms)."""
+    results, duration = run["results"], run["duration_s"]
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+
+    def meets(r: Result) -> bool:
+        checks = {"ttft_ms": r.ttft, "tpot_ms": r.tpot, "e2e_ms": r.e2e}
+        return all(checks[k] is not None and checks[k] * 1e3 <= v for k, v in slo.items() if v is not None) \
+            if any(v is not None for v in slo.values()) else True
+
+    m = run["metrics"]
+    block_bytes = (m.get("scratchllm_kv_cache_peak_bytes", 0) / m["scratchllm_kv_blocks_peak"]
+                   if m.get("scratchllm_kv_blocks_peak") else None)
+    peak_blocks = max([m.get("scratchllm_kv_blocks_peak", 0), *run["kv_samples"]] or [0])
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            key = str(r.status) if r.status else r.error.split(":")[0]
+            errors[key] = errors.get(key, 0) + 1
+    first_error = next((r.error for r in results if not r.ok), None)
+    return {
+        "completed": len(ok), "failed": len(results) - len(ok), "errors": errors, "first_error": first_error,
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration, "output_token_throughput": out_tokens / duration,
+        "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in ok)) / duration,
+        "output_tokens": out_tokens, "goodput": sum(meets(r) for r in ok) / duration, "slo": slo,
+        "ttft_ms": percentiles([r.ttft for r in ok]), "tpot_ms": percentiles([r.tpot for r in ok if r.tpot]),
+        "itl_ms": percentiles([g for r in ok for g in r.itl]), "e2e_ms": percentiles([r.e2e for r in ok]),
+        "health_probe_ms": percentiles(run["probe_ms"], ms=False),
+        "peak_kv_blocks": peak_blocks, "peak_kv_bytes": peak_blocks * block_bytes if block_bytes else None,
+    }
