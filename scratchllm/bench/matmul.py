@@ -164,7 +164,7 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
     if gpu is None:
         measured[("cublas", 0)] = (_timed(lambda: matmul.cublas(a, b), args.repeat), 4)
     sim = {impl: _simulated_miss(impl, n, caches, tiles) if n <= args.sim_max_n else None
-           for impl in ("naive", "tiled")}
+           for impl in ("naive", "tiled") if (impl, 1) in measured}
     rows = []
     for (impl, threads), (sec, elem) in measured.items():
         hw = _perf_miss(impl, n, threads) if perf_reason is None and impl in ("numpy", "tiled") else None
@@ -173,7 +173,7 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
         elif sim.get(impl):
             miss = f"sim: {sim[impl]}"
         else:
-            miss = "n/a (not our loop to simulate)" if impl not in sim else "n/a (n > --sim-max-n)"
+            miss = "n/a (not our loop to simulate)" if impl in ("numpy", "cublas") else "n/a (n > --sim-max-n)"
         rows.append({"impl": impl, "n": n, "threads": threads, "ms": 1e3 * sec, "gflops": flops / sec / 1e9,
                      "gbps": 3 * n * n * elem / sec / 1e9, "miss": miss})
     if gpu is not None:

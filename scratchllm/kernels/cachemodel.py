@@ -107,7 +107,8 @@ class TilePrediction:
 
 
 def _largest_multiple(limit: float, step: int) -> int:
-    return max(step, int(limit // step) * step)
+    # Whole lines when at least one fits; else the largest size that fits at all (tiny caches).
+    return int(limit // step) * step if limit >= step else max(1, int(limit))
 
 
 def predict_tile(n: int, elem_bytes: int = 4, line_bytes: int | None = None, l1_bytes: int | None = None,
@@ -132,7 +133,7 @@ def predict_tile(n: int, elem_bytes: int = 4, line_bytes: int | None = None, l1_
     t_max = (share * l1_bytes / (3 * elem_bytes)) ** 0.5
     tile = _largest_multiple(t_max, per_line)
     why.append(f"square: 3 T^2 x {elem_bytes} B <= {share * l1_bytes:.0f} B gives T <= {t_max:.1f}; "
-               f"the largest multiple of {per_line} is {tile}")
+               f"the largest multiple of {per_line} that fits is {tile}")
     if tile >= n:
         tile = n
         why.append(f"square: the whole {n} x {n} matrix fits, so T = n = {n}")
@@ -159,7 +160,7 @@ def predict_tile(n: int, elem_bytes: int = 4, line_bytes: int | None = None, l1_
     why.append(f"packed: A block mc x {kc} in L2: mc <= {mc_max:.0f} -> {mc} (multiple of {mr}, at most n)")
     # Invariant: what the model chose fits where it said it would.
     assert tile == n or ws_l1 <= share * l1_bytes
-    assert kc * (nr + 2 * mr) * elem_bytes <= share * l1_bytes or kc == per_line
+    assert kc * (nr + 2 * mr) * elem_bytes <= share * l1_bytes or kc == 1
     assert tile_reuse == n or (tile_reuse**2 + 2 * tile_reuse) * elem_bytes <= share * l1_bytes
     return TilePrediction(n, elem_bytes, line_bytes, l1_bytes, l2_bytes, share, tile, tile_reuse, kc, mc,
                           {"L1": ws_l1, "L2": ws_l2, "L1 packed": kc * (nr + 2 * mr) * elem_bytes,
