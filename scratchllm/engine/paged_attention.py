@@ -16,9 +16,9 @@ through its block table into a padded batch and use the 3-D mask generator.
 import math
 
 import numpy as np
-from scratchllm.kernels.paged_attention import copy_blocks, paged_attention
 
 from scratchllm.engine.masks import varlen_causal_mask
+from scratchllm.kernels.paged_attention import copy_blocks, paged_attention
 
 
 class PagedAttention:

@@ -10,11 +10,12 @@ One call per layer does two things, in this order:
 Writing first makes causality inside a prefill chunk free: token i sees the chunk's earlier
 tokens because they are already in the pool.
 
-Work split: one work item = (token, kv head); OpenMP threads take items dynamically (a long
-prefill's late tokens cost more than its early ones). Inside an item the G = H / KVH query
-heads sharing that kv head are served together, so each key and value row is read once per
-group instead of G times (GQA). Softmax is two-pass over a per-thread score buffer: scores and
-their max, then exp, sum and the weighted sum of values.
+Work split: one work item = one token; OpenMP threads take items dynamically (a long
+prefill's late tokens cost more than its early ones). Inside an item all H query heads are
+served from each slot's KVH x D row while it is in cache: decode is bound by reading the pool,
+so every byte of it is read once per token (query head h reads kv head h // G: GQA without
+copies). Softmax is two-pass over a per-thread score buffer: scores and their max, then exp,
+sum and the weighted sum of values.
 """
 
 from cython.parallel cimport parallel, prange
@@ -47,6 +48,12 @@ cdef inline float dot(const float* a, const float* b, Py_ssize_t n) noexcept nog
     return s
 
 
+cdef inline void axpy(float w, const float* x, float* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t d
+    for d in range(n):
+        y[d] += w * x[d]
+
+
 def paged_attention(
     const float[:, :, :] q,  # [N, H, D] any strides: views into the model's fused qkv output
     const float[:, :, :] k,  # [N, KVH, D]
@@ -63,7 +70,7 @@ def paged_attention(
     cdef Py_ssize_t N = q.shape[0], H = q.shape[1], D = q.shape[2]
     cdef Py_ssize_t KVH = k.shape[1], BS = k_cache.shape[1]
     cdef Py_ssize_t G = H // KVH
-    cdef Py_ssize_t i, h, kvh, t, p, item, blk, off, hh, d, s_idx, max_ctx = 0
+    cdef Py_ssize_t i, h, kvh, t, p, b, item, blk, off, hh, d, s_idx, max_ctx = 0
     cdef float* scores
     cdef float* qs
     cdef const float* krow
@@ -94,48 +101,61 @@ def paged_attention(
 
     if nt <= 0:
         nt = openmp.omp_get_max_threads()
-    # 2. attention, one (token, kv head) per work item
+    # raw pointers from here: the pool is C-contiguous, so a slot is base + slot * KVH * D
+    cdef float* kc = &k_cache[0, 0, 0, 0]
+    cdef float* vc = &v_cache[0, 0, 0, 0]
+    cdef float* op = &out[0, 0, 0]
+    cdef const int* bt = &block_tables[0, 0]
+    cdef Py_ssize_t MB = block_tables.shape[1], row = KVH * D
+    cdef float* acc
+    cdef float* sc
+    # 2. attention, one token per work item: a slot's KVH x D row is read whole, once
     with nogil, parallel(num_threads=nt):
-        scores = <float*>malloc(G * max_ctx * sizeof(float))
-        qs = <float*>malloc(G * D * sizeof(float))
-        for item in prange(N * KVH, schedule="dynamic"):
-            i = item // KVH
-            kvh = item % KVH
+        scores = <float*>malloc(H * max_ctx * sizeof(float))
+        qs = <float*>malloc(H * D * sizeof(float))
+        acc = <float*>malloc(H * D * sizeof(float))
+        for i in prange(N, schedule="dynamic"):
             s_idx = token_seq[i]
             p = token_pos[i]
-            # the G query heads of this kv head, pre-scaled by 1/sqrt(D)
-            for hh in range(G):
+            for h in range(H):  # queries pre-scaled by 1/sqrt(D): H x D multiplies, not H x ctx
                 for d in range(D):
-                    qs[hh * D + d] = q[i, kvh * G + hh, d] * scale
-            for t in range(p + 1):
-                krow = &k_cache[block_tables[s_idx, t // BS], t % BS, kvh, 0]
-                for hh in range(G):
-                    scores[hh * max_ctx + t] = dot(&qs[hh * D], krow, D)
-            for hh in range(G):
-                h = kvh * G + hh
+                    qs[h * D + d] = q[i, h, d] * scale
+                    acc[h * D + d] = 0.0
+            # walk the table block by block: one lookup per block, no division per key
+            t = 0
+            for b in range(p // BS + 1):
+                krow = kc + bt[s_idx * MB + b] * BS * row
+                for off in range(min(BS, p + 1 - t)):
+                    for h in range(H):  # query head h reads kv head h // G (GQA)
+                        scores[h * max_ctx + t] = dot(&qs[h * D], krow + (h // G) * D, D)
+                    krow = krow + row
+                    t = t + 1
+            for h in range(H):
+                sc = &scores[h * max_ctx]
                 m = -INFINITY
                 for t in range(p + 1):
-                    if scores[hh * max_ctx + t] > m:
-                        m = scores[hh * max_ctx + t]
+                    if sc[t] > m:
+                        m = sc[t]
                 tot = 0.0
                 for t in range(p + 1):
-                    w = expf(scores[hh * max_ctx + t] - m)
-                    scores[hh * max_ctx + t] = w
+                    w = expf(sc[t] - m)
+                    sc[t] = w
                     tot = tot + w
                 inv = 1.0 / tot
                 for t in range(p + 1):
-                    scores[hh * max_ctx + t] = scores[hh * max_ctx + t] * inv
-                for d in range(D):
-                    out[i, h, d] = 0.0
-            for t in range(p + 1):
-                vrow = &v_cache[block_tables[s_idx, t // BS], t % BS, kvh, 0]
-                for hh in range(G):
-                    h = kvh * G + hh
-                    w = scores[hh * max_ctx + t]
-                    for d in range(D):
-                        out[i, h, d] += w * vrow[d]
+                    sc[t] = sc[t] * inv
+            t = 0
+            for b in range(p // BS + 1):
+                vrow = vc + bt[s_idx * MB + b] * BS * row
+                for off in range(min(BS, p + 1 - t)):
+                    for h in range(H):
+                        axpy(scores[h * max_ctx + t], vrow + (h // G) * D, &acc[h * D], D)
+                    vrow = vrow + row
+                    t = t + 1
+            memcpy(op + i * H * D, acc, H * D * sizeof(float))
         free(scores)
         free(qs)
+        free(acc)
 
 
 def copy_blocks(float[:, :, :, ::1] cache, const long[:, ::1] pairs):

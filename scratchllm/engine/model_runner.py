@@ -1,0 +1,63 @@
+"""The model runner: turns one scheduled step into one packed forward, and logits into tokens.
+Numerics only; which requests run and how many tokens each is the scheduler's business.
+
+One step = one forward over N packed tokens (every decode and every prefill chunk together), so
+each weight matrix is read once per step in one GEMM of N rows: that is what makes batching pay
+on a CPU, where a decode of one sequence is bound by reading the weights.
+"""
+
+import numpy as np
+
+from scratchllm.engine.paged_attention import PagedAttention
+from scratchllm.engine.scheduler import ScheduledBatch
+from scratchllm.sampling import sample_token, top_logprobs
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, num_threads: int = 0):
+        self.model = model
+        self.block_size = block_size
+        self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads)
+
+    def execute(self, batch: ScheduledBatch) -> tuple[list, np.ndarray]:
+        """Run the step's forward. Returns (requests that get a token, their logits [R, V])."""
+        self.attention.copy_blocks(batch.copies)  # copy-on-write before anything reads them
+        items = batch.items
+        ids, pos, lens, sample_reqs, rows = [], [], [], [], []
+        n_total = 0
+        for req, n in items:
+            c = req.num_computed_tokens
+            ids.extend(req.token_ids[c : c + n])
+            pos.extend(range(c, c + n))
+            lens.append(n)
+            n_total += n
+            if c + n == req.num_tokens:  # the step reaches the last known token: sample after it
+                sample_reqs.append(req)
+                rows.append(n_total - 1)
+        max_blocks = max(len(req.block_table) for req, _ in items)
+        tables = np.zeros((len(items), max_blocks), dtype=np.int32)  # padding is never read
+        for s, (req, _) in enumerate(items):
+            tables[s, : len(req.block_table)] = req.block_table
+        token_seq = np.repeat(np.arange(len(items), dtype=np.int32), lens)
+        positions = np.asarray(pos, dtype=np.int64)
+        self.attention.set_layout(tables, token_seq, positions)
+        if not rows:  # only partial prefill chunks this step: K/V to fill, no token to sample
+            rows = [n_total - 1]
+        logits = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.attention,
+                                    logits_rows=np.asarray(rows, dtype=np.int64))
+        return sample_reqs, logits[: len(sample_reqs)]
+
+    @staticmethod
+    def sample(reqs: list, logits: np.ndarray) -> list[tuple[int, float | None, list | None]]:
+        """One (token, logprob, top_logprobs) per request, each with its own params and rng."""
+        greedy = np.argmax(logits, axis=1) if len(reqs) else []  # one call for every greedy row
+        out = []
+        for r, req in enumerate(reqs):
+            params = req.params
+            token = int(greedy[r]) if params.greedy else sample_token(logits[r], params, req.rng)
+            if params.logprobs is not None:
+                lp, top = top_logprobs(logits[r], token, params.logprobs)
+                out.append((token, lp, top))
+            else:
+                out.append((token, None, None))
+        return out
