@@ -4,8 +4,9 @@
 rule of Hugging Face `tokenizers` (rank = line of the merges list) and of tiktoken (rank of the
 concatenated bytes); both reduce to a table (left, right) -> rank, built once here.
 
-Cost: almost all encode time is spent in `_merge`, once per distinct pre-token, because the result
-of every pre-token is cached (prose repeats its words; the cache turns BPE into a dict lookup).
+Cost: almost all encode time is spent in `_merge`, once per distinct pre-token, because the
+Tokenizer caches the ids of every pre-token (prose repeats its words; the cache turns BPE into a
+dict lookup).
 """
 
 from collections.abc import Iterable
@@ -13,9 +14,6 @@ from collections.abc import Iterable
 # Rank of a pair that cannot merge: larger than any real rank, and still a plain int so that
 # min() over the pair ranks compares ints only.
 NO_MERGE = 1 << 62
-
-# Pre-tokens cached per tokenizer; past this many, new ones are encoded but no longer stored.
-CACHE_LIMIT = 200_000
 
 
 class BPE:
@@ -38,7 +36,6 @@ class BPE:
         self.ranks = ranks
         self.ignore_merges = ignore_merges
         self.unk_id = unk_id
-        self._cache: dict[str, list[int]] = {}
 
     @classmethod
     def from_merges(cls, vocab: dict[str, int], merges: Iterable[tuple[str, str]], **kw) -> "BPE":
@@ -60,19 +57,10 @@ class BPE:
                     ranks[(left, right)] = rank
         return cls(dict(ranked), ranks, ignore_merges=True, **kw)
 
-    def encode_word(self, word: str) -> list[int]:
-        """One pre-token, already in the vocabulary's alphabet (byte-level text for GPT-2 style),
-        -> ids, through the cache."""
-        cached = self._cache.get(word)
-        if cached is None:
-            cached = self.encode_uncached(word)
-            if len(self._cache) < CACHE_LIMIT:
-                self._cache[word] = cached
-        return cached
-
     def encode_uncached(self, word: str) -> list[int]:
-        """Symbols missing from the vocabulary become unk_id, or are dropped without one (what
-        tokenizers does)."""
+        """One pre-token, already in the vocabulary's alphabet (byte-level text for GPT-2 style),
+        -> ids; the Tokenizer caches the result per raw pre-token. Symbols missing from the
+        vocabulary become unk_id, or are dropped without one (what tokenizers does)."""
         vocab = self.vocab
         if self.ignore_merges and word in vocab:
             return [vocab[word]]

@@ -12,17 +12,19 @@ from dataclasses import dataclass, field
 
 import regex
 
-from scratchllm.tokenizer.bpe import CACHE_LIMIT
 from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
+
+# Pre-tokens whose ids a tokenizer remembers; past this many, new ones are encoded but not stored.
+CACHE_LIMIT = 200_000
 
 
 @dataclass(frozen=True)
 class TokenizerSpec:
     """Everything a loader reads from a checkpoint's files.
 
-    model: a BPE or WordPiece (has encode_word and vocab); id_to_token: the model's token text by
+    model: a BPE or WordPiece (has encode_uncached and vocab); id_to_token: the model's token text by
     id. added: text -> id of tokens matched on the raw text before anything else (specials and
     user-defined tokens); special_ids: those that skip_special_tokens removes.
     """
@@ -59,7 +61,10 @@ class Tokenizer:
         specials = sorted(spec.added, key=len, reverse=True)
         self._special_re = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
         self._token_bytes: list[bytes] | None = None
+        # Raw pre-token -> ids. (Keyed by the raw text: the byte-level form of ' ' is 'Ġ', which
+        # is also a raw character of its own, so the two forms must not share one table.)
         self._piece_cache: dict[str, list[int]] = {}
+        self.cache_limit = CACHE_LIMIT
 
     @classmethod
     def from_pretrained(cls, ref, **options) -> "Tokenizer":
@@ -127,24 +132,24 @@ class Tokenizer:
     def _encode_ordinary(self, text: str) -> list[int]:
         if self.spec.normalizer is not None:
             text = self.spec.normalizer(text)
+        # Ids per raw pre-token: a word seen before costs one dict lookup, skipping the byte-level
+        # translation and the merges (where nearly all the time goes).
+        cache = self._piece_cache
+        limit = self.cache_limit
+        encode = self._model.encode_uncached
+        byte_level = self._byte_level
         ids: list[int] = []
-        if self._byte_level:
-            # Keyed by the raw piece, so a word seen before skips the byte-level translation too.
-            # (A cache of its own: raw 'Ġ' and the byte-level form of ' ' are the same string.)
-            cache = self._piece_cache
-            encode_uncached = self._model.encode_uncached
-            for piece in self.spec.pre_tokenizer(text):
-                cached = cache.get(piece)
-                if cached is None:
-                    cached = encode_uncached(text_to_bytelevel(piece))
-                    if len(cache) < CACHE_LIMIT:
-                        cache[piece] = cached
-                ids += cached
-        else:
-            encode_word = self._model.encode_word
-            for piece in self.spec.pre_tokenizer(text):
-                ids += encode_word(piece)
+        for piece in self.spec.pre_tokenizer(text):
+            cached = cache.get(piece)
+            if cached is None:
+                cached = encode(text_to_bytelevel(piece) if byte_level else piece)
+                if len(cache) < limit:
+                    cache[piece] = cached
+            ids += cached
         return ids
+
+    def clear_cache(self) -> None:
+        self._piece_cache.clear()
 
     def encode_batch(self, texts: list[str], *, max_length: int | None = None, pad_id: int | None = None):
         """For encoder models: (input_ids [B, T], attention_mask [B, T]) as int64 arrays, padded on

@@ -7,6 +7,8 @@ sentence-transformers runs for all-MiniLM-L6-v2.
 
 import unicodedata
 
+import regex
+
 # Code point ranges BERT treats as CJK ideographs: each becomes a word of its own, because
 # Chinese has no spaces and the vocabulary holds single characters.
 _CJK_RANGES = (
@@ -28,39 +30,33 @@ _WHITESPACE = frozenset(
 )
 
 
-def _is_cjk(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
-
-
-def _is_punctuation(ch: str) -> bool:
-    # ASCII symbols such as '$', '+', '^' count too, though Unicode files them under S*.
-    return (ch.isascii() and not ch.isalnum() and ch.isprintable() and ch != " ") or (
-        unicodedata.category(ch).startswith("P")
-    )
+_CJK_CLASS = "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in _CJK_RANGES)
+_CJK = regex.compile(f"([{_CJK_CLASS}])")
+# Removed by clean_text: NUL, U+FFFD and every other control/format/unassigned character (C*).
+# Tab, newline and carriage return are C* too but count as whitespace, so they become spaces first.
+_CONTROL = regex.compile(r"[\x00\ufffd\p{C}]")
+_TO_SPACE = {ord(c): " " for c in _WHITESPACE}
+_NONSPACING_MARK = regex.compile(r"\p{Mn}")
+# A word is a run of anything but whitespace and punctuation; each punctuation character stands
+# alone. Punctuation is Unicode P* plus ASCII's symbols ('$', '+', '^', ...), which Unicode files
+# under S* but BERT splits off too.
+_PUNCT_CLASS = r"\p{P}!-/:-@\[-`{-~"
+_WS_CLASS = "".join(f"\\u{ord(c):04x}" for c in sorted(_WHITESPACE))
+_WORD_OR_PUNCT = regex.compile(f"[^{_WS_CLASS}{_PUNCT_CLASS}]+|[{_PUNCT_CLASS}]")
 
 
 def bert_normalize(text: str, *, lowercase: bool = True, strip_accents: bool | None = None,
                    clean_text: bool = True, handle_chinese_chars: bool = True) -> str:
-    """The BertNormalizer steps in tokenizers' order: clean, space out CJK, strip accents, lower."""
-    out = []
-    for ch in text:
-        if clean_text:
-            if ch in "\t\n\r":
-                out.append(" ")
-                continue
-            if ch == "\x00" or ch == "\ufffd" or unicodedata.category(ch)[0] == "C":
-                continue
-            if ch in _WHITESPACE:
-                out.append(" ")
-                continue
-        if handle_chinese_chars and _is_cjk(ord(ch)):
-            out.append(f" {ch} ")
-        else:
-            out.append(ch)
-    text = "".join(out)
+    """The BertNormalizer steps in tokenizers' order: clean, space out CJK, strip accents, lower.
+    Each step is one regex or translate pass over the whole text (C speed, no Python loop per char)."""
+    if clean_text:
+        text = _CONTROL.sub("", text.replace("\t", " ").replace("\n", " ").replace("\r", " "))
+        text = text.translate(_TO_SPACE)
+    if handle_chinese_chars and not text.isascii():
+        text = _CJK.sub(r" \1 ", text)
     # Accents go with lower-casing unless the config says otherwise (strip_accents null).
-    if lowercase if strip_accents is None else strip_accents:
-        text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+    if (lowercase if strip_accents is None else strip_accents) and not text.isascii():
+        text = _NONSPACING_MARK.sub("", unicodedata.normalize("NFD", text))
     if lowercase:
         text = text.lower()
     return text
@@ -68,23 +64,7 @@ def bert_normalize(text: str, *, lowercase: bool = True, strip_accents: bool | N
 
 def bert_pre_tokenize(text: str) -> list[str]:
     """Split on whitespace (dropped) and around every punctuation character (kept alone)."""
-    words = []
-    current = []
-    for ch in text:
-        if ch in _WHITESPACE:
-            if current:
-                words.append("".join(current))
-                current = []
-        elif _is_punctuation(ch):
-            if current:
-                words.append("".join(current))
-                current = []
-            words.append(ch)
-        else:
-            current.append(ch)
-    if current:
-        words.append("".join(current))
-    return words
+    return _WORD_OR_PUNCT.findall(text)
 
 
 class WordPiece:
@@ -99,18 +79,8 @@ class WordPiece:
         self.unk_id = vocab[unk_token]
         self.prefix = prefix
         self.max_chars = max_chars
-        self._cache: dict[str, list[int]] = {}
 
-    def encode_word(self, word: str) -> list[int]:
-        cached = self._cache.get(word)
-        if cached is not None:
-            return cached
-        ids = self._cut(word)
-        if len(self._cache) < 200_000:
-            self._cache[word] = ids
-        return ids
-
-    def _cut(self, word: str) -> list[int]:
+    def encode_uncached(self, word: str) -> list[int]:
         if len(word) > self.max_chars:
             return [self.unk_id]
         ids = []

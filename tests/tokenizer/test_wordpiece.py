@@ -39,7 +39,9 @@ def test_cls_sep_and_no_specials(ours, reference):
 def test_bert_normalization_cases(ours, reference):
     # accents stripped, CJK spaced out, control characters dropped, punctuation split, unknowns
     for text in ["Café NAÏVE Ångström", "中文字符，全角！", "tab\there\x00\x07zero\u200bwidth", "a+b=c^d$e",
-                 "x" * 150, "supercalifragilisticexpialidocious", "[MASK] is [UNK] [CLS]", "🙂 ok"]:
+                 "x" * 150, "supercalifragilisticexpialidocious", "[MASK] is [UNK] [CLS]", "🙂 ok",
+                 "soft\xadhyphen \ufffd \ue000 private \x1cfile\x1fsep \u3000ideo\u2028line",
+                 "हिन्दी भाषा", "e\u0301 combining", "Ⅻ ½ ² ①", "a\x85b\x0bc\x0cd", "\u00a0nbsp\u202fnarrow"]:
         assert ours.encode(text) == reference.encode(text).ids, text
 
 
