@@ -1,0 +1,96 @@
+"""The real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers reading the same file.
+
+transformers dequantizes the GGUF to float32 with the `gguf` package, so both sides compute on
+equal weights; the first test proves that (and with it our dequantization, name mapping and the
+undoing of llama.cpp's q/k row permutation), the others compare what is computed from them.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n (ANCHORS.md)
+CHAT_PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+
+
+@pytest.fixture(scope="module")
+def reference(default_gguf):
+    """transformers' LlamaForCausalLM with the GGUF's weights, dequantized by the `gguf` package.
+
+    from_pretrained(gguf_file=...) insists on the `accelerate` package only to place weights on
+    devices; we take its two documented halves instead: the config from the file, and
+    load_gguf_checkpoint (the same reader from_pretrained calls) for the tensors.
+    """
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = transformers.AutoConfig.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(default_gguf), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
+    model.tie_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return load_model("default")
+
+
+def test_weights_equal_transformers_dequantized(reference, ours):
+    ref = reference.state_dict()
+    names = [n for n in ref if n != "lm_head.weight"]
+    assert set(names) == set(ours.weights)
+    for name in names:
+        np.testing.assert_array_equal(ours.weights[name], ref[name].numpy(), err_msg=name)
+
+
+def test_logits_equal_transformers(reference, ours):
+    ids = np.array(CHAT_PROMPT)
+    with torch.no_grad():
+        want = reference(torch.tensor(ids)[None]).logits[0].numpy()
+    got = ours.forward(ids, np.arange(len(ids)), ContiguousKVCache.for_model(ours.config, len(ids)))
+    assert np.abs(got - want).max() <= 1e-3, np.abs(got - want).max()
+
+
+def _hf_greedy(model, ids, n):
+    out, past, x = [], None, torch.tensor(ids)[None]
+    with torch.no_grad():
+        for _ in range(n):
+            step = model(x, cache=past, use_cache=True)
+            past = step.cache
+            out.append(int(step.logits[0, -1].argmax()))
+            x = torch.tensor([[out[-1]]])
+    return out
+
+
+def _our_greedy(model, ids, n):
+    cache = ContiguousKVCache.for_model(model.config, len(ids) + n)
+    logits = model.forward(np.array(ids), np.arange(len(ids)), cache, logits_rows=[len(ids) - 1])
+    out = []
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = model.forward(np.array(out[-1:]), np.array([cache.length]), cache)
+    return out
+
+
+def test_first_32_greedy_tokens_identical(reference, ours):
+    # past the end-of-turn token on purpose: 32 tokens run through the near-tie ANCHORS.md notes at 30
+    want = _hf_greedy(reference, CHAT_PROMPT, 32)
+    assert _our_greedy(ours, CHAT_PROMPT, 32) == want
+
+
+def test_answers_paris(ours):
+    from scratchllm import Tokenizer
+
+    tok = Tokenizer.from_pretrained("default")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    ids = _our_greedy(ours, tok.encode(prompt), 12)
+    answer = tok.decode(ids[: ids.index(tok.eos_token_id)] if tok.eos_token_id in ids else ids)
+    assert "Paris" in answer, answer
