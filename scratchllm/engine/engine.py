@@ -70,6 +70,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_generated = 0
         self.step_tokens_total = 0
+        self.last_step_tokens = 0
 
     @classmethod
     def from_pretrained(cls, ref: str = "default", tokenizer=True, **engine_options) -> "LLMEngine":
@@ -94,6 +95,21 @@ class LLMEngine:
         request_id = str(request_id)
         if request_id in self.requests:
             raise ConfigError(f"request id {request_id!r} is already in use")
+        self.validate(prompt_token_ids, params)
+        req = Request(request_id, list(prompt_token_ids), params, self._priority(params, priority),
+                      arrival=self.clock())
+        self.requests[request_id] = req
+        if self.tokenizer is not None:
+            stops = params.stop
+            self._text[request_id] = _TextState(self.tokenizer.detokenizer(skip_special_tokens=True),
+                                                holdback=max((len(s) for s in stops), default=1) - 1, stops=stops)
+        self.scheduler.add(req)
+        return req
+
+    def validate(self, prompt_token_ids, params: SamplingParams) -> None:
+        """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
         if len(prompt_token_ids) == 0:
             raise ConfigError("the prompt has no tokens")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -102,15 +118,6 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in [0, {vocab})")
-        req = Request(request_id, list(prompt_token_ids), params, self._priority(params, priority),
-                      arrival=self.clock())
-        self.requests[request_id] = req
-        if self.tokenizer is not None:
-            stops = params.stop
-            self._text[request_id] = _TextState(self.tokenizer.detokenizer(),
-                                                holdback=max((len(s) for s in stops), default=1) - 1, stops=stops)
-        self.scheduler.add(req)
-        return req
 
     def _priority(self, params: SamplingParams, priority) -> Priority:
         if priority is None:  # the seed's rule: short requests are high priority
@@ -146,6 +153,7 @@ class LLMEngine:
     # --- the step ---
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule(self.clock())
+        self.last_step_tokens = batch.num_tokens
         if not batch.items:
             return []
         bm = self.block_manager
@@ -180,6 +188,8 @@ class LLMEngine:
         if ts is not None:
             if not stop_token:
                 ts.text += ts.detok.push(token)
+            if reason is not None and hasattr(ts.detok, "flush"):
+                ts.text += ts.detok.flush()  # a character cut at the end shows as U+FFFD, as decode does
             for s in ts.stops:
                 at = ts.text.find(s)
                 if at >= 0:
@@ -194,6 +204,29 @@ class LLMEngine:
             self._text.pop(req.request_id, None)
             out.metrics = req.metrics()
         return out
+
+    def generate(self, prompts_token_ids, params) -> list[dict]:
+        """Run many prompts to completion, batched (what LLM.generate needs). `params`: one
+        SamplingParams or one per prompt. Returns, in prompt order, dicts with request_id,
+        token_ids, text, finish_reason and metrics."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts_token_ids)
+        results = {}
+        for ids, p in zip(prompts_token_ids, params, strict=True):
+            req = self.add_request(None, ids, p)
+            results[req.request_id] = {"request_id": req.request_id, "token_ids": [], "text": "",
+                                       "finish_reason": None, "metrics": None}
+        order = list(results)
+        while self.has_work():
+            for o in self.step():
+                r = results.get(o.request_id)
+                if r is None:
+                    continue
+                r["token_ids"].append(o.token_id)
+                r["text"] += o.text
+                if o.finish_reason:
+                    r["finish_reason"], r["metrics"] = o.finish_reason, o.metrics
+        return [results[rid] for rid in order]
 
     def stats(self) -> dict:
         bm, s = self.block_manager, self.scheduler
