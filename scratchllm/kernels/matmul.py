@@ -41,11 +41,14 @@ def numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class Tiles:
     """Cache blocks of the Cython kernel (its register tile, 6 x 32, is fixed at compile time).
 
-    Defaults measured on Zen 4 (see docs/kernels.md: the GFLOP/s plateau is wide; these sit in it).
+    Defaults measured on Zen 4 at n=1024, one thread, all candidates interleaved in one run
+    (docs/kernels.md): kc=512 beats kc=256 by ~8% and kc=128 by ~15%, although a 512 x 32 panel
+    of B is 64 KiB, twice L1: L2 streams it fast enough, and a longer kc spreads the load and
+    store of each 6 x 32 tile of C over more multiply-adds. mc barely matters between 96 and 288.
     """
 
-    mc: int = 96  # rows of A per block, kept packed in L2 (rounded up to a multiple of 6)
-    kc: int = 256  # depth of a block: a packed 256 x 32 panel of B is 32 KiB
+    mc: int = 192  # rows of A per block, kept packed in L2 (rounded up to a multiple of 6): 384 KiB
+    kc: int = 512  # depth of a block
     nc: int = 4096  # columns of B per block, kept packed in L3 (rounded up to a multiple of 32)
 
     def __post_init__(self):
