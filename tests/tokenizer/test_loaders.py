@@ -1,0 +1,91 @@
+"""Reading tokenizers from small files written here (GGUF through the gguf package's writer):
+the GGUF switches (add_bos_token, pre-tokenizer kinds, merges that a whole-word lookup skips) and
+the clear refusals of what we do not read."""
+
+import pytest
+
+from scratchllm import Tokenizer
+from scratchllm.errors import ConfigError, FormatError
+from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
+
+gguf = pytest.importorskip("gguf")
+tk = pytest.importorskip("tokenizers")
+
+# bc < ab < cd: merging 'abcd' stops at a|bc|d, yet 'abcd' is in the vocabulary.
+MERGES = ["b c", "a b", "c d", "Ġ a"]
+EXTRA = ["bc", "ab", "cd", "Ġa", "abcd"]
+SPECIALS = ["<s>", "</s>"]
+
+
+def _write_gguf(path, *, model="gpt2", pre="gpt2", add_bos=True):
+    tokens = SPECIALS + sorted(BYTE_TO_CHAR) + EXTRA
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model(model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_add_bos_token(add_bos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tokens
+
+
+def _reference(tokens, *, ignore_merges, pattern):
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ref = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[tuple(m.split()) for m in MERGES],
+                                     ignore_merges=ignore_merges))
+    ref.pre_tokenizer = tk.pre_tokenizers.Sequence([
+        tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated"),
+        tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    ref.add_special_tokens([tk.AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    return ref
+
+
+TEXTS = ["abcd", "abcdx abcd", " a abcd</s>", "<s>cd bc", "abc 123 xyz"]
+
+
+@pytest.mark.parametrize("pre, ignore_merges", [("gpt2", False), ("llama-bpe", True), ("qwen2", False)])
+def test_tiny_gguf_matches_tokenizers(tmp_path, pre, ignore_merges):
+    from scratchllm.tokenizer.pretokenize import GGUF_PRETOKENIZERS
+
+    tokens = _write_gguf(tmp_path / "tiny.gguf", pre=pre)
+    ours = Tokenizer.from_pretrained(tmp_path / "tiny.gguf")
+    ref = _reference(tokens, ignore_merges=ignore_merges, pattern=GGUF_PRETOKENIZERS[pre][0].pattern)
+    for text in TEXTS:
+        assert ours.encode(text, add_special_tokens=False) == ref.encode(text).ids, text
+    # Llama 3 takes the whole word; GPT-2's rule merges its way to a|bc|d.
+    assert (ours.encode("abcd", add_special_tokens=False) == [tokens.index("abcd")]) == ignore_merges
+
+
+def test_add_bos_token(tmp_path):
+    _write_gguf(tmp_path / "bos.gguf", add_bos=True)
+    _write_gguf(tmp_path / "nobos.gguf", add_bos=False)
+    with_bos = Tokenizer.from_pretrained(tmp_path / "bos.gguf")
+    without = Tokenizer.from_pretrained(tmp_path / "nobos.gguf")
+    assert with_bos.encode("ab") == [0] + without.encode("ab")
+    assert with_bos.encode("ab", add_special_tokens=False) == without.encode("ab")
+    assert with_bos.decode(with_bos.encode("ab"), skip_special_tokens=True) == "ab"
+
+
+@pytest.mark.parametrize("kwargs, message", [({"model": "llama"}, "tokenizer.ggml.model"),
+                                             ({"pre": "no-such-pre"}, "no-such-pre")])
+def test_unsupported_gguf_tokenizers_are_refused(tmp_path, kwargs, message):
+    _write_gguf(tmp_path / "x.gguf", **kwargs)
+    with pytest.raises(FormatError, match=message):
+        Tokenizer.from_pretrained(tmp_path / "x.gguf")
+
+
+def test_missing_and_empty_paths(tmp_path):
+    with pytest.raises(ConfigError, match="no model"):
+        Tokenizer.from_pretrained(tmp_path / "absent")
+    with pytest.raises(FormatError, match="no tokenizer"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(FormatError, match="tokenizer.json"):
+        Tokenizer.from_pretrained(tmp_path)
