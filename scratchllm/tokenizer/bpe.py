@@ -9,7 +9,12 @@ Tokenizer caches the ids of every pre-token (prose repeats its words; the cache 
 dict lookup).
 """
 
+import heapq
 from collections.abc import Iterable
+
+# Pieces longer than this (in symbols) merge through a heap: the list loop below rescans every
+# pair per merge, O(n^2), which a 100 kB run of letters in a prompt would turn into minutes.
+HEAP_ABOVE = 64
 
 # Rank of a pair that cannot merge: larger than any real rank, and still a plain int so that
 # min() over the pair ranks compares ints only.
@@ -72,6 +77,8 @@ class BPE:
         return ids
 
     def _merge(self, word: str) -> list[str]:
+        if len(word) > HEAP_ABOVE:
+            return self._merge_heap(word)
         symbols = list(word)
         get = self.ranks.get
         # pair_ranks[i] is the rank of (symbols[i], symbols[i + 1]): kept in step with symbols,
@@ -91,3 +98,41 @@ class BPE:
                 pair_ranks[i] = get((merged, symbols[i + 1]), NO_MERGE)
         assert len(pair_ranks) == max(len(symbols) - 1, 0)
         return symbols
+
+    def _merge_heap(self, word: str) -> list[str]:
+        """The same merges as _merge in O(n log n): a heap of candidate pairs (rank, position)
+        over a linked list of symbols. Entries go stale when a neighbour merges; each is checked
+        against the current symbols when popped instead of being removed."""
+        get = self.ranks.get
+        symbols: list[str | None] = list(word)  # None: merged into the symbol on its left
+        n = len(symbols)
+        nxt = list(range(1, n + 1))  # n: no right neighbour
+        prv = list(range(-1, n - 1))
+        # (rank, left position, left text, right text); positions keep their order through
+        # merges, so ties on rank pop leftmost first, as in the list loop.
+        heap = []
+        for i in range(n - 1):
+            rank = get((symbols[i], symbols[i + 1]))
+            if rank is not None:
+                heap.append((rank, i, symbols[i], symbols[i + 1]))
+        heapq.heapify(heap)
+        while heap:
+            rank, i, left, right = heapq.heappop(heap)
+            j = nxt[i]
+            if symbols[i] != left or j >= n or symbols[j] != right:
+                continue  # stale: one side has merged since this entry was pushed
+            merged = left + right
+            symbols[i], symbols[j] = merged, None
+            nxt[i] = nxt[j]
+            if nxt[j] < n:
+                prv[nxt[j]] = i
+            if prv[i] >= 0:
+                p = prv[i]
+                r = get((symbols[p], merged))
+                if r is not None:
+                    heapq.heappush(heap, (r, p, symbols[p], merged))
+            if nxt[i] < n:
+                r = get((merged, symbols[nxt[i]]))
+                if r is not None:
+                    heapq.heappush(heap, (r, i, merged, symbols[nxt[i]]))
+        return [s for s in symbols if s is not None]
