@@ -17,6 +17,7 @@ reach lies inside the storage; non-contiguous tensors (a saved transpose) stay v
 import pickletools
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,9 @@ from scratchllm.formats.unpickle import StorageRef, TensorRef, load_state_dict_p
 MAX_PICKLE = 256 * 1024 * 1024  # a state dict's pickle is KBs to a few MBs; more is a zip bomb
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1}
+# What the stdlib zip reader raises on a damaged archive (it runs nothing from the file).
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error,
+              NotImplementedError, OverflowError, KeyError, IndexError, RuntimeError, zlib.error)
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then file name and extra field lengths at 26
 
 
@@ -87,7 +91,7 @@ def load_torch(path) -> Checkpoint:
     try:
         archive = zipfile.ZipFile(path)
         entries = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error) as err:
+    except ZIP_ERRORS as err:
         raise FormatError(p, f"not a readable zip archive: {err}") from None
     pickles = [e for e in entries if e.filename.endswith("data.pkl") and e.filename.count("/") == 1]
     if len(pickles) != 1:
@@ -151,7 +155,7 @@ def load_torch(path) -> Checkpoint:
         begin, size, entry = spans[key]
         if entry.compress_type == zipfile.ZIP_STORED:
             return data[begin:begin + size]  # zero-copy
-        return np.frombuffer(archive.read(entry), dtype=np.uint8)  # compressed: a copy, rare
+        return np.frombuffer(_read_small(archive, entry, p), dtype=np.uint8)  # compressed: a copy, rare
 
     def read(info: TensorInfo) -> np.ndarray:
         ref = tensors[info.name]
@@ -213,7 +217,7 @@ def _pickle_summary(data: bytes) -> dict:
 def _read_small(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, path: str) -> bytes:
     try:
         return archive.read(entry)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, struct.error) as err:
+    except ZIP_ERRORS as err:
         raise FormatError(path, f"zip entry '{entry.filename}' is unreadable: {err}") from None
 
 

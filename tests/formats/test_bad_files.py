@@ -198,8 +198,10 @@ def test_torch_zip_refusals(tmp_path, torch_file):
     short = rewrite(torch_file, tmp_path / "c.bin", lambda n, d: (n, d[:-4]) if "/data/" in n else (n, d))
     refuses(tmp_path, short.read_bytes(), "holds 44", name="c.bin")
     # A tensor that reaches past its storage: size (3, 5) over 12 elements.
-    grow = rewrite(torch_file, tmp_path / "d.bin",
-                   lambda n, d: (n, d.replace(b"K\x03K\x04\x86", b"K\x03K\x05\x86")) if n.endswith("data.pkl") else (n, d))
+    def grow_size(n, d):
+        return (n, d.replace(b"K\x03K\x04\x86", b"K\x03K\x05\x86")) if n.endswith("data.pkl") else (n, d)
+
+    grow = rewrite(torch_file, tmp_path / "d.bin", grow_size)
     refuses(tmp_path, grow.read_bytes(), "reaches element", name="d.bin")
     data = torch_file.read_bytes()
     refuses(tmp_path, data[: len(data) // 2], "zip", name="e.bin")
