@@ -77,17 +77,17 @@ def _reference(path: Path):
     if path.suffix != ".gguf":
         raise ConfigError(f"{path}: the tokenizer benchmark compares GGUF files and tokenizer.json folders")
     from scratchllm.formats.gguf import GGUFFile
-    from scratchllm.tokenizer.pretokenize import GGUF_PRETOKENIZERS
 
     meta = GGUFFile(path).metadata
     tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
     merges = [tuple(str(m).split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     ref = tk.Tokenizer(tk.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     pre = tk.pre_tokenizers
-    declared = GGUF_PRETOKENIZERS[meta["tokenizer.ggml.pre"]]
-    steps = [pre.Split(tk.Regex(s.pattern), behavior="isolated") for s in declared]
-    # GPT-2's regex runs inside ByteLevel; the other steps come before it.
-    ref.pre_tokenizer = pre.Sequence([*steps[:-1], pre.ByteLevel(add_prefix_space=False, use_regex=True)])
+    # The declaration spelled as tokenizers' components (SmolLM2's own tokenizer.json does this).
+    steps = {"smollm": [pre.Digits(individual_digits=True)], "gpt2": []}.get(meta.get("tokenizer.ggml.pre"))
+    if steps is None:
+        raise ConfigError(f"{path}: no tokenizers baseline for tokenizer.ggml.pre={meta.get('tokenizer.ggml.pre')!r}")
+    ref.pre_tokenizer = pre.Sequence([*steps, pre.ByteLevel(add_prefix_space=False, use_regex=True)])
     ref.decoder = tk.decoders.ByteLevel()
     types = [int(t) for t in meta["tokenizer.ggml.token_type"]]
     ref.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)

@@ -3,9 +3,11 @@ written the way those models' tokenizer.json files write them (a different regex
 Llama 3 and Qwen2, a different spelling of the same rule)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scratchllm.tokenizer.bytelevel import text_to_bytelevel
-from scratchllm.tokenizer.pretokenize import GGUF_PRETOKENIZERS, PreTokenizer, Split
+from scratchllm.tokenizer.pretokenize import DIGIT_PATTERN, GGUF_PRETOKENIZERS, GPT2_PATTERN, PreTokenizer, Split
 
 tk = pytest.importorskip("tokenizers")
 pre = tk.pre_tokenizers
@@ -49,3 +51,10 @@ def test_split_behaviors():
     assert PreTokenizer([Split(r"\w+|[^\w\s]+", "removed", invert=True)])("hi, you!") == ["hi", ",", "you", "!"]
     assert PreTokenizer([Split(r"-", "isolated")])("a-b--c") == ["a", "-", "b", "-", "-", "c"]
     assert PreTokenizer([])("") == []
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=" \t\n\r\u3000aZé中1٣²'s!.-_😀", max_size=40))
+def test_fused_smollm_regex_equals_the_two_steps(text):
+    two_steps = PreTokenizer([Split(DIGIT_PATTERN), Split(GPT2_PATTERN)])
+    assert PreTokenizer(GGUF_PRETOKENIZERS["smollm"])(text) == two_steps(text)
