@@ -3,12 +3,16 @@
 
 Loop nest (outer to inner) and where each piece is meant to live:
 
-    jc  (nc columns of B)          B block kc x nc, packed      -> L3
-     pc (kc deep)                  
-      ic (mc rows of A)  [threads] A block mc x kc, packed      -> L2 (one per core)
-       jr (NR columns)             B micro-panel kc x NR        -> L1, reused by every ir
-        ir (MR rows)               A micro-panel MR x kc        -> streamed from L2
-         micro-kernel              MR x NR accumulators         -> registers
+    jc  (nc columns of B)
+     pc (kc deep)                  B block kc x nc, packed by one thread   -> L3
+      ic (mc rows of A)  [threads] A block mc x kc, packed per thread      -> L2 (one per core)
+       jr (NR columns)             B micro-panel kc x NR, reused by every ir -> L1 if kc <= 128
+        ir (MR rows)               A micro-panel MR x kc                   -> streamed from L2
+         micro-kernel              MR x NR accumulators                    -> registers
+
+(With the default kc = 512 the B micro-panel is 64 KiB and streams from L2; the sweep in
+docs/kernels.md shows that is faster than keeping it in L1, because 12 FMAs per 152 bytes loaded
+is well within L2's bandwidth and a long kc amortizes the load and store of the C tile.)
 
 Why packing: after it, the micro-kernel reads both operands with unit stride from 64-byte aligned
 buffers whatever the caller's strides were (a transposed view costs nothing extra), and ragged
