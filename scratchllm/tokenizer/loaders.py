@@ -51,6 +51,8 @@ def from_gguf(path) -> TokenizerSpec:
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     if any(len(m) != 2 for m in merges):
         raise FormatError(path, "tokenizer.ggml.merges holds an entry without a space between its two halves")
+    # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
+    # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
     vocab = {t: i for i, t in enumerate(tokens)}
     # Control and user-defined tokens are matched in raw text before BPE (llama.cpp does the same);
@@ -58,8 +60,8 @@ def from_gguf(path) -> TokenizerSpec:
     added = {t: i for i, t in enumerate(tokens) if types[i] in (GGUF_CONTROL, GGUF_USER_DEFINED)}
     special = frozenset(i for i, t in enumerate(types) if t == GGUF_CONTROL)
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    # llama.cpp's default for a BPE vocabulary is to add BOS when the key is absent.
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    # Without the key, llama.cpp adds BOS for the Llama 3 family only.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
     model = BPE.from_merges(vocab, merges, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
     return TokenizerSpec(

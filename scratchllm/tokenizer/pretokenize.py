@@ -101,22 +101,32 @@ def _split(pattern, step: Split, simple: bool, text: str) -> list[str]:
     return pieces
 
 
-# llama.cpp's `tokenizer.ggml.pre` names -> the split steps it applies (llama-vocab.cpp).
+_GPT2 = [Split(GPT2_PATTERN)]
+_LLAMA3 = [Split(LLAMA3_PATTERN)]
+_QWEN2 = [Split(QWEN2_PATTERN)]
+# StarCoder family: llama.cpp applies [DIGIT_PATTERN, GPT2_PATTERN] in turn; SMOLLM_PATTERN is the
+# same split in one pass.
+_STARCODER = [Split(SMOLLM_PATTERN)]
+# llama.cpp's fallback when the file names no pre-tokenizer: runs of punctuation cut out first,
+# then GPT-2's rule, then numbers cut into runs and those into groups of three.
+_LLAMA_CPP_DEFAULT = [Split(r"[\p{P}\$\+<=>\^~\|]+"), Split(GPT2_PATTERN), Split(r"\p{N}+"), Split("[0-9][0-9][0-9]")]
+
+# llama.cpp's `tokenizer.ggml.pre` names -> the split steps it applies (llama-vocab.cpp). A name
+# not listed is refused rather than guessed (llama.cpp falls back to its default with a warning).
 GGUF_PRETOKENIZERS: dict[str, list[Split]] = {
-    "default": [Split(GPT2_PATTERN)],
-    "gpt2": [Split(GPT2_PATTERN)],
-    "gpt-2": [Split(GPT2_PATTERN)],
-    "llama-bpe": [Split(LLAMA3_PATTERN)],
-    "llama3": [Split(LLAMA3_PATTERN)],
-    "qwen2": [Split(QWEN2_PATTERN)],
-    # StarCoder family: llama.cpp applies [DIGIT_PATTERN, GPT2_PATTERN] in turn; same pieces.
-    "smollm": [Split(SMOLLM_PATTERN)],
-    "starcoder": [Split(SMOLLM_PATTERN)],
-    "refact": [Split(SMOLLM_PATTERN)],
+    "default": _LLAMA_CPP_DEFAULT,
+    # llama.cpp spells GPT-2's kind 'gpt-2'; 'gpt2' (the tokenizer model's name) means the same here.
+    **dict.fromkeys(["gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais"], _GPT2),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"], _LLAMA3),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], _QWEN2),
+    **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"],
+                    _STARCODER),
 }
 
-# GGUF kinds whose tokenizer checks the whole piece against the vocabulary before merging.
-GGUF_IGNORE_MERGES = {"llama-bpe", "llama3"}
+# Kinds whose tokenizer looks the whole piece up in the vocabulary before merging, and kinds that
+# add BOS when the file has no tokenizer.ggml.add_bos_token (llama.cpp's defaults).
+GGUF_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
+GGUF_ADD_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
 
 
 def from_gguf_name(name: str, path) -> PreTokenizer:

@@ -27,7 +27,8 @@ def _write_gguf(path, *, model="gpt2", pre="gpt2", add_bos=True):
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
-    writer.add_add_bos_token(add_bos)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -71,6 +72,13 @@ def test_add_bos_token(tmp_path):
     assert with_bos.encode("ab") == [0] + without.encode("ab")
     assert with_bos.encode("ab", add_special_tokens=False) == without.encode("ab")
     assert with_bos.decode(with_bos.encode("ab"), skip_special_tokens=True) == "ab"
+
+
+@pytest.mark.parametrize("pre, expected", [("llama-bpe", True), ("gpt-2", False), ("smollm", False)])
+def test_add_bos_default_follows_llama_cpp(tmp_path, pre, expected):
+    _write_gguf(tmp_path / "x.gguf", pre=pre, add_bos=None)
+    tok = Tokenizer.from_pretrained(tmp_path / "x.gguf")
+    assert (tok.encode("ab")[:1] == [0]) == expected
 
 
 @pytest.mark.parametrize("kwargs, message", [({"model": "llama"}, "tokenizer.ggml.model"),

@@ -24,6 +24,14 @@ def _byte_level_after(split):
 
 
 REFERENCES = {
+    # llama.cpp's fallback list, written as tokenizers' Split steps
+    "default": lambda: _byte_level_after(pre.Sequence([
+        pre.Split(tk.Regex(r"[\p{P}\$\+<=>\^~\|]+"), behavior="isolated"),
+        pre.Split(tk.Regex(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""),
+                  behavior="isolated"),
+        pre.Split(tk.Regex(r"\p{N}+"), behavior="isolated"),
+        pre.Split(tk.Regex(r"[0-9][0-9][0-9]"), behavior="isolated"),
+    ])),
     "gpt2": lambda: pre.ByteLevel(add_prefix_space=False, use_regex=True),
     "smollm": lambda: pre.Sequence([pre.Digits(individual_digits=True),
                                     pre.ByteLevel(add_prefix_space=False, use_regex=True)]),
