@@ -1,0 +1,185 @@
+"""Prefill and single-stream decode speed of a model, beside the physical bound measured in the same run.
+
+Decode at batch 1 reads every weight once per token, so it can go no faster than
+    memory read bandwidth / bytes of weights read per token.
+Bandwidth is measured here, now, two ways: np.sum over a large array (one thread) and a BLAS
+matrix-vector product over the same bytes (BLAS's threads, the way decode reads weights); the
+bound uses the faster. The peers' figures (../shared/ANCHORS.md, 2-core Zen 4) print beside ours.
+Where the time goes: the same step's matrix products alone (all weights, batch 1) against the
+whole step; the difference is per-operation overhead (norms, RoPE, attention, Python).
+"""
+
+import time
+
+import numpy as np
+
+from scratchllm.bench.common import machine_facts, median
+
+# ../shared/ANCHORS.md: SmolLM2-135M-Instruct, 2 threads, medians on an idle 2-core Zen 4
+ANCHORS = {
+    "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313, "decode_tok_s": 124},
+    "transformers": {"load_s": 16.5, "prefill_tok_s": 460, "decode_tok_s": 17.1},
+}
+GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each figure; medians are reported")
+    parser.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for the bandwidth probe")
+
+
+def measure_bandwidth(mb: int, repeat: int) -> dict:
+    """Bytes/s of reading a large float32 array: np.sum (1 thread) and BLAS gemv (all BLAS threads)."""
+    a = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)  # rows of 4 KiB; fills the pages now
+    x = np.ones(1024, dtype=np.float32)
+    out = {}
+    for name, fn in (("sum_1thread", lambda: a.sum(dtype=np.float32)), ("gemv_blas", lambda: a @ x)):
+        fn()
+        times = []
+        for _ in range(max(repeat, 3)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        out[name] = a.nbytes / median(times)
+    return out
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights one decode step reads: every matrix and norm once, the LM head once
+    (tied embeddings are read as the LM head; the embedding row lookup is negligible)."""
+    p = model.params
+    total = sum(a.nbytes for layer in p["layers"] for a in layer.values())
+    return total + p["norm"].nbytes + p["lm_head"].nbytes
+
+
+def _prompt_ids(model, n: int) -> np.ndarray:
+    # content does not change the arithmetic; fixed ids keep runs comparable
+    return np.random.default_rng(0).integers(100, model.config.vocab_size, n)
+
+
+def time_prefill(model, n: int, repeat: int) -> list[float]:
+    from scratchllm.models import ContiguousKVCache
+
+    ids, pos = _prompt_ids(model, n), np.arange(n)
+    times = []
+    for _ in range(repeat + 1):  # the first run warms caches and page tables; dropped
+        cache = ContiguousKVCache.for_model(model.config, n + 1)
+        t = time.perf_counter()
+        model.forward(ids, pos, cache, logits_rows=[n - 1])
+        times.append(time.perf_counter() - t)
+    return times[1:]
+
+
+def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16) -> list[float]:
+    """Seconds for `new_tokens` greedy decode steps after a short prompt (prefill not included)."""
+    from scratchllm.models import ContiguousKVCache
+
+    times = []
+    for _ in range(repeat):
+        cache = ContiguousKVCache.for_model(model.config, prompt_len + new_tokens + 1)
+        logits = model.forward(_prompt_ids(model, prompt_len), np.arange(prompt_len), cache, logits_rows=[-1])
+        t = time.perf_counter()
+        for _ in range(new_tokens):
+            token = int(np.argmax(logits[-1]))
+            logits = model.forward(np.array([token]), np.array([cache.length]), cache)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def time_matmuls_only(model, repeat: int) -> float:
+    """Seconds per decode step spent in the weight matrix products alone (same shapes, batch 1)."""
+    mats = [a for layer in model.params["layers"] for a in layer.values() if a.ndim == 2]
+    mats.append(model.params["lm_head"])
+    x = {n: np.ones((1, n), dtype=np.float32) for n in {m.shape[1] for m in mats}}
+    times = []
+    for _ in range(repeat * 5):
+        t = time.perf_counter()
+        for m in mats:
+            x[m.shape[1]] @ m.T
+        times.append(time.perf_counter() - t)
+    return median(times)
+
+
+def run(args) -> dict:
+    from scratchllm.models import load_model
+
+    load_times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        model = load_model(args.model)
+        load_times.append(time.perf_counter() - t)
+    if not model.config.is_decoder:
+        from scratchllm.errors import ConfigError
+
+        raise ConfigError(f"{args.model} is an encoder; bench generate needs a decoder")
+    bw = measure_bandwidth(args.bandwidth_mb, args.repeat)
+    bytes_per_token = weight_bytes_per_token(model)
+    bandwidth = max(bw.values())
+    bound = bandwidth / bytes_per_token
+    prefill_s = median(time_prefill(model, args.prompt_tokens, args.repeat))
+    decode_s = median(time_decode(model, args.new_tokens, args.repeat))
+    matmul_s = time_matmuls_only(model, args.repeat)
+    figures = {
+        "load_s": median(load_times),
+        "prefill_tok_s": args.prompt_tokens / prefill_s,
+        "decode_tok_s": args.new_tokens / decode_s,
+        "decode_step_ms": 1e3 * decode_s / args.new_tokens,
+        "decode_matmul_ms": 1e3 * matmul_s,
+        "bandwidth_gb_s": {k: v / 1e9 for k, v in bw.items()},
+        "weight_mb_per_token": bytes_per_token / 1e6,
+        "bound_tok_s": bound,
+    }
+    figures["decode_other_ms"] = figures["decode_step_ms"] - figures["decode_matmul_ms"]
+    ratios = {
+        "decode_vs_bound": figures["decode_tok_s"] / bound,
+        "decode_vs_llama.cpp": figures["decode_tok_s"] / ANCHORS["llama.cpp"]["decode_tok_s"],
+        "decode_vs_transformers": figures["decode_tok_s"] / ANCHORS["transformers"]["decode_tok_s"],
+        "prefill_vs_llama.cpp": figures["prefill_tok_s"] / ANCHORS["llama.cpp"]["prefill_tok_s"],
+        "prefill_vs_transformers": figures["prefill_tok_s"] / ANCHORS["transformers"]["prefill_tok_s"],
+    }
+    goals_met = {
+        "decode >= 50% of bound": ratios["decode_vs_bound"] >= GOALS["decode_fraction_of_bound"],
+        "prefill >= 460 tok/s": figures["prefill_tok_s"] >= GOALS["prefill_tok_s"],
+        "load < 1 s": figures["load_s"] < GOALS["load_s"],
+    }
+    return {
+        "bench": "generate",
+        "inputs": {"model": args.model, "model_path": getattr(model, "path", None), "config": model.config.__dict__,
+                   "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeat": args.repeat,
+                   "bandwidth_mb": args.bandwidth_mb, "dtype": "float32"},
+        "figures": figures,
+        "ratios": ratios,
+        "goals_met": goals_met,
+        "anchors": ANCHORS,
+        "machine": machine_facts(),
+    }
+
+
+def render(r: dict) -> str:
+    f, q, a = r["figures"], r["ratios"], r["anchors"]
+    bw = f["bandwidth_gb_s"]
+    lines = [
+        f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, fp32 weights), "
+        f"medians of {r['inputs']['repeat']} runs",
+        f"memory read bandwidth: np.sum {bw['sum_1thread']:.1f} GB/s, BLAS gemv {bw['gemv_blas']:.1f} GB/s; "
+        f"weights read per token {f['weight_mb_per_token']:.0f} MB -> bound {f['bound_tok_s']:.1f} tok/s",
+        "",
+        f"{'figure':<34}{'ours':>10}{'llama.cpp':>12}{'transformers':>14}",
+        f"{'load, s':<34}{f['load_s']:>10.2f}{a['llama.cpp']['load_s']:>12}{a['transformers']['load_s']:>14}",
+        f"{'prefill ' + str(r['inputs']['prompt_tokens']) + ' tokens, tok/s':<34}{f['prefill_tok_s']:>10.1f}"
+        f"{a['llama.cpp']['prefill_tok_s']:>12}{a['transformers']['prefill_tok_s']:>14}",
+        f"{'decode ' + str(r['inputs']['new_tokens']) + ' tokens, tok/s':<34}{f['decode_tok_s']:>10.1f}"
+        f"{a['llama.cpp']['decode_tok_s']:>12}{a['transformers']['decode_tok_s']:>14}",
+        "",
+        f"decode vs bound: {q['decode_vs_bound']:.0%}   vs llama.cpp x{q['decode_vs_llama.cpp']:.2f}   "
+        f"vs transformers x{q['decode_vs_transformers']:.2f}",
+        f"prefill vs llama.cpp x{q['prefill_vs_llama.cpp']:.2f}   vs transformers x{q['prefill_vs_transformers']:.2f}",
+        f"decode step {f['decode_step_ms']:.1f} ms = weight matmuls {f['decode_matmul_ms']:.1f} ms "
+        f"+ everything else {f['decode_other_ms']:.1f} ms",
+        "goals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in r["goals_met"].items()),
+        f"machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, BLAS {r['machine']['blas']}",
+    ]
+    return "\n".join(lines)
