@@ -131,8 +131,13 @@ def from_tokenizer_json(path) -> TokenizerSpec:
     config = _read_config(path.parent)
     model_spec = spec.get("model") or {}
     mtype = model_spec.get("type")
-    added = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
-    special = frozenset(int(t["id"]) for t in spec.get("added_tokens") or [] if t.get("special"))
+    added_tokens = spec.get("added_tokens") or []
+    added = {t["content"]: int(t["id"]) for t in added_tokens}
+    special = frozenset(int(t["id"]) for t in added_tokens if t.get("special"))
+    options = {t["content"]: (bool(t.get("lstrip")), bool(t.get("rstrip")), bool(t.get("single_word")))
+               for t in added_tokens if t.get("lstrip") or t.get("rstrip") or t.get("single_word")}
+    # Not modelled: `normalized: true` tokens are matched on the raw text here, on normalized text
+    # by tokenizers; the two differ only where the normalizer changes the token's own characters.
 
     if mtype == "BPE":
         vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
@@ -163,7 +168,7 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         kind=kind, model=model, id_to_token=id_to_token,
         pre_tokenizer=_pre_tokenizer(spec.get("pre_tokenizer"), path),
         normalizer=_normalizer(spec.get("normalizer"), path),
-        added=added, special_ids=special, prefix_ids=prefix, suffix_ids=suffix,
+        added=added, added_options=options, special_ids=special, prefix_ids=prefix, suffix_ids=suffix,
         bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
         chat_template=_chat_template(config, path.parent), model_max_length=_max_length(config, path.parent),
         source=str(path),

@@ -35,6 +35,10 @@ class TokenizerSpec:
     pre_tokenizer: object  # text -> list[str]
     normalizer: object = None  # text -> text, or None
     added: dict[str, int] = field(default_factory=dict)
+    # tokenizer.json's per-token matching options, for tokens that set any: text -> (lstrip,
+    # rstrip, single_word). lstrip/rstrip: the token swallows the whitespace on that side;
+    # single_word: it only matches where no word character touches it.
+    added_options: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)
     special_ids: frozenset[int] = frozenset()
     prefix_ids: tuple[int, ...] = ()  # added by encode(add_special_tokens=True)
     suffix_ids: tuple[int, ...] = ()
@@ -59,12 +63,29 @@ class Tokenizer:
         # Longest first so that '<|im_start|>' wins over any shorter special it begins with
         # (leftmost-longest, as tokenizers' Aho-Corasick matcher does).
         specials = sorted(spec.added, key=len, reverse=True)
-        self._special_re = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
+        self._special_re = regex.compile("(" + "|".join(map(self._added_pattern, specials)) + ")") if specials else None
         self._token_bytes: list[bytes] | None = None
         # Raw pre-token -> ids. (Keyed by the raw text: the byte-level form of ' ' is 'Ġ', which
         # is also a raw character of its own, so the two forms must not share one table.)
         self._piece_cache: dict[str, list[int]] = {}
         self.cache_limit = CACHE_LIMIT
+
+    def _added_pattern(self, token: str) -> str:
+        lstrip, rstrip, single_word = self.spec.added_options.get(token, (False, False, False))
+        core = regex.escape(token)
+        if single_word:
+            core = rf"(?<!\w){core}(?!\w)"
+        return (r"\s*" if lstrip else "") + core + (r"\s*" if rstrip else "")
+
+    def _added_id(self, matched: str) -> int:
+        added = self.spec.added
+        if matched in added:
+            return added[matched]
+        # The match includes whitespace an lstrip/rstrip token swallowed.
+        for core in (matched.lstrip(), matched.rstrip(), matched.strip()):
+            if core in added:
+                return added[core]
+        raise AssertionError(f"special-token match {matched!r} names no added token")
 
     @classmethod
     def from_pretrained(cls, ref, **options) -> "Tokenizer":
@@ -122,7 +143,7 @@ class Tokenizer:
             # split with a group alternates text, special, text, ...: odd indices are specials.
             for i, part in enumerate(self._special_re.split(text)):
                 if i % 2:
-                    ids.append(self.spec.added[part])
+                    ids.append(self._added_id(part))
                 elif part:
                     ids += self._encode_ordinary(part)
         if add_special_tokens:

@@ -97,3 +97,19 @@ def test_missing_and_empty_paths(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(FormatError, match="tokenizer.json"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+def test_added_token_options_equal_tokenizers(tmp_path, smollm_vocab):
+    """lstrip / rstrip / single_word on added tokens, as a RoBERTa-style <mask> uses them."""
+    tokens, _, merges = smollm_vocab
+    ref = tk.Tokenizer(tk.models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                                     merges=[tuple(m.split(" ", 1)) for m in merges]))
+    ref.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ref.decoder = tk.decoders.ByteLevel()
+    ref.add_special_tokens([tk.AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+                            tk.AddedToken("<sep>", rstrip=True, special=True, normalized=False),
+                            tk.AddedToken("<w>", single_word=True, special=True, normalized=False)])
+    ref.save(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer.from_pretrained(tmp_path)
+    for text in ["The <mask> sat", "x   <mask>y", "<mask>", "a <sep>  b", "<sep>\n\nz", "a <w> b", "a<w>b", "<w>!"]:
+        assert ours.encode(text) == ref.encode(text).ids, text
