@@ -99,12 +99,16 @@ class GGUFAsHF(Mapping):
     def __len__(self):
         return len(self.names)
 
+    def __contains__(self, hf_name):  # Mapping's default would read (dequantize) the tensor to answer
+        return hf_name in self.names
+
 
 class _Recorder(Mapping):
     """Remembers which tensors the model read, so that leftovers can be reported."""
 
     def __init__(self, inner):
         self.inner, self.read = inner, set()
+        self.names = set(inner)  # membership from the table of contents, never by reading a tensor
 
     def __getitem__(self, name):
         value = self.inner[name]
@@ -118,7 +122,7 @@ class _Recorder(Mapping):
         return len(self.inner)
 
     def __contains__(self, name):
-        return name in self.inner
+        return name in self.names
 
 
 def read_config(path: Path, ckpt) -> ModelConfig:
