@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import regex
 
+from scratchllm.errors import ConfigError
 from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
@@ -128,6 +129,9 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._added_by_id:
             return self._added_by_id[token_id]
+        # A negative id would index from the end and decode to a wrong token without a word.
+        if not 0 <= token_id < len(self._id_to_token):
+            raise ConfigError(f"token id {token_id} is outside the vocabulary (ids 0..{self.vocab_size - 1})")
         return self._id_to_token[token_id]
 
     def __repr__(self):
@@ -203,14 +207,17 @@ class Tokenizer:
             self._token_bytes = [bytelevel_to_bytes(t) for t in self._id_to_token]
         if token_id in self._added_by_id:
             return self._added_by_id[token_id].encode("utf-8")
+        if not 0 <= token_id < len(self._token_bytes):
+            self.id_to_token(token_id)  # raises the out-of-vocabulary error
         return self._token_bytes[token_id]
 
     def wordpiece_text(self, token_id: int, first: bool) -> str:
         """One WordPiece token as the decoder writes it: '##ing' joins the word before it, other
         tokens follow a space; then tokenizers' cleanup pulls punctuation back (' .' -> '.')."""
         token = self.id_to_token(token_id)
+        prefix = self._model.prefix
         if not first:
-            token = token[2:] if token.startswith("##") else " " + token
+            token = token[len(prefix):] if token.startswith(prefix) else " " + token
         for before, after in _CLEANUP:
             token = token.replace(before, after)
         return token
@@ -234,8 +241,6 @@ class Tokenizer:
         return self.spec.chat_template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        from scratchllm.errors import ConfigError
-
         if not self.spec.chat_template:
             raise ConfigError(f"{self.spec.source}: this tokenizer has no chat template")
         names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id, "pad_token": self.pad_token_id}

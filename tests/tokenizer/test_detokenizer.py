@@ -43,3 +43,13 @@ def test_cut_character_is_flushed_as_replacement():
     assert len(ids) > 1
     pieces, tail = _stream(tok, ids[:-1])
     assert "".join(pieces) == "" and tail == tok.decode(ids[:-1]) and "\ufffd" in tail
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6])
+def test_ids_outside_the_vocabulary_are_refused(tok, bad):
+    from scratchllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        tok.decode([5, bad])
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        tok.detokenizer().push(bad)
