@@ -20,6 +20,8 @@ import numpy as np
 from scratchllm.engine.masks import varlen_causal_mask
 from scratchllm.kernels.paged_attention import copy_blocks, paged_attention
 
+PARALLEL_MIN_KEY_ROWS = 8192
+
 
 class PagedAttention:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -32,6 +34,7 @@ class PagedAttention:
         self.scale = 1.0 / math.sqrt(head_dim)
         self.num_threads = num_threads
         self.block_tables = self.token_seq = self.token_pos = None
+        self.step_threads = num_threads
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, num_threads: int = 0):
@@ -45,6 +48,11 @@ class PagedAttention:
         self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int32)
         self.token_pos = np.ascontiguousarray(token_pos, dtype=np.int32)
+        # Threads pay only for big steps: a small decode batch finishes in less time than
+        # waking a second thread costs, and on a shared machine a spinning OpenMP team beside
+        # BLAS's own threads slows both by 10x. Below ~8K key rows (~2 ms) run on one thread.
+        key_rows = int(self.token_pos.sum()) + len(self.token_pos)
+        self.step_threads = self.num_threads if key_rows >= PARALLEL_MIN_KEY_ROWS else 1
 
     def copy_blocks(self, pairs) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
@@ -60,7 +68,7 @@ class PagedAttention:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         out = np.empty(q.shape, dtype=np.float32)
         paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
-                        self.token_pos, self.scale, out, self.num_threads)
+                        self.token_pos, self.scale, out, self.step_threads)
         return out
 
 

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from scratchllm.engine import paged_attention
 from scratchllm.engine.masks import (
     left_padded_causal_mask,
     left_padded_causal_mask_loop,
@@ -33,7 +34,8 @@ def layout(rng, seqs, BS, num_blocks):
 
 @pytest.mark.parametrize("H,KVH,D", [(6, 2, 16), (4, 4, 24), (9, 3, 64)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_kernel_matches_reference(H, KVH, D, threads):
+def test_kernel_matches_reference(H, KVH, D, threads, monkeypatch):
+    monkeypatch.setattr(paged_attention, "PARALLEL_MIN_KEY_ROWS", 0)  # small steps use threads too
     rng = np.random.default_rng(H * 100 + D)
     BS, NB = 4, 64
     seqs = [(0, 7), (5, 1), (9, 6), (0, 1), (13, 1), (3, 9)]  # prefills, chunks over a prefix, decodes
@@ -48,6 +50,7 @@ def test_kernel_matches_reference(H, KVH, D, threads):
     kc, vc = attn.k_cache[0].copy(), attn.v_cache[0].copy()
     want = reference_attention(q, k, v, kc, vc, tables, tseq, tpos)
     attn.set_layout(tables, tseq, tpos)
+    assert attn.step_threads == threads
     got = attn(0, q, k, v)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(attn.k_cache[0], kc)  # both wrote the same slots
