@@ -46,11 +46,19 @@ def from_gguf(path) -> TokenizerSpec:
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') only")
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if key not in meta:
+            raise FormatError(path, f"{key} is missing: this GGUF carries no complete BPE tokenizer")
     tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    if any(len(m) != 2 for m in merges):
-        raise FormatError(path, "tokenizer.ggml.merges holds an entry without a space between its two halves")
+    if len(types) != len(tokens):
+        raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
+    merges = []
+    for m in map(str, meta["tokenizer.ggml.merges"]):
+        cut = m.find(" ", 1)  # as llama.cpp splits: the first space after the first character
+        if cut < 0:
+            raise FormatError(path, f"merge {m!r} has no space between its two halves")
+        merges.append((m[:cut], m[cut + 1:]))
     # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
     # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
@@ -128,6 +136,13 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         spec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise FormatError(path, f"cannot read tokenizer.json: {e}") from None
+    try:
+        return _from_tokenizer_json(spec, path)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
+
+
+def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     config = _read_config(path.parent)
     model_spec = spec.get("model") or {}
     mtype = model_spec.get("type")

@@ -113,3 +113,12 @@ def test_added_token_options_equal_tokenizers(tmp_path, smollm_vocab):
     ours = Tokenizer.from_pretrained(tmp_path)
     for text in ["The <mask> sat", "x   <mask>y", "<mask>", "a <sep>  b", "<sep>\n\nz", "a <w> b", "a<w>b", "<w>!"]:
         assert ours.encode(text) == ref.encode(text).ids, text
+
+
+def test_malformed_tokenizer_json_is_a_format_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(FormatError, match="malformed tokenizer.json"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Unigram", "vocab": []}}')
+    with pytest.raises(FormatError, match="Unigram"):
+        Tokenizer.from_pretrained(tmp_path)
