@@ -148,7 +148,7 @@ def load_model(ref="default"):
     try:
         model = FAMILIES[config.family](config, weights)
     except (KeyError, ValueError) as err:
-        raise FormatError(ckpt.path, str(err).strip("'\"")) from None
+        raise FormatError(ckpt.path, str(err.args[0])) from None
     extra = sorted(n for n in weights if n not in weights.read and not IGNORABLE.fullmatch(n))
     if extra:
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "

@@ -1,0 +1,91 @@
+"""load_model fails loudly on a missing, extra or mis-shaped tensor, and on configs it cannot run."""
+
+import json
+
+import numpy as np
+import pytest
+
+from scratchllm.errors import ConfigError, FormatError
+from scratchllm.models import load_model
+from scratchllm.models.loader import gguf_to_hf_name
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 40, "hidden_size": 16,
+          "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+          "rms_norm_eps": 1e-6, "max_position_embeddings": 32, "tie_word_embeddings": True}
+
+
+def tiny_llama_tensors():
+    rng = np.random.default_rng(0)
+    C, I, V, KV = 16, 24, 40, 8
+    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,),
+              "model.layers.0.input_layernorm.weight": (C,), "model.layers.0.post_attention_layernorm.weight": (C,),
+              "model.layers.0.self_attn.q_proj.weight": (C, C), "model.layers.0.self_attn.k_proj.weight": (KV, C),
+              "model.layers.0.self_attn.v_proj.weight": (KV, C), "model.layers.0.self_attn.o_proj.weight": (C, C),
+              "model.layers.0.mlp.gate_proj.weight": (I, C), "model.layers.0.mlp.up_proj.weight": (I, C),
+              "model.layers.0.mlp.down_proj.weight": (C, I)}
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+
+
+def write(folder, tensors, config=CONFIG):
+    folder.mkdir(exist_ok=True)
+    safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_loads_and_exposes_checkpoint_names_as_views(tmp_path):
+    tensors = tiny_llama_tensors()
+    model = load_model(write(tmp_path / "ok", tensors))
+    assert set(model.weights) == set(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(model.weights[name], value)
+    # q|k|v are one fused matrix; the checkpoint names are views into it, not copies
+    fused = model.params["layers"][0]["qkv_proj"]
+    assert np.shares_memory(model.weights["model.layers.0.self_attn.k_proj.weight"], fused)
+
+
+def test_missing_tensor(tmp_path):
+    tensors = tiny_llama_tensors()
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    with pytest.raises(FormatError, match="lacks tensor 'model.layers.0.mlp.up_proj.weight'"):
+        load_model(write(tmp_path / "m", tensors))
+
+
+def test_misshaped_tensor(tmp_path):
+    tensors = tiny_llama_tensors()
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((16, 16), np.float32)
+    with pytest.raises(FormatError, match=r"k_proj.weight' has shape \(16, 16\), expected \(8, 16\)"):
+        load_model(write(tmp_path / "m", tensors))
+
+
+def test_extra_tensor(tmp_path):
+    tensors = tiny_llama_tensors()
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((24, 16), np.float32)  # a layer the config lacks
+    with pytest.raises(FormatError, match="does not use: model.layers.1.mlp.up_proj.weight"):
+        load_model(write(tmp_path / "m", tensors))
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_model(write(tmp_path / "m", tiny_llama_tensors(), config=None))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}, "unsupported architecture"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
+    ({"num_key_value_heads": 3}, "do not divide"),
+])
+def test_unsupported_config(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_model(write(tmp_path / "m", tiny_llama_tensors(), {**CONFIG, **change}))
+
+
+def test_gguf_names():
+    assert gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert gguf_to_hf_name("blk.12.attn_k.weight") == "model.layers.12.self_attn.k_proj.weight"
+    assert gguf_to_hf_name("blk.3.ffn_gate.weight") == "model.layers.3.mlp.gate_proj.weight"
+    assert gguf_to_hf_name("output.weight") == "lm_head.weight"
+    assert gguf_to_hf_name("rope_freqs.weight") is None
