@@ -1,0 +1,23 @@
+"""The static padded baseline is exact: greedy outputs equal each request run alone."""
+
+import numpy as np
+
+from scratchllm.engine.static import run_static
+
+from .tiny import greedy_alone, tiny_llama
+
+
+def test_static_padded_batches_equal_alone():
+    model = tiny_llama(seed=11)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 97, int(rng.integers(1, 30))).tolist() for _ in range(10)]
+    max_tokens = [int(rng.integers(1, 12)) for _ in range(10)]
+    res = run_static(model, prompts, max_tokens, batch_size=4)
+    assert res.token_ids == [greedy_alone(model, p, m) for p, m in zip(prompts, max_tokens, strict=True)]
+    assert res.padded_tokens > 0
+    # each batch reserved [B, longest prompt + longest output] per layer, K and V
+    c = model.config
+    per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
+    want = max(len(prompts[i : i + 4]) * (max(map(len, prompts[i : i + 4])) + max(max_tokens[i : i + 4]))
+               for i in range(0, 10, 4)) * per_token
+    assert res.peak_kv_bytes == want
