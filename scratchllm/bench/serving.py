@@ -49,6 +49,9 @@ def add_arguments(p):
     p.add_argument("--serve-model", default="default", help="--compare: the model to serve")
     p.add_argument("--max-num-seqs", type=int, default=None, help="--compare: sequences per engine step")
     p.add_argument("--fake-engine", action="store_true", help="--compare: serve the fake engine (no model)")
+    p.add_argument("--overhead", action="store_true",
+                   help="--compare: also run the workload offline (LLMEngine in this process, all requests at "
+                   "t=0) and report HTTP output tok/s at saturation as a share of it")
 
 
 def run(args) -> dict:
@@ -69,13 +72,35 @@ def run(args) -> dict:
         with _server(args, mode, len(workload.prompts)) as url:
             runs[mode] = _measure(url, args, workload, slo)
     s, c = runs["static"], runs["continuous"]
+    if args.overhead and not args.fake_engine:
+        runs["offline"] = _offline(args, workload)
     ratios = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
               "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
               "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
               "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
+    if "offline" in runs:
+        ratios["http_vs_offline_output_tps"] = _div(c["output_token_throughput"],
+                                                    runs["offline"]["output_token_throughput"])
     model = "fake engine" if args.fake_engine else args.serve_model
     return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs}, "figures": runs,
             "ratios": ratios, "seed": SEED, "goals": GOALS, "machine": machine_facts()}
+
+
+def _offline(args, workload) -> dict:
+    """The same requests straight into LLMEngine.step(), no HTTP: the ceiling serving is measured against."""
+    from scratchllm.engine.engine import LLMEngine
+    from scratchllm.sampling import SamplingParams
+
+    options = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    engine = LLMEngine.from_pretrained(args.serve_model, tokenizer=True, **options)
+    for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_tokens, strict=True)):
+        engine.add_request(f"offline-{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    start, tokens = time.monotonic(), 0
+    while engine.has_work():
+        tokens += sum(o.token_id is not None for o in engine.step())
+    duration = time.monotonic() - start
+    return {"duration_s": duration, "output_tokens": tokens, "output_token_throughput": tokens / duration,
+            "request_throughput": len(workload.prompts) / duration}
 
 
 def _div(a, b):
@@ -185,8 +210,14 @@ def render(result: dict) -> str:
         f"| output tok/s | {_fmt(s['output_token_throughput'])} | {_fmt(c['output_token_throughput'])} | "
         f"{_fmt(r['output_tps_ratio'], 2)}x | - | - | - | - |",
     ]
-    return "\n".join([f"static vs continuous batching, model {i['model']}", head, "", *table, "",
-                      "static:", *_summary(s), "continuous:", *_summary(c)])
+    lines = [f"static vs continuous batching, model {i['model']}", head, "", *table, "",
+             "static:", *_summary(s), "continuous:", *_summary(c)]
+    if "offline" in result["figures"]:
+        o = result["figures"]["offline"]
+        lines += [f"serving overhead: HTTP (continuous) {_fmt(c['output_token_throughput'])} output tok/s vs offline "
+                  f"engine {_fmt(o['output_token_throughput'])} tok/s on the same workload = "
+                  f"{r['http_vs_offline_output_tps']:.0%} (goal >= 90%)"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # handy while developing: python -m scratchllm.bench.serving --url ...

@@ -41,6 +41,9 @@ class Generation:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 self.bridges.append(EventBridge(state.model.engine.submit(ids, p, request_id=rid)))
+        except ConfigError as err:  # the engine's own validation: still the client's input
+            self.close()
+            raise bad_request(str(err)) from None
         except Exception as err:
             self.close()
             raise APIError(503, f"engine refused the request: {err}", type="server_error",

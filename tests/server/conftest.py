@@ -46,3 +46,9 @@ def fake_server():
 def serve():
     """The live_server context manager, for tests that need an app of their own."""
     return live_server
+
+
+@pytest.fixture(scope="module")
+def serve_module():
+    """live_server for module-scoped fixtures (a real model is loaded once per module)."""
+    return live_server
