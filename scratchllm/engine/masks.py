@@ -9,20 +9,22 @@ Two layouts, one per user:
     the longest; sequence b's real tokens start at column pad[b], and the q_len queries sit in the
     last q_len columns. Padding queries see only themselves, so no softmax row is empty (NaN).
 
-Each has a Python-loop twin (`*_loop`): the obvious per-sequence, per-row code the vectorized
-form replaces. `scratchllm bench masks` times the two; tests check they agree.
+Each has two loop twins: `*_python`, the seed's starting point (a nested list comprehension, one
+Python bool per element), and `*_loop`, a per-row loop filling slices. `scratchllm bench masks`
+times all three; tests check they agree.
 """
 
 import numpy as np
 
 
 def varlen_causal_mask(q_lens, k_lens) -> np.ndarray:  # [B], [B] -> [B, max_q, max_k] bool
-    q_lens, k_lens = np.asarray(q_lens, dtype=np.int64), np.asarray(k_lens, dtype=np.int64)
+    q_lens, k_lens = np.asarray(q_lens, dtype=np.int32), np.asarray(k_lens, dtype=np.int32)
     assert q_lens.shape == k_lens.shape and np.all(q_lens <= k_lens), "queries are among the keys"
-    i = np.arange(q_lens.max())[None, :, None]  # [1, Q, 1] query row
-    j = np.arange(k_lens.max())[None, None, :]  # [1, 1, K] key column
-    q_pos = (k_lens - q_lens)[:, None, None] + i  # [B, Q, 1] the query's position
-    return (i < q_lens[:, None, None]) & (j <= q_pos)  # [B, Q, K]; j <= q_pos < k_len
+    i = np.arange(q_lens.max(), dtype=np.int32)[None, :]  # [1, Q] query row
+    q_pos = (k_lens - q_lens)[:, None] + i  # [B, Q] the query's position; it sees keys 0..q_pos
+    q_pos[i >= q_lens[:, None]] = -1  # padding rows see nothing
+    # the only pass over [B, Q, K]: one broadcast comparison
+    return np.arange(k_lens.max(), dtype=np.int32)[None, None, :] <= q_pos[:, :, None]
 
 
 def varlen_causal_mask_loop(q_lens, k_lens) -> np.ndarray:
@@ -35,10 +37,12 @@ def varlen_causal_mask_loop(q_lens, k_lens) -> np.ndarray:
 
 
 def left_padded_causal_mask(pad, q_len: int, k_len: int) -> np.ndarray:  # [B] -> [B, q_len, k_len]
-    pad = np.asarray(pad, dtype=np.int64)
-    j = np.arange(k_len)[None, None, :]  # [1, 1, K]
-    c = (k_len - q_len + np.arange(q_len))[None, :, None]  # [1, Q, 1] the query's column
-    return ((j >= pad[:, None, None]) & (j <= c)) | (j == c)
+    pad = np.asarray(pad, dtype=np.int32)
+    j = np.arange(k_len, dtype=np.int32)
+    c = k_len - q_len + np.arange(q_len, dtype=np.int32)  # [Q] the query's column
+    upper = j[None, :] <= c[:, None]  # [Q, K] causal, the same for every row of the batch
+    lo = np.where(c[None, :] >= pad[:, None], pad[:, None], c[None, :])  # [B, Q] a pad query sees itself
+    return (j[None, None, :] >= lo[:, :, None]) & upper[None]
 
 
 def left_padded_causal_mask_loop(pad, q_len: int, k_len: int) -> np.ndarray:
@@ -50,3 +54,15 @@ def left_padded_causal_mask_loop(pad, q_len: int, k_len: int) -> np.ndarray:
             mask[b, i, pad[b] : c + 1] = True
             mask[b, i, c] = True
     return mask
+
+
+def varlen_causal_mask_python(q_lens, k_lens) -> np.ndarray:
+    """The seed's starting point: a nested list comprehension, one Python bool per element."""
+    Q, K = max(q_lens), max(k_lens)
+    return np.array([[[i < q and j <= k - q + i for j in range(K)] for i in range(Q)]
+                     for q, k in zip(q_lens, k_lens, strict=True)], dtype=bool)
+
+
+def left_padded_causal_mask_python(pad, q_len: int, k_len: int) -> np.ndarray:
+    return np.array([[[(p <= j <= k_len - q_len + i) or j == k_len - q_len + i for j in range(k_len)]
+                      for i in range(q_len)] for p in pad], dtype=bool)

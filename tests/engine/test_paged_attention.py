@@ -10,8 +10,10 @@ from scratchllm.engine import paged_attention
 from scratchllm.engine.masks import (
     left_padded_causal_mask,
     left_padded_causal_mask_loop,
+    left_padded_causal_mask_python,
     varlen_causal_mask,
     varlen_causal_mask_loop,
+    varlen_causal_mask_python,
 )
 from scratchllm.engine.paged_attention import PagedAttention, reference_attention
 
@@ -105,9 +107,13 @@ def test_masks_vectorized_equals_loop(seed):
     B = int(rng.integers(1, 9))
     k_lens = rng.integers(1, 40, B)
     q_lens = np.minimum(rng.integers(1, 40, B), k_lens)
-    np.testing.assert_array_equal(varlen_causal_mask(q_lens, k_lens), varlen_causal_mask_loop(q_lens, k_lens))
+    want = varlen_causal_mask_python(q_lens.tolist(), k_lens.tolist())
+    np.testing.assert_array_equal(varlen_causal_mask(q_lens, k_lens), want)
+    np.testing.assert_array_equal(varlen_causal_mask_loop(q_lens, k_lens), want)
     pad = rng.integers(0, 30, B)
-    np.testing.assert_array_equal(left_padded_causal_mask(pad, 5, 35), left_padded_causal_mask_loop(pad, 5, 35))
+    want = left_padded_causal_mask_python(pad.tolist(), 5, 35)
+    np.testing.assert_array_equal(left_padded_causal_mask(pad, 5, 35), want)
+    np.testing.assert_array_equal(left_padded_causal_mask_loop(pad, 5, 35), want)
 
 
 def test_mask_semantics():
