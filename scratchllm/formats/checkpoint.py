@@ -73,6 +73,8 @@ class Checkpoint(Mapping):
     readers: dict[str, Callable[[TensorInfo], np.ndarray]] = field(repr=False)
     container: dict = field(default_factory=dict, repr=False)
     raw_readers: dict[str, Callable[[TensorInfo], np.ndarray]] = field(default_factory=dict, repr=False)
+    # name -> reader(info, out) that decodes straight into a caller's buffer (no temporary)
+    into_readers: dict[str, Callable] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         # Invariant: every tensor has exactly one reader; a missing one would be a parser bug.
@@ -96,6 +98,15 @@ class Checkpoint(Mapping):
     def tensor_info(self, name: str) -> TensorInfo:
         return self.infos[name]
 
+    def read_into(self, name: str, out: np.ndarray) -> np.ndarray:
+        """Write tensor `name` into `out` (dense, its out_dtype and shape): an arena slot, say."""
+        info = self.infos[name]
+        assert out.shape == info.shape and out.dtype == np.dtype(info.out_dtype), (name, out.shape, out.dtype)
+        if name in self.into_readers:
+            return self.into_readers[name](info, out)
+        np.copyto(out, self[name])
+        return out
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes exactly as stored (uint8 view), e.g. Q4_1 blocks for a quantized kernel."""
         info = self.infos[name]
@@ -114,7 +125,7 @@ def merge(path: str, parts: list[Checkpoint], container: dict | None = None) -> 
     from scratchllm.errors import FormatError
 
     assert parts, "merge needs at least one shard"
-    infos, readers, raw_readers, metadata = {}, {}, {}, {}
+    infos, readers, raw_readers, into_readers, metadata = {}, {}, {}, {}, {}
     for part in parts:
         for name, info in part.infos.items():
             if name in infos:
@@ -123,6 +134,8 @@ def merge(path: str, parts: list[Checkpoint], container: dict | None = None) -> 
             readers[name] = part.readers[name]
             if name in part.raw_readers:
                 raw_readers[name] = part.raw_readers[name]
+            if name in part.into_readers:
+                into_readers[name] = part.into_readers[name]
         metadata.update(part.metadata)
     return Checkpoint(
         format=parts[0].format,
@@ -132,4 +145,5 @@ def merge(path: str, parts: list[Checkpoint], container: dict | None = None) -> 
         readers=readers,
         container=container or {"shards": [p.container for p in parts]},
         raw_readers=raw_readers,
+        into_readers=into_readers,
     )

@@ -88,34 +88,55 @@ def out_dtype(type_name: str) -> str:
     return "float32"  # quantized and BF16 are widened
 
 
-def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
+def bf16_to_float32(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """uint16 bfloat16 bit patterns [...] -> float32 [...]: bf16 is the top half of a float32."""
-    out = np.empty(raw.shape, dtype=np.float32)
+    out = np.empty(raw.shape, dtype=np.float32) if out is None else out.reshape(raw.shape)
     np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
 
 
-def dequantize(type_name: str, data: np.ndarray, numel: int) -> np.ndarray:
-    """Raw block bytes (uint8 [nbytes]) -> float32 [numel], in file element order."""
+# Blocks per step: 8192 blocks = 256K elements = 1 MiB of float32, so each chunk's output stays in
+# L2 between the passes (convert, scale, offset) instead of streaming 3x through memory.
+CHUNK_BLOCKS = 8192
+
+
+def dequantize(type_name: str, data: np.ndarray, numel: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Raw block bytes (uint8 [nbytes]) -> float32 [numel], in file element order.
+
+    Bit-identical to ggml's reference dequantization: each value is computed with the same float32
+    operations in the same order (int -> float, times d, plus m).
+    """
     block = BLOCK_DTYPES[type_name]
     n_blocks = numel // 32
     # Invariant: the parser sized the tensor as whole blocks; anything else is a parser bug.
     assert numel % 32 == 0 and data.nbytes == n_blocks * block.itemsize, (type_name, numel, data.nbytes)
     blocks = data.view(block)  # [n_blocks] structured, zero-copy
-    out = np.empty((n_blocks, 32), dtype=np.float32)
-    d = blocks["d"].astype(np.float32)[:, None]  # [n_blocks, 1]
-    if type_name == "Q8_0":
-        np.multiply(blocks["qs"], d, out=out)
-        return out.reshape(numel)
-    qs = blocks["qs"]  # [n_blocks, 16] uint8, strided view
-    lo, hi = out[:, :16], out[:, 16:]
-    if type_name == "Q4_0":
-        # (q - 8) in int8 is exact; one fused multiply per half.
-        np.multiply((qs & 0x0F).view(np.int8) - np.int8(8), d, out=lo)
-        np.multiply((qs >> 4).view(np.int8) - np.int8(8), d, out=hi)
-        return out.reshape(numel)
-    # Q4_1: d * q + m
-    np.multiply(qs & 0x0F, d, out=lo)
-    np.multiply(qs >> 4, d, out=hi)
-    out += blocks["m"].astype(np.float32)[:, None]
+    if out is None:
+        out = np.empty((n_blocks, 32), dtype=np.float32)
+    else:  # a caller's buffer (an arena slot): must be dense float32 of the right size
+        assert out.dtype == np.float32 and out.size == numel and out.flags.c_contiguous
+        out = out.reshape(n_blocks, 32)
+    for start in range(0, n_blocks, CHUNK_BLOCKS):  # a loop over cache-sized chunks, not over blocks
+        stop = min(start + CHUNK_BLOCKS, n_blocks)
+        _dequantize_chunk(type_name, blocks[start:stop], out[start:stop])
     return out.reshape(numel)
+
+
+def _dequantize_chunk(type_name: str, blocks: np.ndarray, out: np.ndarray) -> None:
+    """blocks [n] structured -> out [n, 32] float32, in place."""
+    d = blocks["d"].astype(np.float32)[:, None]  # [n, 1]
+    if type_name == "Q8_0":
+        out[...] = blocks["qs"]  # int8 -> float32, exact
+        out *= d
+        return
+    qs = np.ascontiguousarray(blocks["qs"])  # [n, 16] uint8: two elements per byte
+    q = np.empty((len(blocks), 2, 16), dtype=np.uint8)  # [n, low|high nibbles, 16]
+    np.bitwise_and(qs, 0x0F, out=q[:, 0])  # elements 0..15
+    np.right_shift(qs, 4, out=q[:, 1])  # elements 16..31
+    out[...] = q.reshape(len(blocks), 32)  # exact in float32
+    if type_name == "Q4_0":
+        out -= 8.0  # (q - 8) is exact in float32, as ggml's int subtraction is
+        out *= d
+        return
+    out *= d  # Q4_1: d * q + m, rounded after the product and after the sum, as ggml does
+    out += blocks["m"].astype(np.float32)[:, None]

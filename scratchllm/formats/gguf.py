@@ -243,15 +243,20 @@ class GGUFFile:
         return read_tensor(self, self.tensors[name])
 
 
-def read_tensor(gguf: GGUFFile, info: TensorInfo) -> np.ndarray:
+def read_tensor(gguf: GGUFFile, info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
+    """The tensor as NumPy; with `out` (dense, out_dtype, info.shape) it is written there instead."""
     raw = gguf.bytes[info.offset:info.offset + info.nbytes]  # uint8 [nbytes], zero-copy
     kind = info.dtype
     if kind in gq.PLAIN_DTYPES:
-        return raw.view(gq.PLAIN_DTYPES[kind]).reshape(info.shape)
+        view = raw.view(gq.PLAIN_DTYPES[kind]).reshape(info.shape)
+        if out is None:
+            return view
+        np.copyto(out, view)
+        return out
     if kind == "BF16":
-        return gq.bf16_to_float32(raw.view("<u2")).reshape(info.shape)
+        return gq.bf16_to_float32(raw.view("<u2"), out=out).reshape(info.shape)
     if kind in gq.BLOCK_DTYPES:
-        return gq.dequantize(kind, raw, info.numel).reshape(info.shape)
+        return gq.dequantize(kind, raw, info.numel, out=out).reshape(info.shape)
     raise FormatError(info.file, f"tensor '{info.name}' is {kind}; we decode only "
                                  f"{', '.join(sorted(gq.SUPPORTED))}")
 
@@ -265,7 +270,7 @@ def _check_no_overlap(path: str, infos) -> None:
 
 def load_gguf(path) -> Checkpoint:
     gguf = GGUFFile(path)
-    read = lambda info: read_tensor(gguf, info)
+    read = lambda info, out=None: read_tensor(gguf, info, out)
     raw = lambda info: gguf.bytes[info.offset:info.offset + info.nbytes]
     return Checkpoint(
         format="gguf",
@@ -273,6 +278,7 @@ def load_gguf(path) -> Checkpoint:
         metadata=gguf.metadata,
         infos=dict(gguf.tensors),
         readers=dict.fromkeys(gguf.tensors, read),
+        into_readers=dict.fromkeys(gguf.tensors, read),
         raw_readers=dict.fromkeys(gguf.tensors, raw),
         container={
             "kind": "gguf",

@@ -71,7 +71,6 @@ def mutate(data: bytes, head: int, change) -> bytes:
     return bytes(out[: cut % len(out)] if cut is not None else out)
 
 
-@pytest.mark.slow
 @FUZZ
 @given(change=mutation)
 def test_fuzz_gguf(seeds, tmp_path, change):
@@ -80,7 +79,6 @@ def test_fuzz_gguf(seeds, tmp_path, change):
     load_all(path)
 
 
-@pytest.mark.slow
 @FUZZ
 @given(change=mutation)
 def test_fuzz_safetensors(seeds, tmp_path, change):
@@ -89,7 +87,6 @@ def test_fuzz_safetensors(seeds, tmp_path, change):
     load_all(path)
 
 
-@pytest.mark.slow
 @FUZZ
 @given(change=mutation)
 def test_fuzz_torch_pickle(seeds, tmp_path, change):
@@ -103,7 +100,6 @@ def test_fuzz_torch_pickle(seeds, tmp_path, change):
     load_all(path)
 
 
-@pytest.mark.slow
 @FUZZ
 @given(change=mutation)
 def test_fuzz_torch_zip(seeds, tmp_path, change):
