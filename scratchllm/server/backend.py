@@ -9,10 +9,14 @@ from scratchllm.server.app import ServedEmbedder, ServedModel
 
 
 def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
-    """`ref` (default, a .gguf, a folder) behind an AsyncEngine. engine_options go to EngineConfig."""
+    """`ref` (default, a .gguf, a folder) behind an AsyncEngine; engine_options go to EngineConfig.
+    `batching="static"` serves the padded baseline instead (static_engine.py)."""
     from scratchllm.engine.async_engine import AsyncEngine
     from scratchllm.engine.engine import LLMEngine
 
+    engine_options = dict(engine_options)
+    if engine_options.pop("batching", "continuous") == "static":
+        return _load_static(ref, name, engine_options)
     try:
         engine = LLMEngine.from_pretrained(ref, tokenizer=True, **engine_options)
     except TypeError as err:  # an option EngineConfig does not have
@@ -20,6 +24,19 @@ def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
     if engine.tokenizer is None:
         raise ConfigError(f"model '{ref}' has no tokenizer: the server needs one for text prompts")
     return ServedModel(name, AsyncEngine(engine), engine.tokenizer, engine.max_model_len)
+
+
+def _load_static(ref: str, name: str, options: dict) -> ServedModel:
+    from scratchllm.models import load_model as load
+    from scratchllm.server.static_engine import StaticEngine
+    from scratchllm.tokenizer import Tokenizer
+
+    unknown = set(options) - {"max_num_seqs", "max_model_len", "num_kv_blocks"}
+    if unknown:
+        raise ConfigError(f"--batching static does not take {sorted(unknown)}")
+    engine = StaticEngine(load(ref), Tokenizer.from_pretrained(ref), batch_size=options.get("max_num_seqs") or 8,
+                          max_model_len=options.get("max_model_len"))
+    return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
 
 
 def load_embedder(ref: str) -> ServedEmbedder:

@@ -105,3 +105,26 @@ def test_disconnect_returns_blocks_to_the_pool(real):
     assert "scratchllm_kv_blocks_used 0.0" in text, "blocks were not returned after the client left"
     assert 'scratchllm_requests_finished_total{finish_reason="abort"} 1.0' in text
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_static_engine_equals_the_continuous_engine(real):
+    """`serve --batching static` (the padded baseline) gives the same greedy tokens as the engine."""
+    from scratchllm.sampling import SamplingParams
+
+    continuous = real[1].state.server.model
+    static = load_model("default", "static", {"batching": "static", "max_num_seqs": 3})
+    tok = continuous.tokenizer
+    prompts = [REF_PROMPT, "Once upon a time", "1, 2, 3,"]  # different lengths: left padding matters
+    params = [SamplingParams(max_tokens=n, temperature=0) for n in (16, 10, 6)]
+
+    def run(engine):
+        streams = [engine.submit(tok.encode(p), sp) for p, sp in zip(prompts, params, strict=True)]
+        return [[(e.token_id, e.text, e.finish_reason) for e in s] for s in streams]
+
+    try:
+        assert run(static.engine) == run(continuous.engine)
+        stats = static.engine.stats()
+        # the padded cache held [3 rows, longest prompt + longest output] while the batch ran
+        assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_peak"] >= 3 * (16 + 16) // 16
+    finally:
+        static.engine.shutdown()
