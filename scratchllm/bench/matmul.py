@@ -276,6 +276,7 @@ def render(r: dict) -> str:
     if naive:
         out.append(f"pure Python n=300: {naive[0]['ms'] / 1e3:.2f} s (seed: 1.8 s)")
     for s in r["sweep"]:
+        s = {**s, "gflops_by_tile": {int(t): g for t, g in s["gflops_by_tile"].items()}}  # JSON keys are str
         cells = "  ".join(f"{t}:{g:.0f}" for t, g in sorted(s["gflops_by_tile"].items()))
         out.append(f"tile sweep n={s['n']} (1 thread, mc = kc = T; GFLOP/s): {cells}")
         out.append(f"  best T={s['best_tile']}; predicted T={s['predicted_tile']} (3T^2 rule) "
@@ -285,7 +286,7 @@ def render(r: dict) -> str:
                    f"{s['default_tiles_gflops']:.0f}")
     sim = r["sim_sweep"]
     if sim["l1_misses_per_fma"]:
-        cells = "  ".join(f"{t}:{m:.4f}" for t, m in sim["l1_misses_per_fma"].items())
+        cells = "  ".join(f"{t}:{m:.4f}" for t, m in sim["l1_misses_per_fma"].items())  # str or int keys
         out.append(f"simulated seed case (n=300 float64, blocked i-j-k, L1 misses per multiply-add): {cells}")
         out.append(f"  simulated best T={sim['best_tile']}; model: T={sim['predicted_tile']} (3T^2 rule, "
                    f"the seed's 24), T={sim['predicted_tile_reuse']} (reuse rule)")
