@@ -182,7 +182,7 @@ class GGUFFile:
             self.metadata_types[key] = tname
 
         self.alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(self.alignment, int) or self.alignment <= 0 or self.alignment & (self.alignment - 1):
+        if type(self.alignment) is not int or self.alignment <= 0 or self.alignment & (self.alignment - 1):
             raise FormatError(p, f"general.alignment must be a positive power of two, got {self.alignment!r}")
 
         raw_infos = []

@@ -223,3 +223,23 @@ def test_unknown_file_kind(tmp_path):
     with pytest.raises(FormatError, match="no model weights"):
         load_checkpoint(tmp_path)  # a folder with only x.txt in it
     assert io  # (io is used by the helpers of other tests)
+
+
+# --- sharded checkpoints ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("index,match", [
+    ({"metadata": {}}, "no 'weight_map'"),
+    ({"weight_map": {"a": "missing.safetensors"}}, "shard 'missing.safetensors' is missing"),
+    ({"weight_map": {"a": "../shard.safetensors"}}, "is missing or not a file"),
+    ({"weight_map": {"a": "shard.safetensors", "zzz": "shard.safetensors"}}, "does not hold it"),
+    ([1, 2], "no 'weight_map'"),
+])
+def test_index_refusals(tmp_path, index, match):
+    pytest.importorskip("safetensors")
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.ones(2, np.float32)}, tmp_path / "shard.safetensors")
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=match):
+        load_checkpoint(path)
