@@ -1,0 +1,239 @@
+"""Continuous vs static batching on one seeded mixed workload, in the same run (seed section 4);
+batched decode vs a single stream; and the ../shared/ANCHORS.md workload beside llama.cpp and
+transformers.
+
+1. Mixed workload: --requests requests (default 64), prompt and output lengths drawn uniformly
+   from --prompt-len and --output-len (default 16-512 each), random token ids, seeded; all
+   arrive at t=0 (an offline batch), greedy with ignore_eos so both modes make exactly the same
+   tokens. Same concurrency cap for both (--batch-size). Continuous: the engine (paged KV,
+   chunked prefill, one packed forward per step). Static: pad to the longest, reserve
+   [batch, longest prompt + longest output], run each batch to completion. Per mode: output
+   tokens/s, requests/s, p50/p99 latency (finish - arrival), peak KV bytes (continuous: blocks
+   in use at the peak; static: the padded reservation). And whether the outputs agree.
+2. Batched decode: decode-only tokens/s of --decode-seqs sequences (default 32) vs one.
+3. ANCHORS: 16 chat prompts x 128 new tokens, aggregate tokens/s with prefill included.
+
+Timings on a shared machine are noisy: every figure is one run unless stated; ratios are
+taken within the run. The seed's figures (A10G GPU, its own workload) print beside ours.
+"""
+
+import time
+
+import numpy as np
+
+from scratchllm.bench.common import machine_facts, median
+from scratchllm.errors import ConfigError
+
+SEED = {"qps_continuous": 127.0, "qps_static": 89.0, "p99_ms_continuous": 42.0, "p99_ms_static": 113.0,
+        "kv_saving": 0.37}
+ANCHORS = {"llama.cpp": 176.0, "transformers": 109.0}  # batch 16 x 128 new, tok/s incl. prefill
+GOALS = {"throughput_ratio": 2.0, "p99_ratio": 3.0, "kv_saving": 0.50, "decode_scaling": 8.0, "anchor_tok_s": 350.0}
+QUESTIONS = [
+    "What is the capital of France?", "Explain photosynthesis in one paragraph.",
+    "Write a haiku about the sea.", "How do I reverse a list in Python?",
+    "Give three tips for a job interview.", "What causes the seasons on Earth?",
+    "Summarize the plot of Romeo and Juliet.", "What is a prime number? Give examples.",
+    "Translate 'good morning' into Spanish, French and German.", "Why is the sky blue?",
+    "Describe how a bicycle works.", "What are the benefits of regular exercise?",
+    "Write a short story about a robot who learns to paint.", "How does a compiler differ from an interpreter?",
+    "List five animals that live in the Arctic.", "What is the difference between weather and climate?",
+]
+
+
+def _range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"expected LO,HI, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"expected 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--requests", type=int, default=64, help="requests in the mixed workload (default 64)")
+    parser.add_argument("--prompt-len", default="16,512", help="prompt lengths LO,HI (default 16,512)")
+    parser.add_argument("--output-len", default="16,512", help="output lengths LO,HI (default 16,512)")
+    parser.add_argument("--batch-size", type=int, default=16, help="concurrency cap of both modes (default 16)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: token budget per step")
+    parser.add_argument("--decode-seqs", type=int, default=32, help="batched-decode figure: sequences (default 32)")
+    parser.add_argument("--anchor-new-tokens", type=int, default=128, help="ANCHORS workload: new tokens (128)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: mixed,static,decode,anchors")
+    parser.add_argument("--quick", action="store_true",
+                        help="a minute or two: 16 requests of 16-128 + 16-128 tokens, 16 decode steps, "
+                             "anchors with 32 new tokens")
+
+
+def workload(n: int, prompt_len, output_len, vocab: int, seed: int):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(100, vocab - 1, int(rng.integers(prompt_len[0], prompt_len[1] + 1))).tolist()
+               for _ in range(n)]
+    outputs = [int(rng.integers(output_len[0], output_len[1] + 1)) for _ in range(n)]
+    return prompts, outputs
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def run_continuous(model, prompts, outputs, args) -> dict:
+    from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.sampling import SamplingParams
+
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=args.batch_size,
+                                           max_num_batched_tokens=args.max_num_batched_tokens))
+    t0 = time.monotonic()
+    for i, (p, m) in enumerate(zip(prompts, outputs, strict=True)):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+    tokens = {str(i): [] for i in range(len(prompts))}
+    finish = {}
+    while engine.has_work():
+        for o in engine.step():
+            tokens[o.request_id].append(o.token_id)
+            if o.finish_reason:
+                finish[o.request_id] = time.monotonic() - t0
+    wall = time.monotonic() - t0
+    stats = engine.stats()
+    lat = [finish[str(i)] * 1e3 for i in range(len(prompts))]
+    return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
+            "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+            "peak_kv_bytes": stats["kv_bytes_peak"], "steps": stats["steps"], "preemptions": stats["preemptions"],
+            "token_ids": [tokens[str(i)] for i in range(len(prompts))]}
+
+
+def run_static_mode(model, prompts, outputs, args) -> dict:
+    from scratchllm.engine.static import run_static
+
+    t0 = time.monotonic()
+    res = run_static(model, prompts, outputs, batch_size=args.batch_size)
+    wall = time.monotonic() - t0
+    lat = [(f - t0) * 1e3 for f in res.finish_times]
+    return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
+            "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+            "peak_kv_bytes": res.peak_kv_bytes, "padded_tokens": res.padded_tokens, "token_ids": res.token_ids}
+
+
+def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int) -> float:
+    """Decode-only tokens/s of n_seqs sequences: prefill first (untimed), then time `steps` steps."""
+    from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.sampling import SamplingParams
+
+    prompts, _ = workload(n_seqs, (prompt_len, prompt_len), (1, 1), model.config.vocab_size, seed)
+    # room for the tokens the first-admitted make while the last ones still prefill
+    max_tokens = steps + 2 + n_seqs * prompt_len // 512 + 2
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=n_seqs, max_num_batched_tokens=max(512, n_seqs),
+                                           num_kv_blocks=n_seqs * (-(-(prompt_len + max_tokens) // 16) + 1)))
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    while any(r.num_output_tokens == 0 for r in engine.requests.values()):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        out = engine.step()
+        times.append(time.perf_counter() - t)
+        assert len(out) == n_seqs, "every sequence decodes every step"
+    return n_seqs / median(times)
+
+
+def run_anchors(model, ref: str, new_tokens: int) -> dict:
+    from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.sampling import SamplingParams
+    from scratchllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(ref)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024))
+    t0 = time.perf_counter()
+    engine.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
+    wall = time.perf_counter() - t0
+    return {"sequences": 16, "new_tokens": new_tokens, "prompt_tokens": [len(p) for p in prompts],
+            "wall_s": wall, "aggregate_tok_s": 16 * new_tokens / wall}
+
+
+def run(args) -> dict:
+    from scratchllm.models import load_model
+
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.quick:
+        args.requests, args.prompt_len, args.output_len = min(args.requests, 16), "16,128", "16,128"
+        args.anchor_new_tokens = min(args.anchor_new_tokens, 32)
+    prompt_len, output_len = _range(args.prompt_len), _range(args.output_len)
+    decode_steps = 16 if args.quick else 32
+    t = time.perf_counter()
+    model = load_model(args.model)
+    result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
+              "figures": {}, "ratios": {}, "seed": SEED, "anchors": ANCHORS, "goals": GOALS}
+    figs, ratios = result["figures"], result["ratios"]
+    if "mixed" not in skip:
+        prompts, outputs = workload(args.requests, prompt_len, output_len, model.config.vocab_size, args.seed)
+        figs["continuous"] = cont = run_continuous(model, prompts, outputs, args)
+        if "static" not in skip:
+            figs["static"] = stat = run_static_mode(model, prompts, outputs, args)
+            same = sum(a == b for a, b in zip(cont["token_ids"], stat["token_ids"], strict=True))
+            figs["identical_outputs"] = f"{same}/{len(prompts)}"
+            ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
+            ratios["p99_static_over_continuous"] = stat["p99_ms"] / cont["p99_ms"]
+            ratios["p50_static_over_continuous"] = stat["p50_ms"] / cont["p50_ms"]
+            ratios["kv_saving"] = 1.0 - cont["peak_kv_bytes"] / stat["peak_kv_bytes"]
+            del stat["token_ids"]
+        del cont["token_ids"]
+    if "decode" not in skip:
+        one = decode_rate(model, 1, 64, decode_steps, args.seed)
+        many = decode_rate(model, args.decode_seqs, 64, decode_steps, args.seed)
+        figs["decode"] = {"single_tok_s": one, "batched_tok_s": many, "sequences": args.decode_seqs,
+                          "prompt_tokens": 64, "steps": decode_steps}
+        ratios["decode_batched_over_single"] = many / one
+    if "anchors" not in skip:
+        figs["anchors"] = run_anchors(model, args.model, args.anchor_new_tokens)
+        ratios["anchor_over_llama_cpp"] = figs["anchors"]["aggregate_tok_s"] / ANCHORS["llama.cpp"]
+    result["machine"] = machine_facts()
+    return result
+
+
+def _bytes(n) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def render(r) -> str:
+    f, ra, inp = r["figures"], r["ratios"], r["inputs"]
+    out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s); single runs on a possibly shared machine"]
+    if "continuous" in f:
+        c = f["continuous"]
+        out.append(f"\n1. mixed workload: {inp['requests']} requests, prompt {inp['prompt_len']}, output "
+                   f"{inp['output_len']} tokens, seed {inp['seed']}, all at t=0, concurrency {inp['batch_size']}")
+        out.append(f"{'':<22}{'continuous':>12}{'static':>12}{'ratio':>9}   goal    seed (A10G, its workload)")
+        s = f.get("static")
+
+        def row(name, key, fmt, ratio=None, goal="", seed=""):
+            sv = format(s[key], fmt) if s else "-"
+            rv = f"{ra[ratio]:.2f}x" if ratio and ratio in ra else ""
+            out.append(f"{name:<22}{format(c[key], fmt):>12}{sv:>12}{rv:>9}   {goal:<8}{seed}")
+
+        row("output tok/s", "output_tok_s", ".1f", "throughput_continuous_over_static", ">= 2x",
+            f"{SEED['qps_continuous']:.0f} vs {SEED['qps_static']:.0f} QPS = {127 / 89:.2f}x")
+        row("requests/s", "requests_per_s", ".2f")
+        row("p50 latency ms", "p50_ms", ".0f", "p50_static_over_continuous")
+        row("p99 latency ms", "p99_ms", ".0f", "p99_static_over_continuous", ">= 3x",
+            f"{SEED['p99_ms_continuous']:.0f} vs {SEED['p99_ms_static']:.0f} ms = {113 / 42:.2f}x")
+        sv = _bytes(s["peak_kv_bytes"]) if s else "-"
+        kv = f"-{ra['kv_saving'] * 100:.0f}%" if "kv_saving" in ra else ""
+        out.append(f"{'peak KV':<22}{_bytes(c['peak_kv_bytes']):>12}{sv:>12}{kv:>9}   {'>= 50%':<8}-37%")
+        out.append(f"{'wall s':<22}{c['wall_s']:>12.1f}{(format(s['wall_s'], '.1f') if s else '-'):>12}")
+        extra = f"; static computed {s['padded_tokens']} padding tokens" if s else ""
+        out.append(f"continuous: {c['steps']} steps, {c['preemptions']} preemptions{extra}; identical greedy "
+                   f"outputs: {f.get('identical_outputs', '-')}")
+    if "decode" in f:
+        d = f["decode"]
+        out.append(f"\n2. batched decode ({d['prompt_tokens']}-token prompts, median of {d['steps']} steps): "
+                   f"1 stream {d['single_tok_s']:.1f} tok/s, {d['sequences']} streams {d['batched_tok_s']:.1f} "
+                   f"tok/s = {ra['decode_batched_over_single']:.1f}x (goal >= {GOALS['decode_scaling']:.0f}x)")
+    if "anchors" in f:
+        a = f["anchors"]
+        out.append(f"\n3. ANCHORS: 16 chat prompts ({min(a['prompt_tokens'])}-{max(a['prompt_tokens'])} tokens) x "
+                   f"{a['new_tokens']} new, prefill included: {a['aggregate_tok_s']:.0f} tok/s "
+                   f"(llama.cpp {ANCHORS['llama.cpp']:.0f}, transformers {ANCHORS['transformers']:.0f}; goal >= "
+                   f"{GOALS['anchor_tok_s']:.0f}) = {ra['anchor_over_llama_cpp']:.2f}x llama.cpp")
+    return "\n".join(out)
