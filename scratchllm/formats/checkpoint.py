@@ -89,6 +89,9 @@ class Checkpoint(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)
 
+    def __contains__(self, name) -> bool:  # Mapping's default would read (decode) the tensor to answer
+        return name in self.infos
+
     def __len__(self) -> int:
         return len(self.infos)
 

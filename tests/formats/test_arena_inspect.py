@@ -85,3 +85,9 @@ def test_bench_load_on_a_small_file(small_gguf):
     r = json.loads(out.stdout)
     assert r["figures"]["ours"]["elements"] == r["figures"]["gguf"]["elements"] == 6 * 960 + 7
     assert r["ratios"]["gguf_over_ours"] > 0 and "cpu" in r["machine"]
+
+
+def test_membership_reads_no_tensor(small_gguf):
+    ckpt = load_checkpoint(small_gguf)
+    ckpt.readers = dict.fromkeys(ckpt.readers, lambda info, out=None: pytest.fail("a tensor was read"))
+    assert "t.Q4_1" in ckpt and "nope" not in ckpt and "vec" in ckpt.keys()
