@@ -37,12 +37,16 @@ DTYPES = {
     "F16": np.dtype("<f2"),
     "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"),
+    "C64": np.dtype("<c8"),
     # Widened to float32 on lookup; stored as the bit patterns below.
     "BF16": np.dtype("<u2"),
     "F8_E4M3": np.dtype("u1"),
     "F8_E5M2": np.dtype("u1"),
+    "F8_E8M0": np.dtype("u1"),
 }
-WIDENED = {"BF16", "F8_E4M3", "F8_E5M2"}
+# Not read: the sub-byte types (F4, F6_E2M3, F6_E3M2) pack elements across byte boundaries; they
+# are refused as unknown dtypes with their name.
+WIDENED = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0"}
 
 
 def _fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3: bool) -> np.ndarray:
@@ -62,7 +66,15 @@ def _fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3: bool) -> np.ndarra
     return value.astype(np.float32)
 
 
-FP8_TABLES = {"F8_E4M3": _fp8_table(4, 3, 7, True), "F8_E5M2": _fp8_table(5, 2, 15, False)}
+def _e8m0_table() -> np.ndarray:
+    """E8M0 (microscaling scales): a bare exponent, 2 ** (e - 127); 0xFF is NaN."""
+    value = np.exp2(np.arange(256) - 127.0)
+    value[255] = np.nan
+    return value.astype(np.float32)
+
+
+FP8_TABLES = {"F8_E4M3": _fp8_table(4, 3, 7, True), "F8_E5M2": _fp8_table(5, 2, 15, False),
+              "F8_E8M0": _e8m0_table()}
 
 
 def _widen(dtype: str, raw: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ def test_every_numpy_dtype_round_trips(tmp_path):
     assert not ckpt["f32"].flags.owndata and not ckpt["f32"].flags.writeable  # a view of the mapped file
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"])
 def test_widened_dtypes_equal_torch(tmp_path, dtype):
     torch_dtype = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
@@ -74,3 +74,9 @@ def test_sharded_index_and_folder(tmp_path):
         for name, value in {**a, **b}.items():
             np.testing.assert_array_equal(ckpt[name], value)
         assert ckpt.tensor_info("head.bias").file.endswith("00002-of-00002.safetensors")
+
+
+def test_complex64(tmp_path):
+    x = torch.randn(3, 2, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    st_torch.save_file({"c": x}, tmp_path / "c.safetensors")
+    np.testing.assert_array_equal(load_checkpoint(tmp_path / "c.safetensors")["c"], x.numpy())
