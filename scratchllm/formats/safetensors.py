@@ -4,8 +4,8 @@
     JSON: {"__metadata__": {str: str}, name: {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}}
 
 Offsets are relative to the first byte after the header. Every tensor is dense row-major and
-little-endian, so a lookup is a zero-copy view of the mapped file, except BF16 and the two FP8
-types, which NumPy lacks and which come out as float32.
+little-endian, so a lookup is a zero-copy view of the mapped file, except BF16 and the FP8 types,
+which NumPy lacks and which come out as float32.
 
 Checked at open, before any tensor is read: the header fits in the file and is a JSON object;
 every entry has a known dtype, a shape of non-negative ints and offsets inside the data; the
