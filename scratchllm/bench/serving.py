@@ -47,7 +47,8 @@ def add_arguments(p):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compare", action="store_true", help="start the server twice: static vs continuous batching")
     p.add_argument("--serve-model", default="default", help="--compare: the model to serve")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="--compare: sequences per engine step")
+    p.add_argument("--max-num-seqs", type=int, default=16,
+                   help="--compare: sequences per step, the same for both modes (static: the batch size)")
     p.add_argument("--fake-engine", action="store_true", help="--compare: serve the fake engine (no model)")
     p.add_argument("--overhead", action="store_true",
                    help="--compare: also run the workload offline (LLMEngine in this process, all requests at "
@@ -128,8 +129,7 @@ class _server:
         self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
                     "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
         self.cmd += ["--fake-engine"] if args.fake_engine else ["--model", args.serve_model]
-        if args.max_num_seqs:
-            self.cmd += ["--max-num-seqs", str(args.max_num_seqs)]
+        self.cmd += ["--max-num-seqs", str(args.max_num_seqs)]
 
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, text=True)

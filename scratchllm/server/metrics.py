@@ -82,10 +82,16 @@ class _EngineCollector:
         self.engine_stats, self.server = engine_stats, server
 
     def collect(self):
-        try:
-            stats = self.engine_stats() or {}
-        except Exception:  # noqa: BLE001 - a scrape must never take the server down
-            stats = {}
+        stats = {}
+        for _ in range(3):
+            # stats() reads the engine's structures from this thread while the engine thread
+            # changes them; a read that races a change (a container resized mid-iteration) is
+            # simply retried, and a scrape never takes the server down.
+            try:
+                stats = self.engine_stats() or {}
+                break
+            except Exception:  # noqa: BLE001
+                continue
         yield _gauge("requests_in_flight", "Requests the HTTP server holds in the engine", self.server.in_flight)
         for key, doc in (("running", "Requests in the running batch"), ("waiting", "Requests waiting to run")):
             if key in stats:
