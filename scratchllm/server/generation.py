@@ -99,7 +99,7 @@ class EventStream(StreamingResponse):
     """SSE response that closes its Generation however the stream ends (done, disconnect, error)."""
 
     def __init__(self, body, generation: Generation):
-        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(_guarded(body), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
     async def __call__(self, scope, receive, send):
@@ -107,6 +107,19 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close()
+
+
+async def _guarded(body):
+    """The status line is gone once streaming starts: an engine failure becomes an SSE error event
+    (the official client raises it as an APIError) instead of a connection cut mid-stream."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except Exception as err:  # noqa: BLE001 - reported to the client, then the stream ends
+        yield sse(APIError(500, f"the engine failed mid-stream: {type(err).__name__}: {err}",
+                           type="server_error").body())
+    finally:
+        await body.aclose()
 
 
 # --- request -> token ids and params ----------------------------------------------------------

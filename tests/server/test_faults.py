@@ -129,3 +129,47 @@ def _healthy(client, url) -> bool:
         return client.get(url + "/health").status_code == 200
     except httpx.ConnectError:
         return False
+
+
+class _FailingEngine:
+    """Wraps the fake: every stream breaks after two events, as an engine fault would."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def submit(self, ids, params, request_id=None):
+        stream = self.inner.submit(ids, params, request_id)
+
+        class Broken:
+            def __iter__(self):
+                for n, event in enumerate(stream):
+                    if n == 2:
+                        stream.abort()
+                        raise RuntimeError("kernel exploded")
+                    yield event
+
+            def abort(self):
+                stream.abort()
+
+        return Broken()
+
+    def stats(self):
+        return self.inner.stats()
+
+    def shutdown(self, drain=True):
+        self.inner.shutdown(drain)
+
+
+def test_engine_failure_mid_stream_reaches_the_client_as_an_error(serve):
+    model, embedder = fake_backend(step_ms=1.0)
+    model.engine = _FailingEngine(model.engine)
+    with serve(create_app(model, embedder)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="kernel exploded"):
+            for _ in client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
+                                                    max_tokens=20, stream=True):
+                pass
+        r = httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 20})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        wait_until(lambda: model.engine.inner.stats()["kv_blocks_used"] == 0)
+        assert httpx.get(url + "/health").status_code == 200
