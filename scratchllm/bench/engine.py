@@ -10,6 +10,8 @@ transformers.
    [batch, longest prompt + longest output], run each batch to completion. Per mode: output
    tokens/s, requests/s, p50/p99 latency (finish - arrival), peak KV bytes (continuous: blocks
    in use at the peak; static: the padded reservation). And whether the outputs agree.
+   With --rate, requests arrive as a seeded Poisson process instead, in real time: continuous
+   admits them into the running batch, static starts a new batch only when the last one ended.
 2. Batched decode: decode-only tokens/s of --decode-seqs sequences (default 32) vs one.
 3. ANCHORS: 16 chat prompts x 128 new tokens, aggregate tokens/s with prefill included.
 
@@ -59,6 +61,8 @@ def add_arguments(parser):
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: token budget per step")
     parser.add_argument("--decode-seqs", type=int, default=32, help="batched-decode figure: sequences (default 32)")
     parser.add_argument("--anchor-new-tokens", type=int, default=128, help="ANCHORS workload: new tokens (128)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="Poisson arrivals, requests/s (default 0: all at t=0, an offline batch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of parts to skip: mixed,static,decode,anchors")
     parser.add_argument("--quick", action="store_true",
@@ -68,7 +72,8 @@ def add_arguments(parser):
 
 def workload(n: int, prompt_len, output_len, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(100, vocab - 1, int(rng.integers(prompt_len[0], prompt_len[1] + 1))).tolist()
+    lo = min(100, vocab // 4)  # above the special tokens of real vocabularies
+    prompts = [rng.integers(lo, vocab - 1, int(rng.integers(prompt_len[0], prompt_len[1] + 1))).tolist()
                for _ in range(n)]
     outputs = [int(rng.integers(output_len[0], output_len[1] + 1)) for _ in range(n)]
     return prompts, outputs
@@ -78,41 +83,79 @@ def _pct(values, q) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def run_continuous(model, prompts, outputs, args) -> dict:
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """Poisson arrivals at `rate` requests/s (seeded); rate 0: everyone at t=0 (an offline batch)."""
+    if rate <= 0:
+        return [0.0] * n
+    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, n)
+    return np.cumsum(gaps).tolist()
+
+
+def _wait_until(t0: float, t: float) -> None:
+    delay = t0 + t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _summary(prompts, outputs, arrivals, finish, wall) -> dict:
+    lat = [(f - a) * 1e3 for f, a in zip(finish, arrivals, strict=True)]
+    return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
+            "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
+
+
+def run_continuous(model, prompts, outputs, arrivals, args) -> dict:
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
 
     engine = LLMEngine(model, EngineConfig(max_num_seqs=args.batch_size,
                                            max_num_batched_tokens=args.max_num_batched_tokens))
+    n = len(prompts)
+    tokens, finish = [[] for _ in range(n)], [0.0] * n
     t0 = time.monotonic()
-    for i, (p, m) in enumerate(zip(prompts, outputs, strict=True)):
-        engine.add_request(str(i), p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
-    tokens = {str(i): [] for i in range(len(prompts))}
-    finish = {}
-    while engine.has_work():
+    nxt = 0
+    while nxt < n or engine.has_work():
+        now = time.monotonic() - t0
+        while nxt < n and arrivals[nxt] <= now:  # requests join the running batch as they arrive
+            engine.add_request(str(nxt), prompts[nxt], SamplingParams(max_tokens=outputs[nxt], temperature=0.0,
+                                                                       ignore_eos=True))
+            nxt += 1
+        if not engine.has_work():
+            _wait_until(t0, arrivals[nxt])
+            continue
         for o in engine.step():
-            tokens[o.request_id].append(o.token_id)
+            i = int(o.request_id)
+            tokens[i].append(o.token_id)
             if o.finish_reason:
-                finish[o.request_id] = time.monotonic() - t0
-    wall = time.monotonic() - t0
+                finish[i] = time.monotonic() - t0
+    result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
     stats = engine.stats()
-    lat = [finish[str(i)] * 1e3 for i in range(len(prompts))]
-    return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
-            "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
-            "peak_kv_bytes": stats["kv_bytes_peak"], "steps": stats["steps"], "preemptions": stats["preemptions"],
-            "token_ids": [tokens[str(i)] for i in range(len(prompts))]}
+    result.update(peak_kv_bytes=stats["kv_bytes_peak"], steps=stats["steps"], preemptions=stats["preemptions"],
+                  token_ids=tokens)
+    return result
 
 
-def run_static_mode(model, prompts, outputs, args) -> dict:
+def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
+    """Static batching as served: when idle, take up to batch-size requests that have arrived,
+    run them to completion; whoever arrives meanwhile waits for the whole batch."""
     from scratchllm.engine.static import run_static
 
+    n = len(prompts)
+    tokens, finish = [[] for _ in range(n)], [0.0] * n
+    peak = padded = 0
     t0 = time.monotonic()
-    res = run_static(model, prompts, outputs, batch_size=args.batch_size)
-    wall = time.monotonic() - t0
-    lat = [(f - t0) * 1e3 for f in res.finish_times]
-    return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
-            "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
-            "peak_kv_bytes": res.peak_kv_bytes, "padded_tokens": res.padded_tokens, "token_ids": res.token_ids}
+    nxt = 0
+    while nxt < n:
+        _wait_until(t0, arrivals[nxt])
+        now = time.monotonic() - t0
+        rows = [i for i in range(nxt, n) if arrivals[i] <= now][: args.batch_size]
+        res = run_static(model, [prompts[i] for i in rows], [outputs[i] for i in rows], batch_size=len(rows))
+        for j, i in enumerate(rows):
+            tokens[i], finish[i] = res.token_ids[j], res.finish_times[j] - t0
+        peak, padded = max(peak, res.peak_kv_bytes), padded + res.padded_tokens
+        nxt = rows[-1] + 1
+    result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
+    result.update(peak_kv_bytes=peak, padded_tokens=padded, token_ids=tokens)
+    return result
 
 
 def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int) -> float:
@@ -169,9 +212,10 @@ def run(args) -> dict:
     figs, ratios = result["figures"], result["ratios"]
     if "mixed" not in skip:
         prompts, outputs = workload(args.requests, prompt_len, output_len, model.config.vocab_size, args.seed)
-        figs["continuous"] = cont = run_continuous(model, prompts, outputs, args)
+        arrivals = arrival_times(args.requests, args.rate, args.seed)
+        figs["continuous"] = cont = run_continuous(model, prompts, outputs, arrivals, args)
         if "static" not in skip:
-            figs["static"] = stat = run_static_mode(model, prompts, outputs, args)
+            figs["static"] = stat = run_static_mode(model, prompts, outputs, arrivals, args)
             same = sum(a == b for a, b in zip(cont["token_ids"], stat["token_ids"], strict=True))
             figs["identical_outputs"] = f"{same}/{len(prompts)}"
             ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
@@ -202,8 +246,9 @@ def render(r) -> str:
     out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s); single runs on a possibly shared machine"]
     if "continuous" in f:
         c = f["continuous"]
+        when = f"Poisson arrivals at {inp['rate']:g}/s" if inp.get("rate") else "all at t=0"
         out.append(f"\n1. mixed workload: {inp['requests']} requests, prompt {inp['prompt_len']}, output "
-                   f"{inp['output_len']} tokens, seed {inp['seed']}, all at t=0, concurrency {inp['batch_size']}")
+                   f"{inp['output_len']} tokens, seed {inp['seed']}, {when}, concurrency {inp['batch_size']}")
         out.append(f"{'':<22}{'continuous':>12}{'static':>12}{'ratio':>9}   goal    seed (A10G, its workload)")
         s = f.get("static")
 

@@ -1,0 +1,62 @@
+"""`scratchllm bench engine` and `bench masks` end to end on small inputs: the tables render, the
+ratios are computed, and continuous and static batching make identical greedy outputs."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from scratchllm.bench import engine as bench_engine
+from scratchllm.bench import masks as bench_masks
+
+from .tiny import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """The tiny random Llama written as a Hugging Face folder, so the bench loads it like any model."""
+    model = tiny_llama(seed=2, ctx=256)
+    c = model.config
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+              "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+              "num_key_value_heads": c.num_kv_heads, "intermediate_size": c.intermediate_size,
+              "rms_norm_eps": c.norm_eps, "max_position_embeddings": c.max_position_embeddings,
+              "tie_word_embeddings": False}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: np.ascontiguousarray(v) for k, v in model.weights.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def parse(module, argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("rate", ["0", "200"])
+def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
+    args = parse(bench_engine, ["--model", str(tiny_folder), "--requests", "6", "--prompt-len", "4,40",
+                                "--output-len", "2,12", "--batch-size", "3", "--decode-seqs", "4",
+                                "--skip", "anchors", "--rate", rate])
+    result = bench_engine.run(args)
+    figs, ratios = result["figures"], result["ratios"]
+    assert figs["identical_outputs"] == "6/6"  # the baseline and the engine agree token for token
+    assert figs["continuous"]["output_tokens"] == figs["static"]["output_tokens"]
+    assert figs["static"]["padded_tokens"] > 0
+    assert figs["static"]["peak_kv_bytes"] > 0 and figs["continuous"]["peak_kv_bytes"] > 0
+    assert {"throughput_continuous_over_static", "p99_static_over_continuous", "kv_saving",
+            "decode_batched_over_single"} <= set(ratios)
+    text = bench_engine.render(result)
+    assert "continuous" in text and "127 vs 89 QPS" in text and "batched decode" in text
+    json.dumps(result, default=str)
+
+
+def test_bench_masks_small():
+    args = parse(bench_masks, ["--batch", "2,4", "--max-len", "32", "--repeat", "1"])
+    result = bench_masks.run(args)
+    assert len(result["figures"]) == 6 and all(r["ms"]["vectorized"] > 0 for r in result["figures"])
+    assert "python/vec" in bench_masks.render(result)
