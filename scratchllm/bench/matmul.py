@@ -183,6 +183,11 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
         measured[("numpy", threads)] = (t["numpy"], 4)
         measured[("tiled", threads)] = (t["tiled"], 4)
         ratios[f"tiled/numpy GFLOP/s n={n} threads={threads}"] = t["numpy"] / t["tiled"]
+        if threads == 1:  # one thread: also by CPU time, which other jobs on the cores cannot inflate
+            with threadpool_limits(1):
+                cpu = _interleaved({"numpy": lambda: matmul.numpy(a, b),
+                                    "tiled": lambda: matmul.tiled(a, b, tiles, 1)}, args.repeat, clock=time.thread_time)
+            ratios[f"tiled/numpy GFLOP/s n={n} threads=1, CPU time"] = cpu["numpy"] / cpu["tiled"]
     gpu = matmul.cublas_unavailable()
     if gpu is None:
         measured[("cublas", 0)] = (_time_on_gpu(a, b, args.repeat), 4)

@@ -35,7 +35,8 @@ def test_run_and_render():
         assert ("cublas", n, 0) in rows
     assert ("naive", 300, 1) not in rows  # over --naive-max
     assert rows[("tiled", 300, 1)]["miss"] == "n/a (n > --sim-max-n)"
-    assert set(result["ratios"]) == {f"tiled/numpy GFLOP/s n={n} threads=1" for n in (3, 64, 300)}
+    assert set(result["ratios"]) == {f"tiled/numpy GFLOP/s n={n} threads=1{how}" for n in (3, 64, 300)
+                                     for how in ("", ", CPU time")}
     sweeps = {s["n"]: s for s in result["sweep"]}  # only n >= 64 is swept
     assert set(sweeps) == {64, 300}
     sweep = sweeps[64]
