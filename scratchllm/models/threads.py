@@ -1,0 +1,74 @@
+"""How many threads NumPy's BLAS (OpenBLAS) uses for matrix products, changed at run time.
+
+Why it matters here: every BLAS call ends at a barrier where all its threads meet. When another
+process holds one of the cores, the call waits for a thread that is not running, and a decode
+step (~210 small matrix products) pays that wait 210 times: on a shared 2-core machine we measured
+decode 4-15x slower with 2 BLAS threads than with 1. On an idle machine 2 threads read memory
+faster (about 36 vs 25 GB/s). So the thread count is a knob (LLM(threads=...), bench --threads),
+not a constant.
+
+OpenBLAS has no environment-free Python API; NumPy loads it as a shared library, so we find that
+library among this process's mappings and call its C function `openblas_set_num_threads` (under
+the symbol names NumPy's bundled build uses). Where it cannot be found, the functions do nothing
+and say so by returning None.
+"""
+
+import contextlib
+import ctypes
+import os
+
+_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
+            "openblas_set_num_threads")
+_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
+            "openblas_get_num_threads")
+_lib = None
+
+
+def _openblas():
+    global _lib
+    if _lib is None:
+        import numpy  # noqa: F401  (loads the library we are looking for)
+
+        _lib = False
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "openblas" in line and ".so" in line}
+        except OSError:
+            paths = set()
+        for path in sorted(paths):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            setter = next((getattr(lib, s) for s in _SETTERS if hasattr(lib, s)), None)
+            getter = next((getattr(lib, g) for g in _GETTERS if hasattr(lib, g)), None)
+            if setter is not None and getter is not None:
+                setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
+                _lib = (setter, getter)
+                break
+    return _lib or None
+
+
+def get_blas_threads() -> int | None:
+    lib = _openblas()
+    return int(lib[1]()) if lib else None
+
+
+def set_blas_threads(n: int | None) -> int | None:
+    """Set BLAS threads (None or 0 = one per core); returns the previous count, None if unknown."""
+    lib = _openblas()
+    if not lib:
+        return None
+    previous = int(lib[1]())
+    lib[0](int(n or os.cpu_count() or 1))
+    return previous
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None):
+    previous = set_blas_threads(n)
+    try:
+        yield get_blas_threads()
+    finally:
+        if previous is not None:
+            set_blas_threads(previous)
