@@ -172,7 +172,8 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
         "architectures": ["LlamaForCausalLM"], "vocab_size": V, "hidden_size": C, "intermediate_size": I,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "tie_word_embeddings": True}))
-    args = argparse.Namespace(model=str(tmp_path), prompt_tokens=10, new_tokens=5, repeat=1, bandwidth_mb=8)
+    args = argparse.Namespace(model=str(tmp_path), prompt_tokens=10, new_tokens=5, repeat=1, bandwidth_mb=8,
+                              threads="1,2")
     result = bench.run(args)
     f = result["figures"]
     # tied: the embedding matrix is read once per token, as the LM head
@@ -182,3 +183,18 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
     assert result["ratios"]["decode_vs_bound"] == pytest.approx(f["decode_tok_s"] / f["bound_tok_s"])
     assert "bound" in bench.render(result)
     json.dumps(result, default=str)
+    assert set(f["by_threads"]) == {1, 2}
+    assert all(t["blas_threads"] in (n, None) for n, t in f["by_threads"].items())  # None: no OpenBLAS found
+
+
+def test_blas_threads_knob():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from scratchllm.models.threads import blas_threads, get_blas_threads
+
+    before = get_blas_threads()
+    if before is None:
+        pytest.skip("NumPy is not linked against OpenBLAS here")
+    with blas_threads(1) as n:
+        assert n == 1
+        assert {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"} == {1}
+    assert get_blas_threads() == before
