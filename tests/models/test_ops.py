@@ -58,9 +58,12 @@ def test_swiglu():
     np.testing.assert_allclose(swiglu(x, np.concatenate([gate, up]), down), want, atol=1e-4)
 
 
-@pytest.mark.parametrize("offset", [0, 5])
-def test_causal_attention_gqa_matches_sdpa(offset):
-    T, H, KVH, D = 6, 6, 2, 8
+@pytest.mark.parametrize("T, offset, block", [(6, 0, 128), (6, 5, 128), (11, 0, 4), (10, 7, 3), (300, 20, 128)])
+def test_causal_attention_gqa_matches_sdpa(T, offset, block, monkeypatch):
+    from scratchllm.models import attention
+
+    monkeypatch.setattr(attention, "QUERY_BLOCK", block)  # long prefills go in query blocks
+    H, KVH, D = 6, 2, 8
     S = offset + T
     q, k, v = randn(T, H, D), randn(KVH, S, D), randn(KVH, S, D)
     got = causal_attention(q, k, v, offset)
