@@ -119,7 +119,7 @@ n, threads, reps = {n}, {threads}, {reps}
 a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
 with threadpool_limits(threads):
     for _ in range(reps):
-        matmul.{impl}(a, a) if "{impl}" == "numpy" else matmul.tiled(a, a, threads=threads)
+        matmul.numpy(a, a) if "{impl}" == "numpy" else matmul.tiled(a, a, threads=threads)
 """
 
 
