@@ -73,3 +73,11 @@ def test_cli_json():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert {r["impl"] for r in result["figures"]} == {"naive", "numpy", "tiled", "cublas"}
+
+
+@pytest.mark.parametrize("impl", ["numpy", "tiled"])
+def test_perf_workload_runs(impl):
+    # The program `perf stat` would count (this container cannot read the counters): it must run.
+    code = bench._PERF_SNIPPET.format(n=40, threads=1, reps=2, impl=impl)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
