@@ -43,9 +43,11 @@ class LLM:
     `model`: "default", a .gguf file or a Hugging Face folder (see SPEC, model references).
     `tokenizer`: where the tokenizer lives when it is not beside the weights.
     `max_model_len`: the longest prompt + completion (default: the model's context).
+    `threads`: BLAS threads for this process (default: leave as is). 1 is often faster on a
+    machine whose cores other jobs share; see scratchllm/models/threads.py.
     """
 
-    OPTIONS = ("tokenizer", "max_model_len")
+    OPTIONS = ("tokenizer", "max_model_len", "threads")
 
     def __init__(self, model="default", **engine_options):
         unknown = sorted(set(engine_options) - set(self.OPTIONS))
@@ -53,6 +55,12 @@ class LLM:
             raise ConfigError(f"unknown LLM option(s) {', '.join(unknown)}; known: {', '.join(self.OPTIONS)}")
         from scratchllm.tokenizer import Tokenizer
 
+        if engine_options.get("threads") is not None:
+            from scratchllm.models.threads import set_blas_threads
+
+            if int(engine_options["threads"]) < 1:
+                raise ConfigError(f"threads must be >= 1, got {engine_options['threads']}")
+            set_blas_threads(int(engine_options["threads"]))
         start = time.perf_counter()
         self.model = load_model(model)
         if not self.model.config.is_decoder:

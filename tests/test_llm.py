@@ -131,6 +131,8 @@ def test_context_limit_and_bad_input():
         small.generate([[]])
     with pytest.raises(ConfigError, match="unknown LLM option"):
         LLM("default", bogus=1)
+    with pytest.raises(ConfigError, match="threads must be >= 1"):
+        LLM("default", threads=0)
     with pytest.raises(ConfigError, match="encoder"):
         LLM("minilm")
 

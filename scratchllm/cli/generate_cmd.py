@@ -22,6 +22,8 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same text")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
+    p.add_argument("--threads", type=int, default=None,
+                   help="BLAS threads (default: one per core); 1 is often faster when other jobs share the cores")
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
     p.set_defaults(func=run)
 
@@ -33,7 +35,7 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    llm = LLM(args.model)
+    llm = LLM(args.model, threads=args.threads)
 
     def show(_token_id, text):
         sys.stdout.write(text)
@@ -46,6 +48,7 @@ def run(args) -> int:
     else:
         out = llm.run(llm.tokenizer.encode(prompt), params, prompt=prompt, on_token=show)
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if not args.quiet:
         m = out.metrics
         decode = f"{m['decode_tok_s']:.1f} tok/s" if m["decode_tok_s"] else "n/a"
