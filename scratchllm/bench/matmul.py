@@ -199,7 +199,7 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
         if hw:
             miss = f"perf: {hw}"
         elif sim.get(impl):
-            miss = f"sim: {sim[impl]}"
+            miss = f"sim: {sim[impl]}" + (" (1-thread order)" if threads > 1 else "")
         else:
             miss = "n/a (not our loop to simulate)" if impl in ("numpy", "cublas") else "n/a (n > --sim-max-n)"
         rows.append({"impl": impl, "n": n, "threads": threads, "ms": 1e3 * sec, "gflops": flops / sec / 1e9,

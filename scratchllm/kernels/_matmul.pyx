@@ -135,12 +135,21 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
     mc = _round_up(min(mc, m), MR)
     nc = _round_up(min(nc, n), NR)
     kc = min(kc, k)
+    cdef Py_ssize_t n_ic = (m + mc - 1) // mc
+    if threads > 1 and n_ic > 1:
+        # Balance the threads: a whole number of row blocks per thread, as equal as MR allows
+        # (m = 300 in blocks of 192 would leave one thread 108 rows and the other 192).
+        n_ic = _round_up(n_ic, threads)
+        mc = _round_up((m + n_ic - 1) // n_ic, MR)
+        n_ic = (m + mc - 1) // mc
+    # Never more threads than row blocks: a thread with nothing to do still joins the barrier.
+    cdef int team = <int> min(threads, n_ic)
 
     cdef const float *pa = &a[0, 0]
     cdef const float *pb = &b[0, 0]
     cdef float *pc_ = &c[0, 0]
     cdef float *bbuf = _alloc_aligned(kc * nc)
-    cdef float *abuf = _alloc_aligned(min(threads, (m + mc - 1) // mc) * mc * kc)
+    cdef float *abuf = _alloc_aligned(team * mc * kc)
     if bbuf == NULL or abuf == NULL:
         free(bbuf)
         free(abuf)
@@ -151,9 +160,6 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
 
     cdef Py_ssize_t jc, pc, ncur, kcur, jr, ir, t, u, v, ic, mcur, n_jr, tid, bj, bp
     cdef float *ap
-    # Never more threads than row blocks: a thread with nothing to do still joins the barrier.
-    cdef Py_ssize_t n_ic = (m + mc - 1) // mc
-    cdef int team = <int> min(threads, n_ic)
     with nogil:
         for bj in range((n + nc - 1) // nc):
             jc = bj * nc
