@@ -27,15 +27,18 @@ _lib = None
 def _openblas():
     global _lib
     if _lib is None:
-        import numpy  # noqa: F401  (loads the library we are looking for)
+        import numpy  # loads the library we are looking for
 
         _lib = False
+        # Other packages (SciPy, torch) may map OpenBLAS copies of their own: NumPy's lives in its
+        # install folder (numpy/ or the wheel's numpy.libs/), so those paths are tried first.
+        numpy_dir = os.path.dirname(numpy.__file__)
         try:
             with open("/proc/self/maps") as maps:
                 paths = {line.split()[-1] for line in maps if "openblas" in line and ".so" in line}
         except OSError:
             paths = set()
-        for path in sorted(paths):
+        for path in sorted(paths, key=lambda p: (not p.startswith(numpy_dir), p)):
             try:
                 lib = ctypes.CDLL(path)
             except OSError:
