@@ -191,6 +191,7 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
 
 def test_blas_threads_knob():
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    pytest.importorskip("scipy.linalg")  # maps a second OpenBLAS copy: the knob must still find NumPy's
     from scratchllm.models.threads import blas_threads, get_blas_threads
 
     before = get_blas_threads()
