@@ -10,12 +10,15 @@ One call per layer does two things, in this order:
 Writing first makes causality inside a prefill chunk free: token i sees the chunk's earlier
 tokens because they are already in the pool.
 
-Work split: one work item = one token; OpenMP threads take items dynamically (a long
-prefill's late tokens cost more than its early ones). Inside an item all H query heads are
-served from each slot's KVH x D row while it is in cache: decode is bound by reading the pool,
-so every byte of it is read once per token (query head h reads kv head h // G: GQA without
-copies). Softmax is two-pass over a per-thread score buffer: scores and their max, then exp,
-sum and the weighted sum of values.
+Layouts (per layer), chosen for the two inner loops:
+  K: [num_blocks, KVH, D, BS] - a block's keys transposed, so the 16 scores of a block are
+     16 SIMD lanes: s[0:BS] += q[d] * K[blk, g, d, 0:BS]. A dot product per key would end in
+     a horizontal sum per key and head, which on this CPU cost more than the multiplies.
+  V: [num_blocks, BS, KVH, D] - out[h, 0:D] += p[t] * V[blk, t, g, 0:D], D lanes.
+Work split: one work item = one token; OpenMP threads take items dynamically (a long prefill's
+late tokens cost more than its early ones). Query head h reads kv head h // G (GQA, no copies).
+Softmax is two-pass over a per-thread score buffer: scores and their max, then exp, sum and
+the weighted sum of values.
 """
 
 from cython.parallel cimport parallel, prange
@@ -25,28 +28,6 @@ from libc.string cimport memcpy
 
 cimport openmp
 
-cdef enum:
-    LANES = 16  # independent partial sums: lets GCC vectorize the dot product without -ffast-math
-
-
-cdef inline float dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
-    cdef float acc[LANES]
-    cdef Py_ssize_t j, d
-    cdef float s = 0.0
-    for j in range(LANES):
-        acc[j] = 0.0
-    d = 0
-    while d + LANES <= n:
-        for j in range(LANES):
-            acc[j] += a[d + j] * b[d + j]
-        d += LANES
-    for j in range(LANES):
-        s += acc[j]
-    while d < n:
-        s += a[d] * b[d]
-        d += 1
-    return s
-
 
 cdef inline void axpy(float w, const float* x, float* y, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t d
@@ -54,11 +35,49 @@ cdef inline void axpy(float w, const float* x, float* y, Py_ssize_t n) noexcept 
         y[d] += w * x[d]
 
 
+cdef extern from *:
+    """
+    #include <string.h>
+    /* 16 float lanes in GCC's vector extension: one AVX-512 register, or two AVX2 ones. */
+    typedef float scratchllm_v16 __attribute__((vector_size(64)));
+
+    /* s[0:16] = K_block . q for one head; kt is the block's keys transposed, [D][16].
+       The accumulator stays in a register for the whole d loop: 16 scores, no horizontal sum. */
+    static inline void scratchllm_block_scores16(const float *q, const float *kt, float *s, Py_ssize_t D) {
+        scratchllm_v16 acc = {0};
+        for (Py_ssize_t d = 0; d < D; d++) {
+            scratchllm_v16 k;
+            memcpy(&k, kt + d * 16, sizeof k);
+            acc += q[d] * k;
+        }
+        memcpy(s, &acc, sizeof acc);
+    }
+    """
+    void block_scores16 "scratchllm_block_scores16"(const float* q, const float* kt, float* s,
+                                                    Py_ssize_t D) noexcept nogil
+
+
+cdef inline void block_scores(const float* q, const float* kt, float* s, Py_ssize_t D,
+                              Py_ssize_t BS) noexcept nogil:
+    """s[0:BS] = K_block[0:BS] . q for one head: kt is the block's [D, BS] transposed keys."""
+    cdef Py_ssize_t d, o
+    cdef float qd
+    if BS == 16:
+        block_scores16(q, kt, s, D)
+        return
+    for o in range(BS):  # other block sizes: the plain loop
+        s[o] = 0.0
+    for d in range(D):
+        qd = q[d]
+        for o in range(BS):
+            s[o] += qd * kt[d * BS + o]
+
+
 def paged_attention(
     const float[:, :, :] q,  # [N, H, D] any strides: views into the model's fused qkv output
     const float[:, :, :] k,  # [N, KVH, D]
     const float[:, :, :] v,  # [N, KVH, D]
-    float[:, :, :, ::1] k_cache,  # [num_blocks, BS, KVH, D]
+    float[:, :, :, ::1] k_cache,  # [num_blocks, KVH, D, BS]  (keys transposed per block)
     float[:, :, :, ::1] v_cache,  # [num_blocks, BS, KVH, D]
     const int[:, ::1] block_tables,  # [S, max_blocks]
     const int[::1] token_seq,  # [N] which row of block_tables
@@ -68,19 +87,22 @@ def paged_attention(
     int num_threads=0,
 ):
     cdef Py_ssize_t N = q.shape[0], H = q.shape[1], D = q.shape[2]
-    cdef Py_ssize_t KVH = k.shape[1], BS = k_cache.shape[1]
+    cdef Py_ssize_t KVH = k.shape[1], BS = v_cache.shape[1]
     cdef Py_ssize_t G = H // KVH
-    cdef Py_ssize_t i, h, kvh, t, p, b, item, blk, off, hh, d, s_idx, max_ctx = 0
+    cdef Py_ssize_t i, h, kvh, t, p, b, blk, off, d, s_idx, nb, max_ctx = 0
     cdef float* scores
     cdef float* qs
-    cdef const float* krow
+    cdef float* acc
+    cdef float* sc
     cdef const float* vrow
     cdef float m, tot, w, inv
     cdef int nt = num_threads
 
     assert H == KVH * G, "query heads must group evenly over kv heads"
     assert k.shape[0] == N and v.shape[0] == N and out.shape[0] == N and token_pos.shape[0] == N
-    assert k.shape[2] == D and k_cache.shape[3] == D and k_cache.shape[2] == KVH
+    assert k.shape[2] == D and v_cache.shape[3] == D and v_cache.shape[2] == KVH
+    assert k_cache.shape[1] == KVH and k_cache.shape[2] == D and k_cache.shape[3] == BS
+    assert k_cache.shape[0] == v_cache.shape[0]
     for i in range(N):
         p = token_pos[i]
         assert 0 <= p < block_tables.shape[1] * BS, "position beyond the block table"
@@ -88,6 +110,7 @@ def paged_attention(
         assert 0 <= blk < k_cache.shape[0], "block id out of the pool"
         if p + 1 > max_ctx:
             max_ctx = p + 1
+    max_ctx = (max_ctx + BS - 1) // BS * BS  # whole blocks: the last one is scored in full
 
     # 1. this step's keys and values into their slots
     for i in range(N):
@@ -96,20 +119,18 @@ def paged_attention(
         off = p % BS
         for kvh in range(KVH):
             for d in range(D):
-                k_cache[blk, off, kvh, d] = k[i, kvh, d]
+                k_cache[blk, kvh, d, off] = k[i, kvh, d]
                 v_cache[blk, off, kvh, d] = v[i, kvh, d]
 
     if nt <= 0:
         nt = openmp.omp_get_max_threads()
-    # raw pointers from here: the pool is C-contiguous, so a slot is base + slot * KVH * D
+    # raw pointers from here: the pools are C-contiguous
     cdef float* kc = &k_cache[0, 0, 0, 0]
     cdef float* vc = &v_cache[0, 0, 0, 0]
     cdef float* op = &out[0, 0, 0]
     cdef const int* bt = &block_tables[0, 0]
-    cdef Py_ssize_t MB = block_tables.shape[1], row = KVH * D
-    cdef float* acc
-    cdef float* sc
-    # 2. attention, one token per work item: a slot's KVH x D row is read whole, once
+    cdef Py_ssize_t MB = block_tables.shape[1], kblock = KVH * D * BS, vrow_len = KVH * D
+    # 2. attention, one token per work item
     with nogil, parallel(num_threads=nt):
         scores = <float*>malloc(H * max_ctx * sizeof(float))
         qs = <float*>malloc(H * D * sizeof(float))
@@ -117,23 +138,20 @@ def paged_attention(
         for i in prange(N, schedule="dynamic"):
             s_idx = token_seq[i]
             p = token_pos[i]
+            nb = p // BS + 1
             for h in range(H):  # queries pre-scaled by 1/sqrt(D): H x D multiplies, not H x ctx
                 for d in range(D):
                     qs[h * D + d] = q[i, h, d] * scale
                     acc[h * D + d] = 0.0
-            # walk the table block by block: one lookup per block, no division per key
-            t = 0
-            for b in range(p // BS + 1):
-                krow = kc + bt[s_idx * MB + b] * BS * row
-                for off in range(min(BS, p + 1 - t)):
-                    for h in range(H):  # query head h reads kv head h // G (GQA)
-                        scores[h * max_ctx + t] = dot(&qs[h * D], krow + (h // G) * D, D)
-                    krow = krow + row
-                    t = t + 1
+            for b in range(nb):  # one table lookup per block
+                blk = bt[s_idx * MB + b]
+                for h in range(H):
+                    block_scores(&qs[h * D], kc + blk * kblock + (h // G) * D * BS, &scores[h * max_ctx + b * BS],
+                                 D, BS)
             for h in range(H):
                 sc = &scores[h * max_ctx]
                 m = -INFINITY
-                for t in range(p + 1):
+                for t in range(p + 1):  # slots after p (the rest of the last block) are ignored
                     if sc[t] > m:
                         m = sc[t]
                 tot = 0.0
@@ -144,14 +162,13 @@ def paged_attention(
                 inv = 1.0 / tot
                 for t in range(p + 1):
                     sc[t] = sc[t] * inv
-            t = 0
-            for b in range(p // BS + 1):
-                vrow = vc + bt[s_idx * MB + b] * BS * row
-                for off in range(min(BS, p + 1 - t)):
+            for b in range(nb):
+                blk = bt[s_idx * MB + b]
+                for off in range(min(BS, p + 1 - b * BS)):
+                    t = b * BS + off
+                    vrow = vc + (blk * BS + off) * vrow_len
                     for h in range(H):
                         axpy(scores[h * max_ctx + t], vrow + (h // G) * D, &acc[h * D], D)
-                    vrow = vrow + row
-                    t = t + 1
             memcpy(op + i * H * D, acc, H * D * sizeof(float))
         free(scores)
         free(qs)
@@ -159,7 +176,8 @@ def paged_attention(
 
 
 def copy_blocks(float[:, :, :, ::1] cache, const long[:, ::1] pairs):
-    """cache[dst] = cache[src] for each (src, dst) row: the copy of copy-on-write."""
+    """cache[dst] = cache[src] for each (src, dst) row: the copy of copy-on-write (any layout
+    whose first axis is the block)."""
     cdef Py_ssize_t r, n = cache.shape[1] * cache.shape[2] * cache.shape[3]
     for r in range(pairs.shape[0]):
         memcpy(&cache[pairs[r, 1], 0, 0, 0], &cache[pairs[r, 0], 0, 0, 0], n * sizeof(float))

@@ -81,7 +81,7 @@ def test_reference_is_per_sequence_causal_attention():
     q = rng.standard_normal((9, H, D)).astype(np.float32)
     k = rng.standard_normal((9, KVH, D)).astype(np.float32)
     v = rng.standard_normal((9, KVH, D)).astype(np.float32)
-    out = reference_attention(q, k, v, np.zeros((8, BS, KVH, D), np.float32), np.zeros((8, BS, KVH, D), np.float32),
+    out = reference_attention(q, k, v, np.zeros((8, KVH, D, BS), np.float32), np.zeros((8, BS, KVH, D), np.float32),
                               tables, tseq, tpos)
     for rows in (np.arange(6), np.arange(6, 9)):
         for i, r in enumerate(rows):
