@@ -63,6 +63,8 @@ def add_arguments(parser):
     parser.add_argument("--anchor-new-tokens", type=int, default=128, help="ANCHORS workload: new tokens (128)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="Poisson arrivals, requests/s (default 0: all at t=0, an offline batch)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="BLAS and attention-kernel threads (default 0: the libraries' defaults, all cores)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of parts to skip: mixed,static,decode,anchors")
     parser.add_argument("--quick", action="store_true",
@@ -107,7 +109,7 @@ def run_continuous(model, prompts, outputs, arrivals, args) -> dict:
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
 
-    engine = LLMEngine(model, EngineConfig(max_num_seqs=args.batch_size,
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=args.batch_size, num_threads=args.threads,
                                            max_num_batched_tokens=args.max_num_batched_tokens))
     n = len(prompts)
     tokens, finish = [[] for _ in range(n)], [0.0] * n
@@ -158,7 +160,7 @@ def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
     return result
 
 
-def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int) -> float:
+def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int, threads: int = 0) -> float:
     """Decode-only tokens/s of n_seqs sequences: prefill first (untimed), then time `steps` steps."""
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
@@ -167,6 +169,7 @@ def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int) -> f
     # room for the tokens the first-admitted make while the last ones still prefill
     max_tokens = steps + 2 + n_seqs * prompt_len // 512 + 2
     engine = LLMEngine(model, EngineConfig(max_num_seqs=n_seqs, max_num_batched_tokens=max(512, n_seqs),
+                                           num_threads=threads,
                                            num_kv_blocks=n_seqs * (-(-(prompt_len + max_tokens) // 16) + 1)))
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
@@ -181,14 +184,14 @@ def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int) -> f
     return n_seqs / median(times)
 
 
-def run_anchors(model, ref: str, new_tokens: int) -> dict:
+def run_anchors(model, ref: str, new_tokens: int, threads: int = 0) -> dict:
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
     from scratchllm.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(ref)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
-    engine = LLMEngine(model, EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024))
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_threads=threads))
     t0 = time.perf_counter()
     engine.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
     wall = time.perf_counter() - t0
@@ -197,6 +200,17 @@ def run_anchors(model, ref: str, new_tokens: int) -> dict:
 
 
 def run(args) -> dict:
+    if args.threads > 0:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            raise ConfigError("--threads needs the threadpoolctl package") from None
+        with threadpool_limits(args.threads):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> dict:
     from scratchllm.models import load_model
 
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -225,13 +239,13 @@ def run(args) -> dict:
             del stat["token_ids"]
         del cont["token_ids"]
     if "decode" not in skip:
-        one = decode_rate(model, 1, 64, decode_steps, args.seed)
-        many = decode_rate(model, args.decode_seqs, 64, decode_steps, args.seed)
+        one = decode_rate(model, 1, 64, decode_steps, args.seed, args.threads)
+        many = decode_rate(model, args.decode_seqs, 64, decode_steps, args.seed, args.threads)
         figs["decode"] = {"single_tok_s": one, "batched_tok_s": many, "sequences": args.decode_seqs,
                           "prompt_tokens": 64, "steps": decode_steps}
         ratios["decode_batched_over_single"] = many / one
     if "anchors" not in skip:
-        figs["anchors"] = run_anchors(model, args.model, args.anchor_new_tokens)
+        figs["anchors"] = run_anchors(model, args.model, args.anchor_new_tokens, args.threads)
         ratios["anchor_over_llama_cpp"] = figs["anchors"]["aggregate_tok_s"] / ANCHORS["llama.cpp"]
     result["machine"] = machine_facts()
     return result
@@ -243,7 +257,9 @@ def _bytes(n) -> str:
 
 def render(r) -> str:
     f, ra, inp = r["figures"], r["ratios"], r["inputs"]
-    out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s); single runs on a possibly shared machine"]
+    threads = inp.get("threads") or "default"
+    out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s), threads {threads}; single runs, "
+           "on a possibly shared machine"]
     if "continuous" in f:
         c = f["continuous"]
         when = f"Poisson arrivals at {inp['rate']:g}/s" if inp.get("rate") else "all at t=0"
