@@ -17,12 +17,11 @@ Layouts (per layer), chosen for the two inner loops:
   V: [num_blocks, BS, KVH, D] - out[h, 0:D] += p[t] * V[blk, t, g, 0:D], D lanes.
 Work split: one work item = one token; OpenMP threads take items dynamically (a long prefill's
 late tokens cost more than its early ones). Query head h reads kv head h // G (GQA, no copies).
-Softmax is two-pass over a per-thread score buffer: scores and their max, then exp, sum and
-the weighted sum of values.
+Softmax over a per-thread score buffer: scores, then their max, exp (our own 16-lane
+polynomial) and sum, then the weighted sum of values, divided by the sum once at the end.
 """
 
 from cython.parallel cimport parallel, prange
-from libc.math cimport expf, INFINITY
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
@@ -52,9 +51,54 @@ cdef extern from *:
         }
         memcpy(s, &acc, sizeof acc);
     }
+
+    typedef int scratchllm_v16i __attribute__((vector_size(64)));
+
+    /* exp(x) for x <= 0, 16 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to
+       r^6 (relative error < 2e-7, below float32's resolution of a softmax weight), 2^n by
+       writing n into the exponent bits. libm's expf is one call per element and does not
+       vectorize without -ffast-math; this does. Below -87 the result is flushed to 0. */
+    static inline scratchllm_v16 scratchllm_exp16(scratchllm_v16 x) {
+        scratchllm_v16i tiny = x < -87.0f;  /* lanes of all ones where true */
+        scratchllm_v16i xb, cb;
+        scratchllm_v16 clamp = (scratchllm_v16){0} - 87.0f;
+        memcpy(&xb, &x, sizeof xb);
+        memcpy(&cb, &clamp, sizeof cb);
+        xb = (xb & ~tiny) | (cb & tiny);  /* x = max(x, -87): keeps n in int range */
+        memcpy(&x, &xb, sizeof x);
+        scratchllm_v16 y = x * 1.4426950408889634f - 0.5f;
+        scratchllm_v16i n = __builtin_convertvector(y, scratchllm_v16i);  /* truncation: round(x log2 e) */
+        scratchllm_v16 nf = __builtin_convertvector(n, scratchllm_v16);
+        scratchllm_v16 r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
+        scratchllm_v16 p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+        scratchllm_v16i bits = (n + 127) << 23;
+        bits = bits & ~tiny;  /* x < -87: no exponent bits, p * 0 below */
+        scratchllm_v16 two_n;
+        memcpy(&two_n, &bits, sizeof two_n);
+        return p * two_n;
+    }
+
+    /* s[0:n] = exp(s - max(s[0:n])); returns the sum. s has room for n rounded up to 16. */
+    static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
+        Py_ssize_t n16 = (n + 15) / 16 * 16, i;
+        float m = -3.0e38f, sum = 0.0f;
+        for (i = n; i < n16; i++) s[i] = -3.0e38f;  /* the tail of the last vector */
+        for (i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+        scratchllm_v16 acc = {0};
+        for (i = 0; i < n16; i += 16) {
+            scratchllm_v16 v;
+            memcpy(&v, s + i, sizeof v);
+            v = scratchllm_exp16(v - m);
+            acc += v;
+            memcpy(s + i, &v, sizeof v);
+        }
+        for (i = 0; i < 16; i++) sum += acc[i];
+        return sum;
+    }
     """
     void block_scores16 "scratchllm_block_scores16"(const float* q, const float* kt, float* s,
                                                     Py_ssize_t D) noexcept nogil
+    float exp_rows "scratchllm_exp_rows"(float* s, Py_ssize_t n) noexcept nogil
 
 
 cdef inline void block_scores(const float* q, const float* kt, float* s, Py_ssize_t D,
@@ -93,9 +137,8 @@ def paged_attention(
     cdef float* scores
     cdef float* qs
     cdef float* acc
-    cdef float* sc
+    cdef float* inv_sum
     cdef const float* vrow
-    cdef float m, tot, w, inv
     cdef int nt = num_threads
 
     assert H == KVH * G, "query heads must group evenly over kv heads"
@@ -110,7 +153,9 @@ def paged_attention(
         assert 0 <= blk < k_cache.shape[0], "block id out of the pool"
         if p + 1 > max_ctx:
             max_ctx = p + 1
-    max_ctx = (max_ctx + BS - 1) // BS * BS  # whole blocks: the last one is scored in full
+    # whole blocks (the last one is scored in full) and whole 16-lane vectors for the softmax
+    max_ctx = (max_ctx + BS - 1) // BS * BS
+    max_ctx = (max_ctx + 15) // 16 * 16
 
     # 1. this step's keys and values into their slots
     for i in range(N):
@@ -135,6 +180,7 @@ def paged_attention(
         scores = <float*>malloc(H * max_ctx * sizeof(float))
         qs = <float*>malloc(H * D * sizeof(float))
         acc = <float*>malloc(H * D * sizeof(float))
+        inv_sum = <float*>malloc(H * sizeof(float))
         for i in prange(N, schedule="dynamic"):
             s_idx = token_seq[i]
             p = token_pos[i]
@@ -148,20 +194,8 @@ def paged_attention(
                 for h in range(H):
                     block_scores(&qs[h * D], kc + blk * kblock + (h // G) * D * BS, &scores[h * max_ctx + b * BS],
                                  D, BS)
-            for h in range(H):
-                sc = &scores[h * max_ctx]
-                m = -INFINITY
-                for t in range(p + 1):  # slots after p (the rest of the last block) are ignored
-                    if sc[t] > m:
-                        m = sc[t]
-                tot = 0.0
-                for t in range(p + 1):
-                    w = expf(sc[t] - m)
-                    sc[t] = w
-                    tot = tot + w
-                inv = 1.0 / tot
-                for t in range(p + 1):
-                    sc[t] = sc[t] * inv
+            for h in range(H):  # softmax numerators; the division by their sum comes last
+                inv_sum[h] = 1.0 / exp_rows(&scores[h * max_ctx], p + 1)
             for b in range(nb):
                 blk = bt[s_idx * MB + b]
                 for off in range(min(BS, p + 1 - b * BS)):
@@ -169,10 +203,13 @@ def paged_attention(
                     vrow = vc + (blk * BS + off) * vrow_len
                     for h in range(H):
                         axpy(scores[h * max_ctx + t], vrow + (h // G) * D, &acc[h * D], D)
-            memcpy(op + i * H * D, acc, H * D * sizeof(float))
+            for h in range(H):
+                for d in range(D):
+                    op[(i * H + h) * D + d] = acc[h * D + d] * inv_sum[h]
         free(scores)
         free(qs)
         free(acc)
+        free(inv_sum)
 
 
 def copy_blocks(float[:, :, :, ::1] cache, const long[:, ::1] pairs):
