@@ -125,3 +125,20 @@ def test_mask_semantics():
     assert lp[0].tolist() == [[True, False, False, False], [False, True, False, False],
                               [False, False, True, False], [False, False, True, True]]
     assert lp[1].tolist() == np.tril(np.ones((4, 4), bool)).tolist()
+
+
+def test_kernel_with_peaked_scores():
+    """Scores hundreds apart: the kernel's own exp must flush far-below-max weights to 0, not NaN."""
+    rng = np.random.default_rng(9)
+    H, KVH, D, BS = 4, 2, 16, 16
+    tables, tseq, tpos = layout(rng, [(0, 40), (37, 1)], BS, 16)
+    q = (rng.standard_normal((41, H, D)) * 40).astype(np.float32)
+    k = rng.standard_normal((41, KVH, D)).astype(np.float32)
+    v = rng.standard_normal((41, KVH, D)).astype(np.float32)
+    attn = PagedAttention(1, 16, BS, KVH, D)
+    attn.set_layout(tables, tseq, tpos)
+    got = attn(0, q, k, v)
+    want = reference_attention(q, k, v, np.zeros_like(attn.k_cache[0]), np.zeros_like(attn.v_cache[0]),
+                               tables, tseq, tpos)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
