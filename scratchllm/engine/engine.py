@@ -208,14 +208,16 @@ class LLMEngine:
     def generate(self, prompts_token_ids, params) -> list[dict]:
         """Run many prompts to completion, batched (what LLM.generate needs). `params`: one
         SamplingParams or one per prompt. Returns, in prompt order, dicts with request_id,
-        token_ids, text, finish_reason and metrics."""
+        token_ids, text, finish_reason, metrics (RequestMetrics) and logprobs (per token
+        (logprob, [(id, logprob), ...]) when the params ask for them, else None)."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts_token_ids)
         results = {}
         for ids, p in zip(prompts_token_ids, params, strict=True):
             req = self.add_request(None, ids, p)
             results[req.request_id] = {"request_id": req.request_id, "token_ids": [], "text": "",
-                                       "finish_reason": None, "metrics": None}
+                                       "finish_reason": None, "metrics": None,
+                                       "logprobs": [] if p.logprobs is not None else None}
         order = list(results)
         while self.has_work():
             for o in self.step():
@@ -224,6 +226,8 @@ class LLMEngine:
                     continue
                 r["token_ids"].append(o.token_id)
                 r["text"] += o.text
+                if r["logprobs"] is not None:
+                    r["logprobs"].append((o.logprob, o.top_logprobs))
                 if o.finish_reason:
                     r["finish_reason"], r["metrics"] = o.finish_reason, o.metrics
         return [results[rid] for rid in order]

@@ -102,12 +102,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def in_prefill(self) -> bool:
-        """True until every known token (prompt, plus output when resuming) has its K/V cached
-        except the last, whose forward produces the next token."""
-        return self.num_computed_tokens < self.num_tokens - 1
-
     # --- transitions ---
     def append_token(self, token_id: int, now: float) -> None:
         self.token_ids.append(int(token_id))
