@@ -46,7 +46,8 @@ def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     figs, ratios = result["figures"], result["ratios"]
     assert figs["identical_outputs"] == "6/6"  # the baseline and the engine agree token for token
     assert figs["continuous"]["output_tokens"] == figs["static"]["output_tokens"]
-    assert figs["static"]["padded_tokens"] > 0
+    if rate == "0":  # all at once: batches of 3 mixed lengths pad; with arrivals a batch may be 1
+        assert figs["static"]["padded_tokens"] > 0
     assert figs["static"]["peak_kv_bytes"] > 0 and figs["continuous"]["peak_kv_bytes"] > 0
     assert {"throughput_continuous_over_static", "p99_static_over_continuous", "kv_saving",
             "decode_batched_over_single"} <= set(ratios)
