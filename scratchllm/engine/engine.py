@@ -147,6 +147,14 @@ class LLMEngine:
         """fn(request) -> seconds of priority adjustment (the evaluation loop's lever)."""
         self.scheduler.priority_hook = fn
 
+    def adjust_priority(self, request_id, seconds: float) -> bool:
+        """Move a waiting request by `seconds` of aging (clamped); False if it is not waiting."""
+        req = self.requests.get(str(request_id))
+        if req is None or req.status != RequestStatus.WAITING:
+            return False
+        self.scheduler.adjust_priority(req, seconds)
+        return True
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -155,3 +155,15 @@ def test_generate_reports_logprobs_of_the_forward(model):
     got_lp, got_top = r["logprobs"][0]
     assert got_lp == pytest.approx(lp, abs=1e-4)
     assert [t for t, _ in got_top] == [t for t, _ in top]
+
+
+def test_priority_hook_and_adjustment_reach_the_scheduler(model):
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=64, max_num_seqs=1))
+    engine.set_priority_hook(lambda req: 0.5 if req.request_id == "b" else 0.0)
+    for rid in ("a", "b", "c"):
+        engine.add_request(rid, [1, 2, 3], SamplingParams(max_tokens=300, temperature=0.0))
+    assert engine.requests["b"].priority_adjust_s == 0.5
+    assert engine.adjust_priority("c", 1.0)
+    engine.step()
+    assert [r.request_id for r in engine.scheduler.running] == ["c"]  # c moved ahead of b and a
+    assert not engine.adjust_priority("c", 0.0)  # running: nothing to move
