@@ -55,7 +55,8 @@ def test_swiglu():
     x, gate, up, down = randn(3, 8), randn(12, 8), randn(12, 8), randn(8, 12)
     g, u = torch.tensor(x @ gate.T), torch.tensor(x @ up.T)
     want = (torch.nn.functional.silu(g) * u).numpy() @ down.T
-    np.testing.assert_allclose(swiglu(x, np.concatenate([gate, up]), down), want, atol=1e-4)
+    # swiglu takes the packed layout: [in, out] matrices, gate|up side by side
+    np.testing.assert_allclose(swiglu(x, np.concatenate([gate, up]).T.copy(), down.T.copy()), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("T, offset, block", [(6, 0, 128), (6, 5, 128), (11, 0, 4), (10, 7, 3), (300, 20, 128)])
