@@ -118,6 +118,21 @@ def time_matmuls_only(model, repeat: int) -> float:
     return median(times)
 
 
+def _model_sha256(path) -> str | None:
+    """SPEC: every run records the model's hash (of the file, or of a folder's weight files)."""
+    import hashlib
+    from pathlib import Path
+
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.glob("*") if p.suffix in (".safetensors", ".bin",
+                                                                                        ".gguf", ".json"))
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            digest.update(hashlib.file_digest(fh, "sha256").digest())
+    return digest.hexdigest()
+
+
 def _thread_counts(spec) -> list[int]:
     if spec:
         return sorted({int(t) for t in str(spec).split(",")})
@@ -190,7 +205,8 @@ def run(args) -> dict:
     }
     return {
         "bench": "generate",
-        "inputs": {"model": args.model, "model_path": getattr(model, "path", None), "config": model.config.__dict__,
+        "inputs": {"model": args.model, "model_path": model.path, "model_sha256": _model_sha256(model.path),
+                   "scratchllm": __import__("scratchllm").__version__, "config": model.config.__dict__,
                    "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeat": args.repeat,
                    "bandwidth_mb": args.bandwidth_mb, "threads": list(per_threads), "dtype": "float32"},
         "figures": figures,
