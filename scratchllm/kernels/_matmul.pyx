@@ -4,11 +4,13 @@
 Loop nest (outer to inner) and where each piece is meant to live:
 
     jc  (nc columns of B)
-     pc (kc deep)                  B block kc x nc, packed by one thread   -> L3
-      ic (mc rows of A)  [threads] A block mc x kc, packed per thread      -> L2 (one per core)
+     pc (kc deep)                  B block kc x nc, packed                 -> L3
+      ic (mc rows of A)            A block mc x kc, packed                 -> L2 (one per core)
        jr (NR columns)             B micro-panel kc x NR, reused by every ir -> L1 if kc <= 128
         ir (MR rows)               A micro-panel MR x kc                   -> streamed from L2
          micro-kernel              MR x NR accumulators                    -> registers
+
+With several threads, each runs this whole nest on its own slice of C (see gemm).
 
 (With the default kc = 512 the B micro-panel is 64 KiB and streams from L2; the sweep in
 docs/kernels.md shows that is faster than keeping it in L1, because 12 FMAs per 152 bytes loaded
@@ -26,7 +28,7 @@ chains hide the FMA latency (4 cycles x 2 pipes needs >= 8 chains).
 import numpy as np
 
 cimport cython
-from cython.parallel cimport prange, threadid
+from cython.parallel cimport prange
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
@@ -110,14 +112,44 @@ cdef void _micro(Py_ssize_t kcur, const float *ap, const float *bp, float *c, Py
                 c[i * ldc + j] += acc[i * NR + j]
 
 
+cdef void _gemm_serial(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                       const float *a, Py_ssize_t rsa, Py_ssize_t csa,
+                       const float *b, Py_ssize_t rsb, Py_ssize_t csb,
+                       float *c, Py_ssize_t ldc, Py_ssize_t mc, Py_ssize_t kc, Py_ssize_t nc,
+                       float *abuf, float *bbuf) noexcept nogil:
+    # c[m, n] (row stride ldc) += a[m, k] @ b[k, n], one thread, the loop nest of the docstring.
+    # abuf holds mc x kc floats and bbuf kc x nc, mc a multiple of MR and nc of NR.
+    cdef Py_ssize_t bj, bp, jc, pc, ncur, kcur, n_jr, t, ic, mcur, u, v, jr, ir
+    for bj in range((n + nc - 1) // nc):
+        jc = bj * nc
+        ncur = min(nc, n - jc)
+        n_jr = (ncur + NR - 1) // NR
+        for bp in range((k + kc - 1) // kc):
+            pc = bp * kc
+            kcur = min(kc, k - pc)
+            for t in range(n_jr):
+                _pack_b_panel(b + pc * rsb + (jc + t * NR) * csb, rsb, csb, kcur,
+                              min(NR, ncur - t * NR), bbuf + t * NR * kcur)
+            for t in range((m + mc - 1) // mc):
+                ic = t * mc
+                mcur = min(mc, m - ic)
+                _pack_a(a + ic * rsa + pc * csa, rsa, csa, mcur, kcur, abuf)
+                for u in range(n_jr):
+                    jr = u * NR
+                    for v in range((mcur + MR - 1) // MR):
+                        ir = v * MR
+                        _micro(kcur, abuf + ir * kcur, bbuf + jr * kcur, c + (ic + ir) * ldc + jc + jr, ldc,
+                               min(MR, mcur - ir), min(NR, ncur - jr))
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t kc=256,
+def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=192, Py_ssize_t kc=512,
          Py_ssize_t nc=4096, int threads=1):
     """C = A @ B for float32 A [m, k], B [k, n] with any strides -> new C-contiguous [m, n].
 
     mc, kc, nc: cache block sizes (rows of A, depth, columns of B); mc is rounded up to a
-    multiple of MR and nc to a multiple of NR. threads: OpenMP threads over the mc blocks.
+    multiple of MR and nc to a multiple of NR. threads: OpenMP threads, one slice of C each.
     """
     cdef Py_ssize_t m = a.shape[0], k = a.shape[1], n = b.shape[1]
     if b.shape[0] != k:
@@ -131,24 +163,29 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
     # Strides in elements; a float32 view always has strides that are multiples of 4 bytes.
     cdef Py_ssize_t rsa = a.strides[0] // 4, csa = a.strides[1] // 4
     cdef Py_ssize_t rsb = b.strides[0] // 4, csb = b.strides[1] // 4
-    cdef Py_ssize_t ldc = n
     mc = _round_up(min(mc, m), MR)
     nc = _round_up(min(nc, n), NR)
     kc = min(kc, k)
-    cdef Py_ssize_t n_ic = (m + mc - 1) // mc
-    if threads > 1 and n_ic > 1:
-        # Balance the threads: a whole number of row blocks per thread, as equal as MR allows
-        # (m = 300 in blocks of 192 would leave one thread 108 rows and the other 192).
-        n_ic = _round_up(n_ic, threads)
-        mc = _round_up((m + n_ic - 1) // n_ic, MR)
-        n_ic = (m + mc - 1) // mc
-    # Never more threads than row blocks: a thread with nothing to do still joins the barrier.
-    cdef int team = <int> min(threads, n_ic)
+
+    # Threads: C is cut into one slice per thread along its longer side, and each thread runs
+    # the whole serial loop nest on its slice, packing its own panels. The price is that every
+    # thread packs all of the other operand (the smaller one, by the choice of side); the gain
+    # is one fork and one join per call and no barrier between: on a machine shared with other
+    # jobs, every barrier waits until the OS runs the slowest thread again (a time slice, ms).
+    cdef bint split_cols = n >= m
+    cdef Py_ssize_t step = NR if split_cols else MR
+    cdef Py_ssize_t extent = n if split_cols else m
+    cdef Py_ssize_t units = (extent + step - 1) // step
+    cdef Py_ssize_t team = min(<Py_ssize_t> threads, units)
+    cdef Py_ssize_t per = ((units + team - 1) // team) * step
+    team = (extent + per - 1) // per
+    # Invariant: the slices tile C exactly, one per thread, each a whole number of register tiles.
+    assert team >= 1 and (team - 1) * per < extent <= team * per
 
     cdef const float *pa = &a[0, 0]
     cdef const float *pb = &b[0, 0]
     cdef float *pc_ = &c[0, 0]
-    cdef float *bbuf = _alloc_aligned(kc * nc)
+    cdef float *bbuf = _alloc_aligned(team * kc * nc)
     cdef float *abuf = _alloc_aligned(team * mc * kc)
     if bbuf == NULL or abuf == NULL:
         free(bbuf)
@@ -158,35 +195,20 @@ def gemm(const float[:, :] a, const float[:, :] b, Py_ssize_t mc=96, Py_ssize_t 
     # panel offsets are multiples of MR*kc or NR*kc floats from 64-byte aligned bases.
     assert (<uintptr_t> bbuf) % ALIGN == 0 and (<uintptr_t> abuf) % ALIGN == 0
 
-    cdef Py_ssize_t jc, pc, ncur, kcur, jr, ir, t, u, v, ic, mcur, n_jr, tid, bj, bp
-    cdef float *ap
-    with nogil:
-        for bj in range((n + nc - 1) // nc):
-            jc = bj * nc
-            ncur = min(nc, n - jc)
-            n_jr = (ncur + NR - 1) // NR
-            for bp in range((k + kc - 1) // kc):
-                pc = bp * kc
-                kcur = min(kc, k - pc)
-                # B is packed by one thread: it is k x n work beside m x k x n, and every
-                # parallel region costs a fork and a barrier (a whole time slice when another
-                # job holds the other core).
-                for t in range(n_jr):
-                    _pack_b_panel(pb + pc * rsb + (jc + t * NR) * csb, rsb, csb, kcur,
-                                  min(NR, ncur - t * NR), bbuf + t * NR * kcur)
-                for t in prange(n_ic, num_threads=team, schedule="dynamic"):
-                    tid = threadid()
-                    ap = abuf + tid * mc * kc
-                    ic = t * mc
-                    mcur = min(mc, m - ic)
-                    _pack_a(pa + ic * rsa + pc * csa, rsa, csa, mcur, kcur, ap)
-                    for u in range(n_jr):
-                        jr = u * NR
-                        for v in range((mcur + MR - 1) // MR):
-                            ir = v * MR
-                            _micro(kcur, ap + ir * kcur, bbuf + jr * kcur,
-                                   pc_ + (ic + ir) * ldc + jc + jr, ldc,
-                                   min(MR, mcur - ir), min(NR, ncur - jr))
+    cdef Py_ssize_t t, lo, cnt
+    if team == 1:
+        with nogil:
+            _gemm_serial(m, n, k, pa, rsa, csa, pb, rsb, csb, pc_, n, mc, kc, nc, abuf, bbuf)
+    else:
+        for t in prange(team, nogil=True, num_threads=team, schedule="static"):
+            lo = t * per
+            cnt = min(per, extent - lo)
+            if split_cols:
+                _gemm_serial(m, cnt, k, pa, rsa, csa, pb + lo * csb, rsb, csb, pc_ + lo, n,
+                             mc, kc, nc, abuf + t * mc * kc, bbuf + t * kc * nc)
+            else:
+                _gemm_serial(cnt, n, k, pa + lo * rsa, rsa, csa, pb, rsb, csb, pc_ + lo * n, n,
+                             mc, kc, nc, abuf + t * mc * kc, bbuf + t * kc * nc)
     free(bbuf)
     free(abuf)
     return c_arr
