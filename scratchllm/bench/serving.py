@@ -118,8 +118,11 @@ def _measure(url: str, args, workload, slo) -> dict:
 
 
 def _first_model(url: str) -> str:
-    reply = asyncio.run(client.request(url + "/v1/models", timeout=30))
-    return reply.json()["data"][0]["id"]
+    try:
+        reply = asyncio.run(client.request(url + "/v1/models", timeout=30))
+        return reply.json()["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        raise ConfigError(f"no OpenAI-compatible server at {url}: {err}") from None
 
 
 class _server:
