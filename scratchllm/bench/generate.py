@@ -71,7 +71,7 @@ def _prompt_ids(model, n: int) -> np.ndarray:
     return np.random.default_rng(0).integers(min(100, model.config.vocab_size // 2), model.config.vocab_size, n)
 
 
-def time_prefill(model, n: int, repeat: int) -> list[float]:
+def time_prefill(model, n: int, repeat: int, slow_after: float | None = None) -> list[float]:
     from scratchllm.models import ContiguousKVCache
 
     ids, pos = _prompt_ids(model, n), np.arange(n)
@@ -81,10 +81,13 @@ def time_prefill(model, n: int, repeat: int) -> list[float]:
         t = time.perf_counter()
         model.forward(ids, pos, cache, logits_rows=[n - 1])
         times.append(time.perf_counter() - t)
+        if slow_after and len(times) > 1 and times[-1] > slow_after:
+            break  # far slower than another thread count already measured: one run tells enough
     return times[1:]
 
 
-def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16) -> tuple[list[float], list[float]]:
+def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16,
+                slow_after: float | None = None) -> tuple[list[float], list[float]]:
     """Wall seconds and this thread's CPU seconds for `new_tokens` greedy decode steps after a
     short prompt (prefill not included). With one BLAS thread all work runs on this thread, so
     its CPU time is what the run would take with a core to itself (memory stalls included)."""
@@ -100,6 +103,8 @@ def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16) -> tu
             logits = model.forward(np.array([token]), np.array([cache.length]), cache)
         times.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
+        if slow_after and times[-1] > slow_after:
+            break
     return times, cpu
 
 
@@ -159,8 +164,11 @@ def run(args) -> dict:
             bw = measure_bandwidth(args.bandwidth_mb, args.repeat)
             bandwidth["sum_1thread"] = max(bandwidth.get("sum_1thread", 0.0), bw["sum_1thread"])
             bandwidth[f"gemv_{n}threads"] = bw["gemv_blas"]
-            prefill = time_prefill(model, args.prompt_tokens, args.repeat)
-            decode, decode_cpu = time_decode(model, args.new_tokens, args.repeat)
+            # a thread count 3x slower than the best so far (other jobs on the cores) gets one run
+            limit = {k: 3 * min(r[k] for r in per_threads.values()) if per_threads else None
+                     for k in ("prefill_s", "decode_s")}
+            prefill = time_prefill(model, args.prompt_tokens, args.repeat, slow_after=limit["prefill_s"])
+            decode, decode_cpu = time_decode(model, args.new_tokens, args.repeat, slow_after=limit["decode_s"])
             if actual == 1:
                 cpu_view = {"decode_tok_s": args.new_tokens / median(decode_cpu),
                             "bandwidth_gb_s": bw["sum_1thread_cpu"] / 1e9,
@@ -168,6 +176,9 @@ def run(args) -> dict:
                 cpu_view["decode_vs_bound"] = cpu_view["decode_tok_s"] / cpu_view["bound_tok_s"]
             per_threads[n] = {
                 "blas_threads": actual,
+                "runs": {"prefill": len(prefill), "decode": len(decode)},
+                "prefill_s": median(prefill),
+                "decode_s": median(decode),
                 "prefill_tok_s": args.prompt_tokens / median(prefill),
                 "decode_tok_s": args.new_tokens / median(decode),
                 "decode_tok_s_best_run": args.new_tokens / min(decode),
