@@ -16,10 +16,15 @@ How the weights are stored, for speed (`pack`):
 The Hugging Face names stay available, as [out, in] views into these arrays (no second copy).
 """
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
+
+LOAD_THREADS = min(2, os.cpu_count() or 1)
 
 
 def rms_norm(x, w, eps: float):  # [N, C], [C] -> [N, C]
@@ -147,10 +152,9 @@ def pack(cfg: ModelConfig, w) -> tuple[dict, dict]:
             col += shape[0]
         return out
 
-    views = {}
     qkv_shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
-    layers = []
-    for i in range(cfg.num_layers):
+
+    def pack_layer(i):  # -> (params of block i, its HF-named views)
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         qkv_names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
         gu_names = [m + "gate_proj.weight", m + "up_proj.weight"]
@@ -169,8 +173,8 @@ def pack(cfg: ModelConfig, w) -> tuple[dict, dict]:
             p["o_bias"] = f32(get(a + "o_proj.bias", (C,)))
         if cfg.mlp_bias:
             raise NotImplementedError("mlp_bias")
-        layers.append(p)
         # HF names as [out, in] views of the fused, transposed matrices: same memory, checkpoint names
+        views = {}
         r0, r1 = cfg.q_size, cfg.q_size + cfg.kv_size
         for name, bias, cols in zip(qkv_names, bias_names, [slice(0, r0), slice(r0, r1), slice(r1, None)], strict=True):
             views[name] = p["qkv_proj"][:, cols].T
@@ -182,6 +186,14 @@ def pack(cfg: ModelConfig, w) -> tuple[dict, dict]:
             views[a + "o_proj.bias"] = p["o_bias"]
         views[f"model.layers.{i}.input_layernorm.weight"] = p["input_layernorm"]
         views[f"model.layers.{i}.post_attention_layernorm.weight"] = p["post_attention_layernorm"]
+        return p, views
+
+    # Dequantizing and transposing are NumPy calls that release the GIL: two layers at a time
+    # use both cores of a small machine (load time is a goal: under 1 s for the default model).
+    with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
+        packed = list(pool.map(pack_layer, range(cfg.num_layers)))
+    layers = [p for p, _ in packed]
+    views = {name: a for _, v in packed for name, a in v.items()}
     if cfg.tie_word_embeddings:
         # one copy serves both: the LM head reads it as [C, V], the lookup reads its columns
         lm_head, embed_tokens = transposed(["model.embed_tokens.weight"], [(V, C)]), None
