@@ -73,6 +73,6 @@ class GPT2Model:
         }
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
-        if positions[-1] >= self.config.max_position_embeddings:
-            raise ValueError(f"position {positions[-1]} exceeds GPT-2's {self.config.max_position_embeddings}")
+        if positions.max() >= self.config.max_position_embeddings:
+            raise ValueError(f"position {positions.max()} exceeds GPT-2's {self.config.max_position_embeddings}")
         return gpt2(input_ids, positions, attention, self.params, self.config, logits_rows)

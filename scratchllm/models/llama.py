@@ -107,7 +107,8 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
 def embed(params: dict, input_ids):  # [N] -> [N, C]
     if params["embed_tokens"] is not None:
         return params["embed_tokens"][input_ids]
-    return params["lm_head"][:, input_ids].T  # tied: the embedding rows are the LM head's columns
+    # tied: the embedding rows are the LM head's columns (copied to row-major for what follows)
+    return array_module(params["lm_head"]).ascontiguousarray(params["lm_head"][:, input_ids].T)
 
 
 class LlamaModel:
@@ -119,8 +120,9 @@ class LlamaModel:
         self.params, self.weights = pack(config, weights)
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
-        if positions[-1] >= self.params["rope_cos"].shape[0]:
-            raise ValueError(f"position {positions[-1]} exceeds the context of {self.params['rope_cos'].shape[0]}")
+        context = self.params["rope_cos"].shape[0]
+        if positions.max() >= context:  # packed sequences: positions need not be sorted
+            raise ValueError(f"position {positions.max()} exceeds the model's context of {context}")
         return llama(input_ids, positions, attention, self.params, self.config, logits_rows)
 
 
