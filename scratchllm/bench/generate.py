@@ -22,8 +22,8 @@ from scratchllm.bench.common import machine_facts, median
 
 # ../shared/ANCHORS.md: SmolLM2-135M-Instruct, 2 threads, medians on an idle 2-core Zen 4
 ANCHORS = {
-    "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313, "decode_tok_s": 124},
-    "transformers": {"load_s": 16.5, "prefill_tok_s": 460, "decode_tok_s": 17.1},
+    "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313, "decode_tok_s": 124, "rss_after_load_mb": 202},
+    "transformers": {"load_s": 16.5, "prefill_tok_s": 460, "decode_tok_s": 17.1, "rss_after_load_mb": 902},
 }
 GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
 
@@ -123,6 +123,15 @@ def time_matmuls_only(model, repeat: int) -> float:
     return median(times)
 
 
+def rss_mb() -> float | None:
+    """Resident memory of this process (Linux /proc), MB."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def _model_sha256(path) -> str | None:
     """SPEC: every run records the model's hash (of the file, or of a folder's weight files)."""
     import hashlib
@@ -150,9 +159,11 @@ def run(args) -> dict:
 
     load_times = []
     for _ in range(args.repeat):
+        model = None  # the previous copy is freed before the next load, so RSS counts one model
         t = time.perf_counter()
         model = load_model(args.model)
         load_times.append(time.perf_counter() - t)
+    rss_after_load = rss_mb()
     if not model.config.is_decoder:
         from scratchllm.errors import ConfigError
 
@@ -192,6 +203,7 @@ def run(args) -> dict:
     best_prefill = max(per_threads, key=lambda n: per_threads[n]["prefill_tok_s"])
     figures = {
         "load_s": median(load_times),
+        "rss_after_load_mb": rss_after_load,
         "prefill_tok_s": per_threads[best_prefill]["prefill_tok_s"],
         "decode_tok_s": per_threads[best_decode]["decode_tok_s"],
         "best_threads": {"prefill": best_prefill, "decode": best_decode},
@@ -239,6 +251,8 @@ def render(r: dict) -> str:
         "",
         f"{'figure':<34}{'ours':>10}{'llama.cpp':>12}{'transformers':>14}",
         f"{'load, s':<34}{f['load_s']:>10.2f}{a['llama.cpp']['load_s']:>12}{a['transformers']['load_s']:>14}",
+        f"{'RSS after load, MB':<34}{f['rss_after_load_mb'] or float('nan'):>10.0f}"
+        f"{a['llama.cpp']['rss_after_load_mb']:>12}{a['transformers']['rss_after_load_mb']:>14}",
         f"{'prefill ' + str(r['inputs']['prompt_tokens']) + ' tokens, tok/s':<34}{f['prefill_tok_s']:>10.1f}"
         f"{a['llama.cpp']['prefill_tok_s']:>12}{a['transformers']['prefill_tok_s']:>14}",
         f"{'decode ' + str(r['inputs']['new_tokens']) + ' tokens, tok/s':<34}{f['decode_tok_s']:>10.1f}"
