@@ -106,3 +106,32 @@ def test_submit_refuses_bad_input_at_once(model):
     with pytest.raises(ConfigError):
         a.submit(list(range(40)), SamplingParams())
     a.shutdown()
+
+
+def test_idle_loop_waits_a_tick_instead_of_spinning(model):
+    """LOW requests enter 2 per 10 ms tick; between ticks the engine thread sleeps."""
+    import time
+
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=128, tick_s=0.05))
+    empty = []
+    step = engine.step
+
+    def counting_step():
+        out = step()
+        if engine.last_step_tokens == 0:
+            empty.append(time.monotonic())
+        return out
+
+    engine.step = counting_step
+    a = AsyncEngine(engine)
+    start = time.monotonic()
+    streams = [a.submit([1, 2, i], SamplingParams(max_tokens=256, temperature=0.0)) for i in range(6)]
+    admitted_first = []
+    for s in streams:
+        events = list(s)
+        assert events[-1].finish_reason == "length"
+        admitted_first.append(events[-1].metrics.first_scheduled - start)
+    a.shutdown()
+    elapsed = time.monotonic() - start
+    assert len(empty) <= elapsed / 0.05 + 5  # at most about one idle step per tick
+    assert sorted(admitted_first)[2] >= 0.04  # the third LOW request waited for the second tick
