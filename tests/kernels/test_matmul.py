@@ -55,13 +55,15 @@ def test_tile_sizes_change_nothing_but_speed(tiles):
 
 def test_threads_give_identical_bits():
     # Threads split the rows of C; each element is summed in the same order, so bits are equal.
-    # (The row blocks themselves differ: with 2 threads they are rebalanced to an even count.)
-    a, b = _pair(300, 257, 211)
-    for tiles in (matmul.Tiles(mc=24), matmul.Tiles(), matmul.Tiles(mc=6, kc=100)):
-        one = matmul.tiled(a, b, tiles, threads=1)
-        two = matmul.tiled(a, b, tiles, threads=2)
-        np.testing.assert_array_equal(one, two)
-        _check_fp32(two, a, b)
+    # Slices are cut along the longer side of C (columns when n >= m, else rows), ragged or not.
+    for m, k, n in [(300, 257, 211), (211, 257, 300), (1, 1023, 17), (1023, 17, 1), (17, 3, 1023), (40, 5, 33)]:
+        a, b = _pair(m, k, n)
+        for tiles in (matmul.Tiles(mc=24), matmul.Tiles(), matmul.Tiles(mc=6, kc=100, nc=64)):
+            one = matmul.tiled(a, b, tiles, threads=1)
+            for threads in (2, 3):
+                many = matmul.tiled(a, b, tiles, threads=threads)
+                np.testing.assert_array_equal(one, many)
+            _check_fp32(one, a, b)
 
 
 def test_any_strides():
