@@ -4,9 +4,13 @@ import sys
 
 from scratchllm.cli.main import main
 
+QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "What is 2 + 2?"]
+
 
 def run() -> int:
-    for argv in (["inspect", "default"], ["inspect", "minilm"]):
+    commands = [["generate", q, "--max-tokens", "48", "--temperature", "0"] for q in QUESTIONS]
+    commands += [["inspect", "default", "--limit", "12"], ["inspect", "minilm", "--limit", "12"]]
+    for argv in commands:
         print(f"$ scratchllm {' '.join(argv)}", flush=True)
         status = main(argv)
         if status:
