@@ -77,6 +77,7 @@ def run(args) -> dict:
         runs["offline"] = _offline(args, workload)
     ratios = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
               "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
+              "ttft_p99_ratio": _div(s["ttft_ms"]["p99"], c["ttft_ms"]["p99"]),
               "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
               "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
     if "offline" in runs:
@@ -207,6 +208,8 @@ def render(result: dict) -> str:
         f"| p99 latency, ms | {_fmt(s['e2e_ms']['p99'])} | {_fmt(c['e2e_ms']['p99'])} | "
         f"{_fmt(r['p99_ratio'], 2)}x lower | {seed['static']['p99_ms']:.0f} | {seed['continuous']['p99_ms']:.0f} | "
         f"{seed['static']['p99_ms'] / seed['continuous']['p99_ms']:.2f}x lower | >= {GOALS['p99_ratio']:.0f}x lower |",
+        f"| p99 time to first token, ms | {_fmt(s['ttft_ms']['p99'])} | {_fmt(c['ttft_ms']['p99'])} | "
+        f"{_fmt(_div(s['ttft_ms']['p99'], c['ttft_ms']['p99']), 2)}x lower | - | - | - | - |",
         f"| peak KV memory, blocks | {_fmt(s['peak_kv_blocks'], 0)} | {_fmt(c['peak_kv_blocks'], 0)} | "
         f"{'-' if kv_less is None else f'{kv_less:.0%} less'} | - | - | {seed['kv_memory_less']:.0%} less | "
         f">= {GOALS['kv_memory_less']:.0%} less |",
