@@ -50,6 +50,9 @@ def add_arguments(p):
     p.add_argument("--max-num-seqs", type=int, default=16,
                    help="--compare: sequences per step, the same for both modes (static: the batch size)")
     p.add_argument("--fake-engine", action="store_true", help="--compare: serve the fake engine (no model)")
+    p.add_argument("--fake-step-ms", type=float, default=5.0, help="--compare --fake-engine: ms per decode step")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="--compare: interleaved trials per mode; the figures are the median trial's")
     p.add_argument("--overhead", action="store_true",
                    help="--compare: also run the workload offline (LLMEngine in this process, all requests at "
                    "t=0) and report HTTP output tok/s at saturation as a share of it")
@@ -68,13 +71,16 @@ def run(args) -> dict:
         figures = _measure(args.url, args, workload, slo)
         return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
                 "machine": machine_facts()}
-    runs = {}
-    for mode in ("static", "continuous"):
-        with _server(args, mode, len(workload.prompts)) as url:
-            runs[mode] = _measure(url, args, workload, slo)
+    trials = {"static": [], "continuous": [], "offline": []}
+    for _ in range(args.repeat):
+        # Interleaved, so load that drifts on a shared machine hits every mode alike.
+        for mode in ("static", "continuous"):
+            with _server(args, mode, len(workload.prompts)) as url:
+                trials[mode].append(_measure(url, args, workload, slo))
+        if args.overhead and not args.fake_engine:
+            trials["offline"].append(_offline(args, workload))
+    runs = {mode: _median_run(t) for mode, t in trials.items() if t}
     s, c = runs["static"], runs["continuous"]
-    if args.overhead and not args.fake_engine:
-        runs["offline"] = _offline(args, workload)
     ratios = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
               "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
               "ttft_p99_ratio": _div(s["ttft_ms"]["p99"], c["ttft_ms"]["p99"]),
@@ -84,7 +90,8 @@ def run(args) -> dict:
         ratios["http_vs_offline_output_tps"] = _div(c["output_token_throughput"],
                                                     runs["offline"]["output_token_throughput"])
     model = "fake engine" if args.fake_engine else args.serve_model
-    return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs}, "figures": runs,
+    return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs, "repeat": args.repeat},
+            "figures": runs,
             "ratios": ratios, "seed": SEED, "goals": GOALS, "machine": machine_facts()}
 
 
@@ -103,6 +110,12 @@ def _offline(args, workload) -> dict:
     duration = time.monotonic() - start
     return {"duration_s": duration, "output_tokens": tokens, "output_token_throughput": tokens / duration,
             "request_throughput": len(workload.prompts) / duration}
+
+
+def _median_run(trials: list[dict]) -> dict:
+    """The trial with the median request/s (a whole, coherent run), plus every trial's request/s."""
+    ordered = sorted(trials, key=lambda t: t["request_throughput"])
+    return {**ordered[(len(ordered) - 1) // 2], "trials_request_throughput": [t["request_throughput"] for t in trials]}
 
 
 def _div(a, b):
@@ -132,7 +145,8 @@ class _server:
     def __init__(self, args, batching: str, num_requests: int):
         self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
                     "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
-        self.cmd += ["--fake-engine"] if args.fake_engine else ["--model", args.serve_model]
+        self.cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
+            else ["--model", args.serve_model]
         self.cmd += ["--max-num-seqs", str(args.max_num_seqs)]
 
     def __enter__(self) -> str:
@@ -216,7 +230,10 @@ def render(result: dict) -> str:
         f"| output tok/s | {_fmt(s['output_token_throughput'])} | {_fmt(c['output_token_throughput'])} | "
         f"{_fmt(r['output_tps_ratio'], 2)}x | - | - | - | - |",
     ]
-    lines = [f"static vs continuous batching, model {i['model']}", head, "", *table, "",
+    trials = ", ".join(f"{m} {[round(q, 3) for q in result['figures'][m]['trials_request_throughput']]}"
+                       for m in ("static", "continuous", "offline") if m in result["figures"])
+    lines = [f"static vs continuous batching, model {i['model']}, median of {i.get('repeat', 1)} interleaved "
+             f"trial(s); request/s per trial: {trials}", head, "", *table, "",
              "static:", *_summary(s), "continuous:", *_summary(c)]
     if "offline" in result["figures"]:
         o = result["figures"]["offline"]

@@ -96,10 +96,12 @@ def test_bench_against_a_live_fake_server(serve):
 @pytest.mark.slow
 def test_compare_static_vs_continuous_on_the_fake_engine(capsys):
     """The whole --compare path (two server subprocesses) on the fake engine: continuous wins."""
-    assert main(["bench", "serving", "--compare", "--fake-engine", "--workload", "mixed", "--num-requests", "16",
-                 "--rate", "inf", "--no-progress", "--json"]) == 0
+    argv = ["bench", "serving", "--compare", "--fake-engine", "--workload", "mixed", "--num-requests", "12",
+            "--max-num-seqs", "4", "--rate", "inf", "--repeat", "2", "--no-progress", "--json"]
+    assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     s, c = result["figures"]["static"], result["figures"]["continuous"]
-    assert s["completed"] == c["completed"] == 16
+    assert s["completed"] == c["completed"] == 12
     assert result["ratios"]["qps_ratio"] > 1.2 and result["ratios"]["p99_ratio"] > 1.2
     assert c["peak_kv_blocks"] < s["peak_kv_blocks"]
+    assert len(s["trials_request_throughput"]) == len(c["trials_request_throughput"]) == 2
