@@ -111,7 +111,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
         if len(prompt_token_ids) == 0:
-            raise ConfigError("the prompt has no tokens")
+            raise ConfigError("the prompt is empty: it has no tokens to continue from")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ConfigError(f"the prompt has {len(prompt_token_ids)} tokens; this engine's context is "
                               f"{self.max_model_len} (at least one must be left to generate)")
