@@ -80,15 +80,12 @@ def run(args) -> dict:
         if args.overhead and not args.fake_engine:
             trials["offline"].append(_offline(args, workload))
     runs = {mode: _median_run(t) for mode, t in trials.items() if t}
-    s, c = runs["static"], runs["continuous"]
-    ratios = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
-              "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
-              "ttft_p99_ratio": _div(s["ttft_ms"]["p99"], c["ttft_ms"]["p99"]),
-              "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
-              "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
-    if "offline" in runs:
-        ratios["http_vs_offline_output_tps"] = _div(c["output_token_throughput"],
-                                                    runs["offline"]["output_token_throughput"])
+    # Ratios are paired: trial k of each mode ran back to back, so they saw the same machine load;
+    # the reported ratio is the median over trials of those paired ratios.
+    per_trial = [_ratios(st, ct, off) for st, ct, off in
+                 zip(trials["static"], trials["continuous"], trials["offline"] or [None] * args.repeat, strict=True)]
+    ratios = {k: _median([t[k] for t in per_trial]) for k in per_trial[0]}
+    ratios["per_trial"] = per_trial
     model = "fake engine" if args.fake_engine else args.serve_model
     return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs, "repeat": args.repeat},
             "figures": runs,
@@ -110,6 +107,22 @@ def _offline(args, workload) -> dict:
     duration = time.monotonic() - start
     return {"duration_s": duration, "output_tokens": tokens, "output_token_throughput": tokens / duration,
             "request_throughput": len(workload.prompts) / duration}
+
+
+def _ratios(s: dict, c: dict, offline: dict | None) -> dict:
+    r = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
+         "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
+         "ttft_p99_ratio": _div(s["ttft_ms"]["p99"], c["ttft_ms"]["p99"]),
+         "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
+         "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
+    if offline is not None:
+        r["http_vs_offline_output_tps"] = _div(c["output_token_throughput"], offline["output_token_throughput"])
+    return r
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    return values[(len(values) - 1) // 2] if values else None
 
 
 def _median_run(trials: list[dict]) -> dict:
@@ -232,13 +245,15 @@ def render(result: dict) -> str:
     ]
     trials = ", ".join(f"{m} {[round(q, 3) for q in result['figures'][m]['trials_request_throughput']]}"
                        for m in ("static", "continuous", "offline") if m in result["figures"])
-    lines = [f"static vs continuous batching, model {i['model']}, median of {i.get('repeat', 1)} interleaved "
-             f"trial(s); request/s per trial: {trials}", head, "", *table, "",
+    paired = ", ".join(f"{t['qps_ratio']:.2f}x" for t in r.get("per_trial", []) if t["qps_ratio"])
+    lines = [f"static vs continuous batching, model {i['model']}, {i.get('repeat', 1)} interleaved trial(s): "
+             f"absolute figures from each mode's median trial, ratios are medians of per-trial paired ratios",
+             f"request/s per trial: {trials}; paired QPS ratios: {paired}", head, "", *table, "",
              "static:", *_summary(s), "continuous:", *_summary(c)]
     if "offline" in result["figures"]:
         o = result["figures"]["offline"]
         lines += [f"serving overhead: HTTP (continuous) {_fmt(c['output_token_throughput'])} output tok/s vs offline "
-                  f"engine {_fmt(o['output_token_throughput'])} tok/s on the same workload = "
+                  f"engine {_fmt(o['output_token_throughput'])} tok/s on the same workload; paired median "
                   f"{r['http_vs_offline_output_tps']:.0%} (goal >= 90%)"]
     return "\n".join(lines)
 
