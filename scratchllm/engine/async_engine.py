@@ -68,6 +68,7 @@ class AsyncEngine:
         self._accepting = True
         self._stopping = False
         self._finished = {"stop": 0, "length": 0, "abort": 0}
+        self._snapshot = engine.stats()  # written by the engine thread only, read under _cv
         self._thread = threading.Thread(target=self._loop, name="scratchllm-engine", daemon=True)
         self._thread.start()
 
@@ -91,8 +92,11 @@ class AsyncEngine:
         self._post(("abort", str(request_id)))
 
     def stats(self) -> dict:
-        stats = self.engine.stats()
-        stats["finished"] = dict(self._finished)
+        """The engine's counters as of the last finished step. Other threads never read the
+        engine itself (it may be mid-step): the engine thread publishes a snapshot per step."""
+        with self._cv:
+            stats = dict(self._snapshot)
+            stats["finished"] = dict(self._finished)
         return stats
 
     def shutdown(self, drain: bool = True) -> None:
@@ -151,6 +155,9 @@ class AsyncEngine:
                 traceback.print_exc(file=sys.stderr)
                 with self._cv:
                     outputs = [o for rid in list(engine.requests) if (o := engine.abort(rid)) is not None]
+            snapshot = engine.stats()
+            with self._cv:
+                self._snapshot = snapshot
             self._deliver(outputs)
             if engine.last_step_tokens == 0 and engine.has_work():
                 # waiting requests that this tick may not admit (the 2-per-tick rule, a full pool):
