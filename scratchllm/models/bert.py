@@ -14,6 +14,7 @@ from scratchllm.models.array import array_module
 from scratchllm.models.attention import bidirectional_attention
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.ops import gelu_erf, layer_norm, linear
+from scratchllm.models.weights import WeightTaker
 
 
 def encoder_layer(x, mask, p: dict, cfg: ModelConfig):  # [B, T, C], [B, T] -> [B, T, C]
@@ -66,17 +67,9 @@ class BertModel:
         """`weights`: HF names, with or without the "bert." prefix of the task heads' checkpoints."""
         self.config = config
         C, I = config.hidden_size, config.intermediate_size
-        self.weights = {}
-
-        def get(name, shape):
-            for full in (name, "bert." + name):
-                if full in weights:
-                    a = weights[full]
-                    if tuple(a.shape) != shape:
-                        raise ValueError(f"tensor {full!r} has shape {tuple(a.shape)}, expected {shape}")
-                    self.weights[full] = np.ascontiguousarray(a, dtype=np.float32)
-                    return self.weights[full]
-            raise KeyError(f"checkpoint lacks tensor {name!r}")
+        taker = WeightTaker(weights, ("", "bert."))
+        self.weights = taker.taken
+        get = taker.take
 
         emb_shapes = {"word_embeddings.weight": (config.vocab_size, C),
                       "position_embeddings.weight": (config.max_position_embeddings, C),

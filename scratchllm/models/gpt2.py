@@ -8,10 +8,10 @@
 GPT-2 stores its linear layers as "Conv1D": weights are [in, out] and apply as x @ w + b.
 """
 
-import numpy as np
 
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.ops import conv1d, gelu_tanh, layer_norm
+from scratchllm.models.weights import WeightTaker
 
 
 def mha(x, layer: int, p: dict, cfg: ModelConfig, attention):  # [N, C] -> [N, C]
@@ -52,17 +52,9 @@ class GPT2Model:
         """`weights`: HF names, with or without the "transformer." prefix of GPT2LMHeadModel."""
         self.config = config
         C, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-        self.weights = {}
-
-        def get(name, shape):
-            for full in ("transformer." + name, name):
-                if full in weights:
-                    a = weights[full]
-                    if tuple(a.shape) != shape:
-                        raise ValueError(f"tensor {full!r} has shape {tuple(a.shape)}, expected {shape}")
-                    self.weights[full] = np.ascontiguousarray(a, dtype=np.float32)
-                    return self.weights[full]
-            raise KeyError(f"checkpoint lacks tensor {name!r}")
+        taker = WeightTaker(weights, ("transformer.", ""))
+        self.weights = taker.taken
+        get = taker.take
 
         self.params = {
             "wte.weight": get("wte.weight", (V, C)),
