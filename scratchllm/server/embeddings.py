@@ -13,19 +13,9 @@ import numpy as np
 from fastapi import Request
 
 from scratchllm.server.protocol import APIError, EmbeddingRequest, bad_request, parse_body
+from scratchllm.tokenizer.tokenizer import pad_batch
 
 MAX_INPUTS = 256  # inputs in one request; more is a client bug more often than a real batch
-
-
-def pad_batch(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Token-id lists -> input_ids [B, T] int64, attention_mask [B, T] int64 (1 = real token)."""
-    T = max(len(r) for r in rows)
-    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), T), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return ids, mask
 
 
 async def create_embeddings(request: Request):

@@ -180,8 +180,6 @@ class Tokenizer:
         """For encoder models: (input_ids [B, T], attention_mask [B, T]) as int64 arrays, padded on
         the right to the longest text; texts longer than max_length (default model_max_length)
         are cut, keeping the closing special tokens (e.g. [SEP]) as tokenizers' truncation does."""
-        import numpy as np
-
         max_length = max_length or self.spec.model_max_length
         pad = pad_id if pad_id is not None else (self.spec.pad_token_id or 0)
         rows = []
@@ -192,13 +190,7 @@ class Tokenizer:
                 assert keep > len(self.spec.prefix_ids), "max_length leaves no room for text"
                 ids = ids[:keep] + list(self.spec.suffix_ids)
             rows.append(ids)
-        width = max((len(r) for r in rows), default=0)
-        input_ids = np.full((len(rows), width), pad, dtype=np.int64)
-        attention_mask = np.zeros((len(rows), width), dtype=np.int64)
-        for b, ids in enumerate(rows):
-            input_ids[b, : len(ids)] = ids
-            attention_mask[b, : len(ids)] = 1
-        return input_ids, attention_mask
+        return pad_batch(rows, pad)
 
     # ---- decode ----------------------------------------------------------------------------
     def token_bytes(self, token_id: int) -> bytes:
@@ -254,3 +246,17 @@ _CLEANUP = (
     (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
     (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
 )
+
+
+def pad_batch(rows: list[list[int]], pad_id: int = 0):
+    """Token-id lists -> input_ids [B, T] int64 (right-padded with pad_id), attention_mask [B, T]
+    int64 (1 = real token)."""
+    import numpy as np  # only batch encoding needs arrays; the tokenizer itself is pure Python
+
+    width = max((len(r) for r in rows), default=0)
+    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+    for b, ids in enumerate(rows):
+        input_ids[b, : len(ids)] = ids
+        attention_mask[b, : len(ids)] = 1
+    return input_ids, attention_mask

@@ -10,8 +10,8 @@ import numpy as np
 import openai
 import pytest
 
-from scratchllm.server.embeddings import pad_batch
 from scratchllm.server.fake_engine import PHRASE, FakeTokenizer, fake_embed
+from scratchllm.tokenizer.tokenizer import pad_batch
 
 TOK = FakeTokenizer()
 
