@@ -57,9 +57,12 @@ class _Stream:
 
 class StaticEngine:
     def __init__(self, model, tokenizer, batch_size: int = 8, max_model_len: int | None = None,
-                 block_size: int = 16, clock=time.monotonic):
-        assert batch_size >= 1
+                 block_size: int = 16, clock=time.monotonic, batch_window_s: float = 0.010):
+        assert batch_size >= 1 and batch_window_s >= 0
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock
+        # A batch starts when it is full or when its first request has waited one window (the
+        # seed's 10 ms tick): requests that arrive together are batched together.
+        self.batch_window_s = batch_window_s
         cfg = model.config
         self.max_model_len = min(cfg.max_position_embeddings, max_model_len or cfg.max_position_embeddings)
         self.eos_token_id = tokenizer.eos_token_id
@@ -119,6 +122,9 @@ class StaticEngine:
                     self._cv.wait()
                 if not self._waiting:
                     return
+                deadline = self._waiting[0].arrival + self.batch_window_s
+                while len(self._waiting) < self.batch_size and not self._stopping and self.clock() < deadline:
+                    self._cv.wait(timeout=max(0.0, deadline - self.clock()))
                 self._running = self._waiting[: self.batch_size]
                 del self._waiting[: self.batch_size]
             self._run_batch(self._running)
