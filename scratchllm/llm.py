@@ -47,12 +47,14 @@ class LLM:
     `model`: "default", a .gguf file or a Hugging Face folder (see SPEC, model references).
     `tokenizer`: where the tokenizer lives when it is not beside the weights.
     `max_model_len`: the longest prompt + completion (default: the model's context).
-    `threads`: BLAS threads for this process (default: leave as is). 1 is often faster on a
-    machine whose cores other jobs share; see scratchllm/models/threads.py.
+    `threads`: matmul (and BLAS) threads for this process (default: leave as is). 1 is often
+    faster on a machine whose cores other jobs share; see scratchllm/models/threads.py.
+    `dtype`: "float32" (default, the reference's numbers) or "bfloat16" (faster matmuls, logits
+    that differ in the third digit); see scratchllm/models/packed.py.
     Every other option is an EngineConfig field (num_kv_blocks, max_num_seqs, ...).
     """
 
-    OPTIONS = ("tokenizer", "max_model_len", "threads", *sorted(_ENGINE_OPTIONS - {"max_model_len"}))
+    OPTIONS = ("tokenizer", "max_model_len", "threads", "dtype", *sorted(_ENGINE_OPTIONS - {"max_model_len"}))
 
     def __init__(self, model="default", **options):
         unknown = sorted(set(options) - set(self.OPTIONS))
@@ -68,7 +70,7 @@ class LLM:
                 raise ConfigError(f"threads must be >= 1, got {threads}")
             set_blas_threads(int(threads))
         start = time.perf_counter()
-        self.model = load_model(model)
+        self.model = load_model(model, dtype=options.get("dtype") or "float32")
         if not self.model.config.is_decoder:
             kind = self.model.config.model_type
             raise ConfigError(f"'{model}' is an encoder ({kind}): it embeds, it does not generate")

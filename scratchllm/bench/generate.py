@@ -111,7 +111,9 @@ def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16,
 def time_matmuls_only(model, repeat: int) -> float:
     """This thread's CPU seconds per decode step spent in the weight matrix products alone (same
     shapes, batch 1), best of many runs. Meaningful with one BLAS thread, where all work is ours."""
-    mats = [a for layer in model.params["layers"] for a in layer.values() if a.ndim == 2]
+    from scratchllm.models.packed import PackedWeight
+
+    mats = [a for layer in model.params["layers"] for a in layer.values() if isinstance(a, PackedWeight)]
     mats.append(model.params["lm_head"])
     x = {n: np.ones((1, n), dtype=np.float32) for n in {m.shape[0] for m in mats}}  # matrices are [in, out]
     cpu = []

@@ -24,6 +24,9 @@ def add_parser(sub):
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads (default: one per core); 1 is often faster when other jobs share the cores")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="weight matrices: float32 (default, the reference's numbers) or bfloat16 "
+                        "(about 1.7x faster matmuls with AVX512-BF16; logits differ in the third digit)")
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
     p.set_defaults(func=run)
 
@@ -35,7 +38,7 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, threads=args.threads)
+    llm = LLM(args.model, threads=args.threads, dtype=args.dtype)
 
     def show(_token_id, text):
         sys.stdout.write(text)

@@ -26,6 +26,9 @@ def add_parser(sub):
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="weight matrices: float32 (default, the reference's numbers) or bfloat16 "
+                        "(about 1.7x faster matmuls with AVX512-BF16; logits differ in the third digit)")
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests held at once (running + waiting); more get 429 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
@@ -52,7 +55,7 @@ def build(args):
         return model, (None if args.embedding_model == "none" else embedder)
     from scratchllm.server.backend import load_embedder, load_model
 
-    options = {"batching": args.batching}
+    options = {"batching": args.batching, "dtype": args.dtype}
     for key in ("max_num_seqs", "num_kv_blocks", "max_model_len"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)

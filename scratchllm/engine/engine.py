@@ -73,11 +73,12 @@ class LLMEngine:
         self.last_step_tokens = 0
 
     @classmethod
-    def from_pretrained(cls, ref: str = "default", tokenizer=True, **engine_options) -> "LLMEngine":
+    def from_pretrained(cls, ref: str = "default", tokenizer=True, dtype: str = "float32",
+                        **engine_options) -> "LLMEngine":
         """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options)."""
         from scratchllm.models import load_model
 
-        model = load_model(ref)
+        model = load_model(ref, dtype=dtype)
         tok = None
         if tokenizer:
             from scratchllm.tokenizer import Tokenizer

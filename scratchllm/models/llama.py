@@ -6,23 +6,27 @@
     logits = rms_norm(x) @ lm_head.T
 
 How the weights are stored, for speed (`pack`):
-- Pre-transposed to [in, out], so a layer is `x @ w`. With Hugging Face's [out, in] layout,
-  `x @ w.T` makes OpenBLAS (1 thread) read weights at ~11.5 GB/s at batch 1; `x @ w` on the
-  [in, out] copy reads at ~21.5 GB/s, the np.sum speed of this machine. Decode reads every weight
-  once per token, so that is nearly 2x decode speed. (Prefill GEMMs run equally fast either way.)
+- Every matrix is a PackedWeight ([in, out], so a layer is `x @ w`): packed once into the panel
+  layout of our GEMM kernel (scratchllm/kernels/packed_gemm.pyx). NumPy's `x @ w` would have
+  OpenBLAS repack the weights on every call, which dominates a decode step of a few rows; the
+  packed kernel streams each weight once per step and is 1.2-2.4x faster at 1-64 rows.
 - Fused: q|k|v as one [C, q+2kv] matrix and gate|up as one [C, 2I]: two matmuls per block instead
-  of five; at batch 1 the cost of one NumPy call (microseconds) is not negligible.
+  of five; at batch 1 the cost of one call (microseconds) is not negligible.
 - Tied embeddings live once, as the [C, V] LM head; an embedding lookup reads its columns.
-The Hugging Face names stay available, as [out, in] views into these arrays (no second copy).
+- dtype "bfloat16" (opt-in) packs the matrices as bfloat16: see scratchllm/models/packed.py.
+The Hugging Face names stay available in `model.weights`, as [out, in] float32 arrays made from
+the packed matrices when asked for (CheckpointView).
 """
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
+from scratchllm.models.packed import DTYPES, PackedWeight
 
 LOAD_THREADS = min(2, os.cpu_count() or 1)
 
@@ -53,7 +57,7 @@ def rope(x, cos, sin):  # [N, h, D], [N, D/2], [N, D/2] -> [N, h, D]
     return out
 
 
-def linear(x, w, b=None):  # [N, in], [in, out] (pre-transposed), [out] -> [N, out]
+def linear(x, w, b=None):  # [N, in], [in, out] (PackedWeight or array), [out] -> [N, out]
     y = x @ w
     if b is not None:
         y += b
@@ -107,17 +111,21 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
 def embed(params: dict, input_ids):  # [N] -> [N, C]
     if params["embed_tokens"] is not None:
         return params["embed_tokens"][input_ids]
-    # tied: the embedding rows are the LM head's columns (copied to row-major for what follows)
-    return array_module(params["lm_head"]).ascontiguousarray(params["lm_head"][:, input_ids].T)
+    # tied: the embedding rows are the LM head's columns
+    return params["lm_head"].columns(input_ids)
 
 
 class LlamaModel:
     """A loaded Llama-family model: config, packed params, and the HF-named weight views."""
 
-    def __init__(self, config: ModelConfig, weights):
-        """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...)."""
+    def __init__(self, config: ModelConfig, weights, dtype: str = "float32"):
+        """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
+        `dtype`: how the matrices are stored and multiplied, "float32" or "bfloat16"."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
-        self.params, self.weights = pack(config, weights)
+        self.dtype = dtype
+        self.params, self.weights = pack(config, weights, dtype)
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
         context = self.params["rope_cos"].shape[0]
@@ -126,11 +134,36 @@ class LlamaModel:
         return llama(input_ids, positions, attention, self.params, self.config, logits_rows)
 
 
-def pack(cfg: ModelConfig, w) -> tuple[dict, dict]:
-    """HF-named arrays -> (params for `llama`, HF-named views into them). Shapes are asserted.
+class CheckpointView(Mapping):
+    """The model's tensors under their Hugging Face names: norms as the arrays the model uses,
+    matrices as [out, in] float32 copies unpacked from their PackedWeight on lookup."""
 
-    Every matrix is stored transposed ([in, out], C-contiguous) and q|k|v, gate|up fused along
-    `out`; see the module docstring for why."""
+    def __init__(self):
+        self.arrays = {}  # name -> array
+        self.parts = {}  # name -> (PackedWeight, slice of its out columns)
+
+    def __getitem__(self, name):
+        if name in self.arrays:
+            return self.arrays[name]
+        packed, cols = self.parts[name]
+        return np.ascontiguousarray(packed.numpy()[:, cols].T)
+
+    def __iter__(self):
+        yield from self.arrays
+        yield from self.parts
+
+    def __len__(self):
+        return len(self.arrays) + len(self.parts)
+
+    def __contains__(self, name):
+        return name in self.arrays or name in self.parts
+
+
+def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointView]:
+    """HF-named arrays -> (params for `llama`, a CheckpointView of them). Shapes are asserted.
+
+    Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
+    module docstring for why."""
     C, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
 
@@ -142,70 +175,53 @@ def pack(cfg: ModelConfig, w) -> tuple[dict, dict]:
             raise ValueError(f"tensor {name!r} has shape {tuple(a.shape)}, expected {shape}")
         return a
 
-    def transposed(names, shapes):  # [out_i, in] each -> one [in, sum(out_i)] array
-        out = np.empty((shapes[0][1], sum(s[0] for s in shapes)), dtype=np.float32)
+    view = CheckpointView()
+
+    def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
+        packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)], dtype)
         col = 0
         for name, shape in zip(names, shapes, strict=True):
-            a = get(name, shape)
-            # in blocks of 128 rows: a whole-matrix strided copy thrashes the cache (2x slower)
-            for r in range(0, shape[0], 128):
-                rows = a[r : r + 128]
-                out[:, col + r : col + r + rows.shape[0]] = rows.T
+            view.parts[name] = (packed, slice(col, col + shape[0]))
             col += shape[0]
-        return out
+        return packed
+
+    def vector(name, shape):
+        view.arrays[name] = a = f32(get(name, shape))
+        return a
 
     qkv_shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
 
-    def pack_layer(i):  # -> (params of block i, its HF-named views)
+    def pack_layer(i):  # -> params of block i
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         qkv_names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
-        gu_names = [m + "gate_proj.weight", m + "up_proj.weight"]
         p = {
-            "input_layernorm": f32(get(f"model.layers.{i}.input_layernorm.weight", (C,))),
-            "qkv_proj": transposed(qkv_names, qkv_shapes),  # [C, q+2kv]
-            "o_proj": transposed([a + "o_proj.weight"], [(C, cfg.q_size)]),  # [q, C]
-            "post_attention_layernorm": f32(get(f"model.layers.{i}.post_attention_layernorm.weight", (C,))),
-            "gate_up_proj": transposed(gu_names, [(I, C), (I, C)]),  # [C, 2I]
-            "down_proj": transposed([m + "down_proj.weight"], [(C, I)]),  # [I, C]
+            "input_layernorm": vector(f"model.layers.{i}.input_layernorm.weight", (C,)),
+            "qkv_proj": matrix(qkv_names, qkv_shapes),  # [C, q+2kv]
+            "o_proj": matrix([a + "o_proj.weight"], [(C, cfg.q_size)]),  # [q, C]
+            "post_attention_layernorm": vector(f"model.layers.{i}.post_attention_layernorm.weight", (C,)),
+            "gate_up_proj": matrix([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)]),  # [C, 2I]
+            "down_proj": matrix([m + "down_proj.weight"], [(C, I)]),  # [I, C]
         }
-        bias_names = [n.replace(".weight", ".bias") for n in qkv_names]
         if cfg.qkv_bias:
-            p["qkv_bias"] = np.concatenate([f32(get(n, (s[0],))) for n, s in zip(bias_names, qkv_shapes, strict=True)])
+            bias_names = [n.replace(".weight", ".bias") for n in qkv_names]
+            p["qkv_bias"] = np.concatenate([vector(n, (s[0],)) for n, s in zip(bias_names, qkv_shapes, strict=True)])
         if cfg.o_bias:
-            p["o_bias"] = f32(get(a + "o_proj.bias", (C,)))
+            p["o_bias"] = vector(a + "o_proj.bias", (C,))
         if cfg.mlp_bias:
             raise NotImplementedError("mlp_bias")
-        # HF names as [out, in] views of the fused, transposed matrices: same memory, checkpoint names
-        views = {}
-        r0, r1 = cfg.q_size, cfg.q_size + cfg.kv_size
-        for name, bias, cols in zip(qkv_names, bias_names, [slice(0, r0), slice(r0, r1), slice(r1, None)], strict=True):
-            views[name] = p["qkv_proj"][:, cols].T
-            if cfg.qkv_bias:
-                views[bias] = p["qkv_bias"][cols]
-        views[gu_names[0]], views[gu_names[1]] = p["gate_up_proj"][:, :I].T, p["gate_up_proj"][:, I:].T
-        views[a + "o_proj.weight"], views[m + "down_proj.weight"] = p["o_proj"].T, p["down_proj"].T
-        if cfg.o_bias:
-            views[a + "o_proj.bias"] = p["o_bias"]
-        views[f"model.layers.{i}.input_layernorm.weight"] = p["input_layernorm"]
-        views[f"model.layers.{i}.post_attention_layernorm.weight"] = p["post_attention_layernorm"]
-        return p, views
+        return p
 
-    # Dequantizing and transposing are NumPy calls that release the GIL: two layers at a time
+    # Dequantizing and packing are NumPy calls that release the GIL: two layers at a time
     # use both cores of a small machine (load time is a goal: under 1 s for the default model).
     with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
-        packed = list(pool.map(pack_layer, range(cfg.num_layers)))
-    layers = [p for p, _ in packed]
-    views = {name: a for _, v in packed for name, a in v.items()}
+        layers = list(pool.map(pack_layer, range(cfg.num_layers)))
     if cfg.tie_word_embeddings:
-        # one copy serves both: the LM head reads it as [C, V], the lookup reads its columns
-        lm_head, embed_tokens = transposed(["model.embed_tokens.weight"], [(V, C)]), None
-        views["model.embed_tokens.weight"] = lm_head.T
+        # one copy serves both: the LM head multiplies by it as [C, V], the lookup reads its columns
+        lm_head, embed_tokens = matrix(["model.embed_tokens.weight"], [(V, C)]), None
     else:
-        lm_head = transposed(["lm_head.weight"], [(V, C)])
-        embed_tokens = f32(get("model.embed_tokens.weight", (V, C)))
-        views["model.embed_tokens.weight"], views["lm_head.weight"] = embed_tokens, lm_head.T
+        lm_head = matrix(["lm_head.weight"], [(V, C)])
+        embed_tokens = vector("model.embed_tokens.weight", (V, C))
     cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
-    params = {"embed_tokens": embed_tokens, "layers": layers, "norm": f32(get("model.norm.weight", (C,))),
+    params = {"embed_tokens": embed_tokens, "layers": layers, "norm": vector("model.norm.weight", (C,)),
               "lm_head": lm_head, "rope_cos": cos, "rope_sin": sin}
-    views["model.norm.weight"] = params["norm"]
-    return params, views
+    return params, view

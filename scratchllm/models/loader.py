@@ -139,14 +139,25 @@ def read_config(path: Path, ckpt) -> ModelConfig:
         raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
 
 
-def load_model(ref="default"):
-    """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder."""
+DTYPES = ("float32", "bfloat16")
+
+
+def load_model(ref="default", dtype: str = "float32"):
+    """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
+
+    `dtype`: how the weight matrices are stored and multiplied. "float32" (default) computes
+    what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
+    matmuls on AVX512-BF16, at the price of logits that differ in the third digit."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = resolve_model(ref)
     ckpt = load_checkpoint(path)
     config = read_config(path, ckpt)
+    if dtype != "float32" and config.family != "llama":
+        raise ConfigError(f"dtype {dtype} is implemented for the Llama family; {config.model_type} runs in float32")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
-        model = FAMILIES[config.family](config, weights)
+        model = FAMILIES[config.family](config, weights, **({"dtype": dtype} if config.family == "llama" else {}))
     except (KeyError, ValueError) as err:
         raise FormatError(ckpt.path, str(err.args[0])) from None
     extra = sorted(n for n in weights if n not in weights.read and not IGNORABLE.fullmatch(n))

@@ -58,7 +58,11 @@ def get_blas_threads() -> int | None:
 
 
 def set_blas_threads(n: int | None) -> int | None:
-    """Set BLAS threads (None or 0 = one per core); returns the previous count, None if unknown."""
+    """Set the matmul threads, BLAS's and our packed GEMM's (scratchllm/kernels/packed_gemm.pyx),
+    None or 0 = one per core; returns BLAS's previous count, None if unknown."""
+    from scratchllm.kernels import packed_gemm
+
+    packed_gemm.set_num_threads(int(n or 0))
     lib = _openblas()
     if not lib:
         return None
@@ -69,9 +73,13 @@ def set_blas_threads(n: int | None) -> int | None:
 
 @contextlib.contextmanager
 def blas_threads(n: int | None):
+    from scratchllm.kernels import packed_gemm
+
+    ours = packed_gemm.get_num_threads()
     previous = set_blas_threads(n)
     try:
         yield get_blas_threads()
     finally:
         if previous is not None:
             set_blas_threads(previous)
+        packed_gemm.set_num_threads(ours)

@@ -15,10 +15,11 @@ def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
     from scratchllm.engine.engine import LLMEngine
 
     engine_options = dict(engine_options)
+    dtype = engine_options.pop("dtype", "float32")
     if engine_options.pop("batching", "continuous") == "static":
-        return _load_static(ref, name, engine_options)
+        return _load_static(ref, name, engine_options, dtype)
     try:
-        engine = LLMEngine.from_pretrained(ref, tokenizer=True, **engine_options)
+        engine = LLMEngine.from_pretrained(ref, tokenizer=True, dtype=dtype, **engine_options)
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     if engine.tokenizer is None:
@@ -26,7 +27,7 @@ def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
     return ServedModel(name, AsyncEngine(engine), engine.tokenizer, engine.max_model_len)
 
 
-def _load_static(ref: str, name: str, options: dict) -> ServedModel:
+def _load_static(ref: str, name: str, options: dict, dtype: str = "float32") -> ServedModel:
     from scratchllm.models import load_model as load
     from scratchllm.server.static_engine import StaticEngine
     from scratchllm.tokenizer import Tokenizer
@@ -34,8 +35,8 @@ def _load_static(ref: str, name: str, options: dict) -> ServedModel:
     unknown = set(options) - {"max_num_seqs", "max_model_len", "num_kv_blocks"}
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
-    engine = StaticEngine(load(ref), Tokenizer.from_pretrained(ref), batch_size=options.get("max_num_seqs") or 8,
-                          max_model_len=options.get("max_model_len"))
+    engine = StaticEngine(load(ref, dtype=dtype), Tokenizer.from_pretrained(ref),
+                          batch_size=options.get("max_num_seqs") or 8, max_model_len=options.get("max_model_len"))
     return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
 
 

@@ -36,15 +36,31 @@ def write(folder, tensors, config=CONFIG):
     return folder
 
 
-def test_loads_and_exposes_checkpoint_names_as_views(tmp_path):
+def test_loads_and_exposes_checkpoint_names(tmp_path):
     tensors = tiny_llama_tensors()
     model = load_model(write(tmp_path / "ok", tensors))
     assert set(model.weights) == set(tensors)
     for name, value in tensors.items():
         np.testing.assert_array_equal(model.weights[name], value)
-    # q|k|v are one fused matrix; the checkpoint names are views into it, not copies
-    fused = model.params["layers"][0]["qkv_proj"]
-    assert np.shares_memory(model.weights["model.layers.0.self_attn.k_proj.weight"], fused)
+    # q|k|v are one fused matrix: k_proj is its columns q_size .. q_size + kv_size
+    fused = model.params["layers"][0]["qkv_proj"].numpy()
+    q, kv = (tensors[f"model.layers.0.self_attn.{x}_proj.weight"].shape[0] for x in "qk")
+    np.testing.assert_array_equal(fused[:, q : q + kv], tensors["model.layers.0.self_attn.k_proj.weight"].T)
+
+
+def test_bfloat16_weights_are_the_checkpoint_rounded(tmp_path):
+    from scratchllm.kernels.packed_gemm import from_bfloat16, to_bfloat16
+
+    tensors = tiny_llama_tensors()
+    model = load_model(write(tmp_path / "ok", tensors), dtype="bfloat16")
+    for name, value in tensors.items():
+        expect = value if value.ndim == 1 else from_bfloat16(to_bfloat16(value))  # norms stay float32
+        np.testing.assert_array_equal(model.weights[name], expect)
+
+
+def test_unknown_dtype_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="dtype"):
+        load_model(write(tmp_path / "ok", tiny_llama_tensors()), dtype="float16")
 
 
 def test_missing_tensor(tmp_path):

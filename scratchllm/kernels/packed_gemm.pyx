@@ -1,0 +1,504 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -ffp-contract=fast
+"""y = x @ W for a weight matrix packed once, at load time: the GEMM of every linear layer.
+
+Why not NumPy's `x @ w`: OpenBLAS copies ("packs") the whole of B into its panel layout on
+*every* call. For a prefill of 512 rows that copy is noise; for a decode step of 1-64 rows it is
+the main cost: the weights are read, written and read again, and at 16 rows OpenBLAS reaches
+about 68 GFLOP/s on this machine's two cores, a third of what the FMA units can do. Weights never
+change, so we pack them once and the kernel streams them exactly once per call.
+
+Packed layouts (one panel = NR = 32 output columns, zero-padded at the right edge):
+  float32:  [P, K, 32]        panel p, row k holds W[k, 32p : 32p+32]: two zmm per k.
+  bfloat16: [P, K/2, 32, 2]   uint16; row k2 holds, for each of the 32 columns, the pair
+                              (W[2 k2, j], W[2 k2 + 1, j]) side by side: the operand order of
+                              AVX512-BF16's vdpbf16ps, which multiplies 16 such pairs by one
+                              broadcast pair of x and adds both products into 16 fp32 lanes.
+                              (K is zero-padded to even.)
+
+Loop nest of `matmul`. Panels are the tasks of our own small thread pool (pg_pool_run below),
+not of OpenMP: a thread descheduled by another process just takes fewer panels instead of
+stalling every matmul at a barrier.
+
+    for panel p (32 columns of y)                       -> a pool task
+      for kc block of K (the panel's kc x 32 rows)      -> L1: 256 rows (bf16: pairs) = 32 KiB
+        for row tile of x (<= MAXR rows)                -> the block is re-read from L1
+          micro-kernel: R x 32 accumulators in 2R zmm registers, one pass over the block
+
+Why R <= 12: Zen 4 has 32 zmm registers; 12 rows x 2 accumulators + 2 of W + 1 broadcast of x is
+27 live registers, no spills. Rows are split into balanced tiles (16 rows = 8 + 8, not 12 + 4).
+Every weight element loaded feeds R FMAs, so at R = 1 (single-stream decode) the kernel streams
+memory and at R >= 8 it is FMA-bound.
+
+bfloat16 keeps fp32's 8-bit exponent and cuts the mantissa to 8 bits (relative rounding
+error <= 2^-9). In this mode x is rounded to bfloat16 too (round to nearest even) and the
+products are summed in fp32: half the weight bytes and twice the multiplies per instruction.
+Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correctness only).
+"""
+
+import os
+
+import numpy as np
+
+from libc.stdint cimport uint16_t, uint32_t
+from libc.stdlib cimport free, malloc
+
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__AVX512BF16__) && defined(__AVX512F__)
+    #include <immintrin.h>
+    #define SCRATCHLLM_BF16_DOT 1
+    #else
+    #define SCRATCHLLM_BF16_DOT 0
+    #endif
+    #define PG_NR 32
+    #define PG_MAXR 12
+
+    /* 16 float lanes in GCC's vector extension: one zmm with AVX-512, two ymm with AVX2. */
+    typedef float pg_v16 __attribute__((vector_size(64)));
+
+    /* Add (or, when `first`, store) the R x 32 tile acc into c, only its first `cols` columns. */
+    static inline __attribute__((always_inline)) void pg_store(const int R, pg_v16 *acc, float *c, long ldc,
+                                                              int cols, int first) {
+        for (int r = 0; r < R; r++) {
+            float *cr = c + r * ldc;
+            if (cols == PG_NR) {
+                pg_v16 lo = acc[2 * r], hi = acc[2 * r + 1];
+                if (!first) {
+                    pg_v16 c0, c1;
+                    memcpy(&c0, cr, sizeof c0);
+                    memcpy(&c1, cr + 16, sizeof c1);
+                    lo += c0;
+                    hi += c1;
+                }
+                memcpy(cr, &lo, sizeof lo);
+                memcpy(cr + 16, &hi, sizeof hi);
+            } else {  /* the right edge of the matrix: only cols < 32 columns are real */
+                float tmp[PG_NR];
+                memcpy(tmp, &acc[2 * r], sizeof(pg_v16));
+                memcpy(tmp + 16, &acc[2 * r + 1], sizeof(pg_v16));
+                for (int j = 0; j < cols; j++)
+                    cr[j] = first ? tmp[j] : cr[j] + tmp[j];
+            }
+        }
+    }
+
+    /* c[0:R, 0:cols] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:32]; x rows lda apart. R is a constant
+       at every call site (see pg_micro_f32), so GCC unrolls the r loops and keeps acc in registers. */
+    static inline __attribute__((always_inline)) void pg_micro_f32_r(const int R, const float *x, long lda,
+                                                                    const float *panel, long kc, float *c,
+                                                                    long ldc, int cols, int first) {
+        pg_v16 acc[2 * PG_MAXR];
+        for (int r = 0; r < 2 * R; r++)
+            acc[r] = (pg_v16){0};
+        for (long k = 0; k < kc; k++) {
+            pg_v16 w0, w1;
+            memcpy(&w0, panel + k * PG_NR, sizeof w0);
+            memcpy(&w1, panel + k * PG_NR + 16, sizeof w1);
+            for (int r = 0; r < R; r++) {
+                float xr = x[r * lda + k];
+                acc[2 * r] += xr * w0;
+                acc[2 * r + 1] += xr * w1;
+            }
+        }
+        pg_store(R, acc, c, ldc, cols, first);
+    }
+
+    static void pg_micro_f32(int R, const float *x, long lda, const float *panel, long kc, float *c, long ldc,
+                             int cols, int first) {
+        switch (R) {
+    #define PG_CASE(n) case n: pg_micro_f32_r(n, x, lda, panel, kc, c, ldc, cols, first); break;
+        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    #undef PG_CASE
+        }
+    }
+
+    /* bfloat16: x2 holds x's rows as bf16 pairs (one uint32 per two k), lda2 pairs apart; the
+       panel is kc2 rows of 32 column pairs. */
+    #if SCRATCHLLM_BF16_DOT
+    static inline __attribute__((always_inline)) void pg_micro_bf16_r(const int R, const uint32_t *x2, long lda2,
+                                                                     const uint16_t *panel, long kc2, float *c,
+                                                                     long ldc, int cols, int first) {
+        __m512 acc[2 * PG_MAXR];
+        for (int r = 0; r < 2 * R; r++)
+            acc[r] = _mm512_setzero_ps();
+        for (long k = 0; k < kc2; k++) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * 2 * PG_NR));
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * 2 * PG_NR + PG_NR));
+            for (int r = 0; r < R; r++) {
+                __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x2[r * lda2 + k]);
+                acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], xr, w0);
+                acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], xr, w1);
+            }
+        }
+        pg_v16 a[2 * PG_MAXR];
+        memcpy(a, acc, 2 * R * sizeof(pg_v16));
+        pg_store(R, a, c, ldc, cols, first);
+    }
+    #else
+    static inline float pg_bf16_to_f32(uint16_t h) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+
+    /* Portable twin: the same products (bf16 values are exact in fp32), one lane at a time.
+       vdpbf16ps adds the pair's two products to the lane in one step; here they are added in
+       order, so sums may differ in the last bit. */
+    static inline void pg_micro_bf16_r(const int R, const uint32_t *x2, long lda2, const uint16_t *panel,
+                                       long kc2, float *c, long ldc, int cols, int first) {
+        pg_v16 acc[2 * PG_MAXR];
+        float *lanes = (float *)acc;
+        memset(acc, 0, sizeof acc);
+        for (long k = 0; k < kc2; k++)
+            for (int r = 0; r < R; r++) {
+                uint32_t pair = x2[r * lda2 + k];
+                float x0 = pg_bf16_to_f32((uint16_t)(pair & 0xFFFF)), x1 = pg_bf16_to_f32((uint16_t)(pair >> 16));
+                for (int j = 0; j < PG_NR; j++)
+                    lanes[r * PG_NR + j] += x0 * pg_bf16_to_f32(panel[(k * PG_NR + j) * 2])
+                                          + x1 * pg_bf16_to_f32(panel[(k * PG_NR + j) * 2 + 1]);
+            }
+        pg_store(R, acc, c, ldc, cols, first);
+    }
+    #endif
+
+    static void pg_micro_bf16(int R, const uint32_t *x2, long lda2, const uint16_t *panel, long kc2, float *c,
+                              long ldc, int cols, int first) {
+        switch (R) {
+    #define PG_CASE(n) case n: pg_micro_bf16_r(n, x2, lda2, panel, kc2, c, ldc, cols, first); break;
+        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    #undef PG_CASE
+        }
+    }
+
+    /* fp32 -> bf16, round to nearest even (what vcvtneps2bf16 does); a NaN stays a (quiet) NaN
+       instead of rounding into infinity. */
+    static inline uint16_t pg_f32_to_bf16(float f) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+            return (uint16_t)((u >> 16) | 0x40);
+        return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+
+    /* ---- the thread pool: helpers that take panels, a caller that never waits for a late one ----
+       An OpenMP parallel region ends at a barrier every thread must reach. When another process
+       holds a core, the thread on it reaches the barrier a scheduler time slice (ms) late, and a
+       decode step has ~200 regions: we measured 50x slowdowns. Here a job is n tasks; whoever runs
+       (caller or helper) claims tasks one at a time from an atomic counter, and the caller waits
+       only for tasks already claimed. A helper that is not running claims nothing, so the caller
+       just does more of the work itself.
+
+       The claim word packs (job generation << 32 | tasks left); a claim is a compare-and-swap that
+       decrements `left`, and fails if a new job replaced the word. Task index = left - 1 (tasks run
+       last to first). A successful claim means the job is not finished, so its fn/ctx are still
+       the ones published: the caller publishes the next job only after `done` reaches n.
+       Idle helpers spin briefly (the next matmul is usually microseconds away), then sleep on a
+       futex on `gen`. No mutex anywhere, so a fork()ed child (which has no helpers) simply does
+       every task itself. */
+    #include <pthread.h>
+    #include <stdatomic.h>
+    #include <limits.h>
+    #include <linux/futex.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    #include <sched.h>
+    #define PG_MAX_HELPERS 63
+
+    typedef void (*pg_task_fn)(void *ctx, long task);
+
+    static struct {
+        _Atomic uint64_t claim;
+        _Atomic uint32_t gen;
+        _Atomic long done;
+        _Atomic int sleepers;
+        _Atomic int active;    /* helpers 0..active-1 take part in jobs */
+        pg_task_fn fn;
+        void *ctx;
+        int started;           /* helpers created so far (under pg_pool_lock) */
+        uint32_t last_gen;
+    } pg_pool;
+
+    static pthread_mutex_t pg_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+    static inline void pg_pause(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #endif
+    }
+
+    static void pg_run_claims(uint32_t g) {
+        for (;;) {
+            uint64_t c = atomic_load(&pg_pool.claim);
+            if ((uint32_t)(c >> 32) != g || (uint32_t)c == 0)
+                return;
+            if (!atomic_compare_exchange_weak(&pg_pool.claim, &c, c - 1))
+                continue;
+            pg_pool.fn(pg_pool.ctx, (long)(uint32_t)c - 1);
+            atomic_fetch_add(&pg_pool.done, 1);
+        }
+    }
+
+    static void *pg_helper(void *arg) {
+        int id = (int)(intptr_t)arg;
+        uint32_t seen = atomic_load(&pg_pool.gen);
+        for (;;) {
+            uint32_t g = atomic_load(&pg_pool.gen);
+            if (g != seen) {
+                seen = g;
+                if (id < atomic_load(&pg_pool.active))
+                    pg_run_claims(g);
+                continue;
+            }
+            int spin;
+            for (spin = 0; spin < 20000 && atomic_load(&pg_pool.gen) == seen; spin++)
+                pg_pause();
+            if (atomic_load(&pg_pool.gen) != seen)
+                continue;
+            atomic_fetch_add(&pg_pool.sleepers, 1);
+            syscall(SYS_futex, &pg_pool.gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            atomic_fetch_sub(&pg_pool.sleepers, 1);
+        }
+        return NULL;
+    }
+
+    /* Run fn(ctx, 0..n-1) on the caller and up to `threads - 1` helpers; returns when all are done. */
+    static void pg_pool_run(pg_task_fn fn, void *ctx, long n, int threads) {
+        if (n <= 0)
+            return;
+        int helpers = threads - 1 < PG_MAX_HELPERS ? threads - 1 : PG_MAX_HELPERS;
+        if (helpers > (int)n - 1)
+            helpers = (int)n - 1;
+        /* One job at a time owns the helpers. A second thread calling meanwhile (two engines in
+           one process) computes alone rather than wait; trylock never blocks, so not even a
+           fork()ed child that inherited the lock locked can hang here. */
+        if (helpers <= 0 || pthread_mutex_trylock(&pg_pool_lock) != 0) {
+            for (long i = 0; i < n; i++)
+                fn(ctx, i);
+            return;
+        }
+        while (pg_pool.started < helpers) {
+            pthread_t t;
+            pthread_attr_t attr;
+            pthread_attr_init(&attr);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            int failed = pthread_create(&t, &attr, pg_helper, (void *)(intptr_t)pg_pool.started);
+            pthread_attr_destroy(&attr);
+            if (failed)
+                break;  /* fewer helpers; the caller does the rest */
+            pg_pool.started++;
+        }
+        pg_pool.fn = fn;
+        pg_pool.ctx = ctx;
+        atomic_store(&pg_pool.done, 0);
+        atomic_store(&pg_pool.active, helpers);
+        uint32_t g = ++pg_pool.last_gen;
+        atomic_store(&pg_pool.claim, ((uint64_t)g << 32) | (uint64_t)n);
+        atomic_store(&pg_pool.gen, g);
+        if (atomic_load(&pg_pool.sleepers) > 0)
+            syscall(SYS_futex, &pg_pool.gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+        pg_run_claims(g);
+        for (long spin = 0; atomic_load(&pg_pool.done) < n; spin++) {
+            if (spin < 4096)
+                pg_pause();
+            else
+                sched_yield();  /* a helper holding a task was descheduled: let it run */
+        }
+        pthread_mutex_unlock(&pg_pool_lock);
+    }
+
+    /* ---- one GEMM as pool tasks: task p computes the 32 columns of panel p, every row ---- */
+    typedef struct {
+        const float *x;           /* float32: x [M, K] */
+        const uint32_t *x2;       /* bfloat16: x as pairs [M, K2] */
+        const void *panels;       /* [P, K, 32] float32 or [P, K2, 32, 2] uint16 */
+        float *c;                 /* [M, n] */
+        long M, K, K2, n, kc;
+    } pg_gemm_job;
+
+    static inline void pg_tile(long M, long t, long ntiles, long *r0, int *rows) {
+        long base = M / ntiles, extra = M % ntiles;
+        *r0 = t * base + (t < extra ? t : extra);
+        *rows = (int)(base + (t < extra ? 1 : 0));
+    }
+
+    static void pg_gemm_f32_task(void *ctx, long p) {
+        const pg_gemm_job *j = (const pg_gemm_job *)ctx;
+        const float *panel = (const float *)j->panels + p * j->K * PG_NR;
+        long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
+        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        for (long k0 = 0; k0 < j->K; k0 += j->kc) {
+            long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
+            for (long t = 0; t < ntiles; t++) {
+                pg_tile(j->M, t, ntiles, &r0, &rows);
+                pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, panel + k0 * PG_NR, kcur,
+                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+            }
+        }
+    }
+
+    static void pg_gemm_bf16_task(void *ctx, long p) {
+        const pg_gemm_job *j = (const pg_gemm_job *)ctx;
+        const uint16_t *panel = (const uint16_t *)j->panels + p * j->K2 * 2 * PG_NR;
+        long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
+        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        for (long k0 = 0; k0 < j->K2; k0 += j->kc) {
+            long kcur = j->K2 - k0 < j->kc ? j->K2 - k0 : j->kc;
+            for (long t = 0; t < ntiles; t++) {
+                pg_tile(j->M, t, ntiles, &r0, &rows);
+                pg_micro_bf16(rows, j->x2 + r0 * j->K2 + k0, j->K2, panel + k0 * 2 * PG_NR, kcur,
+                              j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+            }
+        }
+    }
+
+    /* c = x @ W. x2 (bfloat16 only) is scratch for x's rounded pairs, [M, K2] uint32. */
+    static void pg_gemm(const float *x, uint32_t *x2, const void *panels, int bf16, float *c,
+                        long M, long K, long K2, long n, long P, int threads) {
+        pg_gemm_job j = {x, x2, panels, c, M, K, K2, n, 256};  /* kc: 256 x 32 x 4 B = 32 KiB, L1 */
+        if (bf16) {
+            uint16_t *h = (uint16_t *)x2;
+            for (long i = 0; i < M; i++) {
+                for (long k = 0; k < K; k++)
+                    h[i * 2 * K2 + k] = pg_f32_to_bf16(x[i * K + k]);
+                for (long k = K; k < 2 * K2; k++)
+                    h[i * 2 * K2 + k] = 0;
+            }
+        }
+        if (M * K * n < (1L << 18))  /* a few microseconds of work: not worth waking anyone */
+            threads = 1;
+        pg_pool_run(bf16 ? pg_gemm_bf16_task : pg_gemm_f32_task, &j, P, threads);
+    }
+    """
+    int SCRATCHLLM_BF16_DOT
+    int PG_NR
+    int PG_MAXR
+    void pg_micro_f32(int R, const float *x, long lda, const float *panel, long kc, float *c, long ldc,
+                      int cols, int first) noexcept nogil
+    void pg_micro_bf16(int R, const uint32_t *x2, long lda2, const uint16_t *panel, long kc2, float *c, long ldc,
+                       int cols, int first) noexcept nogil
+    uint16_t pg_f32_to_bf16(float f) noexcept nogil
+    void pg_gemm(const float *x, uint32_t *x2, const void *panels, int bf16, float *c, long M, long K, long K2,
+                 long n, long P, int threads) noexcept nogil
+
+
+NR = PG_NR
+MAXR = PG_MAXR
+HAVE_AVX512_BF16 = bool(SCRATCHLLM_BF16_DOT)
+DTYPES = ("float32", "bfloat16")
+
+cdef int _threads = os.cpu_count() or 1
+
+
+def set_num_threads(int n) -> int:
+    """Threads of every matmul from now on (0 = one per core); returns the previous count."""
+    global _threads
+    previous = _threads
+    _threads = n if n > 0 else (os.cpu_count() or 1)
+    return previous
+
+
+def get_num_threads() -> int:
+    return _threads
+
+
+def to_bfloat16(x) -> np.ndarray:
+    """float32 array -> uint16 array of its bfloat16 bits (round to nearest even)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
+
+
+def from_bfloat16(h) -> np.ndarray:
+    """uint16 bfloat16 bits -> float32 (exact)."""
+    return (np.asarray(h, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def pack(w, str dtype="float32") -> np.ndarray:
+    """The [K, N] matrix w (any strides, e.g. a transposed view) -> its panels (layouts above)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    K, N = w.shape
+    P = -(-N // PG_NR)
+    if dtype == "float32":
+        panels = np.zeros((P, K, PG_NR), dtype=np.float32)
+        full = N // PG_NR
+        panels[:full] = w[:, : full * PG_NR].reshape(K, full, PG_NR).transpose(1, 0, 2)
+        if full < P:
+            panels[full, :, : N - full * PG_NR] = w[:, full * PG_NR :]
+        return panels
+    K2 = -(-K // 2)
+    padded = np.zeros((2 * K2, P * PG_NR), dtype=np.float32)
+    padded[:K, :N] = w
+    return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, 32, 2]
+
+
+def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
+    """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
+    P = panels.shape[0]
+    if panels.dtype == np.uint16:
+        w = from_bfloat16(panels).transpose(1, 3, 0, 2).reshape(2 * panels.shape[1], P * PG_NR)
+    else:
+        w = panels.transpose(1, 0, 2).reshape(k, P * PG_NR)
+    return np.ascontiguousarray(w[:k, :n])
+
+
+def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
+    """Columns `ids` of the packed [k, n] matrix as rows: [len(ids), k] float32 (W[:, ids].T).
+    This is how an embedding lookup reads a tied LM head."""
+    ids = np.asarray(ids, dtype=np.int64)
+    p, j = ids // PG_NR, ids % PG_NR
+    if panels.dtype == np.uint16:  # [P, K2, 32, 2] -> [len, K2, 2]
+        return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
+    return np.ascontiguousarray(panels[p, :, j])
+
+
+def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
+    """x [M, K] float32 @ the packed [K, n] matrix -> out [M, n] float32 (new unless given)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D, got shape {x.shape}")
+    M, K = x.shape
+    if out is None:
+        out = np.empty((M, n), dtype=np.float32)
+    elif out.shape != (M, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 [{M}, {n}] array")
+    if M == 0:
+        return out
+    if panels.dtype == np.uint16:
+        if panels.ndim != 4 or panels.shape[1] * 2 not in (K, K + 1) or panels.shape[2:] != (PG_NR, 2):
+            raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
+        _matmul_bf16(x, panels, n, out)
+    else:
+        if panels.ndim != 3 or panels.shape[1] != K or panels.shape[2] != PG_NR:
+            raise ValueError(f"float32 panels {panels.shape} do not fit x of shape {x.shape}")
+        _matmul_f32(x, panels, n, out)
+    return out
+
+
+cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_ssize_t n, float[:, ::1] c):
+    with nogil:
+        pg_gemm(&x[0, 0], NULL, &panels[0, 0, 0], 0, &c[0, 0], x.shape[0], x.shape[1], 0, n, panels.shape[0],
+                _threads)
+
+
+cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,
+                       float[:, ::1] c):
+    cdef Py_ssize_t M = x.shape[0], K2 = panels.shape[1]
+    cdef uint32_t *x2 = <uint32_t *> malloc(M * K2 * sizeof(uint32_t))
+    if x2 == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            pg_gemm(&x[0, 0], x2, &panels[0, 0, 0, 0], 1, &c[0, 0], M, x.shape[1], K2, n, panels.shape[0], _threads)
+    finally:
+        free(x2)

@@ -1,0 +1,56 @@
+"""A weight matrix stored once in the panel layout of our GEMM kernel, used as `x @ w`.
+
+`PackedWeight` stands where a [in, out] NumPy matrix stood: `x @ w` calls
+scratchllm.kernels.packed_gemm.matmul (NumPy defers to `__rmatmul__` because the class sets
+`__array_ufunc__ = None`), so the model code reads the same whether weights are packed or not.
+Why pack at all, and the layouts: see the kernel's docstring.
+
+dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside the kernel, the
+activations they multiply) to bfloat16 for half the bytes and twice the multiply rate. Norms,
+rotary embeddings, attention and the KV cache stay float32 either way.
+"""
+
+import numpy as np
+
+from scratchllm.kernels import packed_gemm
+
+DTYPES = packed_gemm.DTYPES
+
+
+class PackedWeight:
+    __array_ufunc__ = None  # `ndarray @ PackedWeight` -> PackedWeight.__rmatmul__
+
+    def __init__(self, w, dtype: str = "float32"):
+        """w: the [in, out] matrix, any strides (a transposed [out, in] checkpoint tensor is fine)."""
+        if w.ndim != 2:
+            raise ValueError(f"a weight matrix must be 2-D, got shape {w.shape}")
+        self.shape = tuple(w.shape)  # (in, out): y = x @ w
+        self.dtype = dtype
+        self.panels = packed_gemm.pack(w, dtype)
+
+    @classmethod
+    def from_rows(cls, parts, dtype: str = "float32") -> "PackedWeight":
+        """Checkpoint tensors [out_i, in] (Hugging Face's nn.Linear layout), fused along out:
+        one matrix y = x @ [p_0; p_1; ...].T, as q|k|v or gate|up."""
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        return cls(np.asarray(rows, dtype=np.float32).T, dtype)
+
+    def __rmatmul__(self, x):  # [N, in] -> [N, out]
+        if x.shape[-1] != self.shape[0]:
+            raise ValueError(f"x of shape {x.shape} @ a [{self.shape[0]}, {self.shape[1]}] weight")
+        return packed_gemm.matmul(x, self.panels, self.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+    def numpy(self) -> np.ndarray:
+        """The [in, out] float32 matrix (a copy; bfloat16 values widen exactly)."""
+        return packed_gemm.unpack(self.panels, *self.shape)
+
+    def columns(self, ids) -> np.ndarray:
+        """w[:, ids].T as a new [len(ids), in] float32 array: a tied LM head serving as the embedding."""
+        return packed_gemm.columns(self.panels, self.shape[0], ids)
+
+    def __repr__(self) -> str:
+        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, {self.nbytes / 2**20:.1f} MiB)"

@@ -1,0 +1,127 @@
+"""The packed GEMM (scratchllm/kernels/packed_gemm.pyx) against float64 NumPy, and its bfloat16
+rounding against torch's."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from scratchllm.kernels import packed_gemm as pg
+
+# (M, K, N): one row, ragged edges (K odd, N not a multiple of 32), several row tiles (M > 12),
+# and products big enough to be shared with the pool's helper threads.
+SHAPES = [(1, 5, 7), (3, 33, 65), (13, 64, 32), (16, 576, 960), (40, 7, 31), (64, 301, 257), (1, 1536, 576)]
+
+
+def operands(M, K, N, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+
+
+def bf16(a):  # torch's float32 -> bfloat16 rounding, widened back to float32
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16).float().numpy()
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_float32_matmul_equals_numpy(M, K, N):
+    x, w = operands(M, K, N)
+    y = pg.matmul(x, pg.pack(w), N)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_bfloat16_matmul_is_the_exact_product_of_rounded_operands(M, K, N):
+    x, w = operands(M, K, N)
+    y = pg.matmul(x, pg.pack(w, "bfloat16"), N)
+    ref = bf16(x).astype(np.float64) @ bf16(w).astype(np.float64)  # only the fp32 summation may differ
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+    # and it is a bfloat16 approximation of the float32 product, not something else
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(y - exact).max() < 2 ** -7 * np.abs(x).max() * np.abs(w).max() * K
+
+
+def test_bfloat16_rounding_equals_torch():
+    rng = np.random.default_rng(1)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 3.4e38, 1.0 + 2**-8, 1.0 + 3 * 2**-8,
+                        1.0 + 2**-8 + 2**-20], dtype=np.float32)  # ties to even, both ways; subnormals
+    x = np.concatenate([special, rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 10000)])
+    ours = pg.to_bfloat16(x)
+    theirs = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(ours[~nan], theirs[~nan])
+    assert np.isnan(pg.from_bfloat16(ours[nan])).all()
+
+
+@pytest.mark.parametrize("dtype", pg.DTYPES)
+def test_pack_unpack_and_columns(dtype):
+    _, w = operands(1, 37, 70)
+    packed = pg.pack(w, dtype)
+    expect = w if dtype == "float32" else bf16(w)
+    np.testing.assert_array_equal(pg.unpack(packed, 37, 70), expect)
+    ids = [0, 31, 32, 69, 5, 5]
+    np.testing.assert_array_equal(pg.columns(packed, 37, ids), expect[:, ids].T)
+
+
+@pytest.mark.parametrize("dtype", pg.DTYPES)
+def test_result_does_not_depend_on_the_thread_count(dtype):
+    # every panel is computed whole by one thread in one order, so threads change nothing, bit for bit
+    x, w = operands(24, 576, 3072)
+    packed = pg.pack(w, dtype)
+    previous = pg.set_num_threads(1)
+    try:
+        one = pg.matmul(x, packed, 3072)
+        pg.set_num_threads(4)
+        four = pg.matmul(x, packed, 3072)
+    finally:
+        pg.set_num_threads(previous)
+    np.testing.assert_array_equal(one, four)
+
+
+def test_concurrent_callers_get_their_own_results():
+    # the pool serves one job at a time; a second caller meanwhile computes alone, correctly
+    x, w = operands(16, 576, 1536)
+    packed = pg.pack(w)
+    expect = pg.matmul(x, packed, 1536)
+    errors = []
+
+    def worker(seed):
+        xs = x * (seed + 1)
+        for _ in range(20):
+            y = pg.matmul(xs, packed, 1536)
+            if not np.allclose(y, expect * (seed + 1), rtol=1e-5, atol=1e-3):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_out_and_shape_errors():
+    x, w = operands(4, 10, 40)
+    packed = pg.pack(w)
+    out = np.empty((4, 40), np.float32)
+    assert pg.matmul(x, packed, 40, out=out) is out
+    with pytest.raises(ValueError, match="do not fit"):
+        pg.matmul(x[:, :9], packed, 40)
+    with pytest.raises(ValueError, match="out must be"):
+        pg.matmul(x, packed, 40, out=np.empty((4, 41), np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        pg.pack(w, "float16")
+    assert pg.matmul(x[:0], packed, 40).shape == (0, 40)
+
+
+def test_packed_weight_is_used_as_x_at_w():
+    from scratchllm.models.packed import PackedWeight
+
+    x, w = operands(5, 48, 40)
+    pw = PackedWeight.from_rows([w.T[:8], w.T[8:]])  # two checkpoint tensors [out_i, in], fused along out
+    assert pw.shape == (48, 40)
+    np.testing.assert_allclose(x @ pw, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(pw.numpy(), w)
+    with pytest.raises(ValueError, match="weight"):
+        x[:, :47] @ pw
