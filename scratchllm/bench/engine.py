@@ -4,14 +4,22 @@ transformers.
 
 1. Mixed workload: --requests requests (default 64), prompt and output lengths drawn uniformly
    from --prompt-len and --output-len (default 16-512 each), random token ids, seeded; all
-   arrive at t=0 (an offline batch), greedy with ignore_eos so both modes make exactly the same
-   tokens. Same concurrency cap for both (--batch-size). Continuous: the engine (paged KV,
-   chunked prefill, one packed forward per step). Static: pad to the longest, reserve
-   [batch, longest prompt + longest output], run each batch to completion. Per mode: output
-   tokens/s, requests/s, p50/p99 latency (finish - arrival), peak KV bytes (continuous: blocks
-   in use at the peak; static: the padded reservation). And whether the outputs agree.
-   With --rate, requests arrive as a seeded Poisson process instead, in real time: continuous
-   admits them into the running batch, static starts a new batch only when the last one ended.
+   arrive at t=0 (an offline batch), greedy with ignore_eos so every mode makes exactly the same
+   tokens. Three runs:
+   - static: batches of --batch-size (16): pad to the longest, reserve [batch, longest prompt +
+     longest output] of KV, run each batch to completion;
+   - continuous, same concurrency: the engine (paged KV, chunked prefill, one packed forward per
+     step) capped at --batch-size sequences. Its peak KV against static's reservation is the
+     memory paging saves for the same work (the KV goal);
+   - continuous, same KV memory: the engine given a pool of exactly the bytes static reserved,
+     capped at --max-seqs (64). This is the seed's argument ("no padding saves 37% of the KV
+     memory, which allows more concurrency"): the same memory serves more sequences at once.
+     Its throughput and p99 against static are the throughput and latency goals.
+   Per run: output tokens/s, requests/s, p50/p99 latency (finish - arrival), peak KV bytes
+   (continuous: blocks in use at the peak; static: the padded reservation), and whether the
+   outputs agree. With --rate, requests arrive as a seeded Poisson process instead, in real
+   time: continuous admits them into the running batch, static starts a new batch only when the
+   last one ended.
 2. Batched decode: decode-only tokens/s of --decode-seqs sequences (default 32) vs one.
 3. ANCHORS: 16 chat prompts x 128 new tokens, aggregate tokens/s with prefill included.
 
@@ -57,7 +65,12 @@ def add_arguments(parser):
     parser.add_argument("--requests", type=int, default=64, help="requests in the mixed workload (default 64)")
     parser.add_argument("--prompt-len", default="16,512", help="prompt lengths LO,HI (default 16,512)")
     parser.add_argument("--output-len", default="16,512", help="output lengths LO,HI (default 16,512)")
-    parser.add_argument("--batch-size", type=int, default=16, help="concurrency cap of both modes (default 16)")
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="static batch size, and the cap of the same-concurrency continuous run (default 16)")
+    parser.add_argument("--max-seqs", type=int, default=64,
+                        help="concurrency cap of the same-KV-memory continuous run (default 64)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="weight matrices (default float32; bfloat16 needs AVX512-BF16 to be fast)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: token budget per step")
     parser.add_argument("--decode-seqs", type=int, default=32, help="batched-decode figure: sequences (default 32)")
     parser.add_argument("--anchor-new-tokens", type=int, default=128, help="ANCHORS workload: new tokens (128)")
@@ -67,7 +80,8 @@ def add_arguments(parser):
                         help="BLAS and attention-kernel threads (default 0: all cores); 1 is often faster "
                              "when other jobs share the cores")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: mixed,static,decode,anchors")
+    parser.add_argument("--skip", default="",
+                        help="comma list of parts to skip: mixed,static,same-seqs,decode,anchors")
     parser.add_argument("--quick", action="store_true",
                         help="a minute or two: 16 requests of 16-128 + 16-128 tokens, 16 decode steps, "
                              "anchors with 32 new tokens")
@@ -106,11 +120,17 @@ def _summary(prompts, outputs, arrivals, finish, wall) -> dict:
             "requests_per_s": len(prompts) / wall, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
 
 
-def run_continuous(model, prompts, outputs, arrivals, args) -> dict:
+def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, kv_bytes: int | None = None) -> dict:
+    """The engine on the workload, at most max_num_seqs at once; a KV pool of kv_bytes (default:
+    the memory plan's)."""
     from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.engine.paged_attention import PagedAttention
     from scratchllm.sampling import SamplingParams
 
-    engine = LLMEngine(model, EngineConfig(max_num_seqs=args.batch_size, num_threads=args.threads,
+    blocks = None
+    if kv_bytes is not None:
+        blocks = kv_bytes // PagedAttention.bytes_per_block(model.config, EngineConfig.block_size)
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, num_threads=args.threads, num_kv_blocks=blocks,
                                            max_num_batched_tokens=args.max_num_batched_tokens))
     n = len(prompts)
     tokens, finish = [[] for _ in range(n)], [0.0] * n
@@ -133,6 +153,7 @@ def run_continuous(model, prompts, outputs, arrivals, args) -> dict:
     result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
     stats = engine.stats()
     result.update(peak_kv_bytes=stats["kv_bytes_peak"], steps=stats["steps"], preemptions=stats["preemptions"],
+                  max_num_seqs=max_num_seqs, kv_pool_bytes=stats["kv_blocks_total"] * stats["kv_block_bytes"],
                   token_ids=tokens)
     return result
 
@@ -219,24 +240,37 @@ def _run(args) -> dict:
     prompt_len, output_len = _range(args.prompt_len), _range(args.output_len)
     decode_steps = 16 if args.quick else 32
     t = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype)
     result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
               "figures": {}, "ratios": {}, "seed": SEED, "anchors": ANCHORS, "goals": GOALS}
     figs, ratios = result["figures"], result["ratios"]
     if "mixed" not in skip:
         prompts, outputs = workload(args.requests, prompt_len, output_len, model.config.vocab_size, args.seed)
         arrivals = arrival_times(args.requests, args.rate, args.seed)
-        figs["continuous"] = cont = run_continuous(model, prompts, outputs, arrivals, args)
+        runs = {}
         if "static" not in skip:
-            figs["static"] = stat = run_static_mode(model, prompts, outputs, arrivals, args)
-            same = sum(a == b for a, b in zip(cont["token_ids"], stat["token_ids"], strict=True))
+            runs["static"] = run_static_mode(model, prompts, outputs, arrivals, args)
+        if "same-seqs" not in skip:
+            runs["continuous_same_seqs"] = run_continuous(model, prompts, outputs, arrivals, args, args.batch_size)
+        # same KV memory as static reserved (without a static run: the engine's memory plan)
+        budget = runs["static"]["peak_kv_bytes"] if "static" in runs else None
+        runs["continuous"] = cont = run_continuous(model, prompts, outputs, arrivals, args, args.max_seqs, budget)
+        if "static" in runs:
+            stat = runs["static"]
+            same = sum(all(r["token_ids"][i] == stat["token_ids"][i] for r in runs.values())
+                       for i in range(len(prompts)))
             figs["identical_outputs"] = f"{same}/{len(prompts)}"
             ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
             ratios["p99_static_over_continuous"] = stat["p99_ms"] / cont["p99_ms"]
             ratios["p50_static_over_continuous"] = stat["p50_ms"] / cont["p50_ms"]
-            ratios["kv_saving"] = 1.0 - cont["peak_kv_bytes"] / stat["peak_kv_bytes"]
-            del stat["token_ids"]
-        del cont["token_ids"]
+            if "continuous_same_seqs" in runs:
+                alike = runs["continuous_same_seqs"]
+                ratios["kv_saving"] = 1.0 - alike["peak_kv_bytes"] / stat["peak_kv_bytes"]
+                ratios["throughput_same_seqs_over_static"] = alike["output_tok_s"] / stat["output_tok_s"]
+                ratios["p99_static_over_same_seqs"] = stat["p99_ms"] / alike["p99_ms"]
+        for r in runs.values():
+            del r["token_ids"]
+        figs.update(runs)
     if "decode" not in skip:
         one = decode_rate(model, 1, 64, decode_steps, args.seed, args.threads)
         many = decode_rate(model, args.decode_seqs, 64, decode_steps, args.seed, args.threads)
@@ -260,17 +294,22 @@ def render(r) -> str:
     out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s), threads {threads}; single runs, "
            "on a possibly shared machine"]
     if "continuous" in f:
-        c = f["continuous"]
+        c, s, a = f["continuous"], f.get("static"), f.get("continuous_same_seqs")
         when = f"Poisson arrivals at {inp['rate']:g}/s" if inp.get("rate") else "all at t=0"
         out.append(f"\n1. mixed workload: {inp['requests']} requests, prompt {inp['prompt_len']}, output "
-                   f"{inp['output_len']} tokens, seed {inp['seed']}, {when}, concurrency {inp['batch_size']}")
-        out.append(f"{'':<22}{'continuous':>12}{'static':>12}{'ratio':>9}   goal    seed (A10G, its workload)")
-        s = f.get("static")
+                   f"{inp['output_len']} tokens, seed {inp['seed']}, {when}, weights {inp.get('dtype', 'float32')}")
+        out.append(f"{'':<16}{'static':>11}{'continuous':>12}{'continuous':>12}{'ratio':>8}   goal     seed (A10G)")
+        out.append(f"{'':<16}{inp['batch_size']:>7} seq{inp['batch_size']:>8} seq{'same KV':>12}{'':>8}")
+        cap = f"<= {inp['max_seqs']} seq"
+        out.append(f"{'':<16}{'':>11}{'':>12}{cap:>12}")
+
+        def cell(run, key, fmt):
+            return format(run[key], fmt) if run else "-"
 
         def row(name, key, fmt, ratio=None, goal="", seed=""):
-            sv = format(s[key], fmt) if s else "-"
             rv = f"{ra[ratio]:.2f}x" if ratio and ratio in ra else ""
-            out.append(f"{name:<22}{format(c[key], fmt):>12}{sv:>12}{rv:>9}   {goal:<8}{seed}")
+            out.append(f"{name:<16}{cell(s, key, fmt):>11}{cell(a, key, fmt):>12}{format(c[key], fmt):>12}{rv:>8}"
+                       f"   {goal:<9}{seed}")
 
         row("output tok/s", "output_tok_s", ".1f", "throughput_continuous_over_static", ">= 2x",
             f"{SEED['qps_continuous']:.0f} vs {SEED['qps_static']:.0f} QPS = {127 / 89:.2f}x")
@@ -278,13 +317,17 @@ def render(r) -> str:
         row("p50 latency ms", "p50_ms", ".0f", "p50_static_over_continuous")
         row("p99 latency ms", "p99_ms", ".0f", "p99_static_over_continuous", ">= 3x",
             f"{SEED['p99_ms_continuous']:.0f} vs {SEED['p99_ms_static']:.0f} ms = {113 / 42:.2f}x")
-        sv = _bytes(s["peak_kv_bytes"]) if s else "-"
         kv = f"-{ra['kv_saving'] * 100:.0f}%" if "kv_saving" in ra else ""
-        out.append(f"{'peak KV':<22}{_bytes(c['peak_kv_bytes']):>12}{sv:>12}{kv:>9}   {'>= 50%':<8}-37%")
-        out.append(f"{'wall s':<22}{c['wall_s']:>12.1f}{(format(s['wall_s'], '.1f') if s else '-'):>12}")
+        out.append(f"{'peak KV':<16}{(_bytes(s['peak_kv_bytes']) if s else '-'):>11}"
+                   f"{(_bytes(a['peak_kv_bytes']) if a else '-'):>12}{_bytes(c['peak_kv_bytes']):>12}{kv:>8}"
+                   f"   {'>= 50%':<9}-37%  (ratio: same concurrency)")
+        out.append(f"{'wall s':<16}{cell(s, 'wall_s', '.1f'):>11}{cell(a, 'wall_s', '.1f'):>12}{c['wall_s']:>12.1f}")
+        if a and s:
+            out.append(f"same concurrency: {ra['throughput_same_seqs_over_static']:.2f}x throughput, p99 "
+                       f"{ra['p99_static_over_same_seqs']:.2f}x lower; ratios above: same KV memory")
         extra = f"; static computed {s['padded_tokens']} padding tokens" if s else ""
-        out.append(f"continuous: {c['steps']} steps, {c['preemptions']} preemptions{extra}; identical greedy "
-                   f"outputs: {f.get('identical_outputs', '-')}")
+        out.append(f"continuous (same KV): {c['steps']} steps, {c['preemptions']} preemptions{extra}; identical "
+                   f"greedy outputs in every run: {f.get('identical_outputs', '-')}")
     if "decode" in f:
         d = f["decode"]
         out.append(f"\n2. batched decode ({d['prompt_tokens']}-token prompts, median of {d['steps']} steps): "

@@ -40,12 +40,19 @@ def parse(module, argv):
 @pytest.mark.parametrize("rate", ["0", "200"])
 def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     args = parse(bench_engine, ["--model", str(tiny_folder), "--requests", "6", "--prompt-len", "4,40",
-                                "--output-len", "2,12", "--batch-size", "3", "--decode-seqs", "4",
+                                "--output-len", "2,12", "--batch-size", "3", "--max-seqs", "8", "--decode-seqs", "4",
                                 "--skip", "anchors", "--rate", rate])
     result = bench_engine.run(args)
     figs, ratios = result["figures"], result["ratios"]
     assert figs["identical_outputs"] == "6/6"  # the baseline and the engine agree token for token
     assert figs["continuous"]["output_tokens"] == figs["static"]["output_tokens"]
+    # the same-memory run gets a pool of the bytes static reserved (whole blocks), and more sequences
+    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.models import load_model
+
+    block = PagedAttention.bytes_per_block(load_model(tiny_folder).config, 16)
+    assert 0 <= figs["static"]["peak_kv_bytes"] - figs["continuous"]["kv_pool_bytes"] < block
+    assert figs["continuous"]["max_num_seqs"] == 8 and figs["continuous_same_seqs"]["max_num_seqs"] == 3
     if rate == "0":  # all at once: batches of 3 mixed lengths pad; with arrivals a batch may be 1
         assert figs["static"]["padded_tokens"] > 0
     assert figs["static"]["peak_kv_bytes"] > 0 and figs["continuous"]["peak_kv_bytes"] > 0
