@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from scratchllm.kernels import pointwise
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import DTYPES, PackedWeight
@@ -31,7 +32,13 @@ from scratchllm.models.packed import DTYPES, PackedWeight
 LOAD_THREADS = min(2, os.cpu_count() or 1)
 
 
+# NumPy arrays take the fused C kernels of scratchllm/kernels/pointwise.pyx (one pass each, no
+# temporaries); the NumPy lines are what those compute, and what other array modules run.
+
+
 def rms_norm(x, w, eps: float):  # [N, C], [C] -> [N, C]
+    if isinstance(x, np.ndarray):
+        return pointwise.rms_norm(np.ascontiguousarray(x), w, eps)
     xp = array_module(x)
     ms = xp.einsum("nc,nc->n", x, x)[:, None] * (1.0 / x.shape[-1])  # mean of squares, [N, 1]
     ms += eps
@@ -57,6 +64,13 @@ def rope(x, cos, sin):  # [N, h, D], [N, D/2], [N, D/2] -> [N, h, D]
     return out
 
 
+def rope_(qkv, heads: int, cos, sin) -> None:  # [N, h, D]: rotate heads 0..heads-1 in place
+    if isinstance(qkv, np.ndarray) and qkv.flags.c_contiguous:
+        pointwise.rope_(qkv, heads, cos, sin)
+    else:
+        qkv[:, :heads] = rope(qkv[:, :heads], cos, sin)
+
+
 def linear(x, w, b=None):  # [N, in], [in, out] (PackedWeight or array), [out] -> [N, out]
     y = x @ w
     if b is not None:
@@ -66,6 +80,8 @@ def linear(x, w, b=None):  # [N, in], [in, out] (PackedWeight or array), [out] -
 
 def swiglu(x, gate_up, down):  # [N, C], [C, 2I], [I, C] -> [N, C]
     gu = x @ gate_up  # [N, 2I]
+    if isinstance(gu, np.ndarray):
+        return pointwise.silu_mul(gu) @ down
     I = gu.shape[1] // 2
     g, u = gu[:, :I], gu[:, I:]
     # silu(g) = g * sigmoid(g), sigmoid(g) = (1 + tanh(g/2)) / 2: tanh cannot overflow the way
@@ -84,8 +100,8 @@ def attention_block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attentio
     N = x.shape[0]
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = linear(x, p["qkv_proj"], p.get("qkv_bias")).reshape(N, H + 2 * KVH, D)
-    qk = rope(qkv[:, : H + KVH], cos, sin)  # q and k rotate together: one pass instead of two
-    q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH :]
+    rope_(qkv, H + KVH, cos, sin)  # q and k rotate together, in place: one pass instead of two
+    q, k, v = qkv[:, :H], qkv[:, H : H + KVH], qkv[:, H + KVH :]
     out = attention(layer, q, k, v)  # [N, H, D]
     return linear(out.reshape(N, H * D), p["o_proj"], p.get("o_bias"))
 

@@ -1,0 +1,141 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The elementwise steps of a Llama block, one pass each over memory, in C: RMSNorm, the rotary
+embedding (in place) and the SwiGLU gate silu(g) * u.
+
+Why: in NumPy each is several whole-array passes plus temporaries (SwiGLU's silu alone is six),
+and at decode sizes (16 rows) the per-call overhead is most of the cost. Together they were about
+6 ms of a 45 ms 16-sequence decode step; fused they are about 1 ms. The results equal NumPy's up to
+float32 rounding of the summation order (RMSNorm) and exp's polynomial (SwiGLU, relative error
+< 2e-7): the model tests compare logits against transformers either way.
+"""
+
+import numpy as np
+
+
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <string.h>
+    typedef float pw_v16 __attribute__((vector_size(64)));
+    typedef int pw_v16i __attribute__((vector_size(64)));
+
+    /* mask ? a : b, lane by lane (C has no vector ?:) */
+    static inline pw_v16 pw_select(pw_v16i mask, pw_v16 a, pw_v16 b) {
+        pw_v16i ai, bi;
+        memcpy(&ai, &a, sizeof ai);
+        memcpy(&bi, &b, sizeof bi);
+        ai = (ai & mask) | (bi & ~mask);
+        memcpy(&a, &ai, sizeof a);
+        return a;
+    }
+
+    /* exp(x) for x <= 0, 16 lanes: x = n ln2 + r, |r| <= ln2/2; e^r by its Taylor polynomial to r^6
+       (relative error < 2e-7); 2^n written into the exponent bits. Below -87 the result is 0. */
+    static inline pw_v16 pw_exp16(pw_v16 x) {
+        pw_v16i tiny = x < -87.0f;
+        pw_v16 lo = (pw_v16){0} - 87.0f;
+        x = pw_select(tiny, lo, x);
+        pw_v16 y = x * 1.4426950408889634f - 0.5f;
+        pw_v16i n = __builtin_convertvector(y, pw_v16i);  /* truncation toward 0 of y <= -0.5: round */
+        pw_v16 nf = __builtin_convertvector(n, pw_v16);
+        pw_v16 r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
+        pw_v16 p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+        pw_v16i bits = ((n + 127) << 23) & ~tiny;
+        pw_v16 two_n;
+        memcpy(&two_n, &bits, sizeof two_n);
+        return p * two_n;
+    }
+
+    /* out[0:n] = silu(g) * u, silu(g) = g * sigmoid(g); sigmoid from e = exp(-|g|) <= 1, which
+       cannot overflow: 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0. */
+    static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
+        long i = 0;
+        for (; i + 16 <= n; i += 16) {
+            pw_v16 gv, uv;
+            memcpy(&gv, g + i, sizeof gv);
+            memcpy(&uv, u + i, sizeof uv);
+            pw_v16i neg = gv < 0.0f;
+            pw_v16 a = pw_select(neg, gv, -gv);  /* -|g| */
+            pw_v16 e = pw_exp16(a);
+            pw_v16 one = (pw_v16){0} + 1.0f;
+            pw_v16 sig = pw_select(neg, e, one) / (1.0f + e);
+            pw_v16 o = gv * sig * uv;
+            memcpy(out + i, &o, sizeof o);
+        }
+        for (; i < n; i++) {
+            float e = expf(-fabsf(g[i]));
+            float sig = (g[i] < 0.0f ? e : 1.0f) / (1.0f + e);
+            out[i] = g[i] * sig * u[i];
+        }
+    }
+
+    /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. */
+    static void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) {
+        pw_v16 acc = {0};
+        long i = 0;
+        for (; i + 16 <= n; i += 16) {
+            pw_v16 v;
+            memcpy(&v, x + i, sizeof v);
+            acc += v * v;
+        }
+        float ss = 0.0f;
+        for (int j = 0; j < 16; j++)
+            ss += acc[j];
+        for (; i < n; i++)
+            ss += x[i] * x[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (i = 0; i < n; i++)
+            out[i] = x[i] * inv * w[i];
+    }
+
+    /* Rotate-half rotary embedding of one head in place: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
+    static void pw_rope_head(float *x, const float *c, const float *s, long half) {
+        for (long i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * c[i] - x2 * s[i];
+            x[i + half] = x2 * c[i] + x1 * s[i];
+        }
+    }
+    """
+    void pw_silu_mul(const float *g, const float *u, float *out, long n) noexcept nogil
+    void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) noexcept nogil
+    void pw_rope_head(float *x, const float *c, const float *s, long half) noexcept nogil
+
+
+def silu_mul(const float[:, ::1] gate_up):
+    """[N, 2I] (gate | up, as the fused matmul makes them) -> silu(gate) * up, [N, I]."""
+    cdef Py_ssize_t N = gate_up.shape[0], I = gate_up.shape[1] // 2, r
+    out = np.empty((N, I), dtype=np.float32)
+    cdef float[:, ::1] o = out
+    if N == 0 or I == 0:
+        return out
+    with nogil:
+        for r in range(N):
+            pw_silu_mul(&gate_up[r, 0], &gate_up[r, I], &o[r, 0], I)
+    return out
+
+
+def rms_norm(const float[:, ::1] x, const float[::1] w, float eps):
+    """[N, C] -> x / sqrt(mean(x^2, axis=-1) + eps) * w, a new [N, C] array."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], r
+    if w.shape[0] != C:
+        raise ValueError(f"weight of {w.shape[0]} for rows of {C}")
+    out = np.empty((N, C), dtype=np.float32)
+    cdef float[:, ::1] o = out
+    if N == 0 or C == 0:
+        return out
+    with nogil:
+        for r in range(N):
+            pw_rms_norm(&x[r, 0], &w[0], eps, &o[r, 0], C)
+    return out
+
+
+def rope_(float[:, :, ::1] x, Py_ssize_t heads, const float[:, ::1] cos, const float[:, ::1] sin):
+    """Rotate the first `heads` heads of x [N, h, D] in place by each row's angles cos, sin [N, D/2]."""
+    cdef Py_ssize_t N = x.shape[0], D = x.shape[2], half = x.shape[2] // 2, r, h
+    if heads > x.shape[1] or cos.shape[0] != N or sin.shape[0] != N or cos.shape[1] != half or sin.shape[1] != half:
+        raise ValueError("rope_: shapes do not fit")
+    with nogil:
+        for r in range(N):
+            for h in range(heads):
+                pw_rope_head(&x[r, h, 0], &cos[r, 0], &sin[r, 0], half)
