@@ -19,9 +19,7 @@ import math
 import numpy as np
 
 from scratchllm.engine.masks import varlen_causal_mask
-from scratchllm.kernels.paged_attention import copy_blocks, paged_attention
-
-PARALLEL_MIN_KEY_ROWS = 8192
+from scratchllm.kernels.paged_attention import copy_blocks, layout_context, paged_attention
 
 
 class PagedAttention:
@@ -33,9 +31,9 @@ class PagedAttention:
         self.v_cache = np.zeros((num_layers, num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
-        self.num_threads = num_threads
+        self.num_threads = num_threads  # 0: the kernel pool's count (scratchllm/kernels/pool.pyx)
         self.block_tables = self.token_seq = self.token_pos = None
-        self.step_threads = num_threads
+        self.max_ctx = 0
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, num_threads: int = 0):
@@ -49,11 +47,9 @@ class PagedAttention:
         self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int32)
         self.token_pos = np.ascontiguousarray(token_pos, dtype=np.int32)
-        # Threads pay only for big steps: a small decode batch finishes in less time than
-        # waking a second thread costs, and on a shared machine a spinning OpenMP team beside
-        # BLAS's own threads slows both by 10x. Below ~8K key rows (~2 ms) run on one thread.
-        key_rows = int(self.token_pos.sum()) + len(self.token_pos)
-        self.step_threads = self.num_threads if key_rows >= PARALLEL_MIN_KEY_ROWS else 1
+        # checked once per step here, so that the 30 calls per step need not
+        self.max_ctx = layout_context(self.block_tables, self.token_seq, self.token_pos, self.block_size,
+                                      self.k_cache.shape[1])
 
     def copy_blocks(self, pairs) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
@@ -69,7 +65,7 @@ class PagedAttention:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         out = np.empty(q.shape, dtype=np.float32)
         paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
-                        self.token_pos, self.scale, out, self.step_threads)
+                        self.token_pos, self.scale, out, self.max_ctx, self.num_threads)
         return out
 
 

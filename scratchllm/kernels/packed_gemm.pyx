@@ -16,7 +16,7 @@ Packed layouts (one panel = NR = 32 output columns, zero-padded at the right edg
                               broadcast pair of x and adds both products into 16 fp32 lanes.
                               (K is zero-padded to even.)
 
-Loop nest of `matmul`. Panels are the tasks of our own small thread pool (pg_pool_run below),
+Loop nest of `matmul`. Panels are the tasks of our own thread pool (scratchllm/kernels/pool.pyx),
 not of OpenMP: a thread descheduled by another process just takes fewer panels instead of
 stalling every matmul at a barrier.
 
@@ -36,10 +36,11 @@ products are summed in fp32: half the weight bytes and twice the multiplies per 
 Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correctness only).
 """
 
-import os
-
 import numpy as np
 
+from scratchllm.kernels import pool as pool_module
+
+from scratchllm.kernels cimport pool
 from libc.stdint cimport uint16_t, uint32_t
 from libc.stdlib cimport free, malloc
 
@@ -187,132 +188,6 @@ cdef extern from *:
         return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
     }
 
-    /* ---- the thread pool: helpers that take panels, a caller that never waits for a late one ----
-       An OpenMP parallel region ends at a barrier every thread must reach. When another process
-       holds a core, the thread on it reaches the barrier a scheduler time slice (ms) late, and a
-       decode step has ~200 regions: we measured 50x slowdowns. Here a job is n tasks; whoever runs
-       (caller or helper) claims tasks one at a time from an atomic counter, and the caller waits
-       only for tasks already claimed. A helper that is not running claims nothing, so the caller
-       just does more of the work itself.
-
-       The claim word packs (job generation << 32 | tasks left); a claim is a compare-and-swap that
-       decrements `left`, and fails if a new job replaced the word. Task index = left - 1 (tasks run
-       last to first). A successful claim means the job is not finished, so its fn/ctx are still
-       the ones published: the caller publishes the next job only after `done` reaches n.
-       Idle helpers spin briefly (the next matmul is usually microseconds away), then sleep on a
-       futex on `gen`. No mutex anywhere, so a fork()ed child (which has no helpers) simply does
-       every task itself. */
-    #include <pthread.h>
-    #include <stdatomic.h>
-    #include <limits.h>
-    #include <linux/futex.h>
-    #include <sys/syscall.h>
-    #include <unistd.h>
-    #include <sched.h>
-    #define PG_MAX_HELPERS 63
-
-    typedef void (*pg_task_fn)(void *ctx, long task);
-
-    static struct {
-        _Atomic uint64_t claim;
-        _Atomic uint32_t gen;
-        _Atomic long done;
-        _Atomic int sleepers;
-        _Atomic int active;    /* helpers 0..active-1 take part in jobs */
-        pg_task_fn fn;
-        void *ctx;
-        int started;           /* helpers created so far (under pg_pool_lock) */
-        uint32_t last_gen;
-    } pg_pool;
-
-    static pthread_mutex_t pg_pool_lock = PTHREAD_MUTEX_INITIALIZER;
-
-    static inline void pg_pause(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #endif
-    }
-
-    static void pg_run_claims(uint32_t g) {
-        for (;;) {
-            uint64_t c = atomic_load(&pg_pool.claim);
-            if ((uint32_t)(c >> 32) != g || (uint32_t)c == 0)
-                return;
-            if (!atomic_compare_exchange_weak(&pg_pool.claim, &c, c - 1))
-                continue;
-            pg_pool.fn(pg_pool.ctx, (long)(uint32_t)c - 1);
-            atomic_fetch_add(&pg_pool.done, 1);
-        }
-    }
-
-    static void *pg_helper(void *arg) {
-        int id = (int)(intptr_t)arg;
-        uint32_t seen = atomic_load(&pg_pool.gen);
-        for (;;) {
-            uint32_t g = atomic_load(&pg_pool.gen);
-            if (g != seen) {
-                seen = g;
-                if (id < atomic_load(&pg_pool.active))
-                    pg_run_claims(g);
-                continue;
-            }
-            int spin;
-            for (spin = 0; spin < 20000 && atomic_load(&pg_pool.gen) == seen; spin++)
-                pg_pause();
-            if (atomic_load(&pg_pool.gen) != seen)
-                continue;
-            atomic_fetch_add(&pg_pool.sleepers, 1);
-            syscall(SYS_futex, &pg_pool.gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
-            atomic_fetch_sub(&pg_pool.sleepers, 1);
-        }
-        return NULL;
-    }
-
-    /* Run fn(ctx, 0..n-1) on the caller and up to `threads - 1` helpers; returns when all are done. */
-    static void pg_pool_run(pg_task_fn fn, void *ctx, long n, int threads) {
-        if (n <= 0)
-            return;
-        int helpers = threads - 1 < PG_MAX_HELPERS ? threads - 1 : PG_MAX_HELPERS;
-        if (helpers > (int)n - 1)
-            helpers = (int)n - 1;
-        /* One job at a time owns the helpers. A second thread calling meanwhile (two engines in
-           one process) computes alone rather than wait; trylock never blocks, so not even a
-           fork()ed child that inherited the lock locked can hang here. */
-        if (helpers <= 0 || pthread_mutex_trylock(&pg_pool_lock) != 0) {
-            for (long i = 0; i < n; i++)
-                fn(ctx, i);
-            return;
-        }
-        while (pg_pool.started < helpers) {
-            pthread_t t;
-            pthread_attr_t attr;
-            pthread_attr_init(&attr);
-            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            int failed = pthread_create(&t, &attr, pg_helper, (void *)(intptr_t)pg_pool.started);
-            pthread_attr_destroy(&attr);
-            if (failed)
-                break;  /* fewer helpers; the caller does the rest */
-            pg_pool.started++;
-        }
-        pg_pool.fn = fn;
-        pg_pool.ctx = ctx;
-        atomic_store(&pg_pool.done, 0);
-        atomic_store(&pg_pool.active, helpers);
-        uint32_t g = ++pg_pool.last_gen;
-        atomic_store(&pg_pool.claim, ((uint64_t)g << 32) | (uint64_t)n);
-        atomic_store(&pg_pool.gen, g);
-        if (atomic_load(&pg_pool.sleepers) > 0)
-            syscall(SYS_futex, &pg_pool.gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-        pg_run_claims(g);
-        for (long spin = 0; atomic_load(&pg_pool.done) < n; spin++) {
-            if (spin < 4096)
-                pg_pause();
-            else
-                sched_yield();  /* a helper holding a task was descheduled: let it run */
-        }
-        pthread_mutex_unlock(&pg_pool_lock);
-    }
-
     /* ---- one GEMM as pool tasks: task p computes the 32 columns of panel p, every row ---- */
     typedef struct {
         const float *x;           /* float32: x [M, K] */
@@ -358,22 +233,15 @@ cdef extern from *:
         }
     }
 
-    /* c = x @ W. x2 (bfloat16 only) is scratch for x's rounded pairs, [M, K2] uint32. */
-    static void pg_gemm(const float *x, uint32_t *x2, const void *panels, int bf16, float *c,
-                        long M, long K, long K2, long n, long P, int threads) {
-        pg_gemm_job j = {x, x2, panels, c, M, K, K2, n, 256};  /* kc: 256 x 32 x 4 B = 32 KiB, L1 */
-        if (bf16) {
-            uint16_t *h = (uint16_t *)x2;
-            for (long i = 0; i < M; i++) {
-                for (long k = 0; k < K; k++)
-                    h[i * 2 * K2 + k] = pg_f32_to_bf16(x[i * K + k]);
-                for (long k = K; k < 2 * K2; k++)
-                    h[i * 2 * K2 + k] = 0;
-            }
+    /* x rounded to bfloat16 pairs: x2 [M, K2] (K zero-padded to the panels' even 2 K2). */
+    static void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) {
+        uint16_t *h = (uint16_t *)x2;
+        for (long i = 0; i < M; i++) {
+            for (long k = 0; k < K; k++)
+                h[i * 2 * K2 + k] = pg_f32_to_bf16(x[i * K + k]);
+            for (long k = K; k < 2 * K2; k++)
+                h[i * 2 * K2 + k] = 0;
         }
-        if (M * K * n < (1L << 18))  /* a few microseconds of work: not worth waking anyone */
-            threads = 1;
-        pg_pool_run(bf16 ? pg_gemm_bf16_task : pg_gemm_f32_task, &j, P, threads);
     }
     """
     int SCRATCHLLM_BF16_DOT
@@ -384,8 +252,15 @@ cdef extern from *:
     void pg_micro_bf16(int R, const uint32_t *x2, long lda2, const uint16_t *panel, long kc2, float *c, long ldc,
                        int cols, int first) noexcept nogil
     uint16_t pg_f32_to_bf16(float f) noexcept nogil
-    void pg_gemm(const float *x, uint32_t *x2, const void *panels, int bf16, float *c, long M, long K, long K2,
-                 long n, long P, int threads) noexcept nogil
+    ctypedef struct pg_gemm_job:
+        const float *x
+        const uint32_t *x2
+        const void *panels
+        float *c
+        long M, K, K2, n, kc
+    void pg_gemm_f32_task(void *ctx, long p) noexcept nogil
+    void pg_gemm_bf16_task(void *ctx, long p) noexcept nogil
+    void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) noexcept nogil
 
 
 NR = PG_NR
@@ -393,19 +268,7 @@ MAXR = PG_MAXR
 HAVE_AVX512_BF16 = bool(SCRATCHLLM_BF16_DOT)
 DTYPES = ("float32", "bfloat16")
 
-cdef int _threads = os.cpu_count() or 1
-
-
-def set_num_threads(int n) -> int:
-    """Threads of every matmul from now on (0 = one per core); returns the previous count."""
-    global _threads
-    previous = _threads
-    _threads = n if n > 0 else (os.cpu_count() or 1)
-    return previous
-
-
-def get_num_threads() -> int:
-    return _threads
+set_num_threads, get_num_threads = pool_module.set_num_threads, pool_module.get_num_threads  # the pool's
 
 
 def to_bfloat16(x) -> np.ndarray:
@@ -485,20 +348,34 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
     return out
 
 
+KC = 256  # rows (bfloat16: pairs) of K per block of a panel: 256 x 32 x 4 B = 32 KiB, L1's size
+
+
+cdef inline int _threads_for(long work) noexcept nogil:
+    # a few microseconds of work is not worth waking a helper
+    return 1 if work < (1 << 18) else pool.num_threads()
+
+
 cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_ssize_t n, float[:, ::1] c):
+    cdef pg_gemm_job job
+    job.x, job.x2, job.panels, job.c = &x[0, 0], NULL, &panels[0, 0, 0], &c[0, 0]
+    job.M, job.K, job.K2, job.n, job.kc = x.shape[0], x.shape[1], 0, n, KC
     with nogil:
-        pg_gemm(&x[0, 0], NULL, &panels[0, 0, 0], 0, &c[0, 0], x.shape[0], x.shape[1], 0, n, panels.shape[0],
-                _threads)
+        pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,
                        float[:, ::1] c):
+    cdef pg_gemm_job job
     cdef Py_ssize_t M = x.shape[0], K2 = panels.shape[1]
     cdef uint32_t *x2 = <uint32_t *> malloc(M * K2 * sizeof(uint32_t))
     if x2 == NULL:
         raise MemoryError()
+    job.x, job.x2, job.panels, job.c = &x[0, 0], x2, &panels[0, 0, 0, 0], &c[0, 0]
+    job.M, job.K, job.K2, job.n, job.kc = M, x.shape[1], K2, n, KC
     try:
         with nogil:
-            pg_gemm(&x[0, 0], x2, &panels[0, 0, 0, 0], 1, &c[0, 0], M, x.shape[1], K2, n, panels.shape[0], _threads)
+            pg_round_x(&x[0, 0], x2, M, x.shape[1], K2)
+            pool.run(pg_gemm_bf16_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
     finally:
         free(x2)

@@ -15,23 +15,24 @@ Layouts (per layer), chosen for the two inner loops:
      16 SIMD lanes: s[0:BS] += q[d] * K[blk, g, d, 0:BS]. A dot product per key would end in
      a horizontal sum per key and head, which on this CPU cost more than the multiplies.
   V: [num_blocks, BS, KVH, D] - out[h, 0:D] += p[t] * V[blk, t, g, 0:D], D lanes.
-Work split: one work item = one token; OpenMP threads take items dynamically (a long prefill's
-late tokens cost more than its early ones). Query head h reads kv head h // G (GQA, no copies).
-Softmax over a per-thread score buffer: scores, then their max, exp (our own 16-lane
-polynomial) and sum, then the weighted sum of values, divided by the sum once at the end.
+
+Work split: one work item = one (token, kv head) pair, and it computes the G query heads that
+share that kv head together. So every key and value vector is loaded once for G heads (GQA: G
+independent FMA chains per load instead of G passes over the block), and a decode step of 16
+sequences is 48 items, enough to keep two threads busy. Items are the tasks of our thread pool
+(scratchllm/kernels/pool.pyx), taken one at a time: a long prefill's late tokens cost more than
+its early ones, and a thread the OS has paused does not hold back items the other thread could
+take, nor make the call wait for it at a barrier.
+
+Per item: queries pre-scaled by 1/sqrt(D); the scores of the G heads over the whole context;
+their max, exp (our own 16-lane polynomial) and sum; then the weighted sum of values, written
+straight into `out` (the G heads of a kv head are adjacent there) and divided by the sum once.
 """
 
-from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
-cimport openmp
-
-
-cdef inline void axpy(float w, const float* x, float* y, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t d
-    for d in range(n):
-        y[d] += w * x[d]
+from scratchllm.kernels cimport pool
 
 
 cdef extern from *:
@@ -39,17 +40,86 @@ cdef extern from *:
     #include <string.h>
     /* 16 float lanes in GCC's vector extension: one AVX-512 register, or two AVX2 ones. */
     typedef float scratchllm_v16 __attribute__((vector_size(64)));
+    #define SCRATCHLLM_INLINE static inline __attribute__((always_inline))
 
-    /* s[0:16] = K_block . q for one head; kt is the block's keys transposed, [D][16].
-       The accumulator stays in a register for the whole d loop: 16 scores, no horizontal sum. */
-    static inline void scratchllm_block_scores16(const float *q, const float *kt, float *s, Py_ssize_t D) {
-        scratchllm_v16 acc = {0};
-        for (Py_ssize_t d = 0; d < D; d++) {
-            scratchllm_v16 k;
-            memcpy(&k, kt + d * 16, sizeof k);
-            acc += q[d] * k;
+    /* s[j * ss + 0:16] = K_block . q_j for n <= 4 heads j; kt is the block's keys transposed,
+       [D][16]. Each key row is loaded once for the n heads; the 2n accumulators (even and odd
+       d) stay in registers for the whole d loop: no horizontal sum, and enough independent
+       FMA chains to cover the FMA latency. n is a constant at every call (see below), so the
+       j loops unroll. */
+    SCRATCHLLM_INLINE void scratchllm_scores_n(const float *q, const float *kt, float *s, Py_ssize_t ss,
+                                               Py_ssize_t D, const int n) {
+        scratchllm_v16 a0[4], a1[4], k0, k1;
+        Py_ssize_t d = 0;
+        for (int j = 0; j < n; j++) a0[j] = a1[j] = (scratchllm_v16){0};
+        for (; d + 1 < D; d += 2) {
+            memcpy(&k0, kt + d * 16, sizeof k0);
+            memcpy(&k1, kt + (d + 1) * 16, sizeof k1);
+            for (int j = 0; j < n; j++) {
+                a0[j] += q[j * D + d] * k0;
+                a1[j] += q[j * D + d + 1] * k1;
+            }
         }
-        memcpy(s, &acc, sizeof acc);
+        if (d < D) {  /* odd D */
+            memcpy(&k0, kt + d * 16, sizeof k0);
+            for (int j = 0; j < n; j++) a0[j] += q[j * D + d] * k0;
+        }
+        for (int j = 0; j < n; j++) {
+            a0[j] += a1[j];
+            memcpy(s + j * ss, &a0[j], sizeof a0[j]);
+        }
+    }
+
+    /* The scores of G query heads (q: [G][D]) against one block of 16 keys, 4 heads at a time. */
+    static inline void scratchllm_block_scores16(const float *q, Py_ssize_t G, const float *kt, float *s,
+                                                 Py_ssize_t ss, Py_ssize_t D) {
+        for (Py_ssize_t j = 0; j < G; j += 4) {
+            switch (G - j) {
+                case 1: scratchllm_scores_n(q + j * D, kt, s + j * ss, ss, D, 1); break;
+                case 2: scratchllm_scores_n(q + j * D, kt, s + j * ss, ss, D, 2); break;
+                case 3: scratchllm_scores_n(q + j * D, kt, s + j * ss, ss, D, 3); break;
+                default: scratchllm_scores_n(q + j * D, kt, s + j * ss, ss, D, 4);
+            }
+        }
+    }
+
+    /* acc[j * D + c : + 16w] += sum over t < m of p[j * ps + t] * v[t * vs + c : + 16w], for n <= 4
+       heads j and w <= 4 vectors of columns: the n x w accumulators stay in registers over the m
+       value rows, each row loaded once for the n heads. */
+    SCRATCHLLM_INLINE void scratchllm_pv_nw(const float *p, Py_ssize_t ps, const float *v, Py_ssize_t vs,
+                                            Py_ssize_t m, float *acc, Py_ssize_t D, Py_ssize_t c,
+                                            const int n, const int w) {
+        scratchllm_v16 a[4][4], x;
+        for (int j = 0; j < n; j++)
+            for (int u = 0; u < w; u++) memcpy(&a[j][u], acc + j * D + c + 16 * u, sizeof x);
+        for (Py_ssize_t t = 0; t < m; t++) {
+            for (int u = 0; u < w; u++) {
+                memcpy(&x, v + t * vs + c + 16 * u, sizeof x);
+                for (int j = 0; j < n; j++) a[j][u] += p[j * ps + t] * x;
+            }
+        }
+        for (int j = 0; j < n; j++)
+            for (int u = 0; u < w; u++) memcpy(acc + j * D + c + 16 * u, &a[j][u], sizeof x);
+    }
+
+    SCRATCHLLM_INLINE void scratchllm_pv_n(const float *p, Py_ssize_t ps, const float *v, Py_ssize_t vs,
+                                           Py_ssize_t m, float *acc, Py_ssize_t D, const int n) {
+        Py_ssize_t c = 0;
+        for (; c + 64 <= D; c += 64) scratchllm_pv_nw(p, ps, v, vs, m, acc, D, c, n, 4);
+        for (; c < D; c += 16) scratchllm_pv_nw(p, ps, v, vs, m, acc, D, c, n, 1);
+    }
+
+    /* The weighted values of one block (m rows of D floats, row stride vs) for G heads, D % 16 == 0. */
+    static inline void scratchllm_block_values16(const float *p, Py_ssize_t ps, Py_ssize_t G, const float *v,
+                                                 Py_ssize_t vs, Py_ssize_t m, float *acc, Py_ssize_t D) {
+        for (Py_ssize_t j = 0; j < G; j += 4) {
+            switch (G - j) {
+                case 1: scratchllm_pv_n(p + j * ps, ps, v, vs, m, acc + j * D, D, 1); break;
+                case 2: scratchllm_pv_n(p + j * ps, ps, v, vs, m, acc + j * D, D, 2); break;
+                case 3: scratchllm_pv_n(p + j * ps, ps, v, vs, m, acc + j * D, D, 3); break;
+                default: scratchllm_pv_n(p + j * ps, ps, v, vs, m, acc + j * D, D, 4);
+            }
+        }
     }
 
     typedef int scratchllm_v16i __attribute__((vector_size(64)));
@@ -82,9 +152,13 @@ cdef extern from *:
     static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
         Py_ssize_t n16 = (n + 15) / 16 * 16, i;
         float m = -3.0e38f, sum = 0.0f;
-        for (i = n; i < n16; i++) s[i] = -3.0e38f;  /* the tail of the last vector */
-        for (i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+        float mx[16];
         scratchllm_v16 acc = {0};
+        for (i = n; i < n16; i++) s[i] = -3.0e38f;  /* the tail of the last vector */
+        for (i = 0; i < 16; i++) mx[i] = -3.0e38f;
+        for (i = 0; i < n16; i += 16)  /* 16 running maxima (one vmaxps): no chain through every element */
+            for (int l = 0; l < 16; l++) mx[l] = s[i + l] > mx[l] ? s[i + l] : mx[l];
+        for (i = 0; i < 16; i++) m = mx[i] > m ? mx[i] : m;
         for (i = 0; i < n16; i += 16) {
             scratchllm_v16 v;
             memcpy(&v, s + i, sizeof v);
@@ -96,25 +170,106 @@ cdef extern from *:
         return sum;
     }
     """
-    void block_scores16 "scratchllm_block_scores16"(const float* q, const float* kt, float* s,
+    void block_scores16 "scratchllm_block_scores16"(const float* q, Py_ssize_t G, const float* kt, float* s,
+                                                    Py_ssize_t ss, Py_ssize_t D) noexcept nogil
+    void block_values16 "scratchllm_block_values16"(const float* p, Py_ssize_t ps, Py_ssize_t G, const float* v,
+                                                    Py_ssize_t vs, Py_ssize_t m, float* acc,
                                                     Py_ssize_t D) noexcept nogil
     float exp_rows "scratchllm_exp_rows"(float* s, Py_ssize_t n) noexcept nogil
 
 
-cdef inline void block_scores(const float* q, const float* kt, float* s, Py_ssize_t D,
+cdef inline void block_scores(const float* q, Py_ssize_t G, const float* kt, float* s, Py_ssize_t ss, Py_ssize_t D,
                               Py_ssize_t BS) noexcept nogil:
-    """s[0:BS] = K_block[0:BS] . q for one head: kt is the block's [D, BS] transposed keys."""
-    cdef Py_ssize_t d, o
+    """s[j * ss + 0:BS] = K_block[0:BS] . q_j for G heads: kt is the block's [D, BS] transposed keys."""
+    cdef Py_ssize_t j, d, o
     cdef float qd
     if BS == 16:
-        block_scores16(q, kt, s, D)
+        block_scores16(q, G, kt, s, ss, D)
         return
-    for o in range(BS):  # other block sizes: the plain loop
-        s[o] = 0.0
-    for d in range(D):
-        qd = q[d]
+    for j in range(G):  # other block sizes: the plain loop
         for o in range(BS):
-            s[o] += qd * kt[d * BS + o]
+            s[j * ss + o] = 0.0
+        for d in range(D):
+            qd = q[j * D + d]
+            for o in range(BS):
+                s[j * ss + o] += qd * kt[d * BS + o]
+
+
+cdef inline void block_values(const float* p, Py_ssize_t ps, Py_ssize_t G, const float* v, Py_ssize_t vs,
+                              Py_ssize_t m, float* acc, Py_ssize_t D) noexcept nogil:
+    """acc[j * D + 0:D] += sum over t < m of p[j * ps + t] * v[t * vs + 0:D], for G heads."""
+    cdef Py_ssize_t j, t, d
+    cdef float w
+    if D % 16 == 0:
+        block_values16(p, ps, G, v, vs, m, acc, D)
+        return
+    for t in range(m):  # other head sizes: the plain loop
+        for j in range(G):
+            w = p[j * ps + t]
+            for d in range(D):
+                acc[j * D + d] += w * v[t * vs + d]
+
+
+def layout_context(const int[:, ::1] block_tables, const int[::1] token_seq, const int[::1] token_pos,
+                   Py_ssize_t block_size, Py_ssize_t num_blocks):
+    """Check a step's layout against the pool once per step (not once per layer); returns the
+    longest context of the step (max position + 1), which sizes the kernel's score buffers."""
+    cdef Py_ssize_t i, p, blk, max_ctx = 0, N = token_pos.shape[0]
+    assert token_seq.shape[0] == N
+    for i in range(N):
+        p = token_pos[i]
+        assert 0 <= token_seq[i] < block_tables.shape[0], "sequence beyond the block table"
+        assert 0 <= p < block_tables.shape[1] * block_size, "position beyond the block table"
+        blk = block_tables[token_seq[i], p // block_size]
+        assert 0 <= blk < num_blocks, "block id out of the pool"
+        if p + 1 > max_ctx:
+            max_ctx = p + 1
+    return max_ctx
+
+
+cdef struct AttentionJob:
+    const float* q  # [N, H, D] at element strides qs0, qs1, qs2
+    Py_ssize_t qs0, qs1, qs2
+    const float* k_cache  # [num_blocks, KVH, D, BS]
+    const float* v_cache  # [num_blocks, BS, KVH, D]
+    float* out  # [N, H, D]
+    const int* block_tables  # [S, MB]
+    const int* token_seq
+    const int* token_pos
+    Py_ssize_t MB, H, KVH, G, D, BS, ctx_pad
+    float scale
+
+
+cdef void attend_item(void* ctx, long w) noexcept nogil:
+    """Task w = token w // KVH, kv head w % KVH: its G query heads over the token's context."""
+    cdef AttentionJob* j = <AttentionJob*> ctx
+    cdef Py_ssize_t G = j.G, D = j.D, BS = j.BS, ctx_pad = j.ctx_pad, H = j.H
+    cdef Py_ssize_t i = w // j.KVH, g = w % j.KVH
+    cdef Py_ssize_t s_idx = j.token_seq[i], p = j.token_pos[i]
+    cdef Py_ssize_t nb = p // BS + 1, kblock = j.KVH * D * BS, vrow = j.KVH * D, b, blk, h, d
+    cdef float* scores = <float*> malloc((G * ctx_pad + G * D + G) * sizeof(float))
+    if scores == NULL:
+        return  # out of memory in a worker: the row stays as np.empty left it (cannot raise here)
+    cdef float* qs = scores + G * ctx_pad
+    cdef float* inv_sum = qs + G * D
+    cdef float* o = j.out + (i * H + g * G) * D  # the G heads of kv head g: adjacent rows of out
+    for h in range(G):  # queries pre-scaled by 1/sqrt(D): G x D multiplies, not G x ctx
+        for d in range(D):
+            qs[h * D + d] = j.q[i * j.qs0 + (g * G + h) * j.qs1 + d * j.qs2] * j.scale
+            o[h * D + d] = 0.0
+    for b in range(nb):  # one table lookup per block
+        blk = j.block_tables[s_idx * j.MB + b]
+        block_scores(qs, G, j.k_cache + blk * kblock + g * D * BS, &scores[b * BS], ctx_pad, D, BS)
+    for h in range(G):  # softmax numerators; the division by their sum comes last
+        inv_sum[h] = 1.0 / exp_rows(&scores[h * ctx_pad], p + 1)
+    for b in range(nb):
+        blk = j.block_tables[s_idx * j.MB + b]
+        block_values(&scores[b * BS], ctx_pad, G, j.v_cache + blk * BS * vrow + g * D, vrow,
+                     min(BS, p + 1 - b * BS), o, D)
+    for h in range(G):
+        for d in range(D):
+            o[h * D + d] = o[h * D + d] * inv_sum[h]
+    free(scores)
 
 
 def paged_attention(
@@ -128,88 +283,48 @@ def paged_attention(
     const int[::1] token_pos,  # [N] position in its sequence
     float scale,
     float[:, :, ::1] out,  # [N, H, D]
+    Py_ssize_t max_ctx,  # layout_context(block_tables, token_seq, token_pos, ...) of this layout
     int num_threads=0,
 ):
+    """The layout must have passed layout_context against a pool of this shape: the kernel
+    trusts its block ids and positions (checking them is per step, this call is per layer)."""
     cdef Py_ssize_t N = q.shape[0], H = q.shape[1], D = q.shape[2]
     cdef Py_ssize_t KVH = k.shape[1], BS = v_cache.shape[1]
     cdef Py_ssize_t G = H // KVH
-    cdef Py_ssize_t i, h, kvh, t, p, b, blk, off, d, s_idx, nb, max_ctx = 0
-    cdef float* scores
-    cdef float* qs
-    cdef float* acc
-    cdef float* inv_sum
-    cdef const float* vrow
-    cdef int nt = num_threads
+    cdef Py_ssize_t i, g, p, blk, off, d, ctx_pad
 
     assert H == KVH * G, "query heads must group evenly over kv heads"
     assert k.shape[0] == N and v.shape[0] == N and out.shape[0] == N and token_pos.shape[0] == N
-    assert k.shape[2] == D and v_cache.shape[3] == D and v_cache.shape[2] == KVH
+    assert token_seq.shape[0] == N and out.shape[1] == H and out.shape[2] == D
+    assert k.shape[2] == D and v.shape[1] == KVH and v.shape[2] == D
+    assert v_cache.shape[2] == KVH and v_cache.shape[3] == D
     assert k_cache.shape[1] == KVH and k_cache.shape[2] == D and k_cache.shape[3] == BS
     assert k_cache.shape[0] == v_cache.shape[0]
-    for i in range(N):
-        p = token_pos[i]
-        assert 0 <= p < block_tables.shape[1] * BS, "position beyond the block table"
-        blk = block_tables[token_seq[i], p // BS]
-        assert 0 <= blk < k_cache.shape[0], "block id out of the pool"
-        if p + 1 > max_ctx:
-            max_ctx = p + 1
     # whole blocks (the last one is scored in full) and whole 16-lane vectors for the softmax
-    max_ctx = (max_ctx + BS - 1) // BS * BS
-    max_ctx = (max_ctx + 15) // 16 * 16
+    ctx_pad = (max_ctx + BS - 1) // BS * BS
+    ctx_pad = (ctx_pad + 15) // 16 * 16
 
     # 1. this step's keys and values into their slots
     for i in range(N):
         p = token_pos[i]
         blk = block_tables[token_seq[i], p // BS]
         off = p % BS
-        for kvh in range(KVH):
+        for g in range(KVH):
             for d in range(D):
-                k_cache[blk, kvh, d, off] = k[i, kvh, d]
-                v_cache[blk, off, kvh, d] = v[i, kvh, d]
+                k_cache[blk, g, d, off] = k[i, g, d]
+                v_cache[blk, off, g, d] = v[i, g, d]
 
-    if nt <= 0:
-        nt = openmp.omp_get_max_threads()
-    # raw pointers from here: the pools are C-contiguous
-    cdef float* kc = &k_cache[0, 0, 0, 0]
-    cdef float* vc = &v_cache[0, 0, 0, 0]
-    cdef float* op = &out[0, 0, 0]
-    cdef const int* bt = &block_tables[0, 0]
-    cdef Py_ssize_t MB = block_tables.shape[1], kblock = KVH * D * BS, vrow_len = KVH * D
-    # 2. attention, one token per work item
-    with nogil, parallel(num_threads=nt):
-        scores = <float*>malloc(H * max_ctx * sizeof(float))
-        qs = <float*>malloc(H * D * sizeof(float))
-        acc = <float*>malloc(H * D * sizeof(float))
-        inv_sum = <float*>malloc(H * sizeof(float))
-        for i in prange(N, schedule="dynamic"):
-            s_idx = token_seq[i]
-            p = token_pos[i]
-            nb = p // BS + 1
-            for h in range(H):  # queries pre-scaled by 1/sqrt(D): H x D multiplies, not H x ctx
-                for d in range(D):
-                    qs[h * D + d] = q[i, h, d] * scale
-                    acc[h * D + d] = 0.0
-            for b in range(nb):  # one table lookup per block
-                blk = bt[s_idx * MB + b]
-                for h in range(H):
-                    block_scores(&qs[h * D], kc + blk * kblock + (h // G) * D * BS, &scores[h * max_ctx + b * BS],
-                                 D, BS)
-            for h in range(H):  # softmax numerators; the division by their sum comes last
-                inv_sum[h] = 1.0 / exp_rows(&scores[h * max_ctx], p + 1)
-            for b in range(nb):
-                blk = bt[s_idx * MB + b]
-                for off in range(min(BS, p + 1 - b * BS)):
-                    t = b * BS + off
-                    vrow = vc + (blk * BS + off) * vrow_len
-                    for h in range(H):
-                        axpy(scores[h * max_ctx + t], vrow + (h // G) * D, &acc[h * D], D)
-            for h in range(H):
-                for d in range(D):
-                    op[(i * H + h) * D + d] = acc[h * D + d] * inv_sum[h]
-        free(scores)
-        free(qs)
-        free(acc)
-        free(inv_sum)
+    if N == 0:
+        return
+    # 2. attention, one (token, kv head) per pool task
+    cdef AttentionJob job
+    job.q, job.qs0, job.qs1, job.qs2 = &q[0, 0, 0], q.strides[0] // 4, q.strides[1] // 4, q.strides[2] // 4
+    job.k_cache, job.v_cache, job.out = &k_cache[0, 0, 0, 0], &v_cache[0, 0, 0, 0], &out[0, 0, 0]
+    job.block_tables, job.token_seq, job.token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
+    job.MB, job.H, job.KVH, job.G, job.D, job.BS = block_tables.shape[1], H, KVH, G, D, BS
+    job.ctx_pad, job.scale = ctx_pad, scale
+    with nogil:
+        pool.run(attend_item, &job, N * KVH, num_threads if num_threads > 0 else pool.num_threads())
 
 
 def copy_blocks(float[:, :, :, ::1] cache, const long[:, ::1] pairs):

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 
-from scratchllm.engine import paged_attention
 from scratchllm.engine.masks import (
     left_padded_causal_mask,
     left_padded_causal_mask_loop,
@@ -36,8 +35,7 @@ def layout(rng, seqs, BS, num_blocks):
 
 @pytest.mark.parametrize("H,KVH,D", [(6, 2, 16), (4, 4, 24), (9, 3, 64)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_kernel_matches_reference(H, KVH, D, threads, monkeypatch):
-    monkeypatch.setattr(paged_attention, "PARALLEL_MIN_KEY_ROWS", 0)  # small steps use threads too
+def test_kernel_matches_reference(H, KVH, D, threads):
     rng = np.random.default_rng(H * 100 + D)
     BS, NB = 4, 64
     seqs = [(0, 7), (5, 1), (9, 6), (0, 1), (13, 1), (3, 9)]  # prefills, chunks over a prefix, decodes
@@ -52,7 +50,6 @@ def test_kernel_matches_reference(H, KVH, D, threads, monkeypatch):
     kc, vc = attn.k_cache[0].copy(), attn.v_cache[0].copy()
     want = reference_attention(q, k, v, kc, vc, tables, tseq, tpos)
     attn.set_layout(tables, tseq, tpos)
-    assert attn.step_threads == threads
     got = attn(0, q, k, v)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(attn.k_cache[0], kc)  # both wrote the same slots
@@ -142,3 +139,45 @@ def test_kernel_with_peaked_scores():
                                tables, tseq, tpos)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def decode_inputs(rng, H, KVH, D, BS, NB, seqs):
+    tables, tseq, tpos = layout(rng, seqs, BS, NB)
+    N = len(tseq)
+    q = rng.standard_normal((N, H, D)).astype(np.float32)
+    k = rng.standard_normal((N, KVH, D)).astype(np.float32)
+    v = rng.standard_normal((N, KVH, D)).astype(np.float32)
+    return tables, tseq, tpos, q, k, v
+
+
+@pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (10, 2, 80), (4, 1, 16)])  # G = 3, 5 (4 + 1), 4; D = 64 + 16
+@pytest.mark.parametrize("threads", [1, 2])
+def test_vector_kernel_matches_reference(H, KVH, D, threads):
+    """Block size 16 and D % 16 == 0: the SIMD paths, G query heads per kv head in groups of <= 4."""
+    rng = np.random.default_rng(H + D)
+    BS, NB = 16, 64
+    seqs = [(37, 1), (0, 1), (15, 1), (100, 1), (0, 21), (16, 17)]  # decodes, then prefill chunks
+    tables, tseq, tpos, q, k, v = decode_inputs(rng, H, KVH, D, BS, NB, seqs)
+    attn = PagedAttention(1, NB, BS, KVH, D, num_threads=threads)
+    attn.k_cache[:] = rng.standard_normal(attn.k_cache.shape)
+    attn.v_cache[:] = rng.standard_normal(attn.v_cache.shape)
+    want = reference_attention(q, k, v, attn.k_cache[0].copy(), attn.v_cache[0].copy(), tables, tseq, tpos)
+    attn.set_layout(tables, tseq, tpos)
+    np.testing.assert_allclose(attn(0, q, k, v), want, rtol=1e-5, atol=1e-5)
+
+
+def test_thread_count_does_not_change_a_bit():
+    """On a busy machine the pool's caller may do every item itself; batch invariance needs the
+    same bits either way: one work item is always computed whole by one thread."""
+    rng = np.random.default_rng(3)
+    H, KVH, D, BS, NB = 9, 3, 64, 16, 128
+    seqs = [(int(c), 1) for c in rng.integers(30, 200, 16)]
+    tables, tseq, tpos, q, k, v = decode_inputs(rng, H, KVH, D, BS, NB, seqs)
+    outs = []
+    for threads in (1, 2):
+        attn = PagedAttention(1, NB, BS, KVH, D, num_threads=threads)
+        attn.k_cache[:] = np.random.default_rng(4).standard_normal(attn.k_cache.shape)
+        attn.v_cache[:] = np.random.default_rng(5).standard_normal(attn.v_cache.shape)
+        attn.set_layout(tables, tseq, tpos)
+        outs.append(attn(0, q, k, v))
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -125,3 +125,16 @@ def test_packed_weight_is_used_as_x_at_w():
     np.testing.assert_array_equal(pw.numpy(), w)
     with pytest.raises(ValueError, match="weight"):
         x[:, :47] @ pw
+
+
+def test_a_forked_child_computes_without_the_parents_helpers():
+    # after fork() the child has no helper threads; the pool's caller must then do every task itself
+    import multiprocessing
+
+    x, w = operands(16, 576, 1536)
+    packed = pg.pack(w)
+    expect = pg.matmul(x, packed, 1536)  # the parent's helpers exist now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as child:
+        got = child.apply_async(pg.matmul, (x, packed, 1536)).get(timeout=60)
+    np.testing.assert_array_equal(got, expect)
