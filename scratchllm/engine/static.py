@@ -28,6 +28,7 @@ class PaddedKVCache:
         self.v = np.zeros(shape, np.float32)
         self.pad = np.asarray(pad)
         self.B, self.start, self.q_len = batch, 0, 0
+        self._hidden = None  # (start, T, ~mask): the mask is the same for every layer of a step
 
     @property
     def nbytes(self) -> int:
@@ -44,9 +45,9 @@ class PaddedKVCache:
         keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # [B, KVH, S, D]
         qg = (q * (1.0 / math.sqrt(D))).reshape(B, T, KVH, G, D).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
         scores = qg @ keys.transpose(0, 1, 3, 2)  # [B, KVH, G*T, S]
-        mask = left_padded_causal_mask(self.pad, T, end)  # [B, T, S]
-        s5 = scores.reshape(B, KVH, G, T, end)
-        s5[~np.broadcast_to(mask[:, None, None], s5.shape)] = -np.inf
+        if self._hidden is None or self._hidden[:2] != (self.start, T):
+            self._hidden = (self.start, T, ~left_padded_causal_mask(self.pad, T, end)[:, None, None])  # [B,1,1,T,S]
+        np.copyto(scores.reshape(B, KVH, G, T, end), -np.inf, where=self._hidden[2])
         softmax_(scores)
         out = scores @ values  # [B, KVH, G*T, D]
         return out.reshape(B, KVH, G, T, D).transpose(0, 3, 1, 2, 4).reshape(B * T, H, D)
