@@ -20,12 +20,15 @@ from scratchllm.models.attention import softmax_
 
 
 class PaddedKVCache:
-    """Per layer K, V of [B, KVH, S, D]: row b's real tokens start at column pad[b]."""
+    """Per layer K as [B, KVH, D, S] and V as [B, KVH, S, D]: row b's real tokens start at column
+    pad[b]. K is stored transposed so that q @ K is a plain BLAS product: NumPy's matmul runs the
+    [S, D] layout's transposed view through its slow non-BLAS loop (1.1 ms vs 0.19 ms per layer
+    for a 16-row decode step at 540 positions)."""
 
     def __init__(self, config, batch: int, length: int, pad):
-        shape = (config.num_layers, batch, config.num_kv_heads, length, config.head_dim)
-        self.k = np.zeros(shape, np.float32)
-        self.v = np.zeros(shape, np.float32)
+        L, KVH, D = config.num_layers, config.num_kv_heads, config.head_dim
+        self.k = np.zeros((L, batch, KVH, D, length), np.float32)
+        self.v = np.zeros((L, batch, KVH, length, D), np.float32)
         self.pad = np.asarray(pad)
         self.B, self.start, self.q_len = batch, 0, 0
         self._hidden = None  # (start, T, ~mask): the mask is the same for every layer of a step
@@ -40,11 +43,11 @@ class PaddedKVCache:
         KVH = k.shape[1]
         G = H // KVH
         end = self.start + T
-        self.k[layer, :, :, self.start : end] = k.reshape(B, T, KVH, D).transpose(0, 2, 1, 3)
+        self.k[layer, :, :, :, self.start : end] = k.reshape(B, T, KVH, D).transpose(0, 2, 3, 1)
         self.v[layer, :, :, self.start : end] = v.reshape(B, T, KVH, D).transpose(0, 2, 1, 3)
-        keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # [B, KVH, S, D]
+        keys, values = self.k[layer, :, :, :, :end], self.v[layer, :, :, :end]  # [B, KVH, D, S], [B, KVH, S, D]
         qg = (q * (1.0 / math.sqrt(D))).reshape(B, T, KVH, G, D).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
-        scores = qg @ keys.transpose(0, 1, 3, 2)  # [B, KVH, G*T, S]
+        scores = qg @ keys  # [B, KVH, G*T, S]
         if self._hidden is None or self._hidden[:2] != (self.start, T):
             self._hidden = (self.start, T, ~left_padded_causal_mask(self.pad, T, end)[:, None, None])  # [B,1,1,T,S]
         np.copyto(scores.reshape(B, KVH, G, T, end), -np.inf, where=self._hidden[2])
