@@ -58,6 +58,13 @@ def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     assert figs["static"]["peak_kv_bytes"] > 0 and figs["continuous"]["peak_kv_bytes"] > 0
     assert {"throughput_continuous_over_static", "p99_static_over_continuous", "kv_saving",
             "decode_batched_over_single"} <= set(ratios)
+    if rate == "0":  # offline: latency is measured again under load, at 0.8 x static's requests/s
+        lat = figs["latency"]
+        assert lat["requests"] == 6 and lat["identical_outputs"] == "6/6"
+        assert lat["rate"] == pytest.approx(0.8 * figs["static"]["requests_per_s"])
+        assert {"p99_under_load_static_over_continuous", "kv_saving_under_load"} <= set(ratios)
+    else:
+        assert "latency" not in figs
     text = bench_engine.render(result)
     assert "continuous" in text and "127 vs 89 QPS" in text and "batched decode" in text
     json.dumps(result, default=str)
