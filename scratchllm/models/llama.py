@@ -28,6 +28,7 @@ from scratchllm.kernels import pointwise
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import DTYPES, PackedWeight
+from scratchllm.models.threads import single_blas_thread
 
 LOAD_THREADS = min(2, os.cpu_count() or 1)
 
@@ -147,7 +148,8 @@ class LlamaModel:
         context = self.params["rope_cos"].shape[0]
         if positions.max() >= context:  # packed sequences: positions need not be sorted
             raise ValueError(f"position {positions.max()} exceeds the model's context of {context}")
-        return llama(input_ids, positions, attention, self.params, self.config, logits_rows)
+        with single_blas_thread():  # the matmuls run on our pool; see threads.single_blas_thread
+            return llama(input_ids, positions, attention, self.params, self.config, logits_rows)
 
 
 class CheckpointView(Mapping):
