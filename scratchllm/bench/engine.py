@@ -265,6 +265,11 @@ def _run(args) -> dict:
         args.requests, args.prompt_len, args.output_len = min(args.requests, 16), "16,128", "16,128"
         args.anchor_new_tokens = min(args.anchor_new_tokens, 32)
     prompt_len, output_len = _range(args.prompt_len), _range(args.output_len)
+    for name in ("requests", "batch_size", "max_seqs", "latency_requests", "decode_seqs", "anchor_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.load < 0 or args.rate < 0:
+        raise ConfigError("--load and --rate must be >= 0")
     decode_steps = 16 if args.quick else 32
     t = time.perf_counter()
     model = load_model(args.model, dtype=args.dtype)

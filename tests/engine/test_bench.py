@@ -75,3 +75,11 @@ def test_bench_masks_small():
     result = bench_masks.run(args)
     assert len(result["figures"]) == 6 and all(r["ms"]["vectorized"] > 0 for r in result["figures"])
     assert "python/vec" in bench_masks.render(result)
+
+
+@pytest.mark.parametrize("flag", ["--latency-requests", "--max-seqs", "--requests"])
+def test_bench_engine_refuses_counts_below_one(tiny_folder, flag):
+    from scratchllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=flag):
+        bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), flag, "0"]))
