@@ -20,7 +20,8 @@ extensions = [
     Extension(
         f"scratchllm.kernels.{os.path.splitext(os.path.basename(path))[0]}",
         [path],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), "scratchllm/kernels"],  # simd.h
+        depends=sorted(glob.glob("scratchllm/kernels/*.h")),
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -58,18 +58,17 @@ cdef extern from *:
     #define PG_NR 32
     #define PG_MAXR 12
 
-    /* 16 float lanes in GCC's vector extension: one zmm with AVX-512, two ymm with AVX2. */
-    typedef float pg_v16 __attribute__((vector_size(64)));
+    #include "simd.h"  /* scratchllm_v16 */
 
     /* Add (or, when `first`, store) the R x 32 tile acc into c, only its first `cols` columns. */
-    static inline __attribute__((always_inline)) void pg_store(const int R, pg_v16 *acc, float *c, long ldc,
+    static inline __attribute__((always_inline)) void pg_store(const int R, scratchllm_v16 *acc, float *c, long ldc,
                                                               int cols, int first) {
         for (int r = 0; r < R; r++) {
             float *cr = c + r * ldc;
             if (cols == PG_NR) {
-                pg_v16 lo = acc[2 * r], hi = acc[2 * r + 1];
+                scratchllm_v16 lo = acc[2 * r], hi = acc[2 * r + 1];
                 if (!first) {
-                    pg_v16 c0, c1;
+                    scratchllm_v16 c0, c1;
                     memcpy(&c0, cr, sizeof c0);
                     memcpy(&c1, cr + 16, sizeof c1);
                     lo += c0;
@@ -79,8 +78,8 @@ cdef extern from *:
                 memcpy(cr + 16, &hi, sizeof hi);
             } else {  /* the right edge of the matrix: only cols < 32 columns are real */
                 float tmp[PG_NR];
-                memcpy(tmp, &acc[2 * r], sizeof(pg_v16));
-                memcpy(tmp + 16, &acc[2 * r + 1], sizeof(pg_v16));
+                memcpy(tmp, &acc[2 * r], sizeof(scratchllm_v16));
+                memcpy(tmp + 16, &acc[2 * r + 1], sizeof(scratchllm_v16));
                 for (int j = 0; j < cols; j++)
                     cr[j] = first ? tmp[j] : cr[j] + tmp[j];
             }
@@ -92,11 +91,11 @@ cdef extern from *:
     static inline __attribute__((always_inline)) void pg_micro_f32_r(const int R, const float *x, long lda,
                                                                     const float *panel, long kc, float *c,
                                                                     long ldc, int cols, int first) {
-        pg_v16 acc[2 * PG_MAXR];
+        scratchllm_v16 acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
-            acc[r] = (pg_v16){0};
+            acc[r] = (scratchllm_v16){0};
         for (long k = 0; k < kc; k++) {
-            pg_v16 w0, w1;
+            scratchllm_v16 w0, w1;
             memcpy(&w0, panel + k * PG_NR, sizeof w0);
             memcpy(&w1, panel + k * PG_NR + 16, sizeof w1);
             for (int r = 0; r < R; r++) {
@@ -136,8 +135,8 @@ cdef extern from *:
                 acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], xr, w1);
             }
         }
-        pg_v16 a[2 * PG_MAXR];
-        memcpy(a, acc, 2 * R * sizeof(pg_v16));
+        scratchllm_v16 a[2 * PG_MAXR];
+        memcpy(a, acc, 2 * R * sizeof(scratchllm_v16));
         pg_store(R, a, c, ldc, cols, first);
     }
     #else
@@ -153,7 +152,7 @@ cdef extern from *:
        order, so sums may differ in the last bit. */
     static inline void pg_micro_bf16_r(const int R, const uint32_t *x2, long lda2, const uint16_t *panel,
                                        long kc2, float *c, long ldc, int cols, int first) {
-        pg_v16 acc[2 * PG_MAXR];
+        scratchllm_v16 acc[2 * PG_MAXR];
         float *lanes = (float *)acc;
         memset(acc, 0, sizeof acc);
         for (long k = 0; k < kc2; k++)

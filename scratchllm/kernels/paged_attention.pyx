@@ -37,9 +37,7 @@ from scratchllm.kernels cimport pool
 
 cdef extern from *:
     """
-    #include <string.h>
-    /* 16 float lanes in GCC's vector extension: one AVX-512 register, or two AVX2 ones. */
-    typedef float scratchllm_v16 __attribute__((vector_size(64)));
+    #include "simd.h"  /* scratchllm_v16, scratchllm_exp16 */
     #define SCRATCHLLM_INLINE static inline __attribute__((always_inline))
 
     /* s[j * ss + 0:16] = K_block . q_j for n <= 4 heads j; kt is the block's keys transposed,
@@ -122,31 +120,6 @@ cdef extern from *:
         }
     }
 
-    typedef int scratchllm_v16i __attribute__((vector_size(64)));
-
-    /* exp(x) for x <= 0, 16 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to
-       r^6 (relative error < 2e-7, below float32's resolution of a softmax weight), 2^n by
-       writing n into the exponent bits. libm's expf is one call per element and does not
-       vectorize without -ffast-math; this does. Below -87 the result is flushed to 0. */
-    static inline scratchllm_v16 scratchllm_exp16(scratchllm_v16 x) {
-        scratchllm_v16i tiny = x < -87.0f;  /* lanes of all ones where true */
-        scratchllm_v16i xb, cb;
-        scratchllm_v16 clamp = (scratchllm_v16){0} - 87.0f;
-        memcpy(&xb, &x, sizeof xb);
-        memcpy(&cb, &clamp, sizeof cb);
-        xb = (xb & ~tiny) | (cb & tiny);  /* x = max(x, -87): keeps n in int range */
-        memcpy(&x, &xb, sizeof x);
-        scratchllm_v16 y = x * 1.4426950408889634f - 0.5f;
-        scratchllm_v16i n = __builtin_convertvector(y, scratchllm_v16i);  /* truncation: round(x log2 e) */
-        scratchllm_v16 nf = __builtin_convertvector(n, scratchllm_v16);
-        scratchllm_v16 r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
-        scratchllm_v16 p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-        scratchllm_v16i bits = (n + 127) << 23;
-        bits = bits & ~tiny;  /* x < -87: no exponent bits, p * 0 below */
-        scratchllm_v16 two_n;
-        memcpy(&two_n, &bits, sizeof two_n);
-        return p * two_n;
-    }
 
     /* s[0:n] = exp(s - max(s[0:n])); returns the sum. s has room for n rounded up to 16. */
     static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {

@@ -15,51 +15,22 @@ import numpy as np
 cdef extern from *:
     """
     #include <math.h>
-    #include <string.h>
-    typedef float pw_v16 __attribute__((vector_size(64)));
-    typedef int pw_v16i __attribute__((vector_size(64)));
-
-    /* mask ? a : b, lane by lane (C has no vector ?:) */
-    static inline pw_v16 pw_select(pw_v16i mask, pw_v16 a, pw_v16 b) {
-        pw_v16i ai, bi;
-        memcpy(&ai, &a, sizeof ai);
-        memcpy(&bi, &b, sizeof bi);
-        ai = (ai & mask) | (bi & ~mask);
-        memcpy(&a, &ai, sizeof a);
-        return a;
-    }
-
-    /* exp(x) for x <= 0, 16 lanes: x = n ln2 + r, |r| <= ln2/2; e^r by its Taylor polynomial to r^6
-       (relative error < 2e-7); 2^n written into the exponent bits. Below -87 the result is 0. */
-    static inline pw_v16 pw_exp16(pw_v16 x) {
-        pw_v16i tiny = x < -87.0f;
-        pw_v16 lo = (pw_v16){0} - 87.0f;
-        x = pw_select(tiny, lo, x);
-        pw_v16 y = x * 1.4426950408889634f - 0.5f;
-        pw_v16i n = __builtin_convertvector(y, pw_v16i);  /* truncation toward 0 of y <= -0.5: round */
-        pw_v16 nf = __builtin_convertvector(n, pw_v16);
-        pw_v16 r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
-        pw_v16 p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-        pw_v16i bits = ((n + 127) << 23) & ~tiny;
-        pw_v16 two_n;
-        memcpy(&two_n, &bits, sizeof two_n);
-        return p * two_n;
-    }
+    #include "simd.h"  /* scratchllm_v16, scratchllm_select16, scratchllm_exp16 */
 
     /* out[0:n] = silu(g) * u, silu(g) = g * sigmoid(g); sigmoid from e = exp(-|g|) <= 1, which
        cannot overflow: 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0. */
     static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
         long i = 0;
         for (; i + 16 <= n; i += 16) {
-            pw_v16 gv, uv;
+            scratchllm_v16 gv, uv;
             memcpy(&gv, g + i, sizeof gv);
             memcpy(&uv, u + i, sizeof uv);
-            pw_v16i neg = gv < 0.0f;
-            pw_v16 a = pw_select(neg, gv, -gv);  /* -|g| */
-            pw_v16 e = pw_exp16(a);
-            pw_v16 one = (pw_v16){0} + 1.0f;
-            pw_v16 sig = pw_select(neg, e, one) / (1.0f + e);
-            pw_v16 o = gv * sig * uv;
+            scratchllm_v16i neg = gv < 0.0f;
+            scratchllm_v16 a = scratchllm_select16(neg, gv, -gv);  /* -|g| */
+            scratchllm_v16 e = scratchllm_exp16(a);
+            scratchllm_v16 one = (scratchllm_v16){0} + 1.0f;
+            scratchllm_v16 sig = scratchllm_select16(neg, e, one) / (1.0f + e);
+            scratchllm_v16 o = gv * sig * uv;
             memcpy(out + i, &o, sizeof o);
         }
         for (; i < n; i++) {
@@ -71,10 +42,10 @@ cdef extern from *:
 
     /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. */
     static void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) {
-        pw_v16 acc = {0};
+        scratchllm_v16 acc = {0};
         long i = 0;
         for (; i + 16 <= n; i += 16) {
-            pw_v16 v;
+            scratchllm_v16 v;
             memcpy(&v, x + i, sizeof v);
             acc += v * v;
         }
