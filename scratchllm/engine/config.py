@@ -29,7 +29,7 @@ class EngineConfig:
     aging_s: float = 2.0  # a low request waiting this long is promoted to the high queue
     max_priority_adjust_s: float = 2.0  # the priority hook's offsets are clamped to +-this
     # --- numerics ---
-    num_threads: int = 0  # OpenMP threads of the attention kernel; 0 = all cores
+    num_threads: int = 0  # threads of the attention kernel (our pool, kernels/pool.pyx); 0 = the pool's count
 
     def __post_init__(self):
         def need(name, ok, rule):
