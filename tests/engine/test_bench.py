@@ -53,6 +53,14 @@ def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     block = PagedAttention.bytes_per_block(load_model(tiny_folder).config, 16)
     assert 0 <= figs["static"]["peak_kv_bytes"] - figs["continuous"]["kv_pool_bytes"] < block
     assert figs["continuous"]["max_num_seqs"] == 8 and figs["continuous_same_seqs"]["max_num_seqs"] == 3
+    # the small-KV run: half of static's bytes (whole blocks), the same outputs (counted above)
+    small = figs["continuous_small_kv"]
+    assert small["peak_kv_bytes"] <= small["kv_pool_bytes"] and small["max_num_seqs"] == 8
+    # half of static's reservation, or what the longest request needs if that is more (with
+    # arrivals, static's batches may hold one request: half of it would not fit that request)
+    assert small["kv_pool_bytes"] > figs["static"]["peak_kv_bytes"] // 2 - block
+    if rate == "0":  # batches of 3 at once: half holds the longest request
+        assert ratios["kv_pool_small_over_static"] <= 0.5
     if rate == "0":  # all at once: batches of 3 mixed lengths pad; with arrivals a batch may be 1
         assert figs["static"]["padded_tokens"] > 0
     assert figs["static"]["peak_kv_bytes"] > 0 and figs["continuous"]["peak_kv_bytes"] > 0
@@ -67,6 +75,7 @@ def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
         assert "latency" not in figs
     text = bench_engine.render(result)
     assert "continuous" in text and "127 vs 89 QPS" in text and "batched decode" in text
+    assert "of static's KV memory" in text and "0.5 x KV" in text
     json.dumps(result, default=str)
 
 
@@ -75,6 +84,14 @@ def test_bench_masks_small():
     result = bench_masks.run(args)
     assert len(result["figures"]) == 6 and all(r["ms"]["vectorized"] > 0 for r in result["figures"])
     assert "python/vec" in bench_masks.render(result)
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5"])
+def test_bench_engine_refuses_a_kv_fraction_outside_0_1(tiny_folder, value):
+    from scratchllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--kv-fraction"):
+        bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), "--kv-fraction", value]))
 
 
 @pytest.mark.parametrize("flag", ["--latency-requests", "--max-seqs", "--requests"])
