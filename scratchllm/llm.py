@@ -49,8 +49,9 @@ class LLM:
     `max_model_len`: the longest prompt + completion (default: the model's context).
     `threads`: matmul (and BLAS) threads for this process (default: leave as is). 1 is often
     faster on a machine whose cores other jobs share; see scratchllm/models/threads.py.
-    `dtype`: "float32" (default, the reference's numbers) or "bfloat16" (faster matmuls, logits
-    that differ in the third digit); see scratchllm/models/packed.py.
+    `dtype`: "float32" (default, the reference's numbers), "bfloat16" (faster matmuls, logits
+    that differ in the third digit) or "quantized" (a GGUF file's quantized blocks kept as they
+    are: a third of the bytes, float32's logits bit for bit); see scratchllm/models/packed.py.
     Every other option is an EngineConfig field (num_kv_blocks, max_num_seqs, ...).
     """
 

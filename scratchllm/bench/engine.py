@@ -46,6 +46,7 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
+from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 
 SEED = {"qps_continuous": 127.0, "qps_static": 89.0, "p99_ms_continuous": 42.0, "p99_ms_static": 113.0,
@@ -86,8 +87,7 @@ def add_arguments(parser):
     parser.add_argument("--kv-fraction", type=float, default=0.5,
                         help="the small-KV continuous run: a pool of this fraction of static's KV (default 0.5; "
                              "0 skips)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="weight matrices (default float32; bfloat16 needs AVX512-BF16 to be fast)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: token budget per step")
     parser.add_argument("--decode-seqs", type=int, default=32, help="batched-decode figure: sequences (default 32)")
     parser.add_argument("--anchor-new-tokens", type=int, default=128, help="ANCHORS workload: new tokens (128)")

@@ -7,6 +7,8 @@ stderr at the end, so `scratchllm generate ... > answer.txt` keeps only the answ
 
 import sys
 
+from scratchllm.dtypes import DTYPE_HELP, DTYPES
+
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)", description=__doc__)
@@ -24,9 +26,7 @@ def add_parser(sub):
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads (default: one per core); 1 is often faster when other jobs share the cores")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="weight matrices: float32 (default, the reference's numbers) or bfloat16 "
-                        "(about 1.7x faster matmuls with AVX512-BF16; logits differ in the third digit)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
     p.set_defaults(func=run)
 

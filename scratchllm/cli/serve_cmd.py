@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 
+from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 
 
@@ -26,9 +27,7 @@ def add_parser(sub):
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="weight matrices: float32 (default, the reference's numbers) or bfloat16 "
-                        "(about 1.7x faster matmuls with AVX512-BF16; logits differ in the third digit)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests held at once (running + waiting); more get 429 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")

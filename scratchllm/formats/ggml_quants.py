@@ -140,3 +140,23 @@ def _dequantize_chunk(type_name: str, blocks: np.ndarray, out: np.ndarray) -> No
         return
     out *= d  # Q4_1: d * q + m, rounded after the product and after the sum, as ggml does
     out += blocks["m"].astype(np.float32)[:, None]
+
+
+def as_q8(type_name: str, data: np.ndarray, shape: tuple[int, int]):
+    """Raw Q8_0 / Q4_0 / Q4_1 blocks of a [rows, cols] tensor -> (q int8 [rows, cols], d float32
+    [rows, cols/32], m float32 [rows, cols/32]) with value = d * q + m, each operation rounded as
+    `dequantize` rounds it (so the two agree bit for bit): Q8_0 q as stored, m = 0; Q4_0 q - 8
+    (exact), m = 0; Q4_1 q in 0..15, m as stored. For kernels that keep the weights quantized."""
+    rows, cols = shape
+    block = BLOCK_DTYPES[type_name]
+    assert cols % 32 == 0 and data.nbytes == rows * cols // 32 * block.itemsize, (type_name, shape, data.nbytes)
+    blocks = data.view(block).reshape(rows, cols // 32)
+    d = blocks["d"].astype(np.float32)
+    m = blocks["m"].astype(np.float32) if type_name == "Q4_1" else np.zeros_like(d)
+    if type_name == "Q8_0":
+        return np.ascontiguousarray(blocks["qs"]).reshape(rows, cols), d, m
+    qs = np.ascontiguousarray(blocks["qs"])  # [rows, cols/32, 16]: low nibbles first, then high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8)  # [rows, cols/32, 32]
+    if type_name == "Q4_0":
+        q -= 8
+    return q.reshape(rows, cols), d, m

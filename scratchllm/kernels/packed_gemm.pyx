@@ -36,12 +36,14 @@ products are summed in fp32: half the weight bytes and twice the multiplies per 
 Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correctness only).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from scratchllm.kernels import pool as pool_module
 
 from scratchllm.kernels cimport pool
-from libc.stdint cimport uint16_t, uint32_t
+from libc.stdint cimport int8_t, uint16_t, uint32_t
 from libc.stdlib cimport free, malloc
 
 
@@ -49,8 +51,10 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    #if defined(__AVX512BF16__) && defined(__AVX512F__)
+    #ifdef __AVX512F__
     #include <immintrin.h>
+    #endif
+    #if defined(__AVX512BF16__) && defined(__AVX512F__)
     #define SCRATCHLLM_BF16_DOT 1
     #else
     #define SCRATCHLLM_BF16_DOT 0
@@ -232,6 +236,138 @@ cdef extern from *:
         }
     }
 
+    /* 16 int8 -> 16 floats (exact). GCC does not vectorize __builtin_convertvector from int8, so
+       with AVX-512 this is the sign extension and conversion spelled out. */
+    static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, scratchllm_v16 *out) {
+    #ifdef __AVX512F__
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+        memcpy(out, &f, sizeof f);
+    #else
+        float f[16];
+        for (int i = 0; i < 16; i++) f[i] = (float)q[i];
+        memcpy(out, f, sizeof f);
+    #endif
+    }
+
+    /* ---- quantized panels: q int8 [P, K, 32], d and m float32 [P, K/32, 32]: w = d * q + m ---- */
+    /* Rows k0..k0+kc of panel p into buf [kc, 32] float32 (k0 and kc multiples of 32). Each value is
+       rounded after the product and after the sum, never fused into one FMA (the empty asm stops
+       GCC from contracting): the same floats ggml's (and our loader's) dequantization makes, so
+       the GEMM is bit-identical to the float32 kernel on the dequantized matrix. */
+    static void pg_dequant_block(const int8_t *q, const float *d, const float *m, long kc, float *buf) {
+        for (long g = 0; g < kc / 32; g++) {
+            scratchllm_v16 d0, d1, m0, m1;
+            memcpy(&d0, d + g * PG_NR, sizeof d0);
+            memcpy(&d1, d + g * PG_NR + 16, sizeof d1);
+            memcpy(&m0, m + g * PG_NR, sizeof m0);
+            memcpy(&m1, m + g * PG_NR + 16, sizeof m1);
+            for (long k = 32 * g; k < 32 * g + 32; k++) {
+                scratchllm_v16 w0, w1;
+                pg_int8_to_f32(q + k * PG_NR, &w0);
+                pg_int8_to_f32(q + k * PG_NR + 16, &w1);
+                w0 *= d0;
+                w1 *= d1;
+                __asm__("" : "+v"(w0), "+v"(w1));  /* round the products here */
+                w0 += m0;
+                w1 += m1;
+                memcpy(buf + k * PG_NR, &w0, sizeof w0);
+                memcpy(buf + k * PG_NR + 16, &w1, sizeof w1);
+            }
+        }
+    }
+
+    /* One row of tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
+       at once, so the panel streams from memory without pauses (a block-then-compute loop would
+       let the prefetcher stall between blocks). The same floats as pg_dequant_block. */
+    static inline __attribute__((always_inline)) void pg_micro_q8_r(const int R, const float *x, long lda,
+                                                                   const int8_t *q, const float *d,
+                                                                   const float *m, long kc, float *c, long ldc,
+                                                                   int cols, int first) {
+        scratchllm_v16 acc[2 * PG_MAXR];
+        for (int r = 0; r < 2 * R; r++)
+            acc[r] = (scratchllm_v16){0};
+        for (long g = 0; g < kc / 32; g++) {
+            scratchllm_v16 d0, d1, m0, m1;
+            memcpy(&d0, d + g * PG_NR, sizeof d0);
+            memcpy(&d1, d + g * PG_NR + 16, sizeof d1);
+            memcpy(&m0, m + g * PG_NR, sizeof m0);
+            memcpy(&m1, m + g * PG_NR + 16, sizeof m1);
+            for (long k = 32 * g; k < 32 * g + 32; k++) {
+                scratchllm_v16 w0, w1;
+                pg_int8_to_f32(q + k * PG_NR, &w0);
+                pg_int8_to_f32(q + k * PG_NR + 16, &w1);
+                w0 *= d0;
+                w1 *= d1;
+                __asm__("" : "+v"(w0), "+v"(w1));
+                w0 += m0;
+                w1 += m1;
+                for (int r = 0; r < R; r++) {
+                    float xr = x[r * lda + k];
+                    acc[2 * r] += xr * w0;
+                    acc[2 * r + 1] += xr * w1;
+                }
+            }
+        }
+        pg_store(R, acc, c, ldc, cols, first);
+    }
+
+    static void pg_micro_q8(int R, const float *x, long lda, const int8_t *q, const float *d, const float *m,
+                            long kc, float *c, long ldc, int cols, int first) {
+        switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q8_r(n, x, lda, q, d, m, kc, c, ldc, cols, first); break;
+        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    #undef PG_CASE
+        }
+    }
+
+    typedef struct {
+        const float *x;           /* [M, K] */
+        const int8_t *q;          /* [P, K, 32] */
+        const float *d, *m;       /* [P, K/32, 32] */
+        float *c;                 /* [M, n] */
+        long M, K, n, kc, P, chunk, fused_tiles;
+    } pg_q8_job;
+
+    static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
+
+    /* Task t: panels t*chunk .. (t+1)*chunk - 1, which lie one after another in memory: a thread
+       streams them as one run instead of a short one per panel. */
+    static void pg_gemm_q8_task(void *ctx, long t) {
+        const pg_q8_job *j = (const pg_q8_job *)ctx;
+        static __thread float buf[256 * PG_NR] __attribute__((aligned(64)));  /* one block, in L1 */
+        long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P;
+        for (long p = t * j->chunk; p < end; p++)
+            pg_gemm_q8_panel(j, p, buf);
+    }
+
+    static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
+        const int8_t *q = j->q + p * j->K * PG_NR;
+        const float *d = j->d + p * (j->K / 32) * PG_NR, *m = j->m + p * (j->K / 32) * PG_NR;
+        long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
+        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        if (ntiles <= j->fused_tiles) {  /* dequantize in registers, no buffer (tile 2+: q from L1) */
+            for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
+                long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
+                for (long t = 0; t < ntiles; t++) {
+                    pg_tile(j->M, t, ntiles, &r0, &rows);
+                    pg_micro_q8(rows, j->x + r0 * j->K + k0, j->K, q + k0 * PG_NR, d + (k0 / 32) * PG_NR,
+                                m + (k0 / 32) * PG_NR, kcur, j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+                }
+            }
+            return;
+        }
+        for (long k0 = 0; k0 < j->K; k0 += j->kc) {
+            long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
+            pg_dequant_block(q + k0 * PG_NR, d + (k0 / 32) * PG_NR, m + (k0 / 32) * PG_NR, kcur, buf);
+            for (long t = 0; t < ntiles; t++) {
+                pg_tile(j->M, t, ntiles, &r0, &rows);
+                pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
+                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+            }
+        }
+    }
+
     /* x rounded to bfloat16 pairs: x2 [M, K2] (K zero-padded to the panels' even 2 K2). */
     static void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) {
         uint16_t *h = (uint16_t *)x2;
@@ -260,6 +396,14 @@ cdef extern from *:
     void pg_gemm_f32_task(void *ctx, long p) noexcept nogil
     void pg_gemm_bf16_task(void *ctx, long p) noexcept nogil
     void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) noexcept nogil
+    ctypedef struct pg_q8_job:
+        const float *x
+        const int8_t *q
+        const float *d
+        const float *m
+        float *c
+        long M, K, n, kc, P, chunk, fused_tiles
+    void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
 
 
 NR = PG_NR
@@ -304,8 +448,55 @@ def pack(w, str dtype="float32") -> np.ndarray:
     return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, 32, 2]
 
 
+class Q8Panels(NamedTuple):
+    """Quantized panels: w[k, j] = d * q + m with q int8 and, per 32 rows of k and per column, a
+    float32 scale d and offset m. GGUF's Q8_0 (m = 0), Q4_0 (q - 8, m = 0) and Q4_1 (q in 0..15)
+    all fit, value for value: see `pack_q8`."""
+
+    q: np.ndarray  # [P, K, 32] int8
+    d: np.ndarray  # [P, K/32, 32] float32
+    m: np.ndarray  # [P, K/32, 32] float32
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.d.nbytes + self.m.nbytes
+
+    @property
+    def dtype(self):
+        return self.q.dtype
+
+    def dequantize(self) -> np.ndarray:
+        """[P, K, 32] float32, with the kernel's (and ggml's) operations: d * q, then + m."""
+        P, K, _ = self.q.shape
+        w = self.q.astype(np.float32).reshape(P, K // 32, 32, PG_NR)
+        w *= self.d[:, :, None, :]
+        w += self.m[:, :, None, :]
+        return w.reshape(P, K, PG_NR)
+
+
+def pack_q8(q, d, m) -> Q8Panels:
+    """q int8 [K, N] (any strides), d and m float32 [K/32, N]: w[k, j] = d[k // 32, j] * q[k, j] +
+    m[k // 32, j] -> its Q8Panels (columns zero-padded to whole panels: q = d = m = 0)."""
+    K, N = q.shape
+    if K % 32 or d.shape != (K // 32, N) or m.shape != (K // 32, N):
+        raise ValueError(f"q {q.shape} needs K % 32 == 0 and d, m of shape {(K // 32, N)}; got {d.shape}, {m.shape}")
+    P = -(-N // PG_NR)
+    qp = np.zeros((K, P * PG_NR), dtype=np.int8)
+    qp[:, :N] = q
+    dp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
+    mp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
+    dp[:, :N], mp[:, :N] = d, m
+
+    def panels(a):
+        return np.ascontiguousarray(a.reshape(a.shape[0], P, PG_NR).transpose(1, 0, 2))
+
+    return Q8Panels(panels(qp), panels(dp), panels(mp))
+
+
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
     """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
+    if isinstance(panels, Q8Panels):
+        panels = panels.dequantize()
     P = panels.shape[0]
     if panels.dtype == np.uint16:
         w = from_bfloat16(panels).transpose(1, 3, 0, 2).reshape(2 * panels.shape[1], P * PG_NR)
@@ -319,6 +510,11 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     This is how an embedding lookup reads a tied LM head."""
     ids = np.asarray(ids, dtype=np.int64)
     p, j = ids // PG_NR, ids % PG_NR
+    if isinstance(panels, Q8Panels):  # [len, K]: d * q + m, in the kernel's order
+        w = panels.q[p, :, j].astype(np.float32).reshape(len(ids), k // 32, 32)
+        w *= panels.d[p, :, j][:, :, None]
+        w += panels.m[p, :, j][:, :, None]
+        return w.reshape(len(ids), k)
     if panels.dtype == np.uint16:  # [P, K2, 32, 2] -> [len, K2, 2]
         return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
     return np.ascontiguousarray(panels[p, :, j])
@@ -336,7 +532,11 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
         raise ValueError(f"out must be a C-contiguous float32 [{M}, {n}] array")
     if M == 0:
         return out
-    if panels.dtype == np.uint16:
+    if isinstance(panels, Q8Panels):
+        if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
+            raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
+        _matmul_q8(x, panels.q, panels.d, panels.m, n, out)
+    elif panels.dtype == np.uint16:
         if panels.ndim != 4 or panels.shape[1] * 2 not in (K, K + 1) or panels.shape[2:] != (PG_NR, 2):
             raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
         _matmul_bf16(x, panels, n, out)
@@ -347,6 +547,8 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
     return out
 
 
+Q8_TASKS_PER_THREAD = 8  # quantized GEMM: tasks per thread (each a run of adjacent panels)
+Q8_FUSED_TILES = 2  # up to 2 row tiles dequantize in registers (tile 2 re-reads q from L1); more use the buffer
 KC = 256  # rows (bfloat16: pairs) of K per block of a panel: 256 x 32 x 4 B = 32 KiB, L1's size
 
 
@@ -361,6 +563,20 @@ cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_s
     job.M, job.K, job.K2, job.n, job.kc = x.shape[0], x.shape[1], 0, n, KC
     with nogil:
         pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
+
+
+cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
+                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+    cdef pg_q8_job job
+    job.x, job.q, job.d, job.m, job.c = &x[0, 0], &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], &c[0, 0]
+    job.M, job.K, job.n, job.kc = x.shape[0], x.shape[1], n, KC  # the float32 kernel's blocks: the same sums
+    assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit the task's buffer"
+    cdef int threads = _threads_for(job.M * job.K * n)
+    job.P = q.shape[0]
+    job.fused_tiles = Q8_FUSED_TILES
+    job.chunk = max(1, job.P // (Q8_TASKS_PER_THREAD * threads))  # enough tasks to even out the threads
+    with nogil:
+        pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,

@@ -13,7 +13,8 @@ How the weights are stored, for speed (`pack`):
 - Fused: q|k|v as one [C, q+2kv] matrix and gate|up as one [C, 2I]: two matmuls per block instead
   of five; at batch 1 the cost of one call (microseconds) is not negligible.
 - Tied embeddings live once, as the [C, V] LM head; an embedding lookup reads its columns.
-- dtype "bfloat16" (opt-in) packs the matrices as bfloat16: see scratchllm/models/packed.py.
+- dtype "bfloat16" (opt-in) packs the matrices as bfloat16, "quantized" (opt-in, GGUF) keeps the
+  file's Q8_0 / Q4_0 / Q4_1 blocks: see scratchllm/models/packed.py.
 The Hugging Face names stay available in `model.weights`, as [out, in] float32 arrays made from
 the packed matrices when asked for (CheckpointView).
 """
@@ -137,7 +138,7 @@ class LlamaModel:
 
     def __init__(self, config: ModelConfig, weights, dtype: str = "float32"):
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
-        `dtype`: how the matrices are stored and multiplied, "float32" or "bfloat16"."""
+        `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized"."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
@@ -195,8 +196,26 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
 
     view = CheckpointView()
 
+    def quantized(names, shapes):  # the file's quantized blocks of every part, or None
+        if dtype != "quantized" or not hasattr(w, "quantized"):
+            return None
+        parts = []
+        for name, shape in zip(names, shapes, strict=True):
+            part = w.quantized(name) if name in w else None
+            if part is None:
+                return None
+            if part[0].shape != shape:
+                raise ValueError(f"tensor {name!r} has shape {part[0].shape}, expected {shape}")
+            parts.append(part)
+        return parts
+
     def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
-        packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)], dtype)
+        parts = quantized(names, shapes)
+        if parts is not None:
+            packed = PackedWeight.from_quantized_rows(parts)
+        else:  # "quantized" with a matrix the file stores unquantized: float32
+            packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)],
+                                            "float32" if dtype == "quantized" else dtype)
         col = 0
         for name, shape in zip(names, shapes, strict=True):
             view.parts[name] = (packed, slice(col, col + shape[0]))

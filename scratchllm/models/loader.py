@@ -11,7 +11,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from scratchllm.dtypes import DTYPES
 from scratchllm.errors import ConfigError, FormatError
+from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.refs import resolve_model
 from scratchllm.models.bert import BertModel
@@ -85,13 +87,24 @@ class GGUFAsHF(Mapping):
             self.names[hf] = name
 
     def __getitem__(self, hf_name: str):
-        a = self.ckpt[self.names[hf_name]]
+        return self._unpermute(hf_name, self.ckpt[self.names[hf_name]])
+
+    def _unpermute(self, hf_name: str, a):
         if self.config.model_type == "llama":
             if ".q_proj." in hf_name:
                 a = unpermute_rotary(a, self.config.num_heads)
             elif ".k_proj." in hf_name:
                 a = unpermute_rotary(a, self.config.num_kv_heads)
         return a
+
+    def quantized(self, hf_name: str):
+        """(q int8, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
+        dequantized tensor (ggml_quants.as_q8); None for any other type."""
+        info = self.ckpt.tensor_info(self.names[hf_name])
+        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
+            return None
+        q, d, m = gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
+        return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
 
     def __iter__(self):
         return iter(self.names)
@@ -113,6 +126,13 @@ class _Recorder(Mapping):
     def __getitem__(self, name):
         value = self.inner[name]
         self.read.add(name)
+        return value
+
+    def quantized(self, name):
+        """The inner checkpoint's quantized form of `name` (GGUF only), or None."""
+        value = self.inner.quantized(name) if hasattr(self.inner, "quantized") else None
+        if value is not None:
+            self.read.add(name)
         return value
 
     def __iter__(self):
@@ -139,15 +159,16 @@ def read_config(path: Path, ckpt) -> ModelConfig:
         raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
 
 
-DTYPES = ("float32", "bfloat16")
-
-
 def load_model(ref="default", dtype: str = "float32"):
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
     `dtype`: how the weight matrices are stored and multiplied. "float32" (default) computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
-    matmuls on AVX512-BF16, at the price of logits that differ in the third digit."""
+    matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
+    (Llama family, GGUF files) keeps the file's Q8_0 / Q4_0 / Q4_1 matrices quantized in memory
+    (one int8 per weight plus a scale and offset per 32) and dequantizes them inside the GEMM
+    exactly as the float32 path does: the same logits, bit for bit, from about a third of the
+    bytes. Matrices the file stores unquantized stay float32."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = resolve_model(ref)
@@ -155,6 +176,10 @@ def load_model(ref="default", dtype: str = "float32"):
     config = read_config(path, ckpt)
     if dtype != "float32" and config.family != "llama":
         raise ConfigError(f"dtype {dtype} is implemented for the Llama family; {config.model_type} runs in float32")
+    if dtype == "quantized" and (ckpt.format != "gguf" or
+                                 not any(i.dtype in gq.BLOCK_DTYPES for i in ckpt.infos.values())):
+        raise ConfigError(f"dtype quantized keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices quantized; {path} has "
+                          f"none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
         model = FAMILIES[config.family](config, weights, **({"dtype": dtype} if config.family == "llama" else {}))

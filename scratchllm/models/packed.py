@@ -6,15 +6,16 @@ scratchllm.kernels.packed_gemm.matmul (NumPy defers to `__rmatmul__` because the
 Why pack at all, and the layouts: see the kernel's docstring.
 
 dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside the kernel, the
-activations they multiply) to bfloat16 for half the bytes and twice the multiply rate. Norms,
-rotary embeddings, attention and the KV cache stay float32 either way.
+activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
+"quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q8Panels: int8 plus a float32
+scale and offset per 32 weights of a column) and computes with exactly the float32 values they
+stand for. Norms, rotary embeddings, attention and the KV cache stay float32 in every mode.
 """
 
 import numpy as np
 
+from scratchllm.dtypes import DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
 from scratchllm.kernels import packed_gemm
-
-DTYPES = packed_gemm.DTYPES
 
 
 class PackedWeight:
@@ -34,6 +35,18 @@ class PackedWeight:
         one matrix y = x @ [p_0; p_1; ...].T, as q|k|v or gate|up."""
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         return cls(np.asarray(rows, dtype=np.float32).T, dtype)
+
+    @classmethod
+    def from_quantized_rows(cls, parts) -> "PackedWeight":
+        """Quantized checkpoint tensors (q int8 [out_i, in], d and m float32 [out_i, in/32], value
+        = d * q + m; see formats.ggml_quants.as_q8), fused along out like `from_rows`. The matrix
+        stays quantized; the kernel dequantizes a block at a time, with the float32 path's values."""
+        q, d, m = (np.concatenate([p[i] for p in parts], axis=0) for i in range(3))
+        self = cls.__new__(cls)
+        self.shape = (q.shape[1], q.shape[0])
+        self.dtype = "quantized"
+        self.panels = packed_gemm.pack_q8(q.T, d.T, m.T)
+        return self
 
     def __rmatmul__(self, x):  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:

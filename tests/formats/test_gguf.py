@@ -30,6 +30,22 @@ def test_every_type_equals_gguf_dequantize_bit_for_bit(small_gguf):
         assert info.dtype == kind and info.offset == t.data_offset and info.nbytes == t.n_bytes
 
 
+def test_as_q8_is_the_dequantization_bit_for_bit(gguf_writer, tmp_path):
+    # the form a quantized kernel keeps (int8 q, scale d, offset m) makes the same floats
+    from scratchllm.formats import ggml_quants as gq
+
+    x = np.random.default_rng(2).uniform(-1, 1, (3, 96)).astype(np.float32)
+    kinds = ("Q8_0", "Q4_0", "Q4_1")
+    ckpt = load_checkpoint(gguf_writer(tmp_path / "q.gguf", {k: (x, k) for k in kinds}))
+    for kind in kinds:
+        q, d, m = gq.as_q8(kind, ckpt.raw(kind), (3, 96))
+        assert q.dtype == np.int8 and q.shape == (3, 96) and d.shape == m.shape == (3, 3)
+        w = q.astype(np.float32).reshape(3, 3, 32)
+        w *= d[:, :, None]
+        w += m[:, :, None]
+        np.testing.assert_array_equal(bits(w.reshape(3, 96) + 0.0), bits(ckpt[kind] + 0.0), err_msg=kind)
+
+
 def test_quantized_values_are_close_to_the_originals(gguf_writer, tmp_path):
     # Independent of the gguf package's dequantizer: a round trip must land within one quantum.
     rng = np.random.default_rng(1)

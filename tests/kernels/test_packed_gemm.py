@@ -138,3 +138,42 @@ def test_a_forked_child_computes_without_the_parents_helpers():
     with ctx.Pool(1) as child:
         got = child.apply_async(pg.matmul, (x, packed, 1536)).get(timeout=60)
     np.testing.assert_array_equal(got, expect)
+
+
+def quantized_operands(K, N, kind, seed=0):
+    """q, d, m as formats.ggml_quants.as_q8 returns them for a GGUF type, and the float32 matrix
+    they stand for, made with the loader's operations (d * q, then + m)."""
+    rng = np.random.default_rng(seed)
+    q = {"Q8_0": rng.integers(-127, 128, (K, N)), "Q4_0": rng.integers(-8, 8, (K, N)),
+         "Q4_1": rng.integers(0, 16, (K, N))}[kind].astype(np.int8)
+    d = (rng.standard_normal((K // 32, N)) * 0.02).astype(np.float16).astype(np.float32)
+    m = (rng.standard_normal((K // 32, N)) * 0.02).astype(np.float16).astype(np.float32)
+    if kind != "Q4_1":
+        m[:] = 0
+    w = q.astype(np.float32).reshape(K // 32, 32, N)
+    w *= d[:, None]
+    w += m[:, None]
+    return q, d, m, w.reshape(K, N)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("M,K,N", [(1, 32, 7), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)])
+def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(kind, M, K, N):
+    q, d, m, w = quantized_operands(K, N, kind)
+    panels = pg.pack_q8(q, d, m)
+    assert panels.q.dtype == np.int8 and panels.nbytes < pg.pack(w).nbytes / 3
+    np.testing.assert_array_equal(pg.unpack(panels, K, N), w)
+    ids = [0, N - 1, N // 2, 0]
+    np.testing.assert_array_equal(pg.columns(panels, K, ids), w[:, ids].T)
+    x = np.random.default_rng(1).standard_normal((M, K), dtype=np.float32)
+    y = pg.matmul(x, panels, N)
+    np.testing.assert_array_equal(y, pg.matmul(x, pg.pack(w), N))  # same values, same order of sums
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-5, atol=1e-5 * np.sqrt(K))
+
+
+def test_quantized_packing_refuses_bad_shapes():
+    q, d, m, _ = quantized_operands(64, 8, "Q8_0")
+    with pytest.raises(ValueError, match="K % 32"):
+        pg.pack_q8(q[:40], d, m)
+    with pytest.raises(ValueError, match="do not fit"):
+        pg.matmul(np.ones((1, 32), np.float32), pg.pack_q8(q, d, m), 8)

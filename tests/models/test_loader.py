@@ -63,6 +63,11 @@ def test_unknown_dtype_is_refused(tmp_path):
         load_model(write(tmp_path / "ok", tiny_llama_tensors()), dtype="float16")
 
 
+def test_quantized_needs_a_quantized_gguf(tmp_path):
+    with pytest.raises(ConfigError, match="quantized keeps a GGUF"):
+        load_model(write(tmp_path / "ok", tiny_llama_tensors()), dtype="quantized")
+
+
 def test_missing_tensor(tmp_path):
     tensors = tiny_llama_tensors()
     del tensors["model.layers.0.mlp.up_proj.weight"]

@@ -94,3 +94,20 @@ def test_answers_paris(ours):
     ids = _our_greedy(ours, tok.encode(prompt), 12)
     answer = tok.decode(ids[: ids.index(tok.eos_token_id)] if tok.eos_token_id in ids else ids)
     assert "Paris" in answer, answer
+
+
+def test_quantized_weights_give_the_float32_logits_bit_for_bit(reference, ours):
+    # dtype "quantized" keeps the file's Q4_1 / Q8_0 blocks and dequantizes inside the GEMM: the
+    # same weights (checked against transformers' dequantization) and the same logits, exactly
+    q = load_model("default", dtype="quantized")
+    assert q.params["layers"][0]["qkv_proj"].dtype == "quantized" and q.params["lm_head"].dtype == "quantized"
+    ref = reference.state_dict()
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",
+                 "model.layers.29.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        np.testing.assert_array_equal(q.weights[name], ref[name].numpy(), err_msg=name)
+    ids = np.array(CHAT_PROMPT)
+    args = (ids, np.arange(len(ids)))
+    got = q.forward(*args, ContiguousKVCache.for_model(q.config, len(ids)))
+    want = ours.forward(*args, ContiguousKVCache.for_model(ours.config, len(ids)))
+    np.testing.assert_array_equal(got, want)
+    assert _our_greedy(q, CHAT_PROMPT, 8) == _our_greedy(ours, CHAT_PROMPT, 8)
