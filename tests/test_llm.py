@@ -175,7 +175,7 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "tie_word_embeddings": True}))
     args = argparse.Namespace(model=str(tmp_path), prompt_tokens=10, new_tokens=5, repeat=1, bandwidth_mb=8,
-                              threads="1,2")
+                              threads="1,2", dtype="float32")
     result = bench.run(args)
     f = result["figures"]
     # tied: the embedding matrix is read once per token, as the LM head

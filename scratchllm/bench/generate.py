@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
+from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 # ../shared/ANCHORS.md: SmolLM2-135M-Instruct, 2 threads, medians on an idle 2-core Zen 4
 ANCHORS = {
@@ -30,6 +31,7 @@ GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
 
 def add_arguments(parser):
     parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
     parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each figure; medians are reported")
@@ -163,7 +165,7 @@ def run(args) -> dict:
     for _ in range(args.repeat):
         model = None  # the previous copy is freed before the next load, so RSS counts one model
         t = time.perf_counter()
-        model = load_model(args.model)
+        model = load_model(args.model, dtype=args.dtype)
         load_times.append(time.perf_counter() - t)
     rss_after_load = rss_mb()
     if not model.config.is_decoder:
@@ -234,7 +236,7 @@ def run(args) -> dict:
         "inputs": {"model": args.model, "model_path": model.path, "model_sha256": _model_sha256(model.path),
                    "scratchllm": __import__("scratchllm").__version__, "config": model.config.__dict__,
                    "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeat": args.repeat,
-                   "bandwidth_mb": args.bandwidth_mb, "threads": list(per_threads), "dtype": "float32"},
+                   "bandwidth_mb": args.bandwidth_mb, "threads": list(per_threads), "dtype": args.dtype},
         "figures": figures,
         "ratios": ratios,
         "goals_met": goals_met,
@@ -247,7 +249,8 @@ def render(r: dict) -> str:
     f, q, a = r["figures"], r["ratios"], r["anchors"]
     bw = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in f["bandwidth_gb_s"].items())
     lines = [
-        f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, fp32 weights), "
+        f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, {r['inputs'].get('dtype', 'float32')} "
+        "weights), "
         f"medians of {r['inputs']['repeat']} runs",
         f"memory read bandwidth, GB/s: {bw}",
         f"weights read per decoded token {f['weight_mb_per_token']:.0f} MB -> bound {f['bound_tok_s']:.1f} tok/s",
