@@ -250,26 +250,41 @@ cdef extern from *:
     }
 
     /* ---- quantized panels: q int8 [P, K, 32], d and m float32 [P, K/32, 32]: w = d * q + m ---- */
-    /* Rows k0..k0+kc of panel p into buf [kc, 32] float32 (k0 and kc multiples of 32). Each value is
-       rounded after the product and after the sum, never fused into one FMA (the empty asm stops
-       GCC from contracting): the same floats ggml's (and our loader's) dequantization makes, so
-       the GEMM is bit-identical to the float32 kernel on the dequantized matrix. */
+    /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's 32 columns. */
+    typedef struct { scratchllm_v16 d0, d1, m0, m1; } pg_q8_group;
+
+    static inline __attribute__((always_inline)) pg_q8_group pg_q8_group_at(const float *d, const float *m, long g) {
+        pg_q8_group s;
+        memcpy(&s.d0, d + g * PG_NR, sizeof s.d0);
+        memcpy(&s.d1, d + g * PG_NR + 16, sizeof s.d1);
+        memcpy(&s.m0, m + g * PG_NR, sizeof s.m0);
+        memcpy(&s.m1, m + g * PG_NR + 16, sizeof s.m1);
+        return s;
+    }
+
+    /* Row k of a panel as 32 floats. Each value is rounded after the product and after the sum,
+       never fused into one FMA (the empty asm stops GCC from contracting): the floats ggml's (and
+       our loader's) dequantization makes, so the GEMM is bit-identical to the float32 kernel on
+       the dequantized matrix. */
+    static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
+                                                               scratchllm_v16 *w0, scratchllm_v16 *w1) {
+        scratchllm_v16 a, b;
+        pg_int8_to_f32(qrow, &a);
+        pg_int8_to_f32(qrow + 16, &b);
+        a *= s->d0;
+        b *= s->d1;
+        __asm__("" : "+v"(a), "+v"(b));  /* round the products here */
+        *w0 = a + s->m0;
+        *w1 = b + s->m1;
+    }
+
+    /* Rows 0..kc-1 of a panel block into buf [kc, 32] float32 (kc a multiple of 32). */
     static void pg_dequant_block(const int8_t *q, const float *d, const float *m, long kc, float *buf) {
         for (long g = 0; g < kc / 32; g++) {
-            scratchllm_v16 d0, d1, m0, m1;
-            memcpy(&d0, d + g * PG_NR, sizeof d0);
-            memcpy(&d1, d + g * PG_NR + 16, sizeof d1);
-            memcpy(&m0, m + g * PG_NR, sizeof m0);
-            memcpy(&m1, m + g * PG_NR + 16, sizeof m1);
+            pg_q8_group s = pg_q8_group_at(d, m, g);
             for (long k = 32 * g; k < 32 * g + 32; k++) {
                 scratchllm_v16 w0, w1;
-                pg_int8_to_f32(q + k * PG_NR, &w0);
-                pg_int8_to_f32(q + k * PG_NR + 16, &w1);
-                w0 *= d0;
-                w1 *= d1;
-                __asm__("" : "+v"(w0), "+v"(w1));  /* round the products here */
-                w0 += m0;
-                w1 += m1;
+                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
                 memcpy(buf + k * PG_NR, &w0, sizeof w0);
                 memcpy(buf + k * PG_NR + 16, &w1, sizeof w1);
             }
@@ -278,7 +293,7 @@ cdef extern from *:
 
     /* One row of tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
        at once, so the panel streams from memory without pauses (a block-then-compute loop would
-       let the prefetcher stall between blocks). The same floats as pg_dequant_block. */
+       let the prefetcher stall between blocks). */
     static inline __attribute__((always_inline)) void pg_micro_q8_r(const int R, const float *x, long lda,
                                                                    const int8_t *q, const float *d,
                                                                    const float *m, long kc, float *c, long ldc,
@@ -287,20 +302,10 @@ cdef extern from *:
         for (int r = 0; r < 2 * R; r++)
             acc[r] = (scratchllm_v16){0};
         for (long g = 0; g < kc / 32; g++) {
-            scratchllm_v16 d0, d1, m0, m1;
-            memcpy(&d0, d + g * PG_NR, sizeof d0);
-            memcpy(&d1, d + g * PG_NR + 16, sizeof d1);
-            memcpy(&m0, m + g * PG_NR, sizeof m0);
-            memcpy(&m1, m + g * PG_NR + 16, sizeof m1);
+            pg_q8_group s = pg_q8_group_at(d, m, g);
             for (long k = 32 * g; k < 32 * g + 32; k++) {
                 scratchllm_v16 w0, w1;
-                pg_int8_to_f32(q + k * PG_NR, &w0);
-                pg_int8_to_f32(q + k * PG_NR + 16, &w1);
-                w0 *= d0;
-                w1 *= d1;
-                __asm__("" : "+v"(w0), "+v"(w1));
-                w0 += m0;
-                w1 += m1;
+                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
                 for (int r = 0; r < R; r++) {
                     float xr = x[r * lda + k];
                     acc[2 * r] += xr * w0;
