@@ -16,6 +16,7 @@ import numpy as np
 
 from scratchllm.engine.config import EngineConfig
 from scratchllm.errors import MemoryPlanError
+from scratchllm.models.packed import PackedWeight
 
 MiB = 1 << 20
 DEFAULT_KV_BYTES = 1 << 30  # pool size when neither --kv-blocks nor a budget says otherwise
@@ -55,6 +56,8 @@ def weights_bytes(model) -> int:
             if id(base) not in seen and isinstance(base, np.ndarray):
                 seen.add(id(base))
                 total += base.nbytes
+        elif isinstance(x, PackedWeight):  # a packed matrix: its panels (and a quantized one's scales)
+            walk(x.panels)
         elif isinstance(x, dict):
             for v in x.values():
                 walk(v)

@@ -144,6 +144,15 @@ def test_memory_plan_refuses_at_start_with_numbers(model):
     assert plan.total_bytes <= 64 << 20 and plan.num_kv_blocks > 0
 
 
+def test_memory_plan_counts_the_packed_matrices(model):
+    from scratchllm.engine.memory_plan import weights_bytes
+    from scratchllm.models.packed import PackedWeight
+
+    matrices = [w for layer in model.params["layers"] for w in layer.values() if isinstance(w, PackedWeight)]
+    matrices.append(model.params["lm_head"])
+    assert weights_bytes(model) >= sum(w.nbytes for w in matrices) > 0
+
+
 def test_generate_reports_logprobs_of_the_forward(model):
     from scratchllm.models import ContiguousKVCache
     from scratchllm.sampling import top_logprobs
