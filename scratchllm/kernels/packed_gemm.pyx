@@ -200,6 +200,11 @@ cdef extern from *:
         long M, K, K2, n, kc;
     } pg_gemm_job;
 
+    /* Columns of y that panel p holds: 32, or fewer at the right edge. */
+    static inline int pg_panel_cols(long n, long p) {
+        return n - p * PG_NR < PG_NR ? (int)(n - p * PG_NR) : PG_NR;
+    }
+
     static inline void pg_tile(long M, long t, long ntiles, long *r0, int *rows) {
         long base = M / ntiles, extra = M % ntiles;
         *r0 = t * base + (t < extra ? t : extra);
@@ -210,7 +215,7 @@ cdef extern from *:
         const pg_gemm_job *j = (const pg_gemm_job *)ctx;
         const float *panel = (const float *)j->panels + p * j->K * PG_NR;
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
-        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        int rows, cols = pg_panel_cols(j->n, p);
         for (long k0 = 0; k0 < j->K; k0 += j->kc) {
             long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
             for (long t = 0; t < ntiles; t++) {
@@ -225,7 +230,7 @@ cdef extern from *:
         const pg_gemm_job *j = (const pg_gemm_job *)ctx;
         const uint16_t *panel = (const uint16_t *)j->panels + p * j->K2 * 2 * PG_NR;
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
-        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        int rows, cols = pg_panel_cols(j->n, p);
         for (long k0 = 0; k0 < j->K2; k0 += j->kc) {
             long kcur = j->K2 - k0 < j->kc ? j->K2 - k0 : j->kc;
             for (long t = 0; t < ntiles; t++) {
@@ -350,7 +355,7 @@ cdef extern from *:
         const int8_t *q = j->q + p * j->K * PG_NR;
         const float *d = j->d + p * (j->K / 32) * PG_NR, *m = j->m + p * (j->K / 32) * PG_NR;
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
-        int rows, cols = j->n - p * PG_NR < PG_NR ? (int)(j->n - p * PG_NR) : PG_NR;
+        int rows, cols = pg_panel_cols(j->n, p);
         if (ntiles <= j->fused_tiles) {  /* dequantize in registers, no buffer (tile 2+: q from L1) */
             for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
                 long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
