@@ -278,7 +278,8 @@ cdef extern from *:
         pg_int8_to_f32(qrow + 16, &b);
         a *= s->d0;
         b *= s->d1;
-        __asm__("" : "+v"(a), "+v"(b));  /* round the products here */
+        SCRATCHLLM_OPAQUE16(a);  /* round the products here */
+        SCRATCHLLM_OPAQUE16(b);
         *w0 = a + s->m0;
         *w1 = b + s->m1;
     }
