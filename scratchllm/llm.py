@@ -9,42 +9,32 @@ Two ways to drive the engine, never both at once:
   - `submit` starts the engine's own thread (AsyncEngine) for streaming from any thread; from then
     on every call goes through that thread, since only one thread may touch the engine.
 
-A request finishes for one of two reasons:
-  "stop"   - an end token (the tokenizer's EOS unless ignore_eos, or one of stop_token_ids), or
-             one of the stop strings appeared in the text (the text is cut before it);
-  "length" - max_tokens generated, or the model's context is full.
+Why a request finishes ("stop" or "length") is decided in the engine's one output path
+(scratchllm/engine/output.py). Results are RequestOutput (scratchllm/engine/protocol.py):
+`.token_ids`, `.text`, `.finish_reason`, `.metrics` (RequestMetrics: times, durations,
+`.summary()` with rates), `.logprobs` when asked for.
 """
 
 import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from scratchllm.engine import EngineConfig, LLMEngine
+from scratchllm.engine.output import OutputCollector
+from scratchllm.engine.protocol import RequestOutput, RequestStream
 from scratchllm.errors import ConfigError
 from scratchllm.models import load_model
 from scratchllm.sampling import SamplingParams
 
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)}
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    metrics: dict = field(default_factory=dict)  # prompt_tokens, completion_tokens, queue/prefill/decode, tok/s
-    logprobs: list | None = None  # per token: (logprob, [(id, logprob), ...]) when params.logprobs is set
+__all__ = ["LLM", "RequestOutput"]
 
 
 class LLM:
     """A model, its tokenizer and an engine, ready to generate.
 
-    `model`: "default", a .gguf file or a Hugging Face folder (see SPEC, model references).
+    `model`: "default" (SmolLM2-135M-Instruct), a .gguf file or a Hugging Face model folder.
     `tokenizer`: where the tokenizer lives when it is not beside the weights.
     `max_model_len`: the longest prompt + completion (default: the model's context).
     `threads`: matmul (and BLAS) threads for this process (default: leave as is). 1 is often
@@ -115,39 +105,31 @@ class LLM:
             self.engine.validate(i, p)  # refuse a bad prompt before any work starts
         if self._async is not None:
             streams = [self._async.submit(i, p) for i, p in zip(ids, per_prompt, strict=True)]
-            results = [self._collect(s, p) for s, p in zip(streams, per_prompt, strict=True)]
+            results = [self._collect(s, i, p) for s, i, p in zip(streams, ids, per_prompt, strict=True)]
         else:
             with self._lock:
                 results = self.engine.generate(ids, per_prompt)
-        return [self._output(r, t, i) for r, t, i in zip(results, texts, ids, strict=True)]
+        for r, t in zip(results, texts, strict=True):
+            r.prompt = t
+        return results
 
     def run(self, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,
             on_token: Callable[[int, str], None] | None = None) -> RequestOutput:
         """One request to completion. `on_token(id, text_delta)` streams: the delta holds back
         text that could still turn out to be the start of a stop string."""
         self.engine.validate(prompt_ids, params)
-        result = {"request_id": None, "token_ids": [], "text": "", "finish_reason": None, "metrics": None,
-                  "logprobs": [] if params.logprobs is not None else None}
         if self._async is not None:
-            events = self._async.submit(prompt_ids, params)
-            result["request_id"] = events.request_id
-            for e in events:
-                self._add_event(result, e.token_id, e.text, e.logprob, e.top_logprobs, e.finish_reason, e.metrics)
-                if on_token is not None and e.token_id is not None:
-                    on_token(e.token_id, e.text)
-        else:
-            with self._lock:
-                req = self.engine.add_request(None, prompt_ids, params)
-                result["request_id"] = req.request_id
-                while result["finish_reason"] is None:
-                    for o in self.engine.step():
-                        if o.request_id != req.request_id:
-                            continue
-                        self._add_event(result, o.token_id, o.text, o.logprob, o.top_logprobs, o.finish_reason,
-                                        o.metrics)
-                        if on_token is not None:
-                            on_token(o.token_id, o.text)
-        return self._output(result, prompt, list(prompt_ids))
+            return self._collect(self._async.submit(prompt_ids, params), prompt_ids, params, prompt, on_token)
+        with self._lock:
+            req = self.engine.add_request(None, prompt_ids, params)
+            collector = OutputCollector(req.request_id, req.prompt_token_ids, prompt, params.logprobs is not None)
+            while not collector.finished:
+                for event in self.engine.step():
+                    if event.request_id == req.request_id:
+                        collector.add(event)
+                        if on_token is not None and event.token_id is not None:
+                            on_token(event.token_id, event.text)
+        return collector.output
 
     # ---- streaming, for servers and other threads ---------------------------------------------
     def submit(self, prompt_token_ids, params: SamplingParams, request_id=None):
@@ -173,33 +155,11 @@ class LLM:
 
     # ---- results ------------------------------------------------------------------------------
     @staticmethod
-    def _add_event(result, token_id, text, logprob, top, finish_reason, metrics) -> None:
-        if token_id is not None:
-            result["token_ids"].append(token_id)
-            if result["logprobs"] is not None:
-                top = list(top.items()) if isinstance(top, dict) else top
-                result["logprobs"].append((logprob, top))
-        result["text"] += text
-        if finish_reason is not None:
-            result["finish_reason"], result["metrics"] = finish_reason, metrics
-
-    def _collect(self, stream, params: SamplingParams) -> dict:
-        result = {"request_id": stream.request_id, "token_ids": [], "text": "", "finish_reason": None,
-                  "metrics": None, "logprobs": [] if params.logprobs is not None else None}
-        for e in stream:
-            self._add_event(result, e.token_id, e.text, e.logprob, e.top_logprobs, e.finish_reason, e.metrics)
-        return result
-
-    @staticmethod
-    def _output(result: dict, prompt: str | None, prompt_ids: list[int]) -> RequestOutput:
-        m = result["metrics"]
-        metrics = dataclasses.asdict(m) if m is not None else {}
-        if m is not None:
-            prefill_s, decode_s = m.prefill_ms / 1000, m.decode_ms / 1000
-            decoded = m.completion_tokens - 1  # the first token comes from the prefill's logits
-            metrics.update(prefill_s=prefill_s, decode_s=decode_s, ttft_s=(m.queue_ms + m.prefill_ms) / 1000,
-                           prefill_tok_s=m.prompt_tokens / prefill_s if prefill_s > 0 else None,
-                           decode_tok_s=decoded / decode_s if decoded > 0 and decode_s > 0 else None)
-        return RequestOutput(request_id=result["request_id"], prompt=prompt, prompt_token_ids=prompt_ids,
-                             token_ids=result["token_ids"], text=result["text"],
-                             finish_reason=result["finish_reason"], metrics=metrics, logprobs=result["logprobs"])
+    def _collect(stream: RequestStream, prompt_ids: Sequence[int], params: SamplingParams, prompt: str | None = None,
+                 on_token: Callable[[int, str], None] | None = None) -> RequestOutput:
+        collector = OutputCollector(stream.request_id, list(prompt_ids), prompt, params.logprobs is not None)
+        for event in stream:
+            collector.add(event)
+            if on_token is not None and event.token_id is not None:
+                on_token(event.token_id, event.text)
+        return collector.output

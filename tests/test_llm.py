@@ -87,7 +87,7 @@ def test_chat_answers_paris_and_stops_at_eos(llm):
     assert "Paris" in out.text
     assert out.finish_reason == "stop" and out.token_ids[-1] == llm.eos_token_id
     assert out.text == llm.tokenizer.decode(out.token_ids[:-1])  # the end token is not text
-    assert out.metrics["prompt_tokens"] == len(out.prompt_token_ids)
+    assert out.metrics.prompt_tokens == len(out.prompt_token_ids)
 
 
 @pytest.mark.slow

@@ -20,9 +20,11 @@ import subprocess
 import sys
 import time
 
+import httpx
+
+from scratchllm.bench import http_client, loadgen
 from scratchllm.bench.common import machine_facts
 from scratchllm.errors import ConfigError
-from scratchllm.server import client, loadgen
 
 # The seed's serving figures (section 4): continuous vs static batching.
 SEED = {"static": {"qps": 89.0, "p99_ms": 113.0}, "continuous": {"qps": 127.0, "p99_ms": 42.0},
@@ -40,6 +42,7 @@ def add_arguments(p):
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight at once")
     p.add_argument("--seed", type=int, default=None, help="default: the workload's")
     p.add_argument("--model", default=None, help="model id to request (default: the server's first)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (a server that needs one)")
     p.add_argument("--max-duration", type=float, default=600.0, help="stop sending after this many seconds")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO: time to first token")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO: time per output token")
@@ -138,17 +141,30 @@ def _div(a, b):
 def _measure(url: str, args, workload, slo) -> dict:
     from tqdm import tqdm
 
-    model = args.model or _first_model(url)
+    model = args.model or _first_model(url, args)
     with tqdm(total=len(workload.prompts), disable=args.no_progress, desc="requests", file=sys.stderr) as bar:
-        raw = asyncio.run(loadgen.run_load(url, model, workload, args.concurrency, args.max_duration, bar))
+        raw = asyncio.run(loadgen.run_load(url, model, workload, args.concurrency, args.max_duration, bar,
+                                           headers=_headers(args)))
     return loadgen.summarize(raw, slo)
 
 
-def _first_model(url: str) -> str:
+def _headers(args) -> dict:
+    return {"Authorization": f"Bearer {args.api_key}"} if getattr(args, "api_key", None) else {}
+
+
+def _get(url: str, headers: dict, timeout: float) -> http_client.Reply:
+    async def get():
+        async with http_client.new_client(timeout, headers) as client:
+            return await http_client.request(client, url)
+
+    return asyncio.run(get())
+
+
+def _first_model(url: str, args) -> str:
     try:
-        reply = asyncio.run(client.request(url + "/v1/models", timeout=30))
+        reply = _get(url + "/v1/models", _headers(args), 30)
         return reply.json()["data"][0]["id"]
-    except (OSError, ValueError, KeyError, IndexError) as err:
+    except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError) as err:
         raise ConfigError(f"no OpenAI-compatible server at {url}: {err}") from None
 
 
@@ -174,9 +190,9 @@ class _server:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if asyncio.run(client.request(url + "/health", timeout=5)).status == 200:
+                if _get(url + "/health", {}, 5).status == 200:
                     return url
-            except OSError:
+            except (httpx.HTTPError, OSError):
                 time.sleep(0.1)
         raise ConfigError(f"server at {url} never became healthy")
 

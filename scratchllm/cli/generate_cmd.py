@@ -53,8 +53,8 @@ def run(args) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not args.quiet:
-        m = out.metrics
-        decode = f"{m['decode_tok_s']:.1f} tok/s" if m["decode_tok_s"] else "n/a"
+        m = out.metrics.summary() if out.metrics is not None else {}
+        decode = f"{m['decode_tok_s']:.1f} tok/s" if m.get("decode_tok_s") else "n/a"
         print(f"[{m['prompt_tokens']} prompt tokens, {m['completion_tokens']} generated ({out.finish_reason}); "
               f"load {llm.load_s:.2f} s, prefill {m['prefill_tok_s']:.0f} tok/s, decode {decode}"
               f"{'' if use_chat else ', raw prompt'}]", file=sys.stderr)

@@ -44,7 +44,7 @@ def build(args):
     if args.max_in_flight < 1 or args.max_body_bytes < 1:
         raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
     if args.fake_engine:
-        from scratchllm.server.fake_engine import fake_backend
+        from scratchllm.server.backend import fake_backend
 
         options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
         if args.num_kv_blocks:

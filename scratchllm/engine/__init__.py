@@ -1,23 +1,27 @@
-"""The inference engine: requests, paged KV blocks, the seed's scheduler, continuous batching.
+"""The inference engine: requests, paged KV blocks, the scheduler, continuous batching.
 
-See docs/architecture.md, "engine -> server". Modules, one concept each: request (states and
-timestamps), block_manager (paged KV ids, ref counts, prefix cache, CoW), scheduler (admission
-policy and per-step batching), paged_attention (the pool and the Cython kernel), masks (3-D masks),
-model_runner (one packed forward per step), engine (LLMEngine), async_engine (threads and streams),
-static (the padded baseline), memory_plan (refuse at start, never OOM later).
+See docs/architecture.md. Modules, one concept each: protocol (the contract with everything
+above: events, metrics, results, streams, EngineClient), request (states and timestamps),
+block_manager (paged KV ids, ref counts, prefix cache, CoW), policy (admission: the priority
+policy or FCFS), scheduler (the batching mechanism: budget, chunked prefill, preemption),
+paged_attention (the pool and the Cython kernel), masks (3-D masks), model_runner (one packed
+forward per step), output (the one output path: tokens -> events -> results), engine
+(LLMEngine), async_engine (the engine behind a thread), static (the padded baseline), fake (the
+fake engine), memory_plan (refuse at start, never OOM later).
 """
 
 from scratchllm.engine.config import EngineConfig
-from scratchllm.engine.engine import LLMEngine, StepOutput
-from scratchllm.engine.request import Priority, Request, RequestMetrics, RequestStatus
+from scratchllm.engine.engine import LLMEngine
+from scratchllm.engine.protocol import EngineClient, RequestMetrics, RequestOutput, RequestStream, TokenEvent
+from scratchllm.engine.request import Priority, Request, RequestStatus
 
-__all__ = ["EngineConfig", "LLMEngine", "StepOutput", "Priority", "Request", "RequestMetrics", "RequestStatus",
-           "AsyncEngine", "RequestStream", "TokenEvent"]
+__all__ = ["EngineConfig", "LLMEngine", "Priority", "Request", "RequestMetrics", "RequestStatus", "RequestOutput",
+           "RequestStream", "TokenEvent", "EngineClient", "AsyncEngine"]
 
 
 def __getattr__(name):
-    if name in ("AsyncEngine", "RequestStream", "TokenEvent"):
-        from scratchllm.engine import async_engine
+    if name == "AsyncEngine":
+        from scratchllm.engine.async_engine import AsyncEngine
 
-        return getattr(async_engine, name)
+        return AsyncEngine
     raise AttributeError(f"module 'scratchllm.engine' has no attribute {name!r}")

@@ -1,68 +1,36 @@
-"""AsyncEngine: the engine behind a thread, for the server. Thread-safe submit / abort / shutdown;
-each request's tokens arrive on its own RequestStream as TokenEvents, in order.
+"""AsyncEngine: the continuous engine behind a thread, implementing the EngineClient contract
+(protocol.py). Thread-safe submit / abort / shutdown; each request's events arrive on its own
+RequestStream, in order, readable from a thread or from an event loop.
 
 One thread owns the LLMEngine and is the only one that touches it: submissions and aborts go
 into an inbox that the thread drains between steps, so the scheduler and the block manager
 never see two threads. When there is nothing to compute the thread waits one scheduling tick
 (10 ms) or until a submission wakes it, whichever comes first: a new high-priority request is
-admitted at once, as the seed asks, without a busy loop.
+admitted at once, without a busy loop.
 """
 
+from __future__ import annotations
+
 import itertools
-import queue
-import sys
+import logging
 import threading
-import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
-from scratchllm.engine.engine import LLMEngine, StepOutput
-from scratchllm.engine.request import RequestMetrics
+from scratchllm.engine.engine import LLMEngine
+from scratchllm.engine.protocol import RequestStream, TokenEvent
+from scratchllm.sampling import SamplingParams
 
-
-@dataclass
-class TokenEvent:
-    token_id: int | None
-    text: str  # complete-UTF-8 text delta
-    index: int
-    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last event
-    logprob: float | None = None
-    top_logprobs: dict | None = None  # token id -> logprob of the most likely tokens
-    metrics: RequestMetrics | None = None  # on the last event
-
-
-class RequestStream:
-    """Iterate to receive a request's TokenEvents; the last one has a finish_reason."""
-
-    def __init__(self, owner: "AsyncEngine", request_id: str):
-        self._owner = owner
-        self.request_id = request_id
-        self._events: queue.Queue[TokenEvent] = queue.Queue()
-        self.finished = False
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        while True:
-            event = self._events.get()
-            yield event
-            if event.finish_reason is not None:
-                return
-
-    def abort(self) -> None:
-        """Stop the request; its blocks return to the pool before the next step."""
-        self._owner._post(("abort", self.request_id))
-
-
-def _event(o: StepOutput) -> TokenEvent:
-    top = dict(o.top_logprobs) if o.top_logprobs is not None else None
-    return TokenEvent(o.token_id, o.text, o.index, o.finish_reason, o.logprob, top, o.metrics)
+logger = logging.getLogger(__name__)
 
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self.tick_s = engine.config.tick_s
+        self.max_model_len = engine.max_model_len
         self._cv = threading.Condition()
-        self._inbox: list[tuple] = []
+        self._inbox: list[tuple[Any, ...]] = []
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count(1)
         self._accepting = True
@@ -73,7 +41,8 @@ class AsyncEngine:
         self._thread.start()
 
     # --- the contract ---
-    def submit(self, prompt_token_ids, params, request_id=None) -> RequestStream:
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream at once. Bad input raises ConfigError here."""
         self.engine.validate(prompt_token_ids, params)
         with self._cv:
@@ -82,16 +51,16 @@ class AsyncEngine:
             rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
             while rid in self._streams:  # a caller's id is kept; ours never collide
                 rid = f"req-{next(self._ids)}"
-            stream = RequestStream(self, rid)
+            stream = RequestStream(rid, self.abort)
             self._streams[rid] = stream
             self._inbox.append(("add", rid, list(prompt_token_ids), params))
             self._cv.notify()
         return stream
 
-    def abort(self, request_id) -> None:
+    def abort(self, request_id: str) -> None:
         self._post(("abort", str(request_id)))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The engine's counters as of the last finished step. Other threads never read the
         engine itself (it may be mid-step): the engine thread publishes a snapshot per step."""
         with self._cv:
@@ -110,20 +79,20 @@ class AsyncEngine:
         self._thread.join()
 
     # --- the engine thread ---
-    def _post(self, message) -> None:
+    def _post(self, message: tuple[Any, ...]) -> None:
         with self._cv:
             self._inbox.append(message)
             self._cv.notify()
 
-    def _deliver(self, outputs) -> None:
-        for o in outputs:
-            stream = self._streams.get(o.request_id)
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            stream = self._streams.get(event.request_id)
             if stream is None:
                 continue
-            if o.finish_reason is not None:
-                del self._streams[o.request_id]
-                self._finished[o.finish_reason] += 1
-            stream._events.put(_event(o))
+            if event.finish_reason is not None:
+                del self._streams[event.request_id]
+                self._finished[event.finish_reason] += 1
+            stream.put(event)
 
     def _drain_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -133,8 +102,8 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(rid, ids, params)
                 except Exception as err:  # noqa: BLE001 - validated in submit; never kill the loop
-                    print(f"scratchllm engine: request {rid} refused: {err}", file=sys.stderr)
-                    self._deliver([StepOutput(rid, None, "", 0, "abort")])
+                    logger.warning("request %s refused: %s", rid, err)
+                    self._deliver([TokenEvent(rid, None, "", 0, "abort")])
             else:
                 final = self.engine.abort(message[1])
                 if final is not None:
@@ -150,21 +119,20 @@ class AsyncEngine:
                 if self._stopping and not engine.has_work():
                     break
             try:
-                outputs = engine.step()
+                events = engine.step()
             except Exception:  # noqa: BLE001 - a failed step aborts its requests, not the server
-                traceback.print_exc(file=sys.stderr)
+                logger.exception("an engine step failed; its requests are aborted")
                 with self._cv:
-                    outputs = [o for rid in list(engine.requests) if (o := engine.abort(rid)) is not None]
+                    events = [e for rid in list(engine.requests) if (e := engine.abort(rid)) is not None]
             snapshot = engine.stats()
             with self._cv:
                 self._snapshot = snapshot
-            self._deliver(outputs)
+                self._deliver(events)
             if engine.last_step_tokens == 0 and engine.has_work():
-                # waiting requests that this tick may not admit (the 2-per-tick rule, a full pool):
+                # waiting requests that this tick may not admit (the per-tick limit, a full pool):
                 # sleep to the next tick instead of spinning
                 with self._cv:
                     if not self._inbox:
                         self._cv.wait(timeout=self.tick_s)
         with self._cv:  # anything still listening gets its end
-            for rid in list(self._streams):
-                self._deliver([StepOutput(rid, None, "", 0, "abort")])
+            self._deliver([TokenEvent(rid, None, "", 0, "abort") for rid in list(self._streams)])

@@ -1,8 +1,8 @@
 """EngineConfig: the engine's options, checked once at construction.
 
 Lifetime: one per engine (the model has its frozen ModelConfig, each request its SamplingParams).
-Every threshold of the seed's scheduling policy is an option here, so a test or an operator can
-pin or change it; the defaults are the seed's numbers.
+Every threshold of the priority policy (engine/policy.py) is an option here, so a test or an
+operator can pin or change it.
 """
 
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from scratchllm.errors import ConfigError
 @dataclass(frozen=True)
 class EngineConfig:
     # --- KV cache ---
-    block_size: int = 16  # tokens per KV block (seed: 16)
+    block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # None: sized by the memory plan from memory_budget_bytes
     memory_budget_bytes: int | None = None  # None: 4 GiB minus weights (see memory_plan)
     enable_prefix_caching: bool = True
@@ -21,11 +21,12 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # the per-step token budget (decodes + prefill chunks)
     max_model_len: int | None = None  # None: the model's context length
-    # --- the seed's admission policy ---
-    tick_s: float = 0.010  # scheduling tick (seed: 10 ms)
-    high_priority_max_tokens: int = 256  # max_tokens < this -> high queue (seed: 256)
-    utilization_gate: float = 0.80  # admit the high head only below this utilization (seed: 80%)
-    max_low_per_tick: int = 2  # low-queue admissions per tick (seed: 2)
+    # --- admission (engine/policy.py) ---
+    policy: str = "priority"  # "priority" (two queues, tick, gate, aging) or "fcfs"
+    tick_s: float = 0.010  # scheduling tick
+    high_priority_max_tokens: int = 256  # max_tokens < this -> high queue
+    utilization_gate: float = 0.80  # admit only below this utilization
+    max_low_per_tick: int = 2  # low-queue admissions per tick
     aging_s: float = 2.0  # a low request waiting this long is promoted to the high queue
     max_priority_adjust_s: float = 2.0  # the priority hook's offsets are clamped to +-this
     # --- numerics ---
@@ -42,6 +43,7 @@ class EngineConfig:
         need("max_num_seqs", self.max_num_seqs >= 1, ">= 1")
         need("max_num_batched_tokens", self.max_num_batched_tokens >= 1, ">= 1")
         need("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1")
+        need("policy", self.policy in ("priority", "fcfs"), "'priority' or 'fcfs'")
         need("tick_s", self.tick_s > 0, "> 0")
         need("high_priority_max_tokens", self.high_priority_max_tokens >= 1, ">= 1")
         need("utilization_gate", 0.0 < self.utilization_gate <= 1.0, "in (0, 1]")

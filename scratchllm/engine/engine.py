@@ -1,52 +1,37 @@
 """LLMEngine: requests in, tokens out, one step at a time.
 
-    step() = schedule -> execute (one packed forward) -> postprocess (sample, stop, free)
+    step() = schedule -> execute (one packed forward) -> sample -> output path -> update
 
 Single-threaded by design: AsyncEngine (async_engine.py) owns the thread that calls step() and
-funnels submissions and aborts into it between steps. Text: with a tokenizer, each request has
-an incremental detokenizer; `StepOutput.text` is the complete-UTF-8 delta, stop strings are
-found in the text, and text that could still become a stop string is held back until it cannot.
+funnels submissions and aborts into it between steps. The scheduler owns the queues and the
+block tables (this module only asks it); tokens become events in the one output path
+(output.py), which decides why a request ends and what text it shows.
 """
 
+from __future__ import annotations
+
+import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
 from scratchllm.engine.model_runner import ModelRunner
-from scratchllm.engine.request import Priority, Request, RequestMetrics, RequestStatus
+from scratchllm.engine.output import OutputCollector, OutputProcessor
+from scratchllm.engine.protocol import RequestOutput, TokenEvent
+from scratchllm.engine.request import Priority, Request
 from scratchllm.engine.scheduler import Scheduler
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
-
-@dataclass
-class StepOutput:
-    """One new token (or the end) of one request."""
-
-    request_id: str
-    token_id: int | None  # None: the request ended without a new token (abort)
-    text: str  # complete-UTF-8 text delta ("" without a tokenizer)
-    index: int  # 0-based index of the token among the request's outputs
-    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last output
-    logprob: float | None = None
-    top_logprobs: list | None = None
-    metrics: RequestMetrics | None = None  # on the last output
-
-
-@dataclass
-class _TextState:
-    detok: object
-    text: str = ""
-    emitted: int = 0
-    holdback: int = 0
-    stops: tuple = field(default_factory=tuple)
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, model, config: EngineConfig | None = None, tokenizer=None, eos_token_id=None,
-                 clock=time.monotonic):
+    def __init__(self, model: Any, config: EngineConfig | None = None, tokenizer: Any = None,
+                 eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic):
         self.model = model
         self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
@@ -65,16 +50,18 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads)
         self.requests: dict[str, Request] = {}
-        self._text: dict[str, _TextState] = {}
+        self._outputs: dict[str, OutputProcessor] = {}
         self._next_id = 0
         self.num_steps = 0
         self.num_generated = 0
         self.step_tokens_total = 0
         self.last_step_tokens = 0
+        logger.info("engine: %s, %d KV blocks of %d tokens, policy %s", type(model).__name__, num_blocks,
+                    config.block_size, config.policy)
 
     @classmethod
-    def from_pretrained(cls, ref: str = "default", tokenizer=True, dtype: str = "float32",
-                        **engine_options) -> "LLMEngine":
+    def from_pretrained(cls, ref: str = "default", tokenizer: bool = True, dtype: str = "float32",
+                        **engine_options: Any) -> LLMEngine:
         """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options)."""
         from scratchllm.models import load_model
 
@@ -87,8 +74,8 @@ class LLMEngine:
         return cls(model, EngineConfig(**engine_options), tokenizer=tok)
 
     # --- requests ---
-    def add_request(self, request_id, prompt_token_ids, params: SamplingParams | None = None,
-                    priority=None) -> Request:
+    def add_request(self, request_id: str | None, prompt_token_ids: Sequence[int],
+                    params: SamplingParams | None = None, priority: Priority | str | int | None = None) -> Request:
         params = params or SamplingParams()
         if request_id is None:
             self._next_id += 1
@@ -97,17 +84,14 @@ class LLMEngine:
         if request_id in self.requests:
             raise ConfigError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
-        req = Request(request_id, list(prompt_token_ids), params, self._priority(params, priority),
-                      arrival=self.clock())
+        req = Request(request_id, list(prompt_token_ids), params, _priority(priority), arrival=self.clock())
         self.requests[request_id] = req
-        if self.tokenizer is not None:
-            stops = params.stop
-            self._text[request_id] = _TextState(self.tokenizer.detokenizer(skip_special_tokens=True),
-                                                holdback=max((len(s) for s in stops), default=1) - 1, stops=stops)
+        detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
+        self._outputs[request_id] = OutputProcessor(request_id, params, detok, self.eos_token_id)
         self.scheduler.add(req)
         return req
 
-    def validate(self, prompt_token_ids, params: SamplingParams) -> None:
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -120,131 +104,76 @@ class LLMEngine:
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in [0, {vocab})")
 
-    def _priority(self, params: SamplingParams, priority) -> Priority:
-        if priority is None:  # the seed's rule: short requests are high priority
-            return Priority.HIGH if params.max_tokens < self.config.high_priority_max_tokens else Priority.LOW
-        if isinstance(priority, str):
-            try:
-                return Priority[priority.upper()]
-            except KeyError:
-                raise ConfigError(f"priority must be 'high' or 'low', got {priority!r}") from None
-        return Priority(int(priority))
-
-    def abort(self, request_id) -> StepOutput | None:
-        """Stop a request now and return every block it holds. Returns its final output."""
+    def abort(self, request_id: str) -> TokenEvent | None:
+        """Stop a request now and return every block it holds. Returns its final event."""
         req = self.requests.pop(str(request_id), None)
         if req is None or req.status.done:
             return None
-        if req.status == RequestStatus.RUNNING:
-            self.scheduler.running.remove(req)
-        else:
-            self.scheduler.remove(req)
-        self.block_manager.free(req)  # deferred by the block manager if a step is in flight
+        self.scheduler.abort(req)  # blocks: deferred by the block manager if a step is in flight
         req.finish("abort", self.clock())
-        self._text.pop(req.request_id, None)
-        return StepOutput(req.request_id, None, "", req.num_output_tokens, "abort", metrics=req.metrics())
+        event = self._outputs.pop(req.request_id).abort()
+        event.metrics = req.metrics()
+        return event
 
-    def set_priority_hook(self, fn) -> None:
+    def set_priority_hook(self, fn: Callable[[Request], float] | None) -> None:
         """fn(request) -> seconds of priority adjustment (the evaluation loop's lever)."""
         self.scheduler.priority_hook = fn
 
-    def adjust_priority(self, request_id, seconds: float) -> bool:
-        """Move a waiting request by `seconds` of aging (clamped); False if it is not waiting."""
+    def adjust_priority(self, request_id: str, seconds: float) -> bool:
+        """Move a waiting request by `seconds` of virtual arrival (clamped); False if it is not waiting."""
         req = self.requests.get(str(request_id))
-        if req is None or req.status != RequestStatus.WAITING:
-            return False
-        self.scheduler.adjust_priority(req, seconds)
-        return True
+        return req is not None and self.scheduler.adjust_priority(req, seconds)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # --- the step ---
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[TokenEvent]:
         batch = self.scheduler.schedule(self.clock())
         self.last_step_tokens = batch.num_tokens
         if not batch.items:
             return []
-        bm = self.block_manager
-        bm.begin_step()
-        try:
+        with self.scheduler.stepping():
             reqs, logits = self.runner.execute(batch)
-        finally:
-            bm.end_step()
         self.num_steps += 1
         self.step_tokens_total += batch.num_tokens
-        for req, n in batch.items:
-            req.num_computed_tokens += n
-            bm.cache_full_blocks(req)
         now = self.clock()
-        outputs = []
+        events, finished = [], []
         for req, (token, lp, top) in zip(reqs, ModelRunner.sample(reqs, logits), strict=True):
-            outputs.append(self._postprocess(req, token, lp, top, now))
-        return outputs
+            req.append_token(token, now)
+            self.num_generated += 1
+            event = self._outputs[req.request_id].process(token, lp, top,
+                                                          context_full=req.num_tokens >= self.max_model_len)
+            if event.finish_reason is not None:
+                req.finish(event.finish_reason, now)
+                event.metrics = req.metrics()
+                finished.append(req)
+                del self.requests[req.request_id], self._outputs[req.request_id]
+            events.append(event)
+        self.scheduler.update(batch, finished)
+        return events
 
-    def _postprocess(self, req: Request, token: int, lp, top, now: float) -> StepOutput:
-        req.append_token(token, now)
-        self.num_generated += 1
-        params = req.params
-        reason = None
-        stop_token = token in params.stop_token_ids or (token == self.eos_token_id and not params.ignore_eos)
-        if stop_token:
-            reason = "stop"  # the token is kept in token_ids; its text is not shown
-        elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
-            reason = "length"
-        text = ""
-        ts = self._text.get(req.request_id)
-        if ts is not None:
-            if not stop_token:
-                ts.text += ts.detok.push(token)
-            if reason is not None and hasattr(ts.detok, "flush"):
-                ts.text += ts.detok.flush()  # a character cut at the end shows as U+FFFD, as decode does
-            for s in ts.stops:
-                at = ts.text.find(s)
-                if at >= 0:
-                    ts.text, reason = ts.text[:at], "stop"
-            end = len(ts.text) if reason else max(len(ts.text) - ts.holdback, ts.emitted)
-            text, ts.emitted = ts.text[ts.emitted : end], end
-        out = StepOutput(req.request_id, token, text, req.num_output_tokens - 1, reason, lp, top)
-        if reason is not None:
-            req.finish(reason, now)
-            self.scheduler.finish(req)
-            self.requests.pop(req.request_id, None)
-            self._text.pop(req.request_id, None)
-            out.metrics = req.metrics()
-        return out
-
-    def generate(self, prompts_token_ids, params) -> list[dict]:
-        """Run many prompts to completion, batched (what LLM.generate needs). `params`: one
-        SamplingParams or one per prompt. Returns, in prompt order, dicts with request_id,
-        token_ids, text, finish_reason, metrics (RequestMetrics) and logprobs (per token
-        (logprob, [(id, logprob), ...]) when the params ask for them, else None)."""
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
+        """Run many prompts to completion, batched. `params`: one SamplingParams or one per
+        prompt. Returns their RequestOutputs in prompt order."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts_token_ids)
-        results = {}
+        collectors = {}
         for ids, p in zip(prompts_token_ids, params, strict=True):
             req = self.add_request(None, ids, p)
-            results[req.request_id] = {"request_id": req.request_id, "token_ids": [], "text": "",
-                                       "finish_reason": None, "metrics": None,
-                                       "logprobs": [] if p.logprobs is not None else None}
-        order = list(results)
+            collectors[req.request_id] = OutputCollector(req.request_id, req.prompt_token_ids,
+                                                         logprobs=p.logprobs is not None)
         while self.has_work():
-            for o in self.step():
-                r = results.get(o.request_id)
-                if r is None:
-                    continue
-                r["token_ids"].append(o.token_id)
-                r["text"] += o.text
-                if r["logprobs"] is not None:
-                    r["logprobs"].append((o.logprob, o.top_logprobs))
-                if o.finish_reason:
-                    r["finish_reason"], r["metrics"] = o.finish_reason, o.metrics
-        return [results[rid] for rid in order]
+            for event in self.step():
+                if (c := collectors.get(event.request_id)) is not None:
+                    c.add(event)
+        return [c.output for c in collectors.values()]
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         bm, s = self.block_manager, self.scheduler
         return {
-            "running": len(s.running),
+            "running": s.num_running(),
             "waiting": s.num_waiting(),
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used,
@@ -257,7 +186,22 @@ class LLMEngine:
             "prefix_cache_queries": bm.stats.prefix_queries,
             "prefix_cache_hits": bm.stats.prefix_hits,
             "preemptions": s.num_preemptions,
+            "priority_adjusted": s.num_priority_adjusted,
             "steps": self.num_steps,
             "generated_tokens": self.num_generated,
+            "policy": self.config.policy,
             "memory_plan": self.plan.describe(),
         }
+
+
+def _priority(priority: Priority | str | int | None) -> Priority | None:
+    """An explicit priority ('high', 'low', 0, 1), or None: the admission policy decides."""
+    if priority is None or isinstance(priority, Priority):
+        return priority
+    if isinstance(priority, str):
+        try:
+            return Priority[priority.upper()]
+        except KeyError:
+            raise ConfigError(f"priority must be 'high' or 'low', got {priority!r}") from None
+    return Priority(int(priority))
+

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.sampling import SamplingParams, make_rng
 
 
@@ -34,28 +35,8 @@ class RequestStatus(enum.Enum):
 
 
 class Priority(enum.IntEnum):
-    HIGH = 0  # the seed's short requests: max_tokens < 256, FIFO
+    HIGH = 0  # the priority policy's short requests (max_tokens < 256), FIFO
     LOW = 1  # everything else, by arrival
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    """Monotonic times (time.monotonic seconds) and the durations between them, in ms."""
-
-    arrival: float
-    first_scheduled: float | None
-    first_token: float | None
-    finished: float | None
-    queue_ms: float
-    prefill_ms: float
-    decode_ms: float
-    prompt_tokens: int
-    completion_tokens: int
-    num_preemptions: int = 0
-
-
-def _ms(a, b) -> float:
-    return 0.0 if a is None or b is None else (b - a) * 1000.0
 
 
 @dataclass(eq=False)
@@ -63,7 +44,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    priority: Priority
+    priority: Priority | None  # None: the admission policy classifies it when it is queued
     arrival: float = field(default_factory=time.monotonic)
     seq_no: int = 0  # the scheduler's tie-break: among equal times, first added goes first
     priority_adjust_s: float = 0.0  # from the priority hook: > 0 ages faster, < 0 slower
@@ -73,6 +54,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the cached full blocks
     finish_reason: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache held at first admission
     # timestamps (monotonic)
     first_scheduled: float | None = None
     first_token: float | None = None
@@ -121,10 +103,8 @@ class Request:
             first_scheduled=self.first_scheduled,
             first_token=self.first_token,
             finished=self.finished,
-            queue_ms=_ms(self.arrival, self.first_scheduled),
-            prefill_ms=_ms(self.first_scheduled, self.first_token),
-            decode_ms=_ms(self.first_token, self.finished),
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=self.num_output_tokens,
             num_preemptions=self.num_preemptions,
+            cached_tokens=self.num_cached_tokens,
         )

@@ -1,44 +1,35 @@
-"""The scheduler: who is admitted (the seed's priority policy, plus aging) and what each step
-computes (continuous batching over a token budget, chunked prefill, preemption by recompute).
-Policy only: no numerics here (those are the model runner's).
+"""The scheduler: the mechanism of continuous batching. Who may start next is the admission
+policy's call (policy.py: the priority policy or FCFS); what each step computes is decided here:
+running requests first, a per-step token budget, chunked prefill, preemption by recompute.
+Policy only: no numerics here (those are the model runner's). The scheduler owns its state: the
+engine calls schedule() before a step, runs the forward inside `stepping()`, then update(); and
+abort(); it never edits the queues or the block tables itself.
 
-Admission, the seed's rules (thresholds in EngineConfig):
-  * two queues: HIGH = max_tokens < 256, FIFO; LOW = the rest, by arrival (a request's
-    "virtual arrival" = arrival - priority adjustment, so the priority hook can move it).
-  * when HIGH is non-empty and utilization < 80%, its head is admitted at once (this step,
-    not at the next tick), and again while both still hold.
-  * otherwise at most 2 LOW requests per 10 ms tick (a tick = the first schedule() call at
-    least tick_s after the previous tick began); the engine loop polls every tick when idle.
-  * LOW waits while HIGH is non-empty: admitting lower priority work into a machine too busy
-    for the high head would invert the priorities. LOW also needs utilization < the gate.
-Additions:
-  * aging: a LOW request whose wait (plus its adjustment) reaches aging_s moves to the tail of
-    HIGH, so its worst-case wait is bounded by aging_s + max_priority_adjust_s + the drain
-    time of the HIGH queue ahead of it (tests pin this bound).
-  * preempted requests resume before any new admission, in their (priority, arrival) order.
-  * a priority hook (request -> seconds) set by the evaluation loop; clamped to
-    +-max_priority_adjust_s. Positive: ages faster, sorts earlier in LOW.
+Each step (schedule()): running decodes first, then running prefill chunks, both in
+(priority, virtual arrival) order, each taking from the token budget; if blocks run out the
+running request that sorts last (lowest priority, latest arrival) not yet scheduled is
+preempted by recompute (its blocks are freed; its tokens are kept). Then, if no preemption
+happened (admitting while preempting would thrash), preempted requests resume first, in their
+(priority, arrival) order, and then the policy admits new ones.
 
 Utilization on a CPU: there is no busy counter like a GPU's. It is max(KV occupancy = used
 blocks / pool, batch fill = tokens already in this step / token budget): the first says
 memory is nearly spent, the second that this step's GEMMs are already full.
 
-Each step (schedule()): running decodes first, then running prefill chunks, both in
-(priority, arrival) order, each taking from the token budget; if blocks run out the running
-request that sorts last (lowest priority, latest arrival) not yet scheduled is preempted by
-recompute (its blocks are freed; its tokens are kept). Then admissions, if no preemption
-happened (admitting while preempting would thrash).
+The priority hook (request -> seconds, set by the evaluation loop) is clamped to
++-max_priority_adjust_s and moves a request's virtual arrival: positive = earlier.
 """
 
 import bisect
+import contextlib
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
-from scratchllm.engine.request import Priority, Request, RequestStatus
+from scratchllm.engine.policy import POLICIES, AdmissionPolicy
+from scratchllm.engine.request import Request, RequestStatus
 
 
 @dataclass
@@ -56,79 +47,75 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, clock=time.monotonic):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, clock: Callable[[], float] = time.monotonic,
+                 policy: AdmissionPolicy | None = None):
         self.config = config
         self.bm = block_manager
         self.clock = clock
-        self.high: deque[Request] = deque()
-        self.low: list[Request] = []  # sorted by _low_key
+        self.policy: AdmissionPolicy = policy or POLICIES[config.policy](config)
         self.resumed: list[Request] = []  # preempted, sorted by _order_key
         self.running: list[Request] = []
         self.priority_hook: Callable[[Request], float] | None = None
-        self.tick_start: float | None = None
-        self.low_this_tick = 0
         self._seq = 0  # tie-break: equal times keep insertion order
         self.num_preemptions = 0
+        self.num_priority_adjusted = 0  # requests the hook moved (an audit count for /metrics)
         self.last_utilization = 0.0
 
-    # --- keys ---
     @staticmethod
-    def _order_key(req: Request):
+    def _order_key(req: Request) -> tuple[int, float, int]:
+        assert req.priority is not None, "the policy classifies a request when it is added"
         return (int(req.priority), req.arrival - req.priority_adjust_s, req.seq_no)
 
-    @staticmethod
-    def _low_key(req: Request):
-        return (req.arrival - req.priority_adjust_s, req.seq_no)
-
-    # --- queue operations ---
+    # --- requests in and out ---
     def add(self, req: Request) -> None:
         self._seq += 1
         req.seq_no = self._seq
         if self.priority_hook is not None:
             req.priority_adjust_s = self._clamp(self.priority_hook(req))
+            self.num_priority_adjusted += req.priority_adjust_s != 0.0
         req.status = RequestStatus.WAITING
-        if req.priority == Priority.HIGH:
-            self.high.append(req)
-        else:
-            bisect.insort(self.low, req, key=self._low_key)
+        self.policy.add(req)
 
     def _clamp(self, s: float) -> float:
         m = self.config.max_priority_adjust_s
         return max(-m, min(m, float(s)))
 
-    def adjust_priority(self, req: Request, seconds: float) -> None:
-        """The hook's call for a request already queued: move it in LOW by `seconds`."""
+    def adjust_priority(self, req: Request, seconds: float) -> bool:
+        """Move a waiting request by `seconds` of virtual arrival (clamped); False if it is not waiting."""
+        if req.status != RequestStatus.WAITING:
+            return False
         req.priority_adjust_s = self._clamp(seconds)
-        if req in self.low:
-            self.low.remove(req)
-            bisect.insort(self.low, req, key=self._low_key)
+        self.policy.requeue(req)
+        return True
 
-    def remove(self, req: Request) -> bool:
-        """Take `req` out of whichever queue holds it (abort). Its blocks are the caller's."""
-        for queue in (self.high, self.low, self.resumed, self.running):
-            if req in queue:
-                queue.remove(req)
-                return True
-        return False
+    def abort(self, req: Request) -> bool:
+        """Take `req` out of whichever queue holds it and free its blocks (deferred by the block
+        manager while a step is in flight). False if the scheduler did not hold it."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.resumed:
+            self.resumed.remove(req)
+        elif not self.policy.remove(req):
+            return False
+        self.bm.free(req)
+        return True
 
+    # --- questions ---
     def has_waiting(self) -> bool:
-        return bool(self.high or self.low or self.resumed)
+        return bool(self.resumed) or len(self.policy) > 0
 
     def has_work(self) -> bool:
         return bool(self.running) or self.has_waiting()
 
     def num_waiting(self) -> int:
-        return len(self.high) + len(self.low) + len(self.resumed)
+        return len(self.policy) + len(self.resumed)
 
-    # --- utilization (see module doc) ---
+    def num_running(self) -> int:
+        return len(self.running)
+
     def utilization(self, tokens_in_step: int) -> float:
         fill = tokens_in_step / self.config.max_num_batched_tokens
         return max(self.bm.occupancy, fill)
-
-    def _age(self, now: float) -> None:
-        """Aging: a LOW request that waited aging_s (adjustment included) joins HIGH's tail."""
-        while self.low and now - self._low_key(self.low[0])[0] >= self.config.aging_s:
-            self.high.append(self.low.pop(0))
 
     # --- one step ---
     def schedule(self, now: float | None = None) -> ScheduledBatch:
@@ -155,11 +142,33 @@ class Scheduler:
             budget -= n
 
         if not batch.preempted:
-            budget = self._admit(now, budget, batch)
+            self._admit(now, budget, batch)
         self.last_utilization = self.utilization(batch.num_tokens)
         return batch
 
-    def _make_room(self, req: Request, num_tokens: int, scheduled: set, batch: ScheduledBatch) -> bool:
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Around the forward of a scheduled batch: blocks freed meanwhile (an abort from
+        another request's end) are not handed out again until the step that reads them is over."""
+        self.bm.begin_step()
+        try:
+            yield
+        finally:
+            self.bm.end_step()
+
+    def update(self, batch: ScheduledBatch, finished: list[Request]) -> None:
+        """After the forward: the batch's K/V is computed (full blocks enter the prefix cache),
+        and the requests that finished this step leave the running set with their blocks."""
+        for req, n in batch.items:
+            req.num_computed_tokens += n
+            assert req.num_computed_tokens <= req.num_tokens
+            self.bm.cache_full_blocks(req)
+        for req in finished:
+            assert req.status.done, f"request {req.request_id} is not finished"
+            self.running.remove(req)
+            self.bm.free(req)
+
+    def _make_room(self, req: Request, num_tokens: int, scheduled: set[int], batch: ScheduledBatch) -> bool:
         """Preempt (by recompute) until `req` can grow to `num_tokens` slots. False if `req`
         itself had to go. Victims: the running request sorting last, not yet scheduled."""
         while not self.bm.can_allocate(self.bm.blocks_needed(req, num_tokens)):
@@ -183,7 +192,7 @@ class Scheduler:
         """Give `req` its blocks and its first chunk; None (and no blocks held) if it can't fit."""
         if len(self.running) >= self.config.max_num_seqs or budget == 0:
             return None
-        self.bm.allocate_prefix(req)  # prefix-cache hits: their K/V is not recomputed
+        cached = self.bm.allocate_prefix(req)  # prefix-cache hits: their K/V is not recomputed
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         # a watermark of one block per running sequence keeps the next decodes from preempting
         need = self.bm.blocks_needed(req, req.num_computed_tokens + n) + len(self.running)
@@ -194,47 +203,26 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         if req.first_scheduled is None:
             req.first_scheduled = now
+            req.num_cached_tokens = min(cached, req.num_prompt_tokens)
         self.running.append(req)
         batch.items.append((req, n))
         batch.admitted.append(req)
         return budget - n
 
-    def _admit(self, now: float, budget: int, batch: ScheduledBatch) -> int:
-        cfg = self.config
+    def _admit(self, now: float, budget: int, batch: ScheduledBatch) -> None:
+        left = budget
+
+        def start(req: Request) -> bool:
+            nonlocal left
+            after = self._try_start(req, left, batch, now)
+            if after is None:
+                return False
+            left = after
+            return True
+
         # preempted requests first: they were admitted once already and hold no blocks now
         while self.resumed:
-            left = self._try_start(self.resumed[0], budget, batch, now)
-            if left is None:
-                return budget
+            if not start(self.resumed[0]):
+                return
             self.resumed.pop(0)
-            budget = left
-        self._age(now)
-        # the seed's rule 1: the HIGH head, at once, while utilization < the gate
-        while self.high and self.utilization(batch.num_tokens) < cfg.utilization_gate:
-            left = self._try_start(self.high[0], budget, batch, now)
-            if left is None:
-                return budget
-            self.high.popleft()
-            budget = left
-        if self.high:
-            return budget
-        # the seed's rule 2: at most max_low_per_tick LOW admissions per tick
-        if self.tick_start is None or now - self.tick_start >= cfg.tick_s:
-            self.tick_start, self.low_this_tick = now, 0
-        while (
-            self.low
-            and self.low_this_tick < cfg.max_low_per_tick
-            and self.utilization(batch.num_tokens) < cfg.utilization_gate
-        ):
-            left = self._try_start(self.low[0], budget, batch, now)
-            if left is None:
-                return budget
-            self.low.pop(0)
-            self.low_this_tick += 1
-            budget = left
-        return budget
-
-    def finish(self, req: Request) -> None:
-        """A finished request leaves the running set and drops its blocks."""
-        self.running.remove(req)
-        self.bm.free(req)
+        self.policy.admit(now, start, lambda: self.utilization(batch.num_tokens))

@@ -1,22 +1,39 @@
-"""The static, padded batching baseline the seed compares against (what HF `generate` does):
-take up to `batch_size` waiting requests, pad every prompt on the left to the longest, reserve a
+"""The static baseline: padded batching, as Hugging Face `generate` does it, and the one
+implementation of it that both `bench engine` (run_static, offline) and `serve --batching
+static` (StaticEngine, the EngineClient contract) run.
+
+Take up to `batch_size` waiting requests, pad every prompt on the left to the longest, reserve a
 contiguous KV cache of [batch, longest prompt + longest output] per layer, run the whole batch
 to completion (finished rows keep computing padding), and only then take the next batch.
-Nothing is admitted mid-batch.
+Nothing is admitted mid-batch. A row's result is out as soon as its own last token is (generous
+to the baseline: a real padded server returns the whole batch at its end).
 
 Attention is plain NumPy over the padded cache with the 3-D masks of masks.py. Its numbers are
 exact (greedy output equals the engine's, tested); what it wastes is compute on padding and
-memory reserved for the longest member.
+memory reserved for the longest member. Tokens become events in the engine's one output path.
 """
 
+from __future__ import annotations
+
+import itertools
+import logging
 import math
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from scratchllm.engine.masks import left_padded_causal_mask
+from scratchllm.engine.output import OutputProcessor
+from scratchllm.engine.paged_attention import PagedAttention
+from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent
 from scratchllm.models.attention import softmax_
+from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
+
+logger = logging.getLogger(__name__)
 
 
 class PaddedKVCache:
@@ -56,6 +73,91 @@ class PaddedKVCache:
         return out.reshape(B, KVH, G, T, D).transpose(0, 3, 1, 2, 4).reshape(B * T, H, D)
 
 
+@dataclass(eq=False)
+class StaticRow:
+    """One request in a padded batch: its prompt, its output path, and its times."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    output: OutputProcessor
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_output_tokens: int = 0
+    aborted: bool = False  # set from another thread; the batch loop ends the row at its next step
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    def metrics(self) -> RequestMetrics:
+        return RequestMetrics(self.arrival, self.first_scheduled, self.first_token, self.finished,
+                              len(self.prompt), self.num_output_tokens)
+
+
+@dataclass
+class BatchCost:
+    kv_bytes: int  # the padded reservation
+    padded_tokens: int  # tokens computed that belong to no request (padding, finished rows)
+
+
+def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
+              clock: Callable[[], float] = time.monotonic, pad_id: int = 0,
+              on_reserved: Callable[[int], None] | None = None) -> BatchCost:
+    """Run one padded batch to completion. Every row's events go to on_event (the last one with
+    its metrics); on_reserved(kv_bytes) is called once the cache is allocated."""
+    B = len(rows)
+    P = max(len(r.prompt) for r in rows)
+    M = max(r.params.max_tokens for r in rows)
+    pad = [P - len(r.prompt) for r in rows]
+    cache = PaddedKVCache(model.config, B, P + M, pad)
+    if on_reserved is not None:
+        on_reserved(cache.nbytes)
+    cost = BatchCost(cache.nbytes, sum(pad))
+    ids = np.full((B, P), pad_id, dtype=np.int64)  # [B, P], left-padded
+    pos = np.zeros((B, P), dtype=np.int64)
+    for b, r in enumerate(rows):
+        ids[b, pad[b] :] = r.prompt
+        pos[b, pad[b] :] = np.arange(len(r.prompt))
+    now = clock()
+    for r in rows:
+        r.first_scheduled = now
+    rngs = [make_rng(r.params) for r in rows]
+    logits = model.forward(ids.reshape(-1), pos.reshape(-1), cache, logits_rows=np.arange(B) * P + P - 1)
+    cache.start = P
+    lengths = np.array([len(r.prompt) for r in rows])
+    for step in range(M):
+        tokens = np.argmax(logits, axis=1)  # [B]
+        now = clock()
+        for b, r in enumerate(rows):
+            if r.done:
+                cost.padded_tokens += 1  # a finished row keeps computing padding until the batch ends
+                continue
+            if r.aborted:
+                event = r.output.abort()
+            else:
+                p = r.params
+                if not p.greedy:
+                    tokens[b] = sample_token(logits[b], p, rngs[b])
+                lp, top = top_logprobs(logits[b], int(tokens[b]), p.logprobs) if p.logprobs is not None \
+                    else (None, None)
+                event = r.output.process(int(tokens[b]), lp, top)
+                r.num_output_tokens += 1
+                if r.first_token is None:
+                    r.first_token = now
+            if event.finish_reason is not None:
+                r.finished = now
+                event.metrics = r.metrics()
+            on_event(r, event)
+        if all(r.done for r in rows):
+            break  # the batch is over when its longest member is
+        logits = model.forward(tokens.astype(np.int64), lengths + step, cache)
+        cache.start += 1
+    return cost
+
+
 @dataclass
 class StaticResult:
     token_ids: list[list[int]] = field(default_factory=list)
@@ -65,46 +167,164 @@ class StaticResult:
     padded_tokens: int = 0  # tokens computed that belong to no request (padding, finished rows)
 
 
-def run_static(model, prompts, max_tokens, batch_size: int, eos_token_id=None, clock=time.monotonic,
+def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], batch_size: int,
+               eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
                pad_id: int = 0) -> StaticResult:
-    """Greedy generation of every request in FIFO batches of `batch_size`. A request's finish time
-    is when its own last token came out (generous to the baseline: it could only be returned
-    when its batch ends)."""
+    """Greedy generation of every request offline, in FIFO batches of `batch_size`."""
     n = len(prompts)
     res = StaticResult([[] for _ in range(n)], [0.0] * n, [0.0] * n)
+    index: dict[str, int] = {}
+
+    def on_event(row: StaticRow, event: TokenEvent) -> None:
+        i = index[row.request_id]
+        if event.token_id is not None:
+            res.token_ids[i].append(event.token_id)
+        if event.finish_reason is not None:
+            res.first_token_times[i], res.finish_times[i] = row.first_token or 0.0, row.finished or 0.0
+
     for first in range(0, n, batch_size):
-        rows = list(range(first, min(first + batch_size, n)))
-        B = len(rows)
-        P = max(len(prompts[r]) for r in rows)
-        M = max(max_tokens[r] for r in rows)
-        pad = [P - len(prompts[r]) for r in rows]
-        cache = PaddedKVCache(model.config, B, P + M, pad)
-        res.peak_kv_bytes = max(res.peak_kv_bytes, cache.nbytes)
-        ids = np.full((B, P), pad_id, dtype=np.int64)
-        pos = np.zeros((B, P), dtype=np.int64)
-        for b, r in enumerate(rows):
-            ids[b, pad[b] :] = prompts[r]
-            pos[b, pad[b] :] = np.arange(len(prompts[r]))
-        res.padded_tokens += sum(pad)
-        logits = model.forward(ids.reshape(-1), pos.reshape(-1), cache, logits_rows=np.arange(B) * P + P - 1)
-        cache.start = P
-        done = [False] * B
-        lengths = np.array([len(prompts[r]) for r in rows])
-        for step in range(M):
-            tokens = np.argmax(logits, axis=1)
-            now = clock()
-            for b, r in enumerate(rows):
-                if done[b]:
-                    res.padded_tokens += 1
-                    continue
-                res.token_ids[r].append(int(tokens[b]))
-                if step == 0:
-                    res.first_token_times[r] = now
-                if len(res.token_ids[r]) >= max_tokens[r] or tokens[b] == eos_token_id:
-                    done[b] = True
-                    res.finish_times[r] = now
-            if all(done):
-                break  # the batch is over when its longest member is
-            logits = model.forward(tokens.astype(np.int64), lengths + step, cache)
-            cache.start += 1
+        rows = []
+        for i in range(first, min(first + batch_size, n)):
+            params = SamplingParams(max_tokens=int(max_tokens[i]), temperature=0.0)
+            rid = str(i)
+            index[rid] = i
+            rows.append(StaticRow(rid, list(prompts[i]), params, OutputProcessor(rid, params, None, eos_token_id),
+                                  arrival=clock()))
+        cost = run_batch(model, rows, on_event, clock, pad_id)
+        res.peak_kv_bytes = max(res.peak_kv_bytes, cost.kv_bytes)
+        res.padded_tokens += cost.padded_tokens
     return res
+
+
+class StaticEngine:
+    """The static baseline behind the EngineClient contract, for `serve --batching static`.
+
+    One thread takes up to `batch_size` waiting requests (FIFO) and runs them with run_batch. A
+    batch starts when it is full or when its first request has waited one window (10 ms, the
+    scheduling tick): requests that arrive together are batched together. KV is reported in the
+    paged engine's block units, so the two modes compare in one unit.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 8, max_model_len: int | None = None,
+                 block_size: int = 16, clock: Callable[[], float] = time.monotonic, batch_window_s: float = 0.010):
+        assert batch_size >= 1 and batch_window_s >= 0
+        self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock
+        self.batch_window_s = batch_window_s
+        cfg = model.config
+        self.max_model_len = min(cfg.max_position_embeddings, max_model_len or cfg.max_position_embeddings)
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
+        self.block_bytes = PagedAttention.bytes_per_block(cfg, block_size)
+        self._cv = threading.Condition()
+        self._waiting: list[StaticRow] = []
+        self._running: list[StaticRow] = []
+        self._streams: dict[str, RequestStream] = {}
+        self._kv_bytes = self._peak_kv_bytes = 0
+        self._ids = itertools.count(1)
+        self._accepting, self._stopping = True, False
+        self.finished = {"stop": 0, "length": 0, "abort": 0}
+        self._thread = threading.Thread(target=self._loop, name="scratchllm-static", daemon=True)
+        self._thread.start()
+
+    # --- the contract ---
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
+        self.validate(prompt_token_ids, params)
+        with self._cv:
+            if not self._accepting:
+                raise RuntimeError("the engine is shutting down")
+            rid = str(request_id) if request_id is not None else f"static-{next(self._ids)}"
+            while rid in self._streams:
+                rid = f"static-{next(self._ids)}"
+            detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
+            row = StaticRow(rid, list(prompt_token_ids), params, OutputProcessor(rid, params, detok,
+                                                                                  self.eos_token_id), self.clock())
+            stream = RequestStream(rid, self.abort)
+            self._streams[rid] = stream
+            self._waiting.append(row)
+            self._cv.notify()
+        return stream
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        from scratchllm.errors import ConfigError
+
+        if not prompt_token_ids:
+            raise ConfigError("the prompt is empty: it has no tokens to continue from")
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise ConfigError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                              f"this engine's context of {self.max_model_len}")
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            for row in self._waiting:
+                if row.request_id == request_id:  # never started: it ends now
+                    self._waiting.remove(row)
+                    event = row.output.abort()
+                    row.finished = self.clock()
+                    event.metrics = row.metrics()
+                    self._deliver(row, event)
+                    return
+            for row in self._running:
+                if row.request_id == request_id:
+                    row.aborted = True  # the batch loop ends it at its next step
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            return {"running": sum(not r.done for r in self._running), "waiting": len(self._waiting),
+                    "kv_blocks_used": math.ceil(self._kv_bytes / self.block_bytes),
+                    "kv_blocks_peak": math.ceil(self._peak_kv_bytes / self.block_bytes),
+                    "kv_block_bytes": self.block_bytes, "preemptions": 0, "policy": "static",
+                    "finished": dict(self.finished)}
+
+    def shutdown(self, drain: bool = True) -> None:
+        with self._cv:
+            self._accepting = False
+            stopping = list(self._streams) if not drain else []
+            self._stopping = True
+            self._cv.notify()
+        for rid in stopping:
+            self.abort(rid)
+        self._thread.join()
+
+    # --- the batch thread ---
+    def _deliver(self, row: StaticRow, event: TokenEvent) -> None:
+        """Under self._cv."""
+        stream = self._streams[row.request_id]
+        if event.finish_reason is not None:
+            del self._streams[row.request_id]
+            self.finished[event.finish_reason] += 1
+        stream.put(event)
+
+    def _on_event(self, row: StaticRow, event: TokenEvent) -> None:
+        with self._cv:
+            self._deliver(row, event)
+
+    def _reserved(self, nbytes: int) -> None:
+        with self._cv:
+            self._kv_bytes = nbytes
+            self._peak_kv_bytes = max(self._peak_kv_bytes, nbytes)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._stopping:
+                    self._cv.wait()
+                if not self._waiting:
+                    return
+                deadline = self._waiting[0].arrival + self.batch_window_s
+                while len(self._waiting) < self.batch_size and not self._stopping and self.clock() < deadline:
+                    self._cv.wait(timeout=max(0.0, deadline - self.clock()))
+                self._running = self._waiting[: self.batch_size]
+                del self._waiting[: self.batch_size]
+            try:
+                run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved)
+            except Exception:  # noqa: BLE001 - a failed batch aborts its rows, not the server
+                logger.exception("a static batch failed; its requests are aborted")
+                with self._cv:
+                    for row in self._running:
+                        if not row.done:
+                            row.finished = self.clock()
+                            event = row.output.abort()
+                            event.metrics = row.metrics()
+                            self._deliver(row, event)
+            with self._cv:
+                self._running, self._kv_bytes = [], 0

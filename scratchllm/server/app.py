@@ -1,9 +1,10 @@
 """The FastAPI app: routes, admission control, body limits and OpenAI-style errors.
 
-`create_app(model, embedder=None, config=ServerConfig())` takes an engine client, not a model
-path: the real AsyncEngine (cli/serve_cmd.py) or the in-process FakeEngine (tests) plug in the
-same way. Layout: uvicorn's event loop owns every socket, parses, tokenizes and streams; the
-engine steps in its own thread; one pump thread per request bridges the two (streaming.py).
+`create_app(model, embedder=None, config=ServerConfig())` takes a ServedModel whose engine is
+an EngineClient (engine/protocol.py), not a model path: the continuous engine, the static
+baseline or the fake engine plug in the same way (server/backend.py builds them). Layout:
+uvicorn's event loop owns every socket, parses, tokenizes and streams; the engine steps in its
+own thread and wakes the loop once per event (no thread per request).
 """
 
 import asyncio
@@ -18,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from scratchllm.engine.protocol import EngineClient
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
 
@@ -27,7 +29,7 @@ class ServedModel:
     """A generation backend: what the server needs of it, nothing more."""
 
     name: str  # the id clients send as "model" and see in /v1/models
-    engine: Any  # AsyncEngine contract: submit(ids, params, request_id) -> stream; shutdown(drain); stats()
+    engine: EngineClient
     tokenizer: Any  # encode / decode / apply_chat_template / eos_token_id
     max_model_len: int  # prompt + completion tokens may not exceed this
     aliases: tuple[str, ...] = ()
@@ -119,7 +121,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
                config: ServerConfig = ServerConfig()) -> FastAPI:
     from scratchllm.server import embeddings, generation
 
-    stats = getattr(model.engine, "stats", None) or (lambda: {})
+    assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
     @asynccontextmanager
     async def lifespan(app):
@@ -127,7 +129,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
         await asyncio.to_thread(model.engine.shutdown, True)
 
-    metrics = ServerMetrics(stats)
+    metrics = ServerMetrics(model.engine.stats)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = ServerState(model, embedder, config, metrics)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)

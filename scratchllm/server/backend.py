@@ -1,16 +1,25 @@
-"""The real backends: a model behind the AsyncEngine, and an encoder model for embeddings.
+"""The backends a server can serve: a model behind the continuous engine or the static
+baseline, an encoder model for embeddings, or the fake engine (no model).
 
 Loading happens once, before the socket opens: a model that does not fit is refused at start
 by the engine's memory plan (never an OOM mid-traffic), and the first request pays no load.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
 from scratchllm.errors import ConfigError
 from scratchllm.server.app import ServedEmbedder, ServedModel
 
+STATIC_OPTIONS = {"max_num_seqs", "max_model_len", "num_kv_blocks"}
 
-def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
+
+def load_model(ref: str, name: str, engine_options: dict[str, Any]) -> ServedModel:
     """`ref` (default, a .gguf, a folder) behind an AsyncEngine; engine_options go to EngineConfig.
-    `batching="static"` serves the padded baseline instead (static_engine.py)."""
+    `batching="static"` serves the static baseline instead (engine/static.py)."""
     from scratchllm.engine.async_engine import AsyncEngine
     from scratchllm.engine.engine import LLMEngine
 
@@ -27,12 +36,12 @@ def load_model(ref: str, name: str, engine_options: dict) -> ServedModel:
     return ServedModel(name, AsyncEngine(engine), engine.tokenizer, engine.max_model_len)
 
 
-def _load_static(ref: str, name: str, options: dict, dtype: str = "float32") -> ServedModel:
+def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "float32") -> ServedModel:
+    from scratchllm.engine.static import StaticEngine
     from scratchllm.models import load_model as load
-    from scratchllm.server.static_engine import StaticEngine
     from scratchllm.tokenizer import Tokenizer
 
-    unknown = set(options) - {"max_num_seqs", "max_model_len", "num_kv_blocks"}
+    unknown = set(options) - STATIC_OPTIONS - {"num_threads", "policy"}
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
     engine = StaticEngine(load(ref, dtype=dtype), Tokenizer.from_pretrained(ref),
@@ -51,3 +60,23 @@ def load_embedder(ref: str) -> ServedEmbedder:
     tokenizer = Tokenizer.from_pretrained(ref)
     max_len = min(model.config.max_position_embeddings, tokenizer.model_max_length or 1 << 30)
     return ServedEmbedder(ref, model.embed, tokenizer, max_len)
+
+
+def fake_embed(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:  # [B, T], [B, T] -> [B, 32]
+    """A deterministic stand-in for MiniLM: mean of fixed per-token vectors, L2-normalized."""
+    from scratchllm.engine.fake import BYTE_TOKENS
+
+    table = np.random.default_rng(0).standard_normal((BYTE_TOKENS, 32)).astype(np.float32)
+    ids = np.asarray(input_ids) % BYTE_TOKENS  # opaque ids share the byte rows
+    mask = np.asarray(attention_mask, dtype=np.float32)[..., None]
+    pooled = (table[ids] * mask).sum(1) / np.maximum(mask.sum(1), 1.0)
+    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+def fake_backend(max_model_len: int = 2048, **engine_options: Any) -> tuple[ServedModel, ServedEmbedder]:
+    """(ServedModel, ServedEmbedder) over the fake engine, for `serve --fake-engine` and tests."""
+    from scratchllm.engine.fake import FakeEngine
+
+    engine = FakeEngine(max_model_len=max_model_len, **engine_options)
+    model = ServedModel("fake", engine, engine.tokenizer, max_model_len)
+    return model, ServedEmbedder("fake-embed", fake_embed, engine.tokenizer, max_len=512)

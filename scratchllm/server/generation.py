@@ -11,6 +11,8 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from scratchllm.engine.output import OutputCollector
+from scratchllm.engine.protocol import RequestOutput, RequestStream, TokenEvent
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.metrics import TokenClock
@@ -25,7 +27,7 @@ from scratchllm.server.protocol import (
     timings,
     usage,
 )
-from scratchllm.server.streaming import SSE_DONE, EventBridge, sse, wait_for_disconnect
+from scratchllm.server.sse import SSE_DONE, sse, wait_for_disconnect
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -35,12 +37,12 @@ class Generation:
 
     def __init__(self, state, prompts: list[list[int]], params: list[SamplingParams], request_id: str):
         state.admit(len(prompts))
-        self.state, self.prompts, self.closed = state, prompts, False
-        self.bridges: list[EventBridge] = []
+        self.state, self.prompts, self.params, self.closed = state, prompts, params, False
+        self.streams: list[RequestStream] = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                self.bridges.append(EventBridge(state.model.engine.submit(ids, p, request_id=rid)))
+                self.streams.append(state.model.engine.submit(ids, p, request_id=rid))
         except ConfigError as err:  # the engine's own validation: still the client's input
             self.close()
             raise bad_request(str(err)) from None
@@ -52,7 +54,8 @@ class Generation:
     async def events(self, i: int):
         """The i-th prompt's events; finished requests are recorded in the metrics here."""
         clock = TokenClock(self.state.metrics)
-        async for event in self.bridges[i]:
+        event: TokenEvent
+        async for event in self.streams[i]:
             clock.tick()
             if event.finish_reason is not None:
                 self.state.metrics.observe_finished(event.metrics, event.finish_reason)
@@ -61,7 +64,7 @@ class Generation:
                     self.state.recent_e2e_s.append(m.finished - m.arrival)
             yield event
 
-    async def collect(self, receive) -> list[dict] | None:
+    async def collect(self, receive) -> list[RequestOutput] | None:
         """Every prompt's full result, or None if the client hung up first (then all is aborted)."""
         results = asyncio.ensure_future(asyncio.gather(*(self._collect_one(i) for i in range(len(self.prompts)))))
         hangup = asyncio.ensure_future(wait_for_disconnect(receive))
@@ -73,25 +76,21 @@ class Generation:
             results.cancel()
             self.close()
 
-    async def _collect_one(self, i: int) -> dict:
-        out = {"token_ids": [], "text": [], "logprobs": [], "finish_reason": None, "metrics": None}
+    async def _collect_one(self, i: int) -> RequestOutput:
+        collector = OutputCollector(self.streams[i].request_id, self.prompts[i],
+                                    logprobs=self.params[i].logprobs is not None)
         async for event in self.events(i):
-            if event.finish_reason != "abort":
-                out["token_ids"].append(event.token_id)
-                out["logprobs"].append((event.token_id, event.logprob, event.top_logprobs))
-            out["text"].append(event.text)
-            out["finish_reason"], out["metrics"] = event.finish_reason, event.metrics
-        out["text"] = "".join(out["text"])
-        return out
+            collector.add(event)
+        return collector.output
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for bridge in self.bridges:
-            if not bridge.finished:
+        for stream in self.streams:
+            if not stream.finished:
                 self.state.metrics.requests.labels("abort").inc()
-            bridge.aclose()
+                stream.abort()
         self.state.release(len(self.prompts))
 
 
@@ -163,12 +162,6 @@ def _token_str(tok, token_id: int) -> str:
     return tok.decode([token_id])
 
 
-def _top(top) -> list[tuple[int, float]]:
-    """The engine's top-logprobs (a dict id -> logprob, or (id, logprob) pairs) as sorted pairs."""
-    pairs = list(top.items()) if isinstance(top, dict) else [tuple(p) for p in (top or ())]
-    return sorted(pairs, key=lambda p: -p[1])
-
-
 # --- /v1/completions -----------------------------------------------------------------------------
 async def completions(request: Request):
     state = request.app.state.server
@@ -190,17 +183,22 @@ async def completions(request: Request):
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    choices = [{"index": i, "text": r["text"], "finish_reason": r["finish_reason"],
-                "logprobs": _completion_logprobs(tok, r["logprobs"]) if req.logprobs is not None else None}
+    choices = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
+                "logprobs": _completion_logprobs(tok, _token_logprobs(r)) if req.logprobs is not None else None}
                for i, r in enumerate(results)]
     n_prompt = sum(len(p) for p in prompts)
-    n_out = sum(len(r["token_ids"]) for r in results)
-    return {**head, "choices": choices, "usage": usage(n_prompt, n_out), "timings": timings(results[0]["metrics"])}
+    n_out = sum(len(r.token_ids) for r in results)
+    return {**head, "choices": choices, "usage": usage(n_prompt, n_out), "timings": timings(results[0].metrics)}
+
+
+def _token_logprobs(r: RequestOutput) -> list[tuple]:
+    """(token id, logprob, top pairs) per generated token of a finished result."""
+    return [(t, lp, top) for t, (lp, top) in zip(r.token_ids, r.logprobs or [], strict=True)]
 
 
 def _completion_logprobs(tok, items) -> dict:
     return {"tokens": [_token_str(tok, t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
-            "top_logprobs": [{_token_str(tok, i): lp for i, lp in _top(top)} for _, _, top in items],
+            "top_logprobs": [{_token_str(tok, i): lp for i, lp in top or ()} for _, _, top in items],
             "text_offset": []}
 
 
@@ -246,10 +244,10 @@ async def chat_completions(request: Request):
     if results is None:
         return Response(status_code=499)
     r = results[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": r["text"]}, "finish_reason": r["finish_reason"],
-              "logprobs": {"content": [_chat_logprob(tok, *x) for x in r["logprobs"]]} if req.logprobs else None}
-    n_out = len(r["token_ids"])
-    return {**head, "choices": [choice], "usage": usage(len(ids), n_out), "timings": timings(r["metrics"])}
+    choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason,
+              "logprobs": {"content": [_chat_logprob(tok, *x) for x in _token_logprobs(r)]} if req.logprobs else None}
+    n_out = len(r.token_ids)
+    return {**head, "choices": [choice], "usage": usage(len(ids), n_out), "timings": timings(r.metrics)}
 
 
 def _chat_logprob(tok, token_id, logprob, top) -> dict:
@@ -257,7 +255,7 @@ def _chat_logprob(tok, token_id, logprob, top) -> dict:
         s = _token_str(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
-    return {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in _top(top)]}
+    return {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in top or ()]}
 
 
 async def _stream_chat(gen: Generation, head: dict, req, tok):

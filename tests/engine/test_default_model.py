@@ -17,9 +17,9 @@ def test_default_model_anchor_reference_alone_and_batched():
     engine = LLMEngine(load_model("default"), EngineConfig(num_kv_blocks=128, max_num_batched_tokens=64))
     greedy = SamplingParams(max_tokens=12, temperature=0.0)
     (alone,) = engine.generate([ANCHOR_PROMPT], greedy)
-    assert alone["token_ids"] == ANCHOR_OUTPUT and alone["finish_reason"] == "stop"
+    assert alone.token_ids == ANCHOR_OUTPUT and alone.finish_reason == "stop"
     # beside other requests, with its prefill chunked by the small token budget
     others = [[1, 4093, 198] + list(range(600, 600 + n)) for n in (5, 40, 90)]
     results = engine.generate(others + [ANCHOR_PROMPT], greedy)
-    assert results[-1]["token_ids"] == ANCHOR_OUTPUT
+    assert results[-1].token_ids == ANCHOR_OUTPUT
     assert engine.stats()["kv_blocks_used"] == 0

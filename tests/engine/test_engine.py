@@ -160,8 +160,8 @@ def test_generate_reports_logprobs_of_the_forward(model):
     engine = LLMEngine(model, EngineConfig(num_kv_blocks=16))
     (r,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0.0, logprobs=3))
     logits = model.forward(np.array([1, 2, 3]), np.arange(3), ContiguousKVCache.for_model(model.config, 8))[-1]
-    lp, top = top_logprobs(logits, r["token_ids"][0], 3)
-    got_lp, got_top = r["logprobs"][0]
+    lp, top = top_logprobs(logits, r.token_ids[0], 3)
+    got_lp, got_top = r.logprobs[0]
     assert got_lp == pytest.approx(lp, abs=1e-4)
     assert [t for t, _ in got_top] == [t for t, _ in top]
 

@@ -23,16 +23,22 @@ def req(rid, prompt_len=4, max_tokens=8, arrival=0.0, priority=None):
 
 
 def run_step(s, batch):
-    """What the engine does after the forward: K/V computed, one token per finished prefill,
-    requests at max_tokens finish."""
+    """What the engine does around the forward: one token for each request whose step reaches
+    its last token; requests at max_tokens finish. The scheduler's own update() does the rest."""
+    finished = []
     for r, n in batch.items:
-        r.num_computed_tokens += n
-        s.bm.cache_full_blocks(r)
-        if r.num_computed_tokens == r.num_tokens:
-            r.token_ids.append(7)
+        if r.num_computed_tokens + n == r.num_tokens:
+            r.append_token(7, 0.0)
             if r.num_output_tokens >= r.params.max_tokens:
-                r.status = RequestStatus.FINISHED
-                s.finish(r)
+                r.finish("length", 0.0)
+                finished.append(r)
+    s.update(batch, finished)
+
+
+def finish(s, r):
+    """A running request ends between steps (as an abort would)."""
+    r.finish("abort", 0.0)
+    assert s.abort(r)
 
 
 def admitted_ids(batch):
@@ -85,7 +91,7 @@ def test_the_80_percent_gate_on_kv_occupancy():
     assert s.bm.occupancy >= 0.8
     s.add(req("h", arrival=0.001))
     assert s.schedule(now=0.02).admitted == []  # gate closed
-    s.finish(big)
+    finish(s, big)
     assert admitted_ids(s.schedule(now=0.021)) == ["h"]  # below the gate: at once
 
 
@@ -95,7 +101,7 @@ def test_the_80_percent_gate_on_batch_fill():
     s.add(req("h", arrival=0.001))
     batch = s.schedule(now=0.0)
     assert admitted_ids(batch) == ["long"]
-    s.bm.check(s.running)
+    s.bm.check([r for r, _ in batch.items])
 
 
 def test_gate_threshold_is_an_option():

@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 
 from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.fake_engine import fake_backend
+from scratchllm.server.backend import fake_backend
 
 
 @contextlib.contextmanager

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from scratchllm.bench import serving
+from scratchllm.bench import loadgen, serving
 from scratchllm.cli.main import main
 from scratchllm.errors import ConfigError
-from scratchllm.server import loadgen
 from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.fake_engine import fake_backend
+from scratchllm.server.backend import fake_backend
 
 
 @pytest.mark.parametrize("name", ["mixed", "short", "long-prompt"])

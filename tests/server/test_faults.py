@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.fake_engine import fake_backend
+from scratchllm.server.backend import fake_backend
 
 
 def slow_app(max_in_flight=4, step_ms=20.0, max_running=2):
@@ -141,17 +141,28 @@ class _FailingEngine:
         stream = self.inner.submit(ids, params, request_id)
 
         class Broken:
-            def __iter__(self):
-                for n, event in enumerate(stream):
+            request_id = stream.request_id
+
+            @property
+            def finished(self):
+                return stream.finished
+
+            async def __aiter__(self):
+                n = 0
+                async for event in stream:
                     if n == 2:
                         stream.abort()
                         raise RuntimeError("kernel exploded")
+                    n += 1
                     yield event
 
             def abort(self):
                 stream.abort()
 
         return Broken()
+
+    def abort(self, request_id):
+        self.inner.abort(request_id)
 
     def stats(self):
         return self.inner.stats()

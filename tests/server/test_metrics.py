@@ -5,7 +5,7 @@ import re
 import httpx
 
 from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.fake_engine import fake_backend
+from scratchllm.server.backend import fake_backend
 
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"]

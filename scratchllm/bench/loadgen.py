@@ -11,17 +11,17 @@ in flight (a closed loop when the rate is infinite).
 import asyncio
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 
+from scratchllm.bench import http_client
 from scratchllm.errors import ConfigError
-from scratchllm.server import client
 
-WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "bench" / "workloads"
+WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,17 @@ class Result:
 
 
 async def run_load(url: str, model: str, workload: Workload, concurrency: int | None = None,
-                   max_duration_s: float = 600.0, progress=None, probe_interval_s: float = 0.1) -> dict:
-    """Send the workload; return results, wall time, /metrics KV peak and /health probe latencies."""
+                   max_duration_s: float = 600.0, progress=None, probe_interval_s: float = 0.1,
+                   headers: dict | None = None) -> dict:
+    """Send the workload; return results, wall time, /metrics KV peak and /health probe latencies.
+    `headers` go with every request (e.g. Authorization for a server with an API key)."""
+    async with http_client.new_client(max_duration_s + 60, headers) as client:
+        return await _run_load(client, url, model, workload, concurrency, max_duration_s, progress,
+                               probe_interval_s)
+
+
+async def _run_load(client: httpx.AsyncClient, url: str, model: str, workload: Workload, concurrency: int | None,
+                    max_duration_s: float, progress, probe_interval_s: float) -> dict:
     times = arrival_times(len(workload.prompts), workload.rate, workload.burstiness, workload.seed)
     gate = asyncio.Semaphore(concurrency or len(workload.prompts))
     results = [Result(len(p)) for p in workload.prompts]
@@ -123,26 +132,27 @@ async def run_load(url: str, model: str, workload: Workload, concurrency: int | 
                 return
             body = {"model": model, "prompt": workload.prompts[i], "max_tokens": workload.output_tokens[i],
                     "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-            await _send(url, body, results[i], deadline)
+            await _send(client, url, body, results[i], deadline)
         if progress is not None:
             progress.update(1)
 
-    watcher = Watcher(url, probe_interval_s)
+    watcher = Watcher(client, url, probe_interval_s)
     watching = asyncio.ensure_future(watcher.run())
     await asyncio.gather(*(one(i) for i in range(len(results))))
     duration = time.monotonic() - start
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
-    final = await scrape_metrics(url)
+    final = await http_client.scrape_metrics(client, url)
     return {"results": results, "duration_s": duration, "probe_ms": watcher.probe_ms,
             "kv_samples": watcher.kv_blocks, "metrics": final}
 
 
-async def _send(url: str, body: dict, r: Result, deadline: float) -> None:
+async def _send(client: httpx.AsyncClient, url: str, body: dict, r: Result, deadline: float) -> None:
     r.start = time.monotonic()
     try:
-        reply = await client.request(url + "/v1/completions", "POST", body, timeout=max(1.0, deadline - r.start))
-    except (TimeoutError, OSError, EOFError, ValueError) as err:
+        reply = await http_client.request(client, url + "/v1/completions", "POST", body,
+                                          timeout=max(1.0, deadline - r.start))
+    except (httpx.HTTPError, OSError, ValueError) as err:
         r.error = f"{type(err).__name__}: {err}"
         return
     r.status = reply.status
@@ -163,8 +173,8 @@ async def _send(url: str, body: dict, r: Result, deadline: float) -> None:
 class Watcher:
     """Until cancelled: /health latency (is the HTTP side starved?) and KV blocks in use."""
 
-    def __init__(self, url: str, interval_s: float):
-        self.url, self.interval_s = url, interval_s
+    def __init__(self, client: httpx.AsyncClient, url: str, interval_s: float):
+        self.client, self.url, self.interval_s = client, url, interval_s
         self.probe_ms: list[float] = []
         self.kv_blocks: list[float] = []
 
@@ -172,20 +182,14 @@ class Watcher:
         while True:
             t = time.monotonic()
             try:
-                await client.request(self.url + "/health", timeout=30)
+                await http_client.request(self.client, self.url + "/health", timeout=30)
                 self.probe_ms.append((time.monotonic() - t) * 1e3)
-                m = await scrape_metrics(self.url)
+                m = await http_client.scrape_metrics(self.client, self.url)
                 if "scratchllm_kv_blocks_used" in m:
                     self.kv_blocks.append(m["scratchllm_kv_blocks_used"])
-            except (TimeoutError, OSError):
+            except (httpx.HTTPError, OSError):
                 pass
             await asyncio.sleep(self.interval_s)
-
-
-async def scrape_metrics(url: str) -> dict[str, float]:
-    reply = await client.request(url + "/metrics", timeout=30)
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(scratchllm_\S+) (\S+)$", reply.body.decode(), re.M)}
 
 
 def percentiles(values, ms: bool = True) -> dict:

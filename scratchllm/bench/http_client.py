@@ -1,0 +1,85 @@
+"""The load generator's HTTP client: httpx, with each Server-Sent Event timestamped as it arrives.
+
+Load testing needs the moment each token reaches the client. httpx hands over bytes as they come
+off the socket, whatever the framing (chunked, sized, or a stream delimited by the connection's
+close), and its line splitter accepts LF, CRLF and CR. Events follow the SSE rules: `data:` with
+or without the space, several data lines joined by newlines, a blank line dispatches; the event's
+time is when its last line arrived. https and any headers (an API key) work as httpx does them.
+Metrics are read with prometheus_client's own parser, labels kept.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""  # non-streamed body (errors, plain JSON)
+    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (monotonic arrival, SSE JSON)
+    done: bool = False  # saw `data: [DONE]`
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def new_client(timeout: float = 600.0, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    """One client (and its connection pool) for a whole run; no limit on concurrent connections."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, headers=headers)
+
+
+async def request(client: httpx.AsyncClient, url: str, method: str = "GET", body: dict[str, Any] | None = None,
+                  timeout: float | None = None) -> Reply:
+    """One HTTP request; an SSE response (text/event-stream) is parsed into timestamped events."""
+    kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    async with client.stream(method, url, json=body, **kwargs) as response:
+        reply = Reply(response.status_code, {k.lower(): v for k, v in response.headers.items()})
+        if not reply.headers.get("content-type", "").startswith("text/event-stream"):
+            reply.body = await response.aread()
+            return reply
+        data: list[str] = []
+        async for line in response.aiter_lines():
+            now = time.monotonic()
+            if line == "":
+                _dispatch(reply, data, now)
+                data = []
+            elif line.startswith("data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(" ") else value)
+            # other fields (event:, id:, retry:) and comments (":...") carry nothing we read
+        _dispatch(reply, data, time.monotonic())  # a last event without its blank line
+    return reply
+
+
+def _dispatch(reply: Reply, data: list[str], now: float) -> None:
+    if not data:
+        return
+    payload = "\n".join(data)
+    if payload == "[DONE]":
+        reply.done = True
+    else:
+        reply.events.append((now, json.loads(payload)))
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample: value}; a labelled sample is keyed `name{a="x",b="y"}`."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+async def scrape_metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    reply = await request(client, url + "/metrics", timeout=30)
+    return parse_metrics(reply.body.decode())

@@ -1,0 +1,271 @@
+"""An in-process fake of the engine contract (protocol.EngineClient), so the server runs and is
+tested without a model. Like httpx's MockTransport it is part of the package: `scratchllm serve
+--fake-engine` uses it, and the conformance suite holds it to the same promises as the real one.
+
+A thread of its own steps every running request by one token per step (`step_ms` apart, prefill
+costed per token); KV blocks are really accounted (block size 16, reserved for prompt +
+max_tokens at admission, freed at finish or abort). Tokens become events in the engine's one
+output path (output.py), with a byte-level tokenizer, so stop strings, hold-back and UTF-8 deltas
+behave as the real engine's. Output is deterministic: a fixed phrase (with multi-byte
+characters), entered at an offset that depends on the prompt (greedy) or on the seed.
+`batching="static"` mimics the padded baseline's admission: a new batch only when the last ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scratchllm.engine.output import OutputProcessor
+from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent
+from scratchllm.errors import ConfigError
+from scratchllm.sampling import SamplingParams
+
+# Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
+# that prompts may hold (load tests send random ids) but the fake never generates or decodes.
+PAD, BOS, EOS = 0, 1, 2
+BYTE_TOKENS = 256 + 3
+VOCAB_SIZE = 32000
+PHRASE = "The quick brown fox jumps over the lazy dog, café ☕ naïve 東京. ".encode()
+
+
+class Utf8Deltas:
+    """Incremental detokenizer: push a byte token, get back only complete UTF-8 text."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def push(self, token_id: int) -> str:
+        if not 3 <= token_id < BYTE_TOKENS:
+            return ""
+        self.pending += bytes([token_id - 3])
+        try:
+            text, self.pending = self.pending.decode("utf-8"), b""
+            return text
+        except UnicodeDecodeError:
+            return ""  # a multi-byte character is not complete yet
+
+    def flush(self) -> str:
+        text, self.pending = self.pending.decode("utf-8", errors="replace"), b""
+        return text
+
+
+class FakeTokenizer:
+    """Byte-level: one token per UTF-8 byte. A ChatML template like the default model's."""
+
+    bos_token_id, eos_token_id, vocab_size = BOS, EOS, VOCAB_SIZE
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [b + 3 for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i - 3 for i in ids if 3 <= i < BYTE_TOKENS).decode("utf-8", errors="replace")
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> Utf8Deltas:
+        return Utf8Deltas()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    output: OutputProcessor
+    arrival: float
+    offset: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    num_output_tokens: int = 0
+    blocks: int = 0
+    aborted: bool = False
+
+    def metrics(self, now: float) -> RequestMetrics:
+        return RequestMetrics(self.arrival, self.first_scheduled or now, self.first_token or now, now,
+                              len(self.prompt), self.num_output_tokens)
+
+
+class FakeEngine:
+    """The engine contract over a clock instead of a model (see the module docstring)."""
+
+    def __init__(self, step_ms: float = 2.0, prefill_ms_per_token: float = 0.01, max_running: int = 8,
+                 num_blocks: int = 1024, block_size: int = 16, max_model_len: int = 2048,
+                 block_bytes: int = 16 * 2 * 30 * 3 * 64 * 4, eos_after: int | None = None,
+                 batching: str = "continuous"):
+        assert max_running >= 1 and num_blocks >= 1 and step_ms >= 0
+        assert batching in ("continuous", "static")
+        self.static = batching == "static"
+        self._static_blocks = 0  # static mode: blocks the current padded batch holds until it all ends
+        self.step_s, self.prefill_s_per_token = step_ms / 1e3, prefill_ms_per_token / 1e3
+        self.max_running, self.num_blocks, self.block_size = max_running, num_blocks, block_size
+        self.max_model_len, self.block_bytes, self.eos_after = max_model_len, block_bytes, eos_after
+        self.tokenizer = FakeTokenizer()
+        self._lock = threading.Condition()
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._streams: dict[str, RequestStream] = {}
+        self._used_blocks = self._peak_blocks = 0
+        self._ids = itertools.count()
+        self.finished = {"stop": 0, "length": 0, "abort": 0}
+        self._accepting, self._stopping = True, False
+        self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
+        self._thread.start()
+
+    # --- the contract -------------------------------------------------------------------
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
+        if not prompt_token_ids:
+            raise ConfigError("the prompt is empty: it has no tokens to continue from")
+        with self._lock:
+            if not self._accepting:
+                raise RuntimeError("engine is shutting down")
+            rid = str(request_id) if request_id is not None else f"fake-{next(self._ids)}"
+            while rid in self._streams:
+                rid = f"fake-{next(self._ids)}"
+            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS)
+            request = _Request(rid, list(prompt_token_ids), params, output, time.monotonic())
+            seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
+            greedy = params.temperature == 0
+            offset = seed % len(PHRASE) if greedy else random.Random(seed).randrange(len(PHRASE))
+            while PHRASE[offset] & 0xC0 == 0x80:  # start on a character, so the text is valid UTF-8
+                offset = (offset + 1) % len(PHRASE)
+            request.offset = offset
+            stream = RequestStream(rid, self.abort)
+            self._streams[rid] = stream
+            self._waiting.append(request)
+            self._lock.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            for request in self._waiting + self._running:
+                if request.request_id == request_id:
+                    request.aborted = True
+            self._lock.notify()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"running": len(self._running), "waiting": len(self._waiting),
+                    "kv_blocks_used": self._used_blocks, "kv_blocks_total": self.num_blocks,
+                    "kv_blocks_peak": self._peak_blocks, "kv_block_bytes": self.block_bytes,
+                    "preemptions": 0, "policy": "static" if self.static else "fcfs",
+                    "finished": dict(self.finished)}
+
+    def shutdown(self, drain: bool = True) -> None:
+        with self._lock:
+            self._accepting = False
+            if not drain:
+                for r in self._waiting + self._running:
+                    r.aborted = True
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join()
+
+    # --- internals ----------------------------------------------------------------------
+    def _blocks_for(self, request: _Request) -> int:
+        tokens = len(request.prompt) + request.params.max_tokens
+        return -(-tokens // self.block_size)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._waiting or self._running or self._stopping):
+                    self._lock.wait()
+                if self._stopping and not (self._waiting or self._running):
+                    return
+                self._drop_aborted()
+                newly = self._admit()
+                batch = list(self._running)
+            # Compute happens outside the lock, as a real step would: submit() never waits on it.
+            time.sleep(self.step_s + self.prefill_s_per_token * sum(len(r.prompt) for r in newly))
+            with self._lock:
+                for request in batch:
+                    if not request.aborted:
+                        self._emit_next(request)
+
+    def _admit(self) -> list[_Request]:
+        if self.static:
+            return self._admit_static()
+        newly = []
+        while self._waiting and len(self._running) < self.max_running:
+            need = self._blocks_for(self._waiting[0])
+            if self._used_blocks + need > self.num_blocks:
+                break  # FIFO: the head waits for blocks; nothing behind it jumps the queue
+            request = self._waiting.pop(0)
+            request.blocks = need
+            self._used_blocks += need
+            self._peak_blocks = max(self._peak_blocks, self._used_blocks)
+            request.first_scheduled = time.monotonic()
+            self._running.append(request)
+            newly.append(request)
+        return newly
+
+    def _admit_static(self) -> list[_Request]:
+        """The padded baseline: a new batch only when the last one has entirely finished; every
+        member holds blocks for the batch's longest prompt + longest output until then."""
+        if self._running or self._static_blocks or not self._waiting:
+            return []
+        batch = self._waiting[: self.max_running]
+        longest = max(len(r.prompt) for r in batch) + max(r.params.max_tokens for r in batch)
+        per_request = -(-longest // self.block_size)
+        while batch and per_request * len(batch) > self.num_blocks - self._used_blocks:
+            batch.pop()
+        if not batch:
+            return []
+        del self._waiting[: len(batch)]
+        self._static_blocks = per_request * len(batch)
+        self._used_blocks += self._static_blocks
+        self._peak_blocks = max(self._peak_blocks, self._used_blocks)
+        now = time.monotonic()
+        for request in batch:
+            request.first_scheduled = now
+            self._running.append(request)
+        return batch
+
+    def _drop_aborted(self) -> None:
+        for request in [r for r in self._waiting + self._running if r.aborted]:
+            self._finish(request, request.output.abort())
+
+    def _emit_next(self, request: _Request) -> None:
+        params, n = request.params, request.num_output_tokens
+        if self.eos_after is not None and n >= self.eos_after and not params.ignore_eos:
+            token = EOS
+        else:
+            token = PHRASE[(request.offset + n) % len(PHRASE)] + 3
+        request.num_output_tokens += 1
+        if n == 0:
+            request.first_token = time.monotonic()
+        logprob, top = None, None
+        if params.logprobs is not None:
+            logprob = -0.25 if params.temperature == 0 else -1.0
+            top = [(token, logprob), ((token - 2) % (BYTE_TOKENS - 3) + 3, logprob - 1.0)][: params.logprobs]
+        context_full = len(request.prompt) + request.num_output_tokens >= self.max_model_len
+        event = request.output.process(token, logprob, top, context_full=context_full)
+        if event.finish_reason is None:
+            self._streams[request.request_id].put(event)
+        else:
+            self._finish(request, event)
+
+    def _finish(self, request: _Request, event: TokenEvent) -> None:
+        # Invariant: a request's blocks go back exactly once, when it leaves the running or waiting set.
+        if request in self._running:
+            self._running.remove(request)
+            self._used_blocks -= request.blocks
+            if self.static and not self._running:  # the padded batch is over: its blocks go back
+                self._used_blocks -= self._static_blocks
+                self._static_blocks = 0
+            assert self._used_blocks >= 0
+        elif request in self._waiting:
+            self._waiting.remove(request)
+        event.metrics = request.metrics(time.monotonic())
+        assert event.finish_reason is not None
+        self.finished[event.finish_reason] += 1
+        self._streams.pop(request.request_id).put(event)

@@ -1,0 +1,103 @@
+"""The one output path: sampled tokens -> events -> results. Every engine (continuous, static
+baseline, fake) turns its tokens into TokenEvents here, and everyone who wants a whole result
+(`LLMEngine.generate`, `LLM`, the server's non-streamed replies) folds events with OutputCollector.
+
+Why a request ends (decided here and nowhere else):
+  "stop"   - an end token (the tokenizer's EOS unless ignore_eos, or one of stop_token_ids): the
+             token is kept in token_ids, its text is not shown; or a stop string appeared in the
+             text: the text is cut before it.
+  "length" - max_tokens generated, or the engine's context is full.
+Text: the detokenizer returns only complete UTF-8. Text that could still grow into a stop string
+is held back (the longest stop string minus one characters) until it cannot, so streamed deltas
+never show what the final text will not contain; at the end whatever is left is flushed (a
+character cut by the end shows as U+FFFD, as decode does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from scratchllm.engine.protocol import RequestOutput, TokenEvent, TopLogprobs
+from scratchllm.sampling import SamplingParams
+
+
+class Detokenizer(Protocol):
+    def push(self, token_id: int) -> str: ...
+
+
+class OutputProcessor:
+    """One request's token -> event state machine (see the module doc)."""
+
+    def __init__(self, request_id: str, params: SamplingParams, detokenizer: Detokenizer | None,
+                 eos_token_id: int | None):
+        self.request_id, self.params, self.detok = request_id, params, detokenizer
+        self.eos_token_id = eos_token_id
+        self.num_tokens = 0  # tokens processed so far
+        self.text = ""  # the text so far (cut at a stop string once found)
+        self.emitted = 0  # characters of `text` already sent as deltas
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.finish_reason: str | None = None
+
+    def process(self, token_id: int, logprob: float | None = None, top: TopLogprobs | None = None,
+                context_full: bool = False) -> TokenEvent:
+        """The event for the request's next token. `context_full`: the engine has no room for
+        another token. The event's finish_reason says whether the request ends here."""
+        assert self.finish_reason is None, f"request {self.request_id}: a token after its end"
+        p = self.params
+        self.num_tokens += 1
+        reason = None
+        stop_token = token_id in p.stop_token_ids or (token_id == self.eos_token_id and not p.ignore_eos)
+        if stop_token:
+            reason = "stop"
+        elif self.num_tokens >= p.max_tokens or context_full:
+            reason = "length"
+        text = ""
+        if self.detok is not None:
+            if not stop_token:
+                self.text += self.detok.push(token_id)
+            if reason is not None:
+                self.text += _flush(self.detok)
+            for s in p.stop:
+                at = self.text.find(s)
+                if at >= 0:
+                    self.text, reason = self.text[:at], "stop"
+            end = len(self.text) if reason else max(len(self.text) - self.holdback, self.emitted)
+            text, self.emitted = self.text[self.emitted : end], end
+        self.finish_reason = reason
+        return TokenEvent(self.request_id, int(token_id), text, self.num_tokens - 1, reason, logprob, top)
+
+    def abort(self) -> TokenEvent:
+        """The last event of a request stopped from outside: no token, no more text."""
+        assert self.finish_reason is None, f"request {self.request_id} ended twice"
+        self.finish_reason = "abort"
+        return TokenEvent(self.request_id, None, "", self.num_tokens, "abort")
+
+
+def _flush(detok: Any) -> str:
+    flush = getattr(detok, "flush", None)
+    return flush() if flush is not None else ""
+
+
+class OutputCollector:
+    """Folds one request's events into its RequestOutput."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], prompt: str | None = None,
+                 logprobs: bool = False):
+        self.output = RequestOutput(request_id, prompt, list(prompt_token_ids),
+                                    logprobs=[] if logprobs else None)
+
+    def add(self, event: TokenEvent) -> None:
+        out = self.output
+        assert out.finish_reason is None, f"request {out.request_id}: an event after its end"
+        if event.token_id is not None:
+            out.token_ids.append(event.token_id)
+            if out.logprobs is not None:
+                out.logprobs.append((event.logprob, event.top_logprobs))
+        out.text += event.text
+        if event.finish_reason is not None:
+            out.finish_reason = event.finish_reason
+            out.metrics = event.metrics
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None

@@ -1,0 +1,201 @@
+"""The engine's contract with everything above it, in code: the one definition of each type that
+crosses the line, and the `EngineClient` protocol the HTTP server is typed against.
+
+    submit(prompt_token_ids, params, request_id) -> RequestStream      (any thread, never blocks)
+    RequestStream: `for event in stream` (a thread) or `async for event in stream` (the event loop)
+    abort(request_id) / stream.abort(): the request ends with finish_reason "abort", blocks freed
+    stats() -> dict of counters as of the last finished step; shutdown(drain)
+
+Implemented by the continuous engine (async_engine.AsyncEngine), the static baseline
+(static.StaticEngine) and the fake engine (fake.FakeEngine); tests/engine/test_conformance.py
+runs the same cases over all three.
+
+Event order (an invariant every implementation keeps and the conformance suite checks): a
+request's events have index 0, 1, 2, ... in order, exactly one event has a finish_reason and it
+is the last; it carries `metrics`. An aborted request's last event may have no token
+(token_id None). `text` deltas join to the final text (stop strings cut, held back until they
+can no longer be one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from scratchllm.sampling import SamplingParams
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Monotonic times (time.monotonic seconds) of one request's life, and durations in ms."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+
+    @property
+    def queue_ms(self) -> float:
+        return _ms(self.arrival, self.first_scheduled)
+
+    @property
+    def prefill_ms(self) -> float:
+        return _ms(self.first_scheduled, self.first_token)
+
+    @property
+    def decode_ms(self) -> float:
+        return _ms(self.first_token, self.finished)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token is None else _ms(self.arrival, self.first_token)
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return None if self.finished is None else _ms(self.arrival, self.finished)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain numbers for printing and JSON: the times, the durations and the rates."""
+        decoded = self.completion_tokens - 1  # the first token comes from the prefill's logits
+        prefill_s, decode_s = self.prefill_ms / 1e3, self.decode_ms / 1e3
+        return {
+            "arrival": self.arrival, "first_scheduled": self.first_scheduled, "first_token": self.first_token,
+            "finished": self.finished, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "num_preemptions": self.num_preemptions,
+            "cached_tokens": self.cached_tokens, "queue_ms": self.queue_ms, "prefill_ms": self.prefill_ms,
+            "decode_ms": self.decode_ms, "prefill_s": prefill_s, "decode_s": decode_s,
+            "ttft_s": (self.queue_ms + self.prefill_ms) / 1e3,
+            "prefill_tok_s": self.prompt_tokens / prefill_s if prefill_s > 0 else None,
+            "decode_tok_s": decoded / decode_s if decoded > 0 and decode_s > 0 else None,
+        }
+
+
+def _ms(a: float | None, b: float | None) -> float:
+    return 0.0 if a is None or b is None else (b - a) * 1000.0
+
+
+TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
+class TokenEvent:
+    """One new token (or the end) of one request."""
+
+    request_id: str
+    token_id: int | None  # None: the request ended without a new token (abort)
+    text: str  # complete-UTF-8 text delta ("" without a tokenizer)
+    index: int  # 0-based index of the token among the request's outputs
+    finish_reason: str | None = None  # one of FINISH_REASONS on the last event
+    logprob: float | None = None
+    top_logprobs: TopLogprobs | None = None
+    metrics: RequestMetrics | None = None  # on the last event
+
+
+@dataclass
+class RequestOutput:
+    """A request's result: what `LLM.generate` returns and the server's non-streamed reply uses."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # one of FINISH_REASONS
+    metrics: RequestMetrics | None = None  # once finished
+    logprobs: list[tuple[float | None, TopLogprobs | None]] | None = None  # per token, when asked for
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RequestStream:
+    """One request's events, from the engine's thread to whoever reads them.
+
+    The producer (an engine thread) calls `put`. A reader in another thread iterates it
+    (blocking); a reader on an event loop uses `async for`, and then each `put` wakes that loop
+    with one call_soon_threadsafe: no thread per stream. Events are buffered until read, so the
+    reader may start late and never misses one.
+    """
+
+    def __init__(self, request_id: str, abort: Callable[[str], None]):
+        self.request_id = request_id
+        self._abort = abort
+        self._events: deque[TokenEvent] = deque()
+        self._cv = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Event | None = None
+        self.finished = False  # the last event was put (the reader may not have read it yet)
+
+    # --- the producer side (any thread) ---
+    def put(self, event: TokenEvent) -> None:
+        with self._cv:
+            assert not self.finished, f"request {self.request_id}: an event after the last one"
+            self._events.append(event)
+            self.finished = event.finish_reason is not None
+            self._cv.notify()
+            loop, ready = self._loop, self._ready
+        if loop is not None and ready is not None:
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is listening any more
+
+    # --- the reader side ---
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while True:
+            with self._cv:
+                while not self._events:
+                    self._cv.wait()
+                event = self._events.popleft()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._async_events()
+
+    async def _async_events(self) -> AsyncIterator[TokenEvent]:
+        with self._cv:
+            assert self._loop is None, "a stream has one async reader"
+            self._loop, self._ready = asyncio.get_running_loop(), asyncio.Event()
+        ready = self._ready
+        while True:
+            with self._cv:
+                batch = list(self._events)
+                self._events.clear()
+                ready.clear()  # under the lock: a put after this sets it again
+            for event in batch:
+                yield event
+                if event.finish_reason is not None:
+                    return
+            await ready.wait()
+
+    def abort(self) -> None:
+        """Stop the request; its KV blocks go back to the pool. A no-op once it has finished."""
+        if not self.finished:
+            self._abort(self.request_id)
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the server (and anything else that streams) needs of an engine. See the module doc."""
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def shutdown(self, drain: bool = True) -> None: ...
