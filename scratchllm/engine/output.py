@@ -21,14 +21,16 @@ from scratchllm.engine.protocol import RequestOutput, TokenEvent, TopLogprobs
 from scratchllm.sampling import SamplingParams
 
 
-class Detokenizer(Protocol):
+class IncrementalDetokenizer(Protocol):
+    """What the output path needs of a detokenizer: push a token id, get complete UTF-8 text."""
+
     def push(self, token_id: int) -> str: ...
 
 
 class OutputProcessor:
     """One request's token -> event state machine (see the module doc)."""
 
-    def __init__(self, request_id: str, params: SamplingParams, detokenizer: Detokenizer | None,
+    def __init__(self, request_id: str, params: SamplingParams, detokenizer: IncrementalDetokenizer | None,
                  eos_token_id: int | None):
         self.request_id, self.params, self.detok = request_id, params, detokenizer
         self.eos_token_id = eos_token_id
