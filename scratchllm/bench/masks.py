@@ -1,6 +1,6 @@
-"""The seed's attention mask generator: 3-D masks [batch, q_len, k_len] for variable-length
+"""The attention mask generator: 3-D masks [batch, q_len, k_len] for variable-length
 batches. Three implementations of each mask (scratchllm/engine/masks.py, tested equal):
-  python     - the seed's starting point: a nested list comprehension, one Python bool each
+  python     - the starting point, as the design article writes it: a nested list comprehension, one Python bool each
   row loop   - a Python loop over (sequence, query row) filling slices
   vectorized - NumPy broadcasting, one comparison pass over the output
 Times are medians of interleaved runs (all three see the same noise from other jobs); ratios are
@@ -76,7 +76,7 @@ def run(args) -> dict:
             ratios[key + " python/vectorized"] = r["python_over_vectorized"]
     return {"inputs": {"batch": args.batch, "max_len": args.max_len, "repeat": args.repeat, "seed": args.seed},
             "figures": rows, "ratios": ratios,
-            "seed": "masks on the CPU, vectorized NumPy instead of a Python list comprehension (no figure given)",
+            "goal": "masks on the CPU, vectorized NumPy instead of a Python list comprehension (no figure given)",
             "machine": machine_facts()}
 
 

@@ -1,7 +1,7 @@
-"""Matrix multiply four ways (seed section 2): ms, GFLOP/s, effective GB/s and cache miss rate per
+"""Matrix multiply four ways: ms, GFLOP/s, effective GB/s and cache miss rate per
 implementation; the Cython kernel against NumPy (OpenBLAS) at equal threads, measured in one run;
 a tile sweep of the Cython kernel beside the cache model's prediction; the simulator's sweep of the
-seed's own case (300 x 300 float64, blocked i-j-k loop); the seed's published row beside ours.
+design article's own case (300 x 300 float64, blocked i-j-k loop); its published row beside ours.
 
 Timing: medians of wall time; NumPy and the Cython kernel are timed interleaved (A, B, A, B, ...)
 so both see the same noise from other jobs on the cores. NumPy's threads are set with threadpoolctl.
@@ -17,12 +17,9 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.references import ARTICLE_MATMUL_300 as PUBLISHED_300
 from scratchllm.errors import ConfigError
 from scratchllm.kernels import cachemodel, cachesim, matmul
-
-# The seed's table (300 x 300): ms, GB/s, cache miss %.
-SEED_300 = {"naive": (1800.0, 1.2, 92.7), "numpy": (2.0, 42.5, 8.3), "tiled": (3.8, 38.9, 11.2),
-            "cublas": (0.15, 720.0, None)}
 
 
 def _ints(text: str) -> list[int]:
@@ -44,7 +41,7 @@ def add_arguments(parser):
                         help="square tiles T (mc = kc = T) for the Cython sweep; empty to skip")
     parser.add_argument("--sim-max-n", type=int, default=300, help="largest n whose loops are simulated")
     parser.add_argument("--sim-tiles", default="8,16,24,32,40,48,64",
-                        help="tiles for the simulated seed case (300x300 float64, blocked loop); empty to skip")
+                        help="tiles for the simulated published case (300x300 float64, blocked loop); empty to skip")
 
 
 def _timed(fn, repeat: int) -> float:
@@ -261,7 +258,7 @@ def run(args) -> dict:
     return {"inputs": {k: v for k, v in vars(args).items() if k != "func"},
             "caches": vars(found), "perf": perf_reason or "available",
             "figures": rows, "ratios": ratios, "sweep": sweep,
-            "sim_sweep": _sim_sweep(args, caches), "seed_300": SEED_300, "machine": machine_facts()}
+            "sim_sweep": _sim_sweep(args, caches), "published_300": PUBLISHED_300, "machine": machine_facts()}
 
 
 def _f(x, fmt):
@@ -276,15 +273,15 @@ def render(r: dict) -> str:
     for row in r["figures"]:
         out.append(f"{row['impl']:<7}{row['n']:>6}{row['threads'] or '-':>4}{_f(row['ms'], '11.3f')}"
                    f"{_f(row['gflops'], '10.2f')}{_f(row['gbps'], '9.2f')}  {row['miss']}")
-        seed = SEED_300.get(row["impl"]) if row["n"] == 300 and row["threads"] in (0, 1) else None
-        if seed:
-            out.append(f"{'  seed':<7}{300:>6}{'':>4}{seed[0]:>11.2f}{2 * 300**3 / seed[0] / 1e6:>10.2f}"
-                       f"{seed[1]:>9.2f}  {_f(seed[2], '.1f')}% (published)")
+        pub = PUBLISHED_300.get(row["impl"]) if row["n"] == 300 and row["threads"] in (0, 1) else None
+        if pub:
+            out.append(f"{'  publ.':<7}{300:>6}{'':>4}{pub[0]:>11.2f}{2 * 300**3 / pub[0] / 1e6:>10.2f}"
+                       f"{pub[1]:>9.2f}  {_f(pub[2], '.1f')}% (the design article's figures)")
     for name, ratio in r["ratios"].items():
         out.append(f"{name}: {100 * ratio:.0f}%" + (" (goal: >= 50%)" if " n=1024 " in name else ""))
     naive = [row for row in r["figures"] if row["impl"] == "naive" and row["n"] == 300]
     if naive:
-        out.append(f"pure Python n=300: {naive[0]['ms'] / 1e3:.2f} s (seed: 1.8 s)")
+        out.append(f"pure Python n=300: {naive[0]['ms'] / 1e3:.2f} s (published: 1.8 s)")
     for s in r["sweep"]:
         s = {**s, "gflops_by_tile": {int(t): g for t, g in s["gflops_by_tile"].items()}}  # JSON keys are str
         cells = "  ".join(f"{t}:{g:.0f}" for t, g in sorted(s["gflops_by_tile"].items()))
@@ -297,9 +294,9 @@ def render(r: dict) -> str:
     sim = r["sim_sweep"]
     if sim["l1_misses_per_fma"]:
         cells = "  ".join(f"{t}:{m:.4f}" for t, m in sim["l1_misses_per_fma"].items())  # str or int keys
-        out.append(f"simulated seed case (n=300 float64, blocked i-j-k, L1 misses per multiply-add): {cells}")
+        out.append(f"simulated published case (n=300 float64, blocked i-j-k, L1 misses per multiply-add): {cells}")
         out.append(f"  simulated best T={sim['best_tile']}; model: T={sim['predicted_tile']} (3T^2 rule, "
-                   f"the seed's 24), T={sim['predicted_tile_reuse']} (reuse rule)")
+                   f"the published 24), T={sim['predicted_tile_reuse']} (reuse rule)")
     m = r["machine"]
     out.append(f"machine: {m['cpu']}, {m['cores']} cores, numpy {m['numpy']}, {'; '.join(m['blas'])}")
     out.append("medians; other jobs on the cores make single figures noisy, the interleaved ratios less so")

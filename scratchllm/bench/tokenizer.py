@@ -1,4 +1,4 @@
-"""Tokenizer encode speed (C3): our pure-Python tokenizer beside Hugging Face `tokenizers` (Rust),
+"""Tokenizer encode speed: our pure-Python tokenizer beside Hugging Face `tokenizers` (Rust),
 same vocabulary, same corpus, one thread, printed as MB/s and a ratio.
 
 Corpus (offline): the Python reference manual's topics (English prose), standard-library source

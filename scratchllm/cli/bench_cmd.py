@@ -9,13 +9,13 @@ import importlib
 import json
 
 BENCHES = {
-    "matmul": "matrix multiply four ways, cache model and tile sweep (C1)",
-    "load": "load + dequantize the default model: ours vs the gguf package (C2)",
-    "tokenizer": "tokenizer encode MB/s: ours vs Hugging Face tokenizers (C3)",
-    "generate": "prefill and single-stream decode tok/s vs the memory-bandwidth bound (C3)",
-    "engine": "continuous vs static batching on a mixed workload (C4)",
-    "masks": "3-D attention mask generator: vectorized vs Python loop (C4)",
-    "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles (C5)",
+    "matmul": "the kernel lab: matrix multiply four ways, cache model and tile sweep",
+    "load": "load + dequantize the default model: ours vs the gguf package",
+    "tokenizer": "tokenizer encode MB/s: ours vs Hugging Face tokenizers",
+    "generate": "prefill and single-stream decode tok/s vs the memory-bandwidth bound",
+    "engine": "continuous batching vs the static baseline on a mixed workload; admission policies",
+    "masks": "3-D attention mask generator: vectorized vs Python loop",
+    "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles",
 }
 
 

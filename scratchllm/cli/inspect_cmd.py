@@ -3,14 +3,14 @@
 Prints the first 64 bytes (hex + ASCII), the container's structure (GGUF header and metadata,
 safetensors JSON header, or zip entries and what the pickle asks for), the tensor table, totals,
 and the planned memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn like
-the seed's diagram. `--json` prints the same as one JSON object.
+the design article's diagram. `--json` prints the same as one JSON object.
 """
 
 import json
 
 from scratchllm.formats.describe import describe
 
-ARENA_BASE = 0x10000000  # the seed's drawing starts its arena here; offsets are what matter
+ARENA_BASE = 0x10000000  # the design article's drawing starts its arena here; offsets are what matter
 
 
 def add_parser(sub):

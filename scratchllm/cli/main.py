@@ -7,6 +7,7 @@ a bad file, a bad flag) print as one line on stderr and exit with status 2, no t
 
 import argparse
 import importlib
+import logging
 import sys
 
 from scratchllm import __version__
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(all-MiniLM-L6-v2), or a path to a .gguf file or a Hugging Face model folder.",
     )
     parser.add_argument("--version", action="version", version=f"scratchllm {__version__}")
+    parser.add_argument("--log-level", default="warning", type=str.lower,
+                        choices=["debug", "info", "warning", "error", "critical"],
+                        help="what the library logs on stderr (default warning); `serve --log-level` also sets it")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module_name = f"scratchllm.cli.{name}_cmd"
@@ -38,6 +42,7 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
     except ScratchLLMError as err:

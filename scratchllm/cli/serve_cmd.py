@@ -1,11 +1,12 @@
 """`scratchllm serve`: the OpenAI-compatible HTTP server on a model (or on the fake engine).
 
 Process/thread layout: one process. uvicorn's event loop (main thread) owns the sockets, JSON and
-tokenization; the engine steps in its own thread; a pump thread per request hands tokens to the
-loop. SIGTERM stops accepting connections, lets every in-flight request finish (up to
+tokenization; the engine steps in its own thread and wakes the loop once per token (no thread
+per request). SIGTERM stops accepting connections, lets every in-flight request finish (up to
 --drain-timeout seconds), shuts the engine down with drain=True, then exits 0.
 """
 
+import argparse
 import signal
 import socket
 import sys
@@ -35,7 +36,13 @@ def add_parser(sub):
     p.add_argument("--fake-engine", action="store_true",
                    help="serve the in-process fake engine (no model): for tests and trying clients")
     p.add_argument("--fake-step-ms", type=float, default=2.0, help="fake engine: milliseconds per decode step")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.lower,
+                   choices=["debug", "info", "warning", "error", "critical"],
+                   help="logging of the engine, the server and uvicorn's access log (default warning; info "
+                        "logs each request)")
+    p.add_argument("--policy", choices=["priority", "fcfs"], default=None,
+                   help="admission policy of the continuous engine: priority (default: short requests "
+                        "first, a 10 ms tick, aging) or fcfs (arrival order)")
     p.set_defaults(func=run)
 
 
@@ -55,7 +62,7 @@ def build(args):
     from scratchllm.server.backend import load_embedder, load_model
 
     options = {"batching": args.batching, "dtype": args.dtype}
-    for key in ("max_num_seqs", "num_kv_blocks", "max_model_len"):
+    for key in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     model = load_model(args.model, args.served_model_name or args.model, options)

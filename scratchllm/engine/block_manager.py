@@ -12,7 +12,7 @@ Invariants (asserted in `check()`, relied on everywhere):
      tables that hold it.
   I3 a block is reused (its K/V overwritten) only from the free list, i.e. at ref_count 0 and only
      after the step that may read it has finished: blocks released while a step is in flight wait
-     in `pending` until `end_step()` (the seed's rule: free only after the kernel that reads
+     in `pending` until `end_step()` (the rule: free only after the kernel that reads
      them is done).
   I4 a cached hash maps to a full block whose token ids are those the hash was made from; a hit
      is checked token by token, never trusted on the hash alone.

@@ -1,4 +1,4 @@
-"""The seed's attention mask generator: 3-D boolean masks [batch, q_len, k_len] for batches of
+"""The attention mask generator: 3-D boolean masks [batch, q_len, k_len] for batches of
 variable-length sequences, vectorized NumPy on the CPU (True = the query may see the key).
 
 Two layouts, one per user:
@@ -9,9 +9,9 @@ Two layouts, one per user:
     the longest; sequence b's real tokens start at column pad[b], and the q_len queries sit in the
     last q_len columns. Padding queries see only themselves, so no softmax row is empty (NaN).
 
-Each has two loop twins: `*_python`, the seed's starting point (a nested list comprehension, one
-Python bool per element), and `*_loop`, a per-row loop filling slices. `scratchllm bench masks`
-times all three; tests check they agree.
+Each has two loop twins: `*_python`, the starting point as the design article writes it (a
+nested list comprehension, one Python bool per element), and `*_loop`, a per-row loop filling
+slices. `scratchllm bench masks` times all three; tests check they agree.
 """
 
 import numpy as np
@@ -57,7 +57,7 @@ def left_padded_causal_mask_loop(pad, q_len: int, k_len: int) -> np.ndarray:
 
 
 def varlen_causal_mask_python(q_lens, k_lens) -> np.ndarray:
-    """The seed's starting point: a nested list comprehension, one Python bool per element."""
+    """The starting point, as the design article writes it: a nested list comprehension, one Python bool per element."""
     Q, K = max(q_lens), max(k_lens)
     return np.array([[[i < q and j <= k - q + i for j in range(K)] for i in range(Q)]
                      for q, k in zip(q_lens, k_lens, strict=True)], dtype=bool)

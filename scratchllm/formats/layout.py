@@ -5,7 +5,7 @@ The arena is one page-aligned allocation holding every tensor as it comes out of
 a cache-line boundary, wastes at most 63 bytes per tensor; starting each on its own page
 (`tensor_align=4096`) wastes up to a page per tensor but lets the OS map or release one
 tensor's pages without touching its neighbours. The plan says which pages each tensor spans and
-which pages two tensors share, which is what the seed's diagram draws.
+which pages two tensors share, which is what the design article's diagram draws.
 """
 
 from dataclasses import dataclass

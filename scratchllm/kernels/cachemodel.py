@@ -2,7 +2,7 @@
 
 Two rules, for the two loop orders this lab runs:
 
-- Square tiles (the seed's advice; `cachesim.blocked_trace`): the classic rule keeps one T x T
+- Square tiles (the design article's advice; `cachesim.blocked_trace`): the classic rule keeps one T x T
   tile each of A, B and C in L1, so 3 T^2 elements should fit in the share of L1 we may count on
   (`tile`). Looking at the loop order inside the tiles (i, j, k) shows that only the B tile is
   reused across i; A contributes one row of T and C one element at a time, so T^2 + 2T elements

@@ -118,7 +118,7 @@ def _bases(n: int, elem_bytes: int, count: int = 3) -> list[int]:
 
 
 def naive_trace(n: int, elem_bytes: int = 4, rows: int | None = None) -> np.ndarray:
-    """The seed's i-j-k loop: for i, j: for k: read A[i,k], B[k,j]; then write C[i,j] once.
+    """The textbook i-j-k loop (the design article's): for i, j: for k: read A[i,k], B[k,j]; then write C[i,j] once.
 
     C[i, j] is accessed once per (i, j), as a compiled loop keeps the sum in a register.
     rows: simulate only the first `rows` values of i (the loop is the same for every i).
@@ -138,7 +138,7 @@ def naive_trace(n: int, elem_bytes: int = 4, rows: int | None = None) -> np.ndar
 def blocked_trace(n: int, tile: int, elem_bytes: int = 4, rows: int | None = None) -> np.ndarray:
     """The textbook tiled loop: tiles i0, j0, k0 of `tile`, inside them i, j, k as in naive_trace.
 
-    The order the seed's 24x24 advice is about: a tile each of A, B and C should stay in L1.
+    The order the design article's 24x24 advice is about: a tile each of A, B and C should stay in L1.
     rows: simulate only the tile rows i0 < rows (every band of rows runs the same loop).
     """
     a0, b0, c0 = _bases(n, elem_bytes)

@@ -1,12 +1,12 @@
 """Matrix multiply four ways, slowest to fastest: the same C = A @ B at every level of the stack.
 
-- `naive`: the seed's pure-Python triple loop over lists. Every a[i][k] is a pointer chase to a
+- `naive`: the pure-Python triple loop (the design article's) over lists. Every a[i][k] is a pointer chase to a
   boxed float, so it runs at tens of MFLOP/s whatever the cache does.
 - `numpy`: `a @ b`, which NumPy hands to OpenBLAS's hand-written assembly GEMM.
 - `tiled`: our Cython kernel (`_matmul.gemm`): packed panels, cache blocks, register tile.
 - `cublas`: CuPy's `a @ b` on a GPU (cuBLAS); `cublas_unavailable()` says why not, if not.
 
-`naive` works on nested lists (it is the seed's code); the others take and return NumPy arrays
+`naive` works on nested lists (it is the design article's code); the others take and return NumPy arrays
 (`cublas` copies to the device and back, so its time includes the transfers unless the caller
 passes CuPy arrays).
 """
@@ -20,7 +20,7 @@ from scratchllm.errors import ConfigError
 
 
 def naive(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
-    """[m][k], [k][n] -> [m][n] with the i-j-k loop of the seed, as lists of Python floats."""
+    """[m][k], [k][n] -> [m][n] with the i-j-k loop of the design article, as lists of Python floats."""
     m, k, n = len(a), len(b), len(b[0]) if b else 0
     if any(len(row) != k for row in a):
         raise ConfigError(f"naive: A's rows must have {k} elements (B has {k} rows)")

@@ -1,4 +1,4 @@
-"""Which array module computes: NumPy today, CuPy later (SPEC C8).
+"""Which array module computes: NumPy today, CuPy later (the GPU backend, not built yet).
 
 Model code never names NumPy for array math. A function that needs a module-level call
 (``exp``, ``sqrt``, ``matmul`` with ``out=``) asks ``xp = array_module(x)`` for the module its input

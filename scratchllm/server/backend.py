@@ -41,7 +41,7 @@ def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "flo
     from scratchllm.models import load_model as load
     from scratchllm.tokenizer import Tokenizer
 
-    unknown = set(options) - STATIC_OPTIONS - {"num_threads", "policy"}
+    unknown = set(options) - STATIC_OPTIONS
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
     engine = StaticEngine(load(ref, dtype=dtype), Tokenizer.from_pretrained(ref),

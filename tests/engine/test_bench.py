@@ -10,6 +10,7 @@ from safetensors.numpy import save_file
 
 from scratchllm.bench import engine as bench_engine
 from scratchllm.bench import masks as bench_masks
+from scratchllm.errors import ConfigError
 
 from .tiny import tiny_llama
 
@@ -41,7 +42,7 @@ def parse(module, argv):
 def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     args = parse(bench_engine, ["--model", str(tiny_folder), "--requests", "6", "--prompt-len", "4,40",
                                 "--output-len", "2,12", "--batch-size", "3", "--max-seqs", "8", "--decode-seqs", "4",
-                                "--skip", "anchors", "--rate", rate])
+                                "--skip", "chat", "--rate", rate])
     result = bench_engine.run(args)
     figs, ratios = result["figures"], result["ratios"]
     assert figs["identical_outputs"] == "6/6"  # the baseline and the engine agree token for token
@@ -100,3 +101,17 @@ def test_bench_engine_refuses_counts_below_one(tiny_folder, flag):
 
     with pytest.raises(ConfigError, match=flag):
         bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), flag, "0"]))
+
+
+def test_bench_engine_prints_the_policies_side_by_side(tiny_folder):
+    args = parse(bench_engine, ["--model", str(tiny_folder), "--requests", "6", "--prompt-len", "4,40",
+                                "--output-len", "2,12", "--batch-size", "3", "--max-seqs", "8", "--skip",
+                                "chat,decode", "--policies", "priority,fcfs", "--latency-requests", "4"])
+    result = bench_engine.run(args)
+    figs = result["figures"]
+    assert set(figs["policies"]) == {"priority", "fcfs"}
+    assert figs["identical_outputs"] == "6/6"  # the policy changes the order, never the tokens
+    assert figs["latency"]["continuous_fcfs"]["p99_ms"] > 0
+    assert "admission policies" in bench_engine.render(result)
+    with pytest.raises(ConfigError):
+        bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), "--policies", "lottery"]))
