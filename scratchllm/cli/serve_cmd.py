@@ -7,6 +7,8 @@ per request). SIGTERM stops accepting connections, lets every in-flight request 
 """
 
 import argparse
+import dataclasses
+import os
 import signal
 import socket
 import sys
@@ -14,11 +16,18 @@ import sys
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 
+ENV_PREFIX = "SCRATCHLLM_"
+
 
 def add_parser(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
-                       description=__doc__)
-    p.add_argument("--model", default="default", help="'default', or a .gguf file / Hugging Face model folder")
+                       description=__doc__ + "\nEvery option also reads a default from the environment: "
+                       "--max-num-seqs from SCRATCHLLM_MAX_NUM_SEQS, --api-key from SCRATCHLLM_API_KEY, and so on "
+                       "(a flag given on the command line wins).")
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                   help="the model to serve, as `scratchllm serve MODEL` (same as --model)")
+    p.add_argument("-m", "--model", default=None,
+                   help="'default' (SmolLM2-135M-Instruct), or a .gguf file / Hugging Face model folder")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--embedding-model", default="minilm", help="model for /v1/embeddings, or 'none'")
     p.add_argument("--host", default="127.0.0.1")
@@ -43,13 +52,63 @@ def add_parser(sub):
     p.add_argument("--policy", choices=["priority", "fcfs"], default=None,
                    help="admission policy of the continuous engine: priority (default: short requests "
                         "first, a 10 ms tick, aging) or fcfs (arrival order)")
-    p.set_defaults(func=run)
+    p.add_argument("--threads", type=int, default=None,
+                   help="matmul and attention threads (default: one per core)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (a file, or the template text) instead of the model's own")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: none; or SCRATCHLLM_API_KEY)")
+    p.add_argument("--allowed-origins", default="",
+                   help="CORS: comma list of browser origins allowed to call the API, e.g. "
+                        "http://localhost:3000, or * for any (default: none)")
+    p.set_defaults(func=run, env_errors=_environment_defaults(p))
+
+
+def _environment_defaults(parser) -> list[str]:
+    """SCRATCHLLM_<OPTION> in the environment sets the option's default (a flag still wins).
+    Returns the problems found, reported when the command runs (not while --help is built)."""
+    errors = []
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.default is argparse.SUPPRESS or action.dest == "help":
+            continue
+        var = ENV_PREFIX + longs[0][2:].upper().replace("-", "_")
+        if var not in os.environ:
+            continue
+        raw = os.environ[var]
+        if action.nargs == 0:  # a switch such as --fake-engine
+            if raw.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
+                errors.append(f"{var}={raw!r}: expected 1/true/yes or 0/false/no")
+                continue
+            action.default = raw.lower() in ("1", "true", "yes")
+            continue
+        try:
+            value = action.type(raw) if action.type else raw
+        except ValueError:
+            errors.append(f"{var}={raw!r} is not a valid value for {longs[0]}")
+            continue
+        if action.choices is not None and value not in action.choices:
+            errors.append(f"{var}={raw!r}: {longs[0]} takes one of {', '.join(map(str, action.choices))}")
+            continue
+        action.default = value
+    return errors
 
 
 def build(args):
     """(ServedModel, ServedEmbedder | None) for the arguments."""
+    if args.env_errors:
+        raise ConfigError("; ".join(args.env_errors))
     if args.max_in_flight < 1 or args.max_body_bytes < 1:
         raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
+    args.model = args.model_arg or args.model or "default"
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+        from scratchllm.models.threads import set_blas_threads
+
+        set_blas_threads(args.threads)
     if args.fake_engine:
         from scratchllm.server.backend import fake_backend
 
@@ -65,9 +124,28 @@ def build(args):
     for key in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    if args.threads is not None and args.batching == "continuous":
+        options["num_threads"] = args.threads
     model = load_model(args.model, args.served_model_name or args.model, options)
+    if args.chat_template:
+        model.tokenizer = _with_chat_template(model.tokenizer, args.chat_template)
     embedder = None if args.embedding_model == "none" else load_embedder(args.embedding_model)
     return model, embedder
+
+
+def _with_chat_template(tokenizer, template: str):
+    """The tokenizer with another chat template: a file's text, or the argument itself."""
+    from scratchllm.tokenizer import Tokenizer
+    from scratchllm.tokenizer.chat import render_chat
+
+    if os.path.isfile(template):
+        with open(template, encoding="utf-8") as f:
+            template = f.read()
+    try:
+        render_chat(template, [{"role": "user", "content": "hi"}])
+    except Exception as err:  # noqa: BLE001 - any template error is the user's input
+        raise ConfigError(f"--chat-template does not render: {err}") from None
+    return Tokenizer(dataclasses.replace(tokenizer.spec, chat_template=template))
 
 
 def run(args) -> int:
@@ -76,8 +154,9 @@ def run(args) -> int:
     from scratchllm.server.app import ServerConfig, create_app
 
     model, embedder = build(args)
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout)
+                          drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins)
     app = create_app(model, embedder, config)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -88,8 +167,8 @@ def run(args) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {err.strerror}") from None
     host, port = sock.getsockname()[:2]
     print(f"scratchllm serve: {model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
-                                           timeout_keep_alive=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=getattr(args, "log_level", "warning"),
+                                           timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=5))
     # uvicorn drains on SIGTERM, then re-raises the signal under the handler that was there
     # before it started; this one turns that into a clean exit 0 (drained, nothing lost).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -8,8 +8,10 @@ own thread and wakes the loop once per event (no thread per request).
 """
 
 import asyncio
+import logging
 import math
 import statistics
+import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from scratchllm.engine.protocol import EngineClient
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,6 +53,9 @@ class ServerConfig:
     max_in_flight: int = 64  # requests held in the engine at once (running + waiting); beyond -> 429
     max_body_bytes: int = 1 << 20  # larger bodies -> 413 before they are read
     drain_timeout_s: float = 60.0
+    api_key: str | None = None  # /v1 routes need "Authorization: Bearer <key>" (access.py)
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API
+    stats_interval_s: float = 10.0  # a throughput/queue line at INFO this often while there is traffic
 
     def __post_init__(self):
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
@@ -90,6 +97,21 @@ class ServerState:
                            param="model", code="model_not_found")
 
 
+async def _report_stats(state: ServerState) -> None:
+    """Every stats_interval_s, while tokens flow: one INFO line of throughput, queue and KV use."""
+    last_tokens, last = state.metrics.tokens_out, time.monotonic()
+    while True:
+        await asyncio.sleep(state.config.stats_interval_s)
+        now, tokens = time.monotonic(), state.metrics.tokens_out
+        if tokens != last_tokens and logger.isEnabledFor(logging.INFO):
+            stats = state.model.engine.stats()
+            used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks_total") or 0
+            logger.info("generation %.1f tok/s, running %s, waiting %s, in flight %d, KV %.1f%%",
+                        (tokens - last_tokens) / (now - last), stats.get("running", "-"), stats.get("waiting", "-"),
+                        state.metrics.in_flight, 100.0 * used / total if total else 0.0)
+        last_tokens, last = tokens, now
+
+
 class BodyLimit:
     """Pure ASGI: refuse a body over the limit from its Content-Length, or while it streams in."""
 
@@ -119,13 +141,15 @@ class BodyLimit:
 
 def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
                config: ServerConfig = ServerConfig()) -> FastAPI:
-    from scratchllm.server import embeddings, generation
+    from scratchllm.server import access, embeddings, generation, utility
 
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
     @asynccontextmanager
     async def lifespan(app):
+        reporter = asyncio.ensure_future(_report_stats(app.state.server))
         yield
+        reporter.cancel()
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
         await asyncio.to_thread(model.engine.shutdown, True)
 
@@ -160,11 +184,14 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     @app.get("/v1/models")
     async def models():
         served = [model] + ([embedder] if embedder else [])
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": 0, "owned_by": "scratchllm",
-             "max_model_len": getattr(m, "max_model_len", getattr(m, "max_len", None))} for m in served]}
+        return {"object": "list", "data": [utility.model_card(m) for m in served]}
+
+    app.get("/v1/models/{model_id}")(utility.model)
+    app.post("/tokenize")(utility.tokenize)
+    app.post("/detokenize")(utility.detokenize)
+    app.get("/version")(utility.version)
 
     app.post("/v1/completions")(generation.completions)
     app.post("/v1/chat/completions")(generation.chat_completions)
     app.post("/v1/embeddings")(embeddings.create_embeddings)
-    return app
+    return access.wrap(app, config.api_key, config.allowed_origins)

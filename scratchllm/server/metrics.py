@@ -43,6 +43,7 @@ class ServerMetrics:
                                 ["reason"], registry=r)
         r.register(_EngineCollector(engine_stats, self))
         self.in_flight = 0  # requests this server holds in the engine (running + waiting there)
+        self.tokens_out = 0  # tokens streamed to clients since start (the periodic stats line's rate)
         self.peak_kv_blocks = 0
 
     def observe_finished(self, metrics, finish_reason: str) -> None:
@@ -69,6 +70,7 @@ class TokenClock:
         self.metrics, self.last = metrics, None
 
     def tick(self) -> None:
+        self.metrics.tokens_out += 1
         now = time.monotonic()
         if self.last is not None:
             self.metrics.itl.observe(now - self.last)

@@ -1,0 +1,96 @@
+"""Who may call the server, from where, and what each call did: the API key, CORS and the
+access log, as ASGI middleware around the app.
+
+- API key (`serve --api-key` or SCRATCHLLM_API_KEY): every /v1 route and /tokenize, /detokenize
+  need `Authorization: Bearer KEY`; compared in constant time (hmac.compare_digest), so the
+  comparison's time says nothing about how much of a guess was right. A missing or wrong key is
+  a 401 with an OpenAI error body, the shape the official client raises as AuthenticationError.
+  /health, /metrics and /version stay open (probes and scrapers carry no keys).
+- CORS (`--allowed-origins`): Starlette's middleware; a preflight from a listed origin gets the
+  allow headers, any other origin gets none, which a browser treats as a refusal.
+- Access log: one INFO line per request (method, path, status, milliseconds, client).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse
+
+from scratchllm.server.protocol import APIError
+
+logger = logging.getLogger("scratchllm.access")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = ("/health", "/metrics", "/version", "/openapi.json")
+
+
+def _needs_key(path: str) -> bool:
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+
+
+class APIKey:
+    """Refuse requests without the key (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        assert api_key, "an empty API key would accept everything"
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not _needs_key(scope["path"]):
+            return await self.app(scope, receive, send)
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if hmac.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        what = "No API key provided" if not given else "Incorrect API key provided"
+        err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' with the key this server was started "
+                            "with", code="invalid_api_key")
+        response = JSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+class AccessLog:
+    """One INFO line per HTTP request, when it ends."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not logger.isEnabledFor(logging.INFO):
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            logger.info("%s %s %d %.1f ms %s", scope["method"], scope["path"], status,
+                        (time.perf_counter() - start) * 1e3, client[0])
+
+
+def wrap(app: Any, api_key: str | None, allowed_origins: Sequence[str]) -> Any:
+    """The app with its access middleware, outermost first: CORS (so a preflight never needs the
+    key), the log (so refusals are logged too), the key. Starlette puts the last added outermost."""
+    if api_key:
+        app.add_middleware(APIKey, api_key=api_key)
+    app.add_middleware(AccessLog)
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
+    return app

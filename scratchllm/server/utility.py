@@ -1,0 +1,88 @@
+"""Routes around generation that clients and gateways expect: /tokenize, /detokenize (the
+served model's own tokenizer, with its chat template), /version and /v1/models/{id}.
+
+Request and response shapes follow vLLM's server, so tools written for it work here:
+  POST /tokenize   {"model", "prompt" | "messages", "add_special_tokens"?} -> {"tokens", "count", "max_model_len"}
+  POST /detokenize {"model", "tokens"} -> {"prompt"}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+import scratchllm
+from scratchllm.server.protocol import APIError, bad_request, parse_body
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class ChatTurn(_Body):
+    role: str
+    content: str
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatTurn] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1 << 20)
+
+
+async def tokenize(request: Request) -> dict[str, Any]:
+    state = request.app.state.server
+    req = parse_body(await request.body(), TokenizeRequest)
+    if req.model is not None:
+        state.check_model(req.model)
+    tok = state.model.tokenizer
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of 'prompt' or 'messages'", param="prompt")
+    if req.messages is not None:
+        try:
+            text = tok.apply_chat_template([m.model_dump() for m in req.messages],
+                                           add_generation_prompt=req.add_generation_prompt)
+        except Exception as err:  # noqa: BLE001 - a template that rejects the messages is the client's input
+            raise bad_request(f"messages do not fit the chat template: {err}", param="messages") from None
+        ids = tok.encode(text, add_special_tokens=False)  # the template spells its special tokens
+    else:
+        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_model_len}
+
+
+async def detokenize(request: Request) -> dict[str, Any]:
+    state = request.app.state.server
+    req = parse_body(await request.body(), DetokenizeRequest)
+    if req.model is not None:
+        state.check_model(req.model)
+    tok = state.model.tokenizer
+    bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
+    if bad:
+        raise bad_request(f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}", param="tokens")
+    return {"prompt": tok.decode(req.tokens)}
+
+
+async def version() -> dict[str, str]:
+    return {"version": scratchllm.__version__}
+
+
+def model_card(served: Any) -> dict[str, Any]:
+    return {"id": served.name, "object": "model", "created": 0, "owned_by": "scratchllm",
+            "max_model_len": getattr(served, "max_model_len", getattr(served, "max_len", None))}
+
+
+async def model(request: Request, model_id: str) -> dict[str, Any]:
+    state = request.app.state.server
+    for served in (state.model, state.embedder):
+        if served is not None and model_id in (served.name, *served.aliases):
+            return model_card(served)
+    raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
