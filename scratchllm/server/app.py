@@ -11,6 +11,7 @@ import asyncio
 import math
 import statistics
 from collections import deque
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
 from scratchllm.server.metrics import ServerMetrics
@@ -50,7 +52,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20  # larger bodies -> 413 before they are read
     drain_timeout_s: float = 60.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
 
 
@@ -60,7 +62,7 @@ class ServerState:
     embedder: ServedEmbedder | None
     config: ServerConfig
     metrics: ServerMetrics
-    recent_e2e_s: deque = field(default_factory=lambda: deque(maxlen=64))
+    recent_e2e_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def admit(self, n: int = 1) -> None:
@@ -93,10 +95,10 @@ class ServerState:
 class BodyLimit:
     """Pure ASGI: refuse a body over the limit from its Content-Length, or while it streams in."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
@@ -106,7 +108,7 @@ class BodyLimit:
                 return await response(scope, receive, send)
         seen = 0
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
@@ -124,7 +126,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
     @asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
         await asyncio.to_thread(model.engine.shutdown, True)
@@ -135,36 +137,39 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, err: APIError):
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException):
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
         body = APIError(err.status_code, str(err.detail), type=kind).body()
         return JSONResponse(body, status_code=err.status_code, headers=getattr(err, "headers", None))
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception):
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
         body = APIError(500, f"internal error: {type(err).__name__}", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    @app.get("/health")
-    async def health():
+    # response_model=None on every route: FastAPI would otherwise turn a handler's return annotation
+    # into a response model (validating and re-serializing each reply, and changing /openapi.json).
+    # The annotations are for the type checker; replies go out exactly as the handlers build them.
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "in_flight": metrics.in_flight}
 
-    @app.get("/metrics")
-    async def prometheus():
+    @app.get("/metrics", response_model=None)
+    async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models():
+    @app.get("/v1/models", response_model=None)
+    async def models() -> dict[str, Any]:
         served = [model] + ([embedder] if embedder else [])
         return {"object": "list", "data": [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "scratchllm",
              "max_model_len": getattr(m, "max_model_len", getattr(m, "max_len", None))} for m in served]}
 
-    app.post("/v1/completions")(generation.completions)
-    app.post("/v1/chat/completions")(generation.chat_completions)
-    app.post("/v1/embeddings")(embeddings.create_embeddings)
+    app.post("/v1/completions", response_model=None)(generation.completions)
+    app.post("/v1/chat/completions", response_model=None)(generation.chat_completions)
+    app.post("/v1/embeddings", response_model=None)(embeddings.create_embeddings)
     return app
