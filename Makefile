@@ -33,6 +33,7 @@ demo: build
 
 test: build $(VENV)/.test-deps
 	$(PY) -m ruff check scratchllm tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.test-deps

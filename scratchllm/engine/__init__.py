@@ -19,7 +19,7 @@ __all__ = ["EngineConfig", "LLMEngine", "Priority", "Request", "RequestMetrics",
            "RequestStream", "TokenEvent", "EngineClient", "AsyncEngine"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> type:
     if name == "AsyncEngine":
         from scratchllm.engine.async_engine import AsyncEngine
 

@@ -14,10 +14,18 @@ nested list comprehension, one Python bool per element), and `*_loop`, a per-row
 slices. `scratchllm bench masks` times all three; tests check they agree.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
+
+# Lengths and pads arrive as Python lists (tests, benches) or integer arrays (the callers' own).
+Lengths = Sequence[int] | npt.NDArray[np.integer[Any]]
+BoolMask = npt.NDArray[np.bool_]
 
 
-def varlen_causal_mask(q_lens, k_lens) -> np.ndarray:  # [B], [B] -> [B, max_q, max_k] bool
+def varlen_causal_mask(q_lens: Lengths, k_lens: Lengths) -> BoolMask:  # [B], [B] -> [B, max_q, max_k] bool
     q_lens, k_lens = np.asarray(q_lens, dtype=np.int32), np.asarray(k_lens, dtype=np.int32)
     assert q_lens.shape == k_lens.shape and np.all(q_lens <= k_lens), "queries are among the keys"
     i = np.arange(q_lens.max(), dtype=np.int32)[None, :]  # [1, Q] query row
@@ -27,7 +35,7 @@ def varlen_causal_mask(q_lens, k_lens) -> np.ndarray:  # [B], [B] -> [B, max_q, 
     return np.arange(k_lens.max(), dtype=np.int32)[None, None, :] <= q_pos[:, :, None]
 
 
-def varlen_causal_mask_loop(q_lens, k_lens) -> np.ndarray:
+def varlen_causal_mask_loop(q_lens: Lengths, k_lens: Lengths) -> BoolMask:
     B = len(q_lens)
     mask = np.zeros((B, max(q_lens), max(k_lens)), dtype=bool)
     for b in range(B):
@@ -36,7 +44,7 @@ def varlen_causal_mask_loop(q_lens, k_lens) -> np.ndarray:
     return mask
 
 
-def left_padded_causal_mask(pad, q_len: int, k_len: int) -> np.ndarray:  # [B] -> [B, q_len, k_len]
+def left_padded_causal_mask(pad: Lengths, q_len: int, k_len: int) -> BoolMask:  # [B] -> [B, q_len, k_len]
     pad = np.asarray(pad, dtype=np.int32)
     j = np.arange(k_len, dtype=np.int32)
     c = k_len - q_len + np.arange(q_len, dtype=np.int32)  # [Q] the query's column
@@ -45,7 +53,7 @@ def left_padded_causal_mask(pad, q_len: int, k_len: int) -> np.ndarray:  # [B] -
     return (j[None, None, :] >= lo[:, :, None]) & upper[None]
 
 
-def left_padded_causal_mask_loop(pad, q_len: int, k_len: int) -> np.ndarray:
+def left_padded_causal_mask_loop(pad: Lengths, q_len: int, k_len: int) -> BoolMask:
     B = len(pad)
     mask = np.zeros((B, q_len, k_len), dtype=bool)
     for b in range(B):
@@ -56,13 +64,13 @@ def left_padded_causal_mask_loop(pad, q_len: int, k_len: int) -> np.ndarray:
     return mask
 
 
-def varlen_causal_mask_python(q_lens, k_lens) -> np.ndarray:
+def varlen_causal_mask_python(q_lens: Lengths, k_lens: Lengths) -> BoolMask:
     """The starting point, as the design article writes it: a nested list comprehension, one Python bool per element."""
     Q, K = max(q_lens), max(k_lens)
     return np.array([[[i < q and j <= k - q + i for j in range(K)] for i in range(Q)]
                      for q, k in zip(q_lens, k_lens, strict=True)], dtype=bool)
 
 
-def left_padded_causal_mask_python(pad, q_len: int, k_len: int) -> np.ndarray:
+def left_padded_causal_mask_python(pad: Lengths, q_len: int, k_len: int) -> BoolMask:
     return np.array([[[(p <= j <= k_len - q_len + i) or j == k_len - q_len + i for j in range(k_len)]
                       for i in range(q_len)] for p in pad], dtype=bool)

@@ -14,17 +14,28 @@ block's scores are computed 16 lanes at a time without a horizontal sum per key)
 through its block table into a padded batch and use the 3-D mask generator.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.engine.masks import varlen_causal_mask
 from scratchllm.kernels.paged_attention import copy_blocks, layout_context, paged_attention
 
+if TYPE_CHECKING:
+    from scratchllm.models.config import ModelConfig
+
+Floats = npt.NDArray[np.floating[Any]]
+Ints = npt.NDArray[np.integer[Any]]
+
 
 class PagedAttention:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 num_threads: int = 0):
+                 num_threads: int = 0) -> None:
         # np.zeros maps pages lazily: untouched blocks cost address space, not memory.
         # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]
         self.k_cache = np.zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size), dtype=np.float32)
@@ -32,18 +43,21 @@ class PagedAttention:
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
         self.num_threads = num_threads  # 0: the kernel pool's count (scratchllm/kernels/pool.pyx)
-        self.block_tables = self.token_seq = self.token_pos = None
+        self.block_tables: npt.NDArray[np.int32] | None = None  # [S, MB], set per step by set_layout
+        self.token_seq: npt.NDArray[np.int32] | None = None  # [N]
+        self.token_pos: npt.NDArray[np.int32] | None = None  # [N]
         self.max_ctx = 0
 
     @classmethod
-    def for_model(cls, config, num_blocks: int, block_size: int, num_threads: int = 0):
+    def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, num_threads: int = 0) -> PagedAttention:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads)
 
     @staticmethod
-    def bytes_per_block(config, block_size: int) -> int:
+    def bytes_per_block(config: ModelConfig, block_size: int) -> int:
         return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 4
 
-    def set_layout(self, block_tables, token_seq, token_pos) -> None:  # [S, MB], [N], [N]
+    def set_layout(self, block_tables: npt.ArrayLike, token_seq: npt.ArrayLike,
+                   token_pos: npt.ArrayLike) -> None:  # [S, MB], [N], [N]
         self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int32)
         self.token_pos = np.ascontiguousarray(token_pos, dtype=np.int32)
@@ -51,7 +65,7 @@ class PagedAttention:
         self.max_ctx = layout_context(self.block_tables, self.token_seq, self.token_pos, self.block_size,
                                       self.k_cache.shape[1])
 
-    def copy_blocks(self, pairs) -> None:
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
         if not pairs:
             return
@@ -60,7 +74,8 @@ class PagedAttention:
             copy_blocks(self.k_cache[layer], pairs)
             copy_blocks(self.v_cache[layer], pairs)
 
-    def __call__(self, layer: int, q, k, v):  # [N, H, D], [N, KVH, D], [N, KVH, D] -> [N, H, D]
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> npt.NDArray[np.float32]:
+        # [N, H, D], [N, KVH, D], [N, KVH, D] -> [N, H, D]
         if q.dtype != np.float32:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         out = np.empty(q.shape, dtype=np.float32)
@@ -69,7 +84,8 @@ class PagedAttention:
         return out
 
 
-def reference_attention(q, k, v, k_cache, v_cache, block_tables, token_seq, token_pos):
+def reference_attention(q: Floats, k: Floats, v: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints,
+                        token_seq: Ints, token_pos: Ints) -> npt.NDArray[np.float32]:
     """NumPy paged attention for one layer: the same contract as the kernel, written plainly.
     Writes k, v into the caches; returns [N, H, D]. Tokens of a sequence must be contiguous and
     in position order (as the model runner packs them)."""

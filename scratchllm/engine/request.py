@@ -61,7 +61,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finished: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) >= 1, "a request needs at least one prompt token"
         self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
         self.token_ids: list[int] = list(self.prompt_token_ids)

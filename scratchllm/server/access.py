@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
@@ -84,7 +85,7 @@ class AccessLog:
                         (time.perf_counter() - start) * 1e3, client[0])
 
 
-def wrap(app: Any, api_key: str | None, allowed_origins: Sequence[str]) -> Any:
+def wrap(app: FastAPI, api_key: str | None, allowed_origins: Sequence[str]) -> FastAPI:
     """The app with its access middleware, outermost first: CORS (so a preflight never needs the
     key), the log (so refusals are logged too), the key. Starlette puts the last added outermost."""
     if api_key:

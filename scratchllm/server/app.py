@@ -13,6 +13,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
 from scratchllm.server.metrics import ServerMetrics
@@ -57,7 +59,7 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API
     stats_interval_s: float = 10.0  # a throughput/queue line at INFO this often while there is traffic
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
 
 
@@ -67,7 +69,7 @@ class ServerState:
     embedder: ServedEmbedder | None
     config: ServerConfig
     metrics: ServerMetrics
-    recent_e2e_s: deque = field(default_factory=lambda: deque(maxlen=64))
+    recent_e2e_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def admit(self, n: int = 1) -> None:
@@ -115,10 +117,10 @@ async def _report_stats(state: ServerState) -> None:
 class BodyLimit:
     """Pure ASGI: refuse a body over the limit from its Content-Length, or while it streams in."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
@@ -128,7 +130,7 @@ class BodyLimit:
                 return await response(scope, receive, send)
         seen = 0
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
@@ -146,7 +148,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
     @asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reporter = asyncio.ensure_future(_report_stats(app.state.server))
         yield
         reporter.cancel()
@@ -159,39 +161,42 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, err: APIError):
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException):
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
         body = APIError(err.status_code, str(err.detail), type=kind).body()
         return JSONResponse(body, status_code=err.status_code, headers=getattr(err, "headers", None))
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception):
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
         body = APIError(500, f"internal error: {type(err).__name__}", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    @app.get("/health")
-    async def health():
+    # response_model=None on every route: FastAPI would otherwise turn a handler's return annotation
+    # into a response model (validating and re-serializing each reply, and changing /openapi.json).
+    # The annotations are for the type checker; replies go out exactly as the handlers build them.
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "in_flight": metrics.in_flight}
 
-    @app.get("/metrics")
-    async def prometheus():
+    @app.get("/metrics", response_model=None)
+    async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models():
+    @app.get("/v1/models", response_model=None)
+    async def models() -> dict[str, Any]:
         served = [model] + ([embedder] if embedder else [])
         return {"object": "list", "data": [utility.model_card(m) for m in served]}
 
-    app.get("/v1/models/{model_id}")(utility.model)
-    app.post("/tokenize")(utility.tokenize)
-    app.post("/detokenize")(utility.detokenize)
-    app.get("/version")(utility.version)
+    app.get("/v1/models/{model_id}", response_model=None)(utility.model)
+    app.post("/tokenize", response_model=None)(utility.tokenize)
+    app.post("/detokenize", response_model=None)(utility.detokenize)
+    app.get("/version", response_model=None)(utility.version)
 
-    app.post("/v1/completions")(generation.completions)
-    app.post("/v1/chat/completions")(generation.chat_completions)
-    app.post("/v1/embeddings")(embeddings.create_embeddings)
+    app.post("/v1/completions", response_model=None)(generation.completions)
+    app.post("/v1/chat/completions", response_model=None)(generation.chat_completions)
+    app.post("/v1/embeddings", response_model=None)(embeddings.create_embeddings)
     return access.wrap(app, config.api_key, config.allowed_origins)

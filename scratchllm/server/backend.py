@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
 from scratchllm.server.app import ServedEmbedder, ServedModel
@@ -62,7 +63,8 @@ def load_embedder(ref: str) -> ServedEmbedder:
     return ServedEmbedder(ref, model.embed, tokenizer, max_len)
 
 
-def fake_embed(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:  # [B, T], [B, T] -> [B, 32]
+def fake_embed(input_ids: npt.NDArray[np.integer[Any]],
+               attention_mask: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.float32]:  # [B, T], [B, T] -> [B, 32]
     """A deterministic stand-in for MiniLM: mean of fixed per-token vectors, L2-normalized."""
     from scratchllm.engine.fake import BYTE_TOKENS
 
@@ -70,7 +72,8 @@ def fake_embed(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     ids = np.asarray(input_ids) % BYTE_TOKENS  # opaque ids share the byte rows
     mask = np.asarray(attention_mask, dtype=np.float32)[..., None]
     pooled = (table[ids] * mask).sum(1) / np.maximum(mask.sum(1), 1.0)
-    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    unit: npt.NDArray[np.float32] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    return unit
 
 
 def fake_backend(max_model_len: int = 2048, **engine_options: Any) -> tuple[ServedModel, ServedEmbedder]:

@@ -8,8 +8,10 @@ is what the official client asks for by default and decodes with NumPy.
 
 import asyncio
 import base64
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 from fastapi import Request
 
 from scratchllm.server.protocol import APIError, EmbeddingRequest, bad_request, parse_body
@@ -18,9 +20,10 @@ from scratchllm.tokenizer.tokenizer import pad_batch
 MAX_INPUTS = 256  # inputs in one request; more is a client bug more often than a real batch
 
 
-async def create_embeddings(request: Request):
+async def create_embeddings(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    req = parse_body(await request.body(), EmbeddingRequest)
+    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
+    req = cast(EmbeddingRequest, parse_body(await request.body(), EmbeddingRequest))
     state.check_model(req.model, embedding=True)
     emb = state.embedder
     if req.dimensions is not None:
@@ -28,7 +31,7 @@ async def create_embeddings(request: Request):
     inputs = req.inputs()
     if len(inputs) > MAX_INPUTS:
         raise bad_request(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param="input")
-    rows = []
+    rows: list[list[int]] = []
     for x in inputs:
         ids = emb.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x)
         if not ids:
@@ -53,7 +56,8 @@ async def create_embeddings(request: Request):
     return {"object": "list", "data": data, "model": req.model, "usage": {"prompt_tokens": n, "total_tokens": n}}
 
 
-def _encode(vector: np.ndarray, fmt: str):
+def _encode(vector: npt.NDArray[np.float32], fmt: str) -> str | list[float]:
     if fmt == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
+    floats: list[float] = vector.tolist()
+    return floats

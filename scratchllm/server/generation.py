@@ -7,14 +7,18 @@ holds its engine slot from admission to `Generation.close()`, which runs on ever
 """
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from scratchllm.engine.output import OutputCollector
-from scratchllm.engine.protocol import RequestOutput, RequestStream, TokenEvent
+from scratchllm.engine.protocol import RequestOutput, RequestStream, TokenEvent, TopLogprobs
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
+from scratchllm.server.app import ServerState
 from scratchllm.server.metrics import TokenClock
 from scratchllm.server.protocol import (
     APIError,
@@ -31,11 +35,15 @@ from scratchllm.server.sse import SSE_DONE, sse, wait_for_disconnect
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
+# (token id, logprob, top alternatives) of one generated token; the id is None on an abort event
+LogprobItem = tuple[int | None, float | None, TopLogprobs | None]
+
 
 class Generation:
     """One HTTP request's engine requests (one per prompt), admitted and submitted together."""
 
-    def __init__(self, state, prompts: list[list[int]], params: list[SamplingParams], request_id: str):
+    def __init__(self, state: ServerState, prompts: list[list[int]], params: list[SamplingParams],
+                 request_id: str) -> None:
         state.admit(len(prompts))
         self.state, self.prompts, self.params, self.closed = state, prompts, params, False
         self.streams: list[RequestStream] = []
@@ -51,7 +59,7 @@ class Generation:
             raise APIError(503, f"engine refused the request: {err}", type="server_error",
                            code="engine_unavailable") from None
 
-    async def events(self, i: int):
+    async def events(self, i: int) -> AsyncIterator[TokenEvent]:
         """The i-th prompt's events; finished requests are recorded in the metrics here."""
         clock = TokenClock(self.state.metrics)
         event: TokenEvent
@@ -64,12 +72,13 @@ class Generation:
                     self.state.recent_e2e_s.append(m.finished - m.arrival)
             yield event
 
-    async def collect(self, receive) -> list[RequestOutput] | None:
+    async def collect(self, receive: Receive) -> list[RequestOutput] | None:
         """Every prompt's full result, or None if the client hung up first (then all is aborted)."""
         results = asyncio.ensure_future(asyncio.gather(*(self._collect_one(i) for i in range(len(self.prompts)))))
         hangup = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
-            done, _ = await asyncio.wait({results, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {results, hangup}  # the result, or the hang-up
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             return results.result() if results in done else None
         finally:
             hangup.cancel()
@@ -97,18 +106,18 @@ class Generation:
 class EventStream(StreamingResponse):
     """SSE response that closes its Generation however the stream ends (done, disconnect, error)."""
 
-    def __init__(self, body, generation: Generation):
+    def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation) -> None:
         super().__init__(_guarded(body), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close()
 
 
-async def _guarded(body):
+async def _guarded(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """The status line is gone once streaming starts: an engine failure becomes an SSE error event
     (the official client raises it as an APIError) instead of a connection cut mid-stream."""
     try:
@@ -122,9 +131,9 @@ async def _guarded(body):
 
 
 # --- request -> token ids and params ----------------------------------------------------------
-def _prompt_ids(state, prompt, param: str, special: bool = True) -> list[int]:
+def _prompt_ids(state: ServerState, prompt: str | list[int], param: str, special: bool = True) -> list[int]:
     tok = state.model.tokenizer
-    ids = tok.encode(prompt, add_special_tokens=special) if isinstance(prompt, str) else list(prompt)
+    ids: list[int] = tok.encode(prompt, add_special_tokens=special) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise bad_request(f"'{param}' is empty after tokenization", param=param)
     vocab = tok.vocab_size
@@ -133,7 +142,8 @@ def _prompt_ids(state, prompt, param: str, special: bool = True) -> list[int]:
     return ids
 
 
-def _params(state, req, n_prompt: int, max_tokens: int | None, default: int | None, logprobs) -> SamplingParams:
+def _params(state: ServerState, req: CompletionRequest | ChatCompletionRequest, n_prompt: int, max_tokens: int | None,
+            default: int | None, logprobs: int | None) -> SamplingParams:
     limit = state.model.max_model_len
     if n_prompt >= limit:
         raise bad_request(f"prompt has {n_prompt} tokens; this model's context is {limit} tokens",
@@ -158,14 +168,16 @@ def _params(state, req, n_prompt: int, max_tokens: int | None, default: int | No
         raise bad_request(str(err)) from None
 
 
-def _token_str(tok, token_id: int) -> str:
-    return tok.decode([token_id])
+def _token_str(tok: Any, token_id: int | None) -> str:
+    text: str = tok.decode([token_id])
+    return text
 
 
 # --- /v1/completions -----------------------------------------------------------------------------
-async def completions(request: Request):
-    state = request.app.state.server
-    req = parse_body(await request.body(), CompletionRequest)
+async def completions(request: Request) -> Response | dict[str, Any]:
+    state: ServerState = request.app.state.server
+    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
+    req = cast(CompletionRequest, parse_body(await request.body(), CompletionRequest))
     state.check_model(req.model)
     if req.echo:
         raise bad_request("'echo' is not supported", param="echo")
@@ -191,24 +203,26 @@ async def completions(request: Request):
     return {**head, "choices": choices, "usage": usage(n_prompt, n_out), "timings": timings(results[0].metrics)}
 
 
-def _token_logprobs(r: RequestOutput) -> list[tuple]:
+def _token_logprobs(r: RequestOutput) -> list[LogprobItem]:
     """(token id, logprob, top pairs) per generated token of a finished result."""
     return [(t, lp, top) for t, (lp, top) in zip(r.token_ids, r.logprobs or [], strict=True)]
 
 
-def _completion_logprobs(tok, items) -> dict:
+def _completion_logprobs(tok: Any, items: Sequence[LogprobItem]) -> dict[str, Any]:
     return {"tokens": [_token_str(tok, t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
             "top_logprobs": [{_token_str(tok, i): lp for i, lp in top or ()} for _, _, top in items],
             "text_offset": []}
 
 
-async def _stream_completion(gen: Generation, head: dict, req, tok):
+async def _stream_completion(gen: Generation, head: dict[str, Any], req: CompletionRequest,
+                             tok: Any) -> AsyncGenerator[bytes, None]:
     n_out = 0
     async for event in gen.events(0):
         counted = event.finish_reason != "abort"
         n_out += counted
         if event.text or event.finish_reason:
-            choice = {"index": 0, "text": event.text, "finish_reason": event.finish_reason, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "text": event.text, "finish_reason": event.finish_reason,
+                                      "logprobs": None}
             if req.logprobs is not None and counted:
                 choice["logprobs"] = _completion_logprobs(tok, [(event.token_id, event.logprob, event.top_logprobs)])
             chunk = {**head, "choices": [choice]}
@@ -221,9 +235,10 @@ async def _stream_completion(gen: Generation, head: dict, req, tok):
 
 
 # --- /v1/chat/completions ------------------------------------------------------------------------
-async def chat_completions(request: Request):
-    state = request.app.state.server
-    req = parse_body(await request.body(), ChatCompletionRequest)
+async def chat_completions(request: Request) -> Response | dict[str, Any]:
+    state: ServerState = request.app.state.server
+    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
+    req = cast(ChatCompletionRequest, parse_body(await request.body(), ChatCompletionRequest))
     state.check_model(req.model)
     tok = state.model.tokenizer
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
@@ -250,15 +265,16 @@ async def chat_completions(request: Request):
     return {**head, "choices": [choice], "usage": usage(len(ids), n_out), "timings": timings(r.metrics)}
 
 
-def _chat_logprob(tok, token_id, logprob, top) -> dict:
-    def entry(t, lp):
+def _chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: TopLogprobs | None) -> dict[str, Any]:
+    def entry(t: int | None, lp: float | None) -> dict[str, Any]:
         s = _token_str(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
     return {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in top or ()]}
 
 
-async def _stream_chat(gen: Generation, head: dict, req, tok):
+async def _stream_chat(gen: Generation, head: dict[str, Any], req: ChatCompletionRequest,
+                       tok: Any) -> AsyncGenerator[bytes, None]:
     yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                     "finish_reason": None, "logprobs": None}]})
     n_out = 0

@@ -8,9 +8,13 @@ Each app gets its own CollectorRegistry: several servers (tests) live in one pro
 """
 
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from scratchllm.engine.protocol import RequestMetrics
 
 disable_created_metrics()  # the *_created series double the page and no dashboard reads them
 
@@ -21,11 +25,11 @@ TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 
 
 class ServerMetrics:
-    def __init__(self, engine_stats=lambda: {}):
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
 
-        def hist(name, doc, buckets=LATENCY_BUCKETS):
+        def hist(name: str, doc: str, buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
             return Histogram(PREFIX + name, doc, registry=r, buckets=buckets)
 
         self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token")
@@ -46,7 +50,7 @@ class ServerMetrics:
         self.tokens_out = 0  # tokens streamed to clients since start (the periodic stats line's rate)
         self.peak_kv_blocks = 0
 
-    def observe_finished(self, metrics, finish_reason: str) -> None:
+    def observe_finished(self, metrics: RequestMetrics | None, finish_reason: str) -> None:
         self.requests.labels(finish_reason).inc()
         if metrics is None:
             return
@@ -66,8 +70,9 @@ class ServerMetrics:
 class TokenClock:
     """Per-request inter-token latency, measured where the client sees tokens: on the loop."""
 
-    def __init__(self, metrics: ServerMetrics):
-        self.metrics, self.last = metrics, None
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.last: float | None = None
 
     def tick(self) -> None:
         self.metrics.tokens_out += 1
@@ -80,11 +85,11 @@ class TokenClock:
 class _EngineCollector:
     """Gauges from engine.stats() at scrape time. Unknown keys are simply not exported."""
 
-    def __init__(self, engine_stats, server: ServerMetrics):
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]], server: ServerMetrics) -> None:
         self.engine_stats, self.server = engine_stats, server
 
-    def collect(self):
-        stats = {}
+    def collect(self) -> Iterator[Metric]:
+        stats: dict[str, Any] = {}
         for _ in range(3):
             # stats() reads the engine's structures from this thread while the engine thread
             # changes them; a read that races a change (a container resized mid-iteration) is
@@ -118,7 +123,7 @@ class _EngineCollector:
             yield c
 
 
-def _gauge(name, doc, value):
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     g = GaugeMetricFamily(PREFIX + name, doc)
     g.add_metric([], float(value))
     return g

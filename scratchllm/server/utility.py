@@ -8,7 +8,7 @@ Request and response shapes follow vLLM's server, so tools written for it work h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +41,7 @@ class DetokenizeRequest(_Body):
 
 async def tokenize(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    req = parse_body(await request.body(), TokenizeRequest)
+    req = cast(TokenizeRequest, parse_body(await request.body(), TokenizeRequest))  # parse_body returns its class
     if req.model is not None:
         state.check_model(req.model)
     tok = state.model.tokenizer
@@ -55,20 +55,21 @@ async def tokenize(request: Request) -> dict[str, Any]:
             raise bad_request(f"messages do not fit the chat template: {err}", param="messages") from None
         ids = tok.encode(text, add_special_tokens=False)  # the template spells its special tokens
     else:
-        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        ids = tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_model_len}
 
 
 async def detokenize(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    req = parse_body(await request.body(), DetokenizeRequest)
+    req = cast(DetokenizeRequest, parse_body(await request.body(), DetokenizeRequest))
     if req.model is not None:
         state.check_model(req.model)
     tok = state.model.tokenizer
     bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
     if bad:
         raise bad_request(f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}", param="tokens")
-    return {"prompt": tok.decode(req.tokens)}
+    text: str = tok.decode(req.tokens)
+    return {"prompt": text}
 
 
 async def version() -> dict[str, str]:
