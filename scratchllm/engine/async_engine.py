@@ -19,6 +19,7 @@ from typing import Any
 
 from scratchllm.engine.engine import LLMEngine
 from scratchllm.engine.protocol import RequestStream, TokenEvent
+from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,28 @@ class AsyncEngine:
             self._inbox.append(("add", rid, list(prompt_token_ids), params))
             self._cv.notify()
         return stream
+
+    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
+                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
+        """One prompt, len(params) requests that fork its KV blocks (LLMEngine.add_group)."""
+        if not params:
+            raise ConfigError("a group needs at least one request")
+        for p in params:
+            self.engine.validate(prompt_token_ids, p)
+        with self._cv:
+            if not self._accepting:
+                raise RuntimeError("the engine is shutting down")
+            streams: list[RequestStream] = []
+            for i in range(len(params)):
+                rid = str(request_ids[i]) if request_ids is not None else f"req-{next(self._ids)}"
+                while rid in self._streams or any(s.request_id == rid for s in streams):
+                    rid = f"req-{next(self._ids)}"
+                streams.append(RequestStream(rid, self.abort))
+            for stream in streams:
+                self._streams[stream.request_id] = stream
+            self._inbox.append(("group", [s.request_id for s in streams], list(prompt_token_ids), list(params)))
+            self._cv.notify()
+        return streams
 
     def abort(self, request_id: str) -> None:
         self._post(("abort", str(request_id)))
@@ -97,13 +120,17 @@ class AsyncEngine:
     def _drain_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
         for message in inbox:
-            if message[0] == "add":
+            if message[0] in ("add", "group"):
                 _, rid, ids, params = message
+                rids = rid if message[0] == "group" else [rid]
                 try:
-                    self.engine.add_request(rid, ids, params)
+                    if message[0] == "group":
+                        self.engine.add_group(rids, ids, params)
+                    else:
+                        self.engine.add_request(rid, ids, params)
                 except Exception as err:  # noqa: BLE001 - validated in submit; never kill the loop
                     logger.warning("request %s refused: %s", rid, err)
-                    self._deliver([TokenEvent(rid, None, "", 0, "abort")])
+                    self._deliver([TokenEvent(r, None, "", 0, "abort") for r in rids])
             else:
                 final = self.engine.abort(message[1])
                 if final is not None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
@@ -86,10 +88,39 @@ class LLMEngine:
         self.validate(prompt_token_ids, params)
         req = Request(request_id, list(prompt_token_ids), params, _priority(priority), arrival=self.clock())
         self.requests[request_id] = req
-        detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
-        self._outputs[request_id] = OutputProcessor(request_id, params, detok, self.eos_token_id)
+        self._outputs[request_id] = self._output_processor(request_id, params)
         self.scheduler.add(req)
         return req
+
+    def add_group(self, request_ids: Sequence[str | None], prompt_token_ids: Sequence[int],
+                  params: Sequence[SamplingParams], priority: Priority | str | int | None = None) -> list[Request]:
+        """Several requests on one prompt (n > 1 sampling, each with its own params and seed).
+        The first computes the prompt; when its prefill is done the others fork its KV blocks
+        (shared, copied on write) and sample their first token from the same logits, so the
+        prompt is computed and stored once. Each one's tokens equal a request of its own with
+        the same params (tests/engine/test_fork.py)."""
+        assert len(request_ids) == len(params) >= 1
+        for p in params:
+            self.validate(prompt_token_ids, p)
+        rids = [None if r is None else str(r) for r in request_ids]
+        taken = [r for r in rids if r is not None and (r in self.requests or rids.count(r) > 1)]
+        if taken:
+            raise ConfigError(f"request id {taken[0]!r} is already in use")
+        leader = self.add_request(rids[0], prompt_token_ids, params[0], priority)
+        for rid, p in zip(rids[1:], params[1:], strict=True):
+            if rid is None:
+                self._next_id += 1
+                rid = f"req-{self._next_id}"
+            child = Request(rid, list(prompt_token_ids), p, leader.priority, arrival=leader.arrival,
+                            fork_parent=leader)
+            self.requests[rid] = child
+            self._outputs[rid] = self._output_processor(rid, p)
+            leader.fork_children.append(child)
+        return [leader, *leader.fork_children]
+
+    def _output_processor(self, request_id: str, params: SamplingParams) -> OutputProcessor:
+        detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
+        return OutputProcessor(request_id, params, detok, self.eos_token_id)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
@@ -138,20 +169,36 @@ class LLMEngine:
         self.num_steps += 1
         self.step_tokens_total += batch.num_tokens
         now = self.clock()
-        events, finished = [], []
-        for req, (token, lp, top) in zip(reqs, ModelRunner.sample(reqs, logits), strict=True):
-            req.append_token(token, now)
-            self.num_generated += 1
-            event = self._outputs[req.request_id].process(token, lp, top,
-                                                          context_full=req.num_tokens >= self.max_model_len)
-            if event.finish_reason is not None:
-                req.finish(event.finish_reason, now)
-                event.metrics = req.metrics()
-                finished.append(req)
-                del self.requests[req.request_id], self._outputs[req.request_id]
-            events.append(event)
-        self.scheduler.update(batch, finished)
+        events: list[TokenEvent] = []
+        finished: list[Request] = []
+        forks: list[tuple[Request, Request]] = []
+        for row, (req, sampled) in enumerate(zip(reqs, ModelRunner.sample(reqs, logits), strict=True)):
+            if req.fork_children and req.num_output_tokens == 0:  # its prefill is done: the others fork
+                kids, req.fork_children = req.fork_children, []
+                rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
+                for kid, kid_sampled in zip(kids, ModelRunner.sample(kids, rows), strict=True):
+                    kid.first_scheduled = req.first_scheduled
+                    if not self._emit(kid, kid_sampled, now, events, finished):
+                        forks.append((req, kid))
+            self._emit(req, sampled, now, events, finished)
+        self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks)
         return events
+
+    def _emit(self, req: Request, sampled: tuple[int, float | None, Any], now: float, events: list[TokenEvent],
+              finished: list[Request]) -> bool:
+        """The request's new token through the output path; True if it finished with it."""
+        token, lp, top = sampled
+        req.append_token(token, now)
+        self.num_generated += 1
+        event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len)
+        events.append(event)
+        if event.finish_reason is None:
+            return False
+        req.finish(event.finish_reason, now)
+        event.metrics = req.metrics()
+        finished.append(req)
+        del self.requests[req.request_id], self._outputs[req.request_id]
+        return True
 
     def generate(self, prompts_token_ids: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:

@@ -144,6 +144,12 @@ class FakeEngine:
             self._lock.notify()
         return stream
 
+    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
+                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
+        """One request per params; nothing is shared between them (only the paged engine can)."""
+        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
+        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             for request in self._waiting + self._running:

@@ -2,6 +2,9 @@
 crosses the line, and the `EngineClient` protocol the HTTP server is typed against.
 
     submit(prompt_token_ids, params, request_id) -> RequestStream      (any thread, never blocks)
+    submit_group(prompt_token_ids, [params, ...], request_ids) -> [RequestStream, ...]: one prompt,
+        several requests (n > 1 sampling); each stream's tokens equal a submit of its own params,
+        and an engine may compute and store the prompt once for all of them
     RequestStream: `for event in stream` (a thread) or `async for event in stream` (the event loop)
     abort(request_id) / stream.abort(): the request ends with finish_reason "abort", blocks freed
     stats() -> dict of counters as of the last finished step; shutdown(drain)
@@ -193,6 +196,9 @@ class EngineClient(Protocol):
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream: ...
+
+    def submit_group(self, prompt_token_ids: list[int], params: list[SamplingParams],
+                     request_ids: list[str] | None = None) -> list[RequestStream]: ...
 
     def abort(self, request_id: str) -> None: ...
 

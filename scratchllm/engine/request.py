@@ -55,6 +55,10 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache held at first admission
+    # n > 1 sampling: the other choices of this prompt wait here until this request's prefill is
+    # done, then fork its KV blocks (block_manager.fork) and sample from the same logits
+    fork_children: list["Request"] = field(default_factory=list)
+    fork_parent: "Request | None" = None
     # timestamps (monotonic)
     first_scheduled: float | None = None
     first_token: float | None = None

@@ -23,7 +23,7 @@ The priority hook (request -> seconds, set by the evaluation loop) is clamped to
 import bisect
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from scratchllm.engine.block_manager import BlockManager
@@ -90,7 +90,16 @@ class Scheduler:
 
     def abort(self, req: Request) -> bool:
         """Take `req` out of whichever queue holds it and free its blocks (deferred by the block
-        manager while a step is in flight). False if the scheduler did not hold it."""
+        manager while a step is in flight). False if the scheduler did not hold it. A choice
+        still waiting to fork leaves its parent; a parent aborted before its prefill hands its
+        waiting choices back to the queue as requests of their own."""
+        if req.fork_parent is not None and req in req.fork_parent.fork_children:
+            req.fork_parent.fork_children.remove(req)
+            return True
+        for child in req.fork_children:
+            child.fork_parent = None
+            self.add(child)
+        req.fork_children = []
         if req in self.running:
             self.running.remove(req)
         elif req in self.resumed:
@@ -156,13 +165,21 @@ class Scheduler:
         finally:
             self.bm.end_step()
 
-    def update(self, batch: ScheduledBatch, finished: list[Request]) -> None:
-        """After the forward: the batch's K/V is computed (full blocks enter the prefix cache),
-        and the requests that finished this step leave the running set with their blocks."""
+    def update(self, batch: ScheduledBatch, finished: list[Request],
+               forks: Sequence[tuple[Request, Request]] = ()) -> None:
+        """After the forward: the batch's K/V is computed (full blocks enter the prefix cache);
+        each (parent, child) fork makes the child share the parent's blocks and run from the
+        next step; then the requests that finished this step leave the running set with their
+        blocks (a finished parent's blocks stay while a child holds them)."""
         for req, n in batch.items:
             req.num_computed_tokens += n
             assert req.num_computed_tokens <= req.num_tokens
             self.bm.cache_full_blocks(req)
+        for parent, child in forks:
+            assert child.fork_parent is parent and not child.block_table
+            self.bm.fork(parent, child)
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
         for req in finished:
             assert req.status.done, f"request {req.request_id} is not finished"
             self.running.remove(req)
@@ -190,8 +207,8 @@ class Scheduler:
 
     def _try_start(self, req: Request, budget: int, batch: ScheduledBatch, now: float) -> int | None:
         """Give `req` its blocks and its first chunk; None (and no blocks held) if it can't fit."""
-        if len(self.running) >= self.config.max_num_seqs or budget == 0:
-            return None
+        if len(self.running) + 1 + len(req.fork_children) > self.config.max_num_seqs or budget == 0:
+            return None  # a request and the choices that will fork from it run together
         cached = self.bm.allocate_prefix(req)  # prefix-cache hits: their K/V is not recomputed
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         # a watermark of one block per running sequence keeps the next decodes from preempting

@@ -260,6 +260,12 @@ class StaticEngine:
             raise ConfigError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                               f"this engine's context of {self.max_model_len}")
 
+    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
+                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
+        """One request per params; nothing is shared between them (only the paged engine can)."""
+        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
+        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+
     def abort(self, request_id: str) -> None:
         with self._cv:
             for row in self._waiting:

@@ -160,3 +160,13 @@ def test_stats_name_the_same_counters(engine):
                 "finished", "policy"):
         assert key in stats, key
     assert stats["finished"]["length"] >= 1
+
+
+def test_a_group_of_requests_on_one_prompt(engine):
+    streams = engine.submit_group(PROMPT, [greedy(5), greedy(5), greedy(3)], ["g0", "g1", "g2"])
+    events = {s.request_id: list(s) for s in streams}
+    for rid, evs in events.items():
+        check_order(evs, rid)
+    assert [e.token_id for e in events["g0"]] == [e.token_id for e in events["g1"]]
+    assert [e.token_id for e in events["g2"]] == [e.token_id for e in events["g0"]][:3]
+    wait_until(lambda: engine.stats()["kv_blocks_used"] == 0)
