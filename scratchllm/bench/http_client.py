@@ -80,6 +80,14 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def metric(metrics: dict[str, float], name: str) -> float | None:
+    """The value of `name` whatever the server's prefix ("scratchllm:", "vllm:", ...) and labels:
+    the sum over its labelled series (one per model), or None if the server has no such series."""
+    values = [v for key, v in metrics.items()
+              if (bare := key.split("{", 1)[0]) == name or bare.endswith((":" + name, "_" + name))]
+    return sum(values) if values else None
+
+
 async def scrape_metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     reply = await request(client, url + "/metrics", timeout=30)
     return parse_metrics(reply.body.decode())

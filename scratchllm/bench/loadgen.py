@@ -185,8 +185,9 @@ class Watcher:
                 await http_client.request(self.client, self.url + "/health", timeout=30)
                 self.probe_ms.append((time.monotonic() - t) * 1e3)
                 m = await http_client.scrape_metrics(self.client, self.url)
-                if "scratchllm_kv_blocks_used" in m:
-                    self.kv_blocks.append(m["scratchllm_kv_blocks_used"])
+                used = http_client.metric(m, "kv_blocks_used")
+                if used is not None:
+                    self.kv_blocks.append(used)
             except (httpx.HTTPError, OSError):
                 pass
             await asyncio.sleep(self.interval_s)
@@ -212,9 +213,9 @@ def summarize(run: dict, slo: dict) -> dict:
             if any(v is not None for v in slo.values()) else True
 
     m = run["metrics"]
-    block_bytes = (m.get("scratchllm_kv_cache_peak_bytes", 0) / m["scratchllm_kv_blocks_peak"]
-                   if m.get("scratchllm_kv_blocks_peak") else None)
-    peak_blocks = max([m.get("scratchllm_kv_blocks_peak", 0), *run["kv_samples"]] or [0])
+    peak = http_client.metric(m, "kv_blocks_peak") or 0
+    block_bytes = (http_client.metric(m, "kv_cache_peak_bytes") or 0) / peak if peak else None
+    peak_blocks = max([peak, *run["kv_samples"]] or [0])
     errors: dict[str, int] = {}
     for r in results:
         if not r.ok:

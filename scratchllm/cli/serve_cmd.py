@@ -56,6 +56,9 @@ def add_parser(sub):
                    help="matmul and attention threads (default: one per core)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template text) instead of the model's own")
+    p.add_argument("--metrics-prefix", default="scratchllm:",
+                   help="prefix of the /metrics names, which follow vLLM's (default scratchllm:; vllm: for "
+                        "dashboards and gateways set up for vLLM)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: none; or SCRATCHLLM_API_KEY)")
     p.add_argument("--allowed-origins", default="",
@@ -152,11 +155,17 @@ def run(args) -> int:
     import uvicorn
 
     from scratchllm.server.app import ServerConfig, create_app
+    from scratchllm.server.metrics import check_prefix
 
     model, embedder = build(args)
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    try:
+        check_prefix(args.metrics_prefix)
+    except ValueError as err:
+        raise ConfigError(f"--metrics-prefix: {err}") from None
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins)
+                          drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
+                          metrics_prefix=args.metrics_prefix)
     app = create_app(model, embedder, config)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -58,6 +58,7 @@ class ServerConfig:
     api_key: str | None = None  # /v1 routes need "Authorization: Bearer <key>" (access.py)
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API
     stats_interval_s: float = 10.0  # a throughput/queue line at INFO this often while there is traffic
+    metrics_prefix: str = "scratchllm:"  # "vllm:" exports exactly vLLM's metric names (metrics.py)
 
     def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
@@ -75,7 +76,7 @@ class ServerState:
     def admit(self, n: int = 1) -> None:
         """Reserve n engine slots or refuse with 429. The loop is single-threaded: no lock needed."""
         if self.metrics.in_flight + n > self.config.max_in_flight:
-            self.metrics.rejected.labels("queue_full").inc()
+            self.metrics.rejected("queue_full")
             raise APIError(429, f"server is at capacity ({self.config.max_in_flight} requests in flight); "
                            "retry later", type="rate_limit_exceeded", code="queue_full",
                            headers={"Retry-After": str(self.retry_after_s())})
@@ -155,7 +156,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
         await asyncio.to_thread(model.engine.shutdown, True)
 
-    metrics = ServerMetrics(model.engine.stats)
+    metrics = ServerMetrics(model.engine.stats, model.name, config.metrics_prefix)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = ServerState(model, embedder, config, metrics)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)

@@ -98,7 +98,7 @@ class Generation:
         self.closed = True
         for stream in self.streams:
             if not stream.finished:
-                self.state.metrics.requests.labels("abort").inc()
+                self.state.metrics.finished("abort")
                 stream.abort()
         self.state.release(len(self.prompts))
 

@@ -1,4 +1,15 @@
-"""GET /metrics: Prometheus histograms of every request's phases, and the engine's gauges.
+"""GET /metrics: Prometheus histograms of every request's phases, and the engine's gauges, under
+the names vLLM exports, so dashboards and gateways that read vLLM read us too.
+
+Names: `<prefix>time_to_first_token_seconds`, `inter_token_latency_seconds`,
+`e2e_request_latency_seconds`, `request_queue_time_seconds`, `request_prefill_time_seconds`,
+`request_decode_time_seconds` (histograms); `num_requests_running`, `num_requests_waiting`,
+`kv_cache_usage_perc` (0..1) (gauges); `num_preemptions_total`, `request_success_total` (label
+`finished_reason`), `prompt_tokens_total`, `generation_tokens_total`, `prefix_cache_queries_total`,
+`prefix_cache_hits_total` (counters); every series has the label `model_name`. The prefix is
+"scratchllm:" (`serve --metrics-prefix vllm:` gives exactly vLLM's names, for a dashboard or an
+endpoint picker configured for vLLM). Ours besides: requests_in_flight, requests_rejected_total,
+kv_blocks_used / _peak / _total, kv_cache_used_bytes / _peak_bytes, priority_adjusted_total.
 
 Histograms are observed once per finished request from the engine's own RequestMetrics (queue,
 prefill, decode, TTFT, e2e) and per token from arrival times on the event loop (inter-token
@@ -7,6 +18,7 @@ scrape time by a custom collector, so they are never stale and cost nothing betw
 Each app gets its own CollectorRegistry: several servers (tests) live in one process.
 """
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -18,40 +30,55 @@ from scratchllm.engine.protocol import RequestMetrics
 
 disable_created_metrics()  # the *_created series double the page and no dashboard reads them
 
-PREFIX = "scratchllm_"
+DEFAULT_PREFIX = "scratchllm:"
 # Seconds. TTFT and e2e span from a few ms (fake engine, loopback) to minutes (long CPU decodes).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
 
 
+def check_prefix(prefix: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", prefix):
+        raise ValueError(f"a metrics prefix is letters, digits, '_' and ':' (not starting with a digit): {prefix!r}")
+    return prefix
+
+
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}) -> None:
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}, model_name: str = "",
+                 prefix: str = DEFAULT_PREFIX) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self.prefix, self.model_name = check_prefix(prefix), model_name
+        r, p = self.registry, self.prefix
 
         def hist(name: str, doc: str, buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
-            return Histogram(PREFIX + name, doc, registry=r, buckets=buckets)
+            return Histogram(p + name, doc, ["model_name"], registry=r, buckets=buckets)
 
-        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token")
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(p + name, doc, ["model_name", *labels], registry=r)
+
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token").labels(model_name)
         self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request",
-                        TOKEN_BUCKETS)
-        self.e2e = hist("e2e_request_latency_seconds", "Arrival to last token")
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled")
-        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token")
-        self.decode = hist("request_decode_time_seconds", "First token to last token")
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens", registry=r)
-        self.requests = Counter(PREFIX + "requests_finished", "Finished requests by finish reason",
-                                ["finish_reason"], registry=r)
-        self.rejected = Counter(PREFIX + "requests_rejected", "Requests refused before the engine saw them",
-                                ["reason"], registry=r)
+                        TOKEN_BUCKETS).labels(model_name)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to last token").labels(model_name)
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled").labels(model_name)
+        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token").labels(model_name)
+        self.decode = hist("request_decode_time_seconds", "First token to last token").labels(model_name)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests").labels(model_name)
+        self.generation_tokens = counter("generation_tokens", "Generated tokens").labels(model_name)
+        self._success = counter("request_success", "Finished requests by finish reason", "finished_reason")
+        self._rejected = counter("requests_rejected", "Requests refused before the engine saw them", "reason")
         r.register(_EngineCollector(engine_stats, self))
         self.in_flight = 0  # requests this server holds in the engine (running + waiting there)
         self.tokens_out = 0  # tokens streamed to clients since start (the periodic stats line's rate)
         self.peak_kv_blocks = 0
 
+    def finished(self, reason: str) -> None:
+        self._success.labels(self.model_name, reason).inc()
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self.model_name, reason).inc()
+
     def observe_finished(self, metrics: RequestMetrics | None, finish_reason: str) -> None:
-        self.requests.labels(finish_reason).inc()
+        self.finished(finish_reason)
         if metrics is None:
             return
         self.prompt_tokens.inc(metrics.prompt_tokens)
@@ -99,31 +126,35 @@ class _EngineCollector:
                 break
             except Exception:  # noqa: BLE001
                 continue
-        yield _gauge("requests_in_flight", "Requests the HTTP server holds in the engine", self.server.in_flight)
+        s = self.server
+        yield self._gauge("requests_in_flight", "Requests the HTTP server holds in the engine", s.in_flight)
         for key, doc in (("running", "Requests in the running batch"), ("waiting", "Requests waiting to run")):
             if key in stats:
-                yield _gauge(f"num_requests_{key}", doc, stats[key])
+                yield self._gauge(f"num_requests_{key}", doc, stats[key])
         used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
         if used is not None:
-            self.server.peak_kv_blocks = max(self.server.peak_kv_blocks, used, stats.get("kv_blocks_peak", 0))
-            yield _gauge("kv_blocks_used", "KV-cache blocks held by requests", used)
-            yield _gauge("kv_blocks_peak", "Most KV-cache blocks held at once since start",
-                         self.server.peak_kv_blocks)
+            s.peak_kv_blocks = max(s.peak_kv_blocks, used, stats.get("kv_blocks_peak", 0))
+            yield self._gauge("kv_blocks_used", "KV-cache blocks held by requests", used)
+            yield self._gauge("kv_blocks_peak", "Most KV-cache blocks held at once since start", s.peak_kv_blocks)
         if total:
-            yield _gauge("kv_blocks_total", "KV-cache blocks in the pool", total)
-            yield _gauge("kv_cache_usage_ratio", "Share of KV-cache blocks in use", (used or 0) / total)
+            yield self._gauge("kv_blocks_total", "KV-cache blocks in the pool", total)
+            yield self._gauge("kv_cache_usage_perc", "Share of KV-cache blocks in use (0 to 1)", (used or 0) / total)
         block_bytes = stats.get("kv_block_bytes")
         if block_bytes and used is not None:
-            yield _gauge("kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
-            yield _gauge("kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
-                         self.server.peak_kv_blocks * block_bytes)
-        if "preemptions" in stats:
-            c = CounterMetricFamily(PREFIX + "preemptions", "Requests preempted (recomputed) for lack of blocks")
-            c.add_metric([], stats["preemptions"])
-            yield c
+            yield self._gauge("kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
+            yield self._gauge("kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
+                              s.peak_kv_blocks * block_bytes)
+        for key, name, doc in (("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of blocks"),
+                               ("prefix_cache_queries", "prefix_cache_queries", "Prompt blocks looked up in the cache"),
+                               ("prefix_cache_hits", "prefix_cache_hits", "Prompt blocks found in the prefix cache"),
+                               ("priority_adjusted", "priority_adjusted",
+                                "Requests whose priority the evaluation feedback moved")):
+            if key in stats:
+                c = CounterMetricFamily(s.prefix + name, doc, labels=["model_name"])
+                c.add_metric([s.model_name], stats[key])
+                yield c
 
-
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(PREFIX + name, doc)
-    g.add_metric([], float(value))
-    return g
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(self.server.prefix + name, doc, labels=["model_name"])
+        g.add_metric([self.server.model_name], float(value))
+        return g

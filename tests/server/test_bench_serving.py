@@ -53,7 +53,8 @@ def test_percentiles_and_goodput():
     slow = loadgen.Result(10, 5, 200, start=0, ttft=0.5, e2e=0.6)
     failed = loadgen.Result(10, status=429, error="full")
     run = {"results": [fast, slow, failed], "duration_s": 2.0, "probe_ms": [1.0], "kv_samples": [3.0],
-           "metrics": {"scratchllm_kv_blocks_peak": 4.0, "scratchllm_kv_cache_peak_bytes": 400.0}}
+           "metrics": {'scratchllm:kv_blocks_peak{model_name="m"}': 4.0,
+                       'scratchllm:kv_cache_peak_bytes{model_name="m"}': 400.0}}
     s = loadgen.summarize(run, {"ttft_ms": 100.0, "tpot_ms": None, "e2e_ms": None})
     assert s["completed"] == 2 and s["errors"] == {"429": 1}
     assert s["request_throughput"] == 1.0 and s["goodput"] == 0.5

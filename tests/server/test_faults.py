@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from scratchllm.bench.http_client import parse_metrics
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
 
@@ -32,9 +33,10 @@ def wait_until(predicate, timeout=5.0):
 
 
 def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
+    """A sample of the page, read with prometheus_client's parser; labels sorted by name."""
+    samples = parse_metrics(text)
+    assert name in samples, f"{name} not in /metrics"
+    return samples[name]
 
 
 def test_flood_gets_429_with_retry_after_and_admitted_requests_finish(serve):
@@ -53,7 +55,8 @@ def test_flood_gets_429_with_retry_after_and_admitted_requests_finish(serve):
             else:
                 assert r.json()["choices"][0]["finish_reason"] == "length"
         scraped = httpx.get(url + "/metrics").text
-        assert metric(scraped, 'scratchllm_requests_rejected_total{reason="queue_full"}') == codes.count(429)
+        refused = metric(scraped, 'scratchllm:requests_rejected_total{model_name="fake",reason="queue_full"}')
+        assert refused == codes.count(429)
         # The official client sees a RateLimitError when the server is full.
         state = app.state.server
         state.metrics.in_flight = state.config.max_in_flight  # hold every slot
@@ -80,8 +83,8 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(serve):
         assert engine.finished["length"] == 0  # it did not run on to its 500 tokens
         wait_until(lambda: app.state.server.metrics.in_flight == 0)
         scraped = httpx.get(url + "/metrics").text
-        assert metric(scraped, "scratchllm_kv_blocks_used") == 0
-        assert metric(scraped, 'scratchllm_requests_finished_total{finish_reason="abort"}') == 1
+        assert metric(scraped, 'scratchllm:kv_blocks_used{model_name="fake"}') == 0
+        assert metric(scraped, 'scratchllm:request_success_total{finished_reason="abort",model_name="fake"}') == 1
 
 
 def test_disconnect_while_waiting_for_a_plain_response_aborts(serve):
@@ -160,6 +163,9 @@ class _FailingEngine:
                 stream.abort()
 
         return Broken()
+
+    def submit_group(self, ids, params, request_ids=None):
+        return [self.submit(ids, p, rid) for p, rid in zip(params, request_ids or [None] * len(params), strict=True)]
 
     def abort(self, request_id):
         self.inner.abort(request_id)

@@ -11,6 +11,7 @@ import numpy as np
 import openai
 import pytest
 
+from scratchllm.bench.http_client import metric, parse_metrics
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import load_embedder, load_model
 
@@ -98,12 +99,12 @@ def test_disconnect_returns_blocks_to_the_pool(real):
             next(lines)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        text = httpx.get(url + "/metrics").text
-        if "scratchllm_kv_blocks_used 0.0" in text and "scratchllm_requests_in_flight 0.0" in text:
+        m = parse_metrics(httpx.get(url + "/metrics").text)
+        if metric(m, "kv_blocks_used") == 0 and metric(m, "requests_in_flight") == 0:
             break
         time.sleep(0.01)
-    assert "scratchllm_kv_blocks_used 0.0" in text, "blocks were not returned after the client left"
-    assert 'scratchllm_requests_finished_total{finish_reason="abort"} 1.0' in text
+    assert metric(m, "kv_blocks_used") == 0, "blocks were not returned after the client left"
+    assert [v for k, v in m.items() if k.startswith("scratchllm:request_success_total") and 'abort' in k] == [1.0]
     assert engine.stats()["kv_blocks_used"] == 0
 
 
