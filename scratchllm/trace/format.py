@@ -15,6 +15,8 @@ with the wall clock taken at the same moment, so a reader can print either.
 
 import enum
 import hashlib
+import os
+import tempfile
 
 import numpy as np
 
@@ -64,13 +66,14 @@ class StepFlag(enum.IntFlag):
 
 HEADER_DTYPE = np.dtype({
     "names": ["magic", "version", "record_size", "capacity", "header_size", "write_counter", "dropped",
-              "clock_origin_ns", "wall_origin_ns", "pid"],
-    "formats": ["S8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<i8", "<i8", "<u4"],
-    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64],
+              "clock_origin_ns", "wall_origin_ns", "pid", "closed"],
+    "formats": ["S8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<i8", "<i8", "<u4", "<u4"],
+    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 68],
     "itemsize": 128,
 })
 WRITE_COUNTER_OFFSET = HEADER_DTYPE.fields["write_counter"][1]
 DROPPED_OFFSET = HEADER_DTYPE.fields["dropped"][1]
+CLOSED_OFFSET = HEADER_DTYPE.fields["closed"][1]  # 1 once the writer closed the ring: it did not crash
 
 
 def _record(fields: list[tuple[str, str, int]]) -> np.dtype:
@@ -100,6 +103,13 @@ SPAN_DTYPE = _record([
 ])
 NAME_DTYPE = _record([("length", "u1", 1), ("request", "<u8", 8), ("text", f"S{NAME_BYTES}", 16)])
 RECORD_DTYPES = {Kind.TOKEN: TOKEN_DTYPE, Kind.STEP: STEP_DTYPE, Kind.SPAN: SPAN_DTYPE, Kind.NAME: NAME_DTYPE}
+
+
+def default_ring_path() -> str:
+    """Where a ring goes when no path is given: $SCRATCHLLM_TRACE, else scratchllm-trace-UID.ring
+    in the temporary directory (one per user, so two users' servers do not collide)."""
+    return os.environ.get("SCRATCHLLM_TRACE") or os.path.join(tempfile.gettempdir(),
+                                                             f"scratchllm-trace-{os.getuid()}.ring")
 
 
 def request_key(request_id: str) -> int:

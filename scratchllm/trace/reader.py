@@ -110,8 +110,15 @@ class RingReader:
         """Records the writer dropped rather than wait (its header counter)."""
         return int(self._header["dropped"])
 
+    def writer_state(self) -> str:
+        """"closed" (the writer closed the ring), "running", or "died" (gone without closing:
+        killed or crashed; the pid check is best effort, a pid can be reused)."""
+        if int(self._header["closed"]):
+            return "closed"
+        return "running" if self.writer_alive() else "died"
+
     def writer_alive(self) -> bool:
-        """Whether the writing process still exists (best effort: a pid can be reused)."""
+        """Whether the writing process still exists."""
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:

@@ -33,6 +33,7 @@ import numpy as np
 
 from scratchllm.errors import ConfigError
 from scratchllm.trace.format import (
+    CLOSED_OFFSET,
     DEFAULT_RING_BYTES,
     DROPPED_OFFSET,
     HEADER_DTYPE,
@@ -58,13 +59,15 @@ _STEP = struct.Struct("<BBHIqqqqHHIII")
 _SPAN = struct.Struct("<BBHIQqqQ16x")
 _NAME = struct.Struct(f"<BB6xQ{NAME_BYTES}s")
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _KIND_STEP, _KIND_SPAN, _KIND_NAME = int(Kind.STEP), int(Kind.SPAN), int(Kind.NAME)  # plain ints pack faster
 assert _STEP.size == _SPAN.size == _NAME.size == STAMP_OFFSET
 
 
 class TraceWriter:
     """Owns one ring file. `path` is created (an existing ring there is kept as PATH.prev, so
-    a restart does not wipe the record of the run that crashed)."""
+    a restart does not wipe the record of the run that crashed). `clock`: the nanosecond clock
+    the callers' times come from (its reading now is the ring's clock origin)."""
 
     def __init__(self, path, ring_bytes: int = DEFAULT_RING_BYTES, max_batch: int = 4096,
                  clock=time.monotonic_ns):
@@ -84,8 +87,8 @@ class TraceWriter:
         finally:
             os.close(fd)
         header = np.ndarray((), HEADER_DTYPE, buffer=self._mm)
-        header[()] = (MAGIC, VERSION, RECORD_SIZE, self.capacity, HEADER_SIZE, 0, 0, time.monotonic_ns(),
-                      time.time_ns(), os.getpid())
+        header[()] = (MAGIC, VERSION, RECORD_SIZE, self.capacity, HEADER_SIZE, 0, 0, clock(), time.time_ns(),
+                      os.getpid(), 0)
         self._counter = np.ndarray((1,), "<u8", buffer=self._mm, offset=WRITE_COUNTER_OFFSET)
         self._dropped = np.ndarray((1,), "<u8", buffer=self._mm, offset=DROPPED_OFFSET)
         self._slots = np.ndarray((self.capacity, RECORD_SIZE), np.uint8, buffer=self._mm, offset=HEADER_SIZE)
@@ -223,6 +226,7 @@ class TraceWriter:
 
     def close(self) -> None:
         if not self._mm.closed:
+            _U32.pack_into(self._mm, CLOSED_OFFSET, 1)
             del self._counter, self._dropped, self._slots, self._stamps  # views keep the mapping open
             self._mm.close()
 

@@ -51,6 +51,7 @@ def main(argv) -> None:
             print("ready", flush=True)
         if sleep_s:
             time.sleep(sleep_s)
+    w.close()
 
 
 if __name__ == "__main__":
