@@ -33,7 +33,11 @@ def add_arguments(p):
     p.add_argument("--prompt-len", type=int, default=64, help="engine: prompt tokens each (default 64)")
     p.add_argument("--output-len", type=int, default=64, help="engine: new tokens each (default 64)")
     p.add_argument("--engine-repeat", type=int, default=3, help="engine: off/on pairs (default 3)")
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="engine: sequences per step (default 0: all the requests at once; fewer makes a queue)")
     p.add_argument("--threads", type=int, default=0, help="engine: kernel threads (default 0: all cores)")
+    p.add_argument("--ring", default=None, help="engine: keep the last traced run's ring here, for `trace watch "
+                   "/ heatmap / export` (default: a temporary file)")
     p.add_argument("--skip-engine", action="store_true", help="only the writer figures")
     p.add_argument("--seed", type=int, default=0)
 
@@ -69,14 +73,14 @@ def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
     return {"best_ns": min(runs), "median_ns": median(runs), "records_per_call": per}
 
 
-def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None) -> dict:
+def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0) -> dict:
     """The workload to completion; with `ring`, traced by an EngineProbe into it."""
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
     from scratchllm.trace import TraceWriter
     from scratchllm.trace.probe import EngineProbe
 
-    engine = LLMEngine(model, EngineConfig(max_num_seqs=max(len(prompts), 1), num_threads=threads))
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs or max(len(prompts), 1), num_threads=threads))
     writer = TraceWriter(ring) if ring is not None else None
     driver = EngineProbe(engine, writer) if writer is not None else engine
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
@@ -100,11 +104,11 @@ def engine_overhead(model, args) -> dict:
     prompts = [rng.integers(lo, model.config.vocab_size - 1, args.prompt_len).tolist() for _ in range(args.requests)]
     runs = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as d:
-        ring = Path(d) / "engine.ring"
+        ring = Path(args.ring) if args.ring else Path(d) / "engine.ring"
         for rep in range(args.engine_repeat):
             for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
                 runs[mode].append(engine_run(model, prompts, args.output_len, args.threads,
-                                             ring if mode == "on" else None))
+                                             ring if mode == "on" else None, args.max_num_seqs))
     paired = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["off"], runs["on"], strict=True)]
     share = [on["tracing_s"] / on["wall_s"] for on in runs["on"]]
     return {"off": runs["off"], "on": runs["on"], "paired_on_over_off": paired,
@@ -113,6 +117,8 @@ def engine_overhead(model, args) -> dict:
 
 
 def run(args) -> dict:
+    if args.max_num_seqs < 0:
+        raise ConfigError(f"--max-num-seqs must be >= 0, got {args.max_num_seqs}")
     for name in ("ring_mib", "steps", "repeat", "requests", "prompt_len", "output_len", "engine_repeat"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -73,12 +73,15 @@ def test_bench_trace_writer_figures_as_json(capsys):
 
 def test_bench_trace_engine_off_vs_on(tmp_path):
     args = argparse.Namespace(requests=4, prompt_len=16, output_len=10, engine_repeat=2, threads=1, seed=0,
-                              model="tiny", ring_mib=1, steps=10, repeat=1, skip_engine=False)
+                              model="tiny", ring_mib=1, steps=10, repeat=1, skip_engine=False, max_num_seqs=2,
+                              ring=str(tmp_path / "kept.ring"))
     e = bench_trace.engine_overhead(tiny_llama(seed=4), args)
     assert len(e["off"]) == len(e["on"]) == 2 and len(e["paired_on_over_off"]) == 2
     assert all(r["output_tokens"] == 40 for r in e["off"] + e["on"])
     assert e["on"][0]["records"] == 40 + e["on"][0]["steps"] + 4 * (1 + 3)  # tokens, steps, names + spans
     assert 0 < e["tracing_share_of_run"] < 1 and e["throughput_on_over_off"] > 0
+    kept = Trace.load(tmp_path / "kept.ring")  # the last traced run, for the trace commands
+    assert len(kept.tokens) == 40 and kept.steps["batch_size"].max() == 2 and kept.steps["waiting"].max() == 2
     text = bench_trace.render({"inputs": vars(args), "figures": {"writer": bench_trace.writer_costs(2**20, 10, 1),
                                                                   "engine": e}})
     assert "on / off" in text and "per token record" in text
