@@ -25,15 +25,18 @@ from scratchllm.engine.output import OutputCollector, OutputProcessor
 from scratchllm.engine.protocol import RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
 from scratchllm.engine.scheduler import Scheduler
+from scratchllm.engine.tracing import StepTracer
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
+from scratchllm.trace.writer import TraceWriter
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
     def __init__(self, model: Any, config: EngineConfig | None = None, tokenizer: Any = None,
-                 eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic):
+                 eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 trace: TraceWriter | None = None):
         self.model = model
         self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
@@ -58,6 +61,8 @@ class LLMEngine:
         self.num_generated = 0
         self.step_tokens_total = 0
         self.last_step_tokens = 0
+        # every token into the trace ring (scratchllm/trace), when a writer is given
+        self.tracer = StepTracer(trace) if trace is not None else None
         logger.info("engine: %s, %d KV blocks of %d tokens, policy %s", type(model).__name__, num_blocks,
                     config.block_size, config.policy)
 
@@ -90,6 +95,8 @@ class LLMEngine:
         self.requests[request_id] = req
         self._outputs[request_id] = self._output_processor(request_id, params)
         self.scheduler.add(req)
+        if self.tracer is not None:
+            self.tracer.arrived(req)
         return req
 
     def add_group(self, request_ids: Sequence[str | None], prompt_token_ids: Sequence[int],
@@ -116,6 +123,8 @@ class LLMEngine:
             self.requests[rid] = child
             self._outputs[rid] = self._output_processor(rid, p)
             leader.fork_children.append(child)
+            if self.tracer is not None:
+                self.tracer.arrived(child)
         return [leader, *leader.fork_children]
 
     def _output_processor(self, request_id: str, params: SamplingParams) -> OutputProcessor:
@@ -144,6 +153,8 @@ class LLMEngine:
         req.finish("abort", self.clock())
         event = self._outputs.pop(req.request_id).abort()
         event.metrics = req.metrics()
+        if self.tracer is not None:
+            self.tracer.ended(event)
         return event
 
     def set_priority_hook(self, fn: Callable[[Request], float] | None) -> None:
@@ -160,12 +171,15 @@ class LLMEngine:
 
     # --- the step ---
     def step(self) -> list[TokenEvent]:
+        start_ns = time.monotonic_ns()
         batch = self.scheduler.schedule(self.clock())
         self.last_step_tokens = batch.num_tokens
         if not batch.items:
             return []
         with self.scheduler.stepping():
+            forward_start = time.perf_counter_ns()
             reqs, logits = self.runner.execute(batch)
+            forward_ns = time.perf_counter_ns() - forward_start
         self.num_steps += 1
         self.step_tokens_total += batch.num_tokens
         now = self.clock()
@@ -182,6 +196,13 @@ class LLMEngine:
                         forks.append((req, kid))
             self._emit(req, sampled, now, events, finished)
         self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks)
+        if self.tracer is not None:
+            bm, s = self.block_manager, self.scheduler
+            self.tracer.step(self.num_steps, start_ns, time.monotonic_ns(), events, self.requests,
+                             forward_ns=forward_ns, attention_ns=self.runner.attention.elapsed_ns,
+                             step_tokens=batch.num_tokens, running=s.num_running() + len(finished),
+                             waiting=s.num_waiting(), kv_used=bm.num_used, kv_total=bm.num_blocks,
+                             preempted=len(batch.preempted))
         return events
 
     def _emit(self, req: Request, sampled: tuple[int, float | None, Any], now: float, events: list[TokenEvent],

@@ -17,6 +17,7 @@ through its block table into a padded batch and use the 3-D mask generator.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ class PagedAttention:
         self.token_seq: npt.NDArray[np.int32] | None = None  # [N]
         self.token_pos: npt.NDArray[np.int32] | None = None  # [N]
         self.max_ctx = 0
+        self.elapsed_ns = 0  # attention time of the current step's forward, summed over layers
 
     @classmethod
     def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, num_threads: int = 0) -> PagedAttention:
@@ -64,6 +66,7 @@ class PagedAttention:
         # checked once per step here, so that the 30 calls per step need not
         self.max_ctx = layout_context(self.block_tables, self.token_seq, self.token_pos, self.block_size,
                                       self.k_cache.shape[1])
+        self.elapsed_ns = 0  # attention time of this step's forward, summed over layers
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
@@ -76,11 +79,13 @@ class PagedAttention:
 
     def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> npt.NDArray[np.float32]:
         # [N, H, D], [N, KVH, D], [N, KVH, D] -> [N, H, D]
+        start = time.perf_counter_ns()
         if q.dtype != np.float32:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         out = np.empty(q.shape, dtype=np.float32)
         paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
                         self.token_pos, self.scale, out, self.max_ctx, self.num_threads)
+        self.elapsed_ns += time.perf_counter_ns() - start  # the trace's attention share of a step
         return out
 
 

@@ -1,0 +1,167 @@
+"""What token tracing costs: the writer per record, and engine throughput with tracing off vs on.
+
+1. Writer: ns per token record when a step's tokens are written in one call (steps of 1, 16 and
+   64 tokens; the goal is <= 2 us per token record at 16), and ns per step, span and name record.
+   Best and median of --repeat runs of --steps calls each, into a ring of --ring-mib MiB.
+2. Engine: the same offline workload (--requests prompts of --prompt-len random tokens, greedy,
+   --output-len new tokens each, all at t=0) run by LLMEngine with tracing off and on,
+   interleaved --engine-repeat times (the order alternates, so drifting load on a shared machine
+   hits both alike). "On" = an the engine's own tracer (scratchllm/engine/tracing.py): token, step and span records
+   into a fresh ring. Reports output tokens/s per mode, the paired ratio (goal: >= 0.97, i.e. at
+   most 3% throughput cost), and the tracer's own measured time as a share of the run: the same
+   cost, read without the run-to-run noise of two throughput figures.
+"""
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.bench.common import machine_facts, median
+from scratchllm.errors import ConfigError
+
+GOALS = {"ns_per_token_record": 2000.0, "throughput_on_over_off": 0.97}
+
+
+def add_arguments(p):
+    p.add_argument("--ring-mib", type=int, default=128, help="ring size in MiB (default 128)")
+    p.add_argument("--steps", type=int, default=20000, help="writer: calls per run (default 20000)")
+    p.add_argument("--repeat", type=int, default=5, help="writer: runs per figure (default 5)")
+    p.add_argument("--model", default="default", help="engine: the model (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--requests", type=int, default=16, help="engine: requests (default 16)")
+    p.add_argument("--prompt-len", type=int, default=64, help="engine: prompt tokens each (default 64)")
+    p.add_argument("--output-len", type=int, default=64, help="engine: new tokens each (default 64)")
+    p.add_argument("--engine-repeat", type=int, default=3, help="engine: off/on pairs (default 3)")
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="engine: sequences per step (default 0: all the requests at once; fewer makes a queue)")
+    p.add_argument("--threads", type=int, default=0, help="engine: kernel threads (default 0: all cores)")
+    p.add_argument("--ring", default=None, help="engine: keep the last traced run's ring here, for `trace watch "
+                   "/ heatmap / export` (default: a temporary file)")
+    p.add_argument("--skip-engine", action="store_true", help="only the writer figures")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict:
+    from scratchllm.trace import Phase, TraceWriter
+
+    out = {}
+    with tempfile.TemporaryDirectory() as d, TraceWriter(Path(d) / "bench.ring", ring_bytes=ring_bytes) as w:
+        for k in (1, 16, 64):
+            req, pos = np.arange(k, dtype=np.uint64) * 7919, np.arange(k, dtype=np.uint32)
+            lat, kv = np.full(k, 25_000_000, np.int64), np.full(k, 12, np.uint32)
+
+            def tokens(step, k=k, req=req, pos=pos, lat=lat, kv=kv):
+                w.tokens(req, pos, pos, lat, step=step, kv_blocks=kv, batch_size=k, step_tokens=k)
+
+            out[f"token_step_{k}"] = _per_call(tokens, steps, repeat, per=k)
+        out["step"] = _per_call(lambda i: w.step(i, 1, 2, matmul_ns=1, attention_ns=1, batch_size=16), steps, repeat)
+        out["span"] = _per_call(lambda i: w.span(12345, Phase.SERIALIZE, 1, 2, count=100), steps, repeat)
+        out["name"] = _per_call(lambda i: w.register(f"cmpl-{i}"), steps, repeat)
+        out["records_written"], out["capacity"], out["dropped"] = w.written, w.capacity, w.dropped
+    return out
+
+
+def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
+    """ns per record: best and median of `repeat` runs of `calls` calls (each writing `per` records)."""
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        for i in range(calls):
+            fn(i)
+        runs.append((time.perf_counter_ns() - start) / (calls * per))
+    return {"best_ns": min(runs), "median_ns": median(runs), "records_per_call": per}
+
+
+def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0) -> dict:
+    """The workload to completion; with `ring`, the engine traces every token into it."""
+    from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.sampling import SamplingParams
+    from scratchllm.trace import TraceWriter
+
+    writer = TraceWriter(ring) if ring is not None else None
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs or max(len(prompts), 1), num_threads=threads),
+                       trace=writer)
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    tokens = 0
+    start = time.perf_counter()
+    while engine.has_work():
+        tokens += sum(o.token_id is not None for o in engine.step())
+    wall = time.perf_counter() - start
+    result = {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall, "steps": engine.num_steps}
+    if writer is not None and engine.tracer is not None:
+        result.update(records=writer.written, dropped=writer.dropped, tracing_s=engine.tracer.tracing_ns / 1e9)
+        writer.close()
+    return result
+
+
+def engine_overhead(model, args) -> dict:
+    rng = np.random.default_rng(args.seed)
+    lo = min(100, model.config.vocab_size // 4)
+    prompts = [rng.integers(lo, model.config.vocab_size - 1, args.prompt_len).tolist() for _ in range(args.requests)]
+    runs = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as d:
+        ring = Path(args.ring) if args.ring else Path(d) / "engine.ring"
+        for rep in range(args.engine_repeat):
+            for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
+                runs[mode].append(engine_run(model, prompts, args.output_len, args.threads,
+                                             ring if mode == "on" else None, args.max_num_seqs))
+    paired = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["off"], runs["on"], strict=True)]
+    share = [on["tracing_s"] / on["wall_s"] for on in runs["on"]]
+    return {"off": runs["off"], "on": runs["on"], "paired_on_over_off": paired,
+            "throughput_on_over_off": median(paired), "tracing_share_of_run": median(share),
+            "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len}
+
+
+def run(args) -> dict:
+    if args.max_num_seqs < 0:
+        raise ConfigError(f"--max-num-seqs must be >= 0, got {args.max_num_seqs}")
+    for name in ("ring_mib", "steps", "repeat", "requests", "prompt_len", "output_len", "engine_repeat"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "goals": GOALS, "figures": {},
+              "ratios": {}}
+    figs = result["figures"]
+    figs["writer"] = writer_costs(args.ring_mib * 2**20, args.steps, args.repeat)
+    result["ratios"]["ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["median_ns"]
+    if not args.skip_engine:
+        from scratchllm.models import load_model
+
+        model = load_model(args.model)
+        figs["engine"] = engine_overhead(model, args)
+        result["ratios"]["throughput_on_over_off"] = figs["engine"]["throughput_on_over_off"]
+        result["ratios"]["tracing_share_of_run"] = figs["engine"]["tracing_share_of_run"]
+    result["machine"] = machine_facts()
+    return result
+
+
+def render(r: dict) -> str:
+    w, inp = r["figures"]["writer"], r["inputs"]
+    out = [f"trace writer: {inp['ring_mib']} MiB ring ({w['capacity']:,} records of 64 bytes); best / median of "
+           f"{inp['repeat']} runs of {inp['steps']:,} calls", f"{'record':<28}{'best ns':>10}{'median ns':>11}"]
+    for key, label in (("token_step_1", "token (steps of 1)"), ("token_step_16", "token (steps of 16)"),
+                       ("token_step_64", "token (steps of 64)"), ("step", "step"), ("span", "span"),
+                       ("name", "name (register)")):
+        out.append(f"{label:<28}{w[key]['best_ns']:>10.0f}{w[key]['median_ns']:>11.0f}")
+    ns16 = w["token_step_16"]["median_ns"]
+    verdict = "met" if ns16 <= GOALS["ns_per_token_record"] else "NOT met"
+    out.append(f"per token record, steps of 16: {ns16:.0f} ns (goal <= {GOALS['ns_per_token_record']:.0f} ns: "
+               f"{verdict}); dropped {w['dropped']}")
+    if "engine" in r["figures"]:
+        e = r["figures"]["engine"]
+        off, on = median([x["output_tok_s"] for x in e["off"]]), median([x["output_tok_s"] for x in e["on"]])
+        ratio = e["throughput_on_over_off"]
+        verdict = "met" if ratio >= GOALS["throughput_on_over_off"] else "NOT met"
+        out += [f"\nengine, model {inp['model']}: {e['requests']} requests x ({e['prompt_len']} prompt + "
+                f"{e['output_len']} new) tokens, all at t=0, {len(e['off'])} interleaved off/on pairs",
+                f"  tracing off  {off:8.1f} output tok/s (median run)",
+                f"  tracing on   {on:8.1f} output tok/s; {e['on'][0]['records']:,} records per run, "
+                f"{e['on'][0]['dropped']} dropped",
+                f"  on / off     {ratio:8.3f} (paired median; pairs "
+                f"{', '.join(f'{x:.3f}' for x in e['paired_on_over_off'])}); goal >= "
+                f"{GOALS['throughput_on_over_off']} : {verdict}",
+                f"  time in the tracing code: {e['tracing_share_of_run'] * 100:.2f}% of the traced run (measured "
+                f"inside the tracer; the throughput ratio above carries the machine's run-to-run noise)"]
+    return "\n".join(out)

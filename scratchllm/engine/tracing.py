@@ -1,0 +1,102 @@
+"""The engine's side of the token trace (scratchllm/trace): each step's tokens, the step itself
+and each finished request's phases, written into the memory-mapped ring by LLMEngine.step().
+
+Per step, one vectorized `tokens` call for all the step's tokens (request, position, token id,
+latency since the request's previous token, KV blocks held, phase, flags) and one `step` record
+(duration split into matmuls = the forward minus attention, attention = the paged-attention
+calls, and the rest = scheduling, sampling, the output path and Python; batch size, tokens in
+the step, KV use, queue, preemptions). Per finished request, its queued / prefill / decode
+spans from its own RequestMetrics. The writer never blocks and never allocates per token; this
+module's Python is the cost `scratchllm bench trace` measures.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from scratchllm.engine.protocol import TokenEvent
+from scratchllm.engine.request import Request
+from scratchllm.trace.format import Phase, StepFlag, TokenFlag
+from scratchllm.trace.writer import TraceWriter
+
+_NS = 1e9
+
+
+def _ns(seconds: float) -> int:
+    """The engine's monotonic seconds on the ring's clock (time.monotonic_ns: the same clock)."""
+    return round(seconds * _NS)
+
+
+class StepTracer:
+    def __init__(self, writer: TraceWriter):
+        self.writer = writer
+        self._keys: dict[str, int] = {}
+        self._last_ns: dict[str, int] = {}  # the request's previous token (or its arrival)
+        self._preemptions: dict[str, int] = {}
+        self.tracing_ns = 0  # time spent in this module: tracing's own cost
+
+    def arrived(self, req: Request) -> None:
+        t = time.perf_counter_ns()
+        self._keys[req.request_id] = self.writer.register(req.request_id)
+        self._last_ns[req.request_id] = _ns(req.arrival)
+        self._preemptions[req.request_id] = 0
+        self.tracing_ns += time.perf_counter_ns() - t
+
+    def step(self, step: int, start_ns: int, end_ns: int, events: list[TokenEvent], requests: dict[str, Request],
+             *, forward_ns: int, attention_ns: int, step_tokens: int, running: int, waiting: int,
+             kv_used: int, kv_total: int, preempted: int) -> None:
+        t = time.perf_counter_ns()
+        n = sum(e.token_id is not None for e in events)
+        keys = np.empty(n, np.uint64)
+        pos, ids, lat, kv, flags, phase = (np.empty(n, np.int64) for _ in range(6))
+        i, prefill = 0, False
+        for e in events:
+            if e.token_id is None:
+                continue
+            rid = e.request_id
+            req = requests.get(rid)
+            f = TokenFlag.FIRST if e.index == 0 else 0
+            seen = req.num_preemptions if req is not None else self._preemptions.get(rid, 0)
+            if seen != self._preemptions.get(rid, 0):
+                f |= TokenFlag.PREEMPTED | TokenFlag.RESUMED
+                self._preemptions[rid] = seen
+            if e.finish_reason is not None:
+                f |= TokenFlag.FINISHED
+            p = Phase.PREFILL if f & (TokenFlag.FIRST | TokenFlag.RESUMED) else Phase.DECODE
+            prefill |= p == Phase.PREFILL
+            keys[i], pos[i], ids[i] = self._keys[rid], e.index, e.token_id
+            lat[i] = end_ns - self._last_ns.get(rid, end_ns)
+            kv[i] = len(req.block_table) if req is not None else 0
+            flags[i], phase[i] = f, p
+            self._last_ns[rid] = end_ns
+            i += 1
+        w = self.writer
+        if n:
+            w.tokens(keys, pos, ids, lat, step=step, time_ns=end_ns, kv_blocks=kv, phase=phase, flags=flags,
+                     batch_size=running, step_tokens=step_tokens)
+        step_flags = (StepFlag.PREEMPTION if preempted else 0) | (StepFlag.PREFILL if prefill else 0)
+        w.step(step, start_ns, end_ns, matmul_ns=max(forward_ns - attention_ns, 0), attention_ns=attention_ns,
+               batch_size=running, step_tokens=step_tokens, kv_blocks=kv_used, kv_total=kv_total, waiting=waiting,
+               preempted=preempted, flags=step_flags)
+        for e in events:
+            if e.finish_reason is not None:
+                self.ended(e)
+        self.tracing_ns += time.perf_counter_ns() - t
+
+    def ended(self, e: TokenEvent) -> None:
+        """A request's last event (finished in a step, or aborted between steps): its spans."""
+        key = self._keys.pop(e.request_id, None)
+        self._last_ns.pop(e.request_id, None)
+        self._preemptions.pop(e.request_id, None)
+        m = e.metrics
+        if key is None or m is None:
+            return
+        w = self.writer
+        if m.first_scheduled is not None:
+            w.span(key, Phase.QUEUED, _ns(m.arrival), _ns(m.first_scheduled), count=m.prompt_tokens)
+            if m.first_token is not None:
+                w.span(key, Phase.PREFILL, _ns(m.first_scheduled), _ns(m.first_token), count=m.prompt_tokens)
+        if m.first_token is not None and m.finished is not None:
+            w.span(key, Phase.DECODE, _ns(m.first_token), _ns(m.finished), count=m.completion_tokens)

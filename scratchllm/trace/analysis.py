@@ -1,0 +1,152 @@
+"""A ring's records as tables, and the figures a live view shows.
+
+Times here are seconds since the ring's clock origin (the writer's start), so every command
+speaks of the same instants.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scratchllm.trace.format import SPAN_DTYPE, STEP_DTYPE, TOKEN_DTYPE, Kind, Phase, TokenFlag
+from scratchllm.trace.reader import ReadResult, RingReader
+
+
+@dataclass
+class Trace:
+    """Everything read from one ring: the valid records of each kind, in write order."""
+
+    tokens: np.ndarray  # TOKEN_DTYPE
+    steps: np.ndarray  # STEP_DTYPE
+    spans: np.ndarray  # SPAN_DTYPE
+    names: dict[int, str]
+    origin_ns: int  # the monotonic clock at the writer's start
+    wall_origin_ns: int  # the wall clock at the same moment
+    capacity: int
+    pid: int = 0
+    written: int = 0  # records the writer committed in all
+    dropped: int = 0  # records the writer dropped rather than wait
+    lapped: int = 0  # records overwritten before they were read
+    torn: int = 0
+    writer_state: str = ""  # RingReader.writer_state()
+    path: str = ""
+
+    @classmethod
+    def empty(cls, origin_ns: int = 0, capacity: int = 0) -> "Trace":
+        return cls(np.zeros(0, TOKEN_DTYPE), np.zeros(0, STEP_DTYPE), np.zeros(0, SPAN_DTYPE), {}, origin_ns, 0,
+                   capacity)
+
+    @classmethod
+    def load(cls, path) -> "Trace":
+        """Read a whole ring (live or not) once."""
+        with RingReader(path) as reader:
+            trace = cls.empty(reader.clock_origin_ns, reader.capacity)
+            trace.wall_origin_ns, trace.pid, trace.path = reader.wall_origin_ns, reader.pid, str(path)
+            trace.add(reader.read_new(), reader)
+        return trace
+
+    def add(self, got: ReadResult, reader: RingReader) -> None:
+        """Append one read's records (a live view calls this once per refresh)."""
+        self.tokens = np.concatenate([self.tokens, got.of(Kind.TOKEN)])
+        self.steps = np.concatenate([self.steps, got.of(Kind.STEP)])
+        self.spans = np.concatenate([self.spans, got.of(Kind.SPAN)])
+        self.names.update(got.names())
+        self.written, self.dropped, self.lapped, self.torn = got.end, reader.dropped, reader.lapped, reader.torn
+        self.writer_state = reader.writer_state()
+
+    def seconds(self, ns) -> np.ndarray:
+        return (np.asarray(ns, dtype=np.int64) - self.origin_ns) / 1e9
+
+    def name(self, key: int) -> str:
+        return self.names.get(int(key), f"{int(key):016x}")
+
+    @property
+    def time_range(self) -> tuple[float, float]:
+        """(first, last) instant any record mentions, in seconds; (0, 0) when empty."""
+        times = [self.tokens["time_ns"], self.steps["start_ns"], self.steps["end_ns"], self.spans["start_ns"],
+                 self.spans["end_ns"]]
+        times = np.concatenate([t.astype(np.int64) for t in times])
+        if not len(times):
+            return 0.0, 0.0
+        return float(self.seconds(times.min())), float(self.seconds(times.max()))
+
+    def window(self, start_s: float, end_s: float) -> "Trace":
+        """The records that fall in [start_s, end_s] (a span or step: if it overlaps)."""
+        lo, hi = int(self.origin_ns + start_s * 1e9), int(self.origin_ns + end_s * 1e9)
+        out = Trace(**{**self.__dict__})
+        out.tokens = self.tokens[(self.tokens["time_ns"] >= lo) & (self.tokens["time_ns"] <= hi)]
+        out.steps = self.steps[(self.steps["end_ns"] >= lo) & (self.steps["start_ns"] <= hi)]
+        out.spans = self.spans[(self.spans["end_ns"] >= lo) & (self.spans["start_ns"] <= hi)]
+        return out
+
+    def arrivals(self) -> dict[int, int]:
+        """Each request's arrival (ns): the start of its QUEUED or REQUEST span, else its first
+        token's time minus that token's latency (a first token's latency is its TTFT), else its
+        first token's time."""
+        arrival: dict[int, int] = {}
+        t = self.tokens
+        for key, when in zip(t["request"].tolist(), (t["time_ns"] - t["latency_ns"]).tolist(), strict=True):
+            if key not in arrival or when < arrival[key]:
+                arrival[key] = when
+        s = self.spans[np.isin(self.spans["phase"], (Phase.QUEUED, Phase.REQUEST))]
+        for key, when in zip(s["request"].tolist(), s["start_ns"].tolist(), strict=True):
+            arrival[key] = min(when, arrival.get(key, when))
+        return arrival
+
+
+def percentile(values, q: float) -> float | None:
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+@dataclass
+class LiveFigures:
+    """What `trace watch` shows, over the last `window_s` seconds of the trace."""
+
+    window_s: float
+    end_s: float
+    tokens: int
+    tokens_per_s: float
+    records_per_s: float
+    itl_ms: dict = field(default_factory=dict)  # p50 / p99 of decode tokens' latency
+    ttft_ms: dict = field(default_factory=dict)  # p50 / p99 of first tokens' latency
+    batch_size: float | None = None  # mean requests per step
+    kv_blocks: int | None = None  # at the last step
+    kv_total: int | None = None
+    waiting: int | None = None  # requests queued at the last step
+    requests_seen: int = 0
+    retention_s: float | None = None  # how long the ring holds at this record rate
+
+
+def live_figures(trace: Trace, window_s: float = 10.0) -> LiveFigures:
+    """The figures over the last window_s seconds before the newest record (not before now:
+    after a crash the newest record is the moment that matters)."""
+    first, last = trace.time_range
+    span = min(window_s, max(last - first, 1e-9))
+    w = trace.window(last - span, last)
+    t = w.tokens
+    lat_ms = t["latency_ns"] / 1e6
+    first_tok = (t["flags"] & TokenFlag.FIRST) != 0
+    records = len(t) + len(w.steps) + len(w.spans)
+    fig = LiveFigures(window_s=span, end_s=last, tokens=len(t), tokens_per_s=len(t) / span,
+                      records_per_s=records / span, requests_seen=len(np.unique(t["request"])))
+    fig.itl_ms = {"p50": percentile(lat_ms[~first_tok], 50), "p99": percentile(lat_ms[~first_tok], 99)}
+    fig.ttft_ms = {"p50": percentile(lat_ms[first_tok], 50), "p99": percentile(lat_ms[first_tok], 99)}
+    if len(w.steps):
+        s = w.steps
+        fig.batch_size = float(s["batch_size"].mean())
+        last = s[-1]
+        fig.kv_blocks, fig.kv_total, fig.waiting = int(last["kv_blocks"]), int(last["kv_total"]), int(last["waiting"])
+    elif len(t):
+        fig.batch_size = float(t["batch_size"].mean())
+        fig.kv_blocks = int(t["kv_blocks"][t["step"] == t["step"][-1]].sum())
+    if fig.records_per_s > 0:
+        fig.retention_s = trace.capacity / fig.records_per_s
+    return fig
+
+
+def retention_s(capacity: int, tokens_per_s: float, records_per_token: float = 1.1) -> float:
+    """Seconds of history a ring of `capacity` records holds at tokens_per_s, counting
+    records_per_token records per token (one token record, plus the steps and spans around it:
+    about 0.1 per token at 16 requests per step and a few spans per request)."""
+    return capacity / (tokens_per_s * records_per_token)

@@ -1,0 +1,177 @@
+"""The latency heatmap's data (requests x token positions) and what its patterns say.
+
+Three patterns, each found from measured values, never assumed:
+  * vertical bands: a step far slower than the typical step delays the token of every request in
+    it at once. Cause from the step record: a preemption, a prefill chunk much larger than usual.
+  * late tokens of long requests slow: within long requests, the last quarter of the tokens is
+    slower than the first quarter. Attention reads the whole KV cache per token, so its cost grows
+    with context: this is KV / attention cost.
+  * whole rows slow: some requests are slow at every position (or wait long for their first
+    token) while the typical one is not: queueing, or contention with other work.
+Decode latencies (since the request's previous token) are used for the last two, outside the
+stalled steps so that one stall is not read three ways.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scratchllm.trace.analysis import Trace
+from scratchllm.trace.format import StepFlag, TokenFlag
+
+STALL_FACTOR = 3.0  # a step this many times the median step is a stall
+LATE_FACTOR = 1.25  # late tokens this many times slower than early ones: a trend worth naming
+SLOW_ROW_FACTOR = 2.0  # a request this many times slower than the typical request
+LONG_REQUEST_MIN = 16  # tokens a request needs before early vs late means anything
+
+
+@dataclass
+class LatencyGrid:
+    """latency_ms[r, p]: request r's (arrival order) token at output position p; NaN = none."""
+
+    requests: np.ndarray  # [R] request keys, in arrival order
+    latency_ms: np.ndarray  # [R, P] float64
+    step: np.ndarray  # [R, P] int64: the step that made the token, -1 = none
+    first_ms: np.ndarray  # [R] time to first token (NaN if its first token is not in the ring)
+
+    @classmethod
+    def from_trace(cls, trace: Trace, max_requests: int | None = None) -> "LatencyGrid":
+        t = trace.tokens
+        arrival = trace.arrivals()
+        seen: dict[int, int] = {}  # ties in arrival: first registered (or first seen) first
+        for k in [*trace.names, *t["request"].tolist()]:
+            seen.setdefault(k, len(seen))
+        keys = np.array(sorted(arrival, key=lambda k: (arrival[k], seen.get(k, len(seen)))), dtype=np.uint64)
+        if max_requests is not None and len(keys) > max_requests:
+            keys = keys[-max_requests:]  # the most recent: what a flight recorder is read for
+        row_of = {int(k): i for i, k in enumerate(keys.tolist())}
+        rows = np.array([row_of.get(k, -1) for k in t["request"].tolist()], dtype=np.int64)
+        keep = rows >= 0
+        rows, t = rows[keep], t[keep]
+        cols = t["position"].astype(np.int64)
+        width = int(cols.max()) + 1 if len(cols) else 0
+        lat = np.full((len(keys), width), np.nan)
+        step = np.full((len(keys), width), -1, dtype=np.int64)
+        lat[rows, cols] = t["latency_ns"] / 1e6
+        step[rows, cols] = t["step"]
+        first = np.full(len(keys), np.nan)
+        is_first = (t["flags"] & TokenFlag.FIRST) != 0
+        first[rows[is_first]] = t["latency_ns"][is_first] / 1e6
+        return cls(keys, lat, step, first)
+
+
+@dataclass
+class Finding:
+    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "uniform"
+    text: str
+    values: dict = field(default_factory=dict)
+
+
+def step_durations(trace: Trace) -> dict[int, float]:
+    """ms per step: from step records where the ring has them, else the median latency of the
+    decode tokens the step made (a decode token waits exactly one step when its request ran in
+    the previous step too)."""
+    if len(trace.steps):
+        s = trace.steps
+        return dict(zip(s["step"].tolist(), ((s["end_ns"] - s["start_ns"]) / 1e6).tolist(), strict=True))
+    t = trace.tokens[(trace.tokens["flags"] & TokenFlag.FIRST) == 0]
+    out = {}
+    order = np.argsort(t["step"], kind="stable")
+    steps, lat = t["step"][order], t["latency_ns"][order] / 1e6
+    bounds = np.flatnonzero(np.diff(steps)) + 1
+    for chunk_steps, chunk_lat in zip(np.split(steps, bounds), np.split(lat, bounds), strict=True):
+        if len(chunk_steps):
+            out[int(chunk_steps[0])] = float(np.median(chunk_lat))
+    return out
+
+
+def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
+    grid = grid or LatencyGrid.from_trace(trace)
+    findings = []
+    durations = step_durations(trace)
+    stalled: set[int] = set()
+    if len(durations) >= 4:
+        median_ms = float(np.median(list(durations.values())))
+        stalled = {s for s, d in durations.items() if d > STALL_FACTOR * median_ms}
+        if stalled:
+            findings.append(_stalls(trace, grid, sorted(stalled), durations, median_ms))
+    decode = ~np.isnan(grid.latency_ms) & np.isin(grid.step, list(stalled), invert=True)
+    decode[:, 0] = False  # position 0 is the first token: its latency is the wait for it (TTFT)
+    late = _late_tokens(grid, decode)
+    if late:
+        findings.append(late)
+    rows = _slow_rows(grid, decode)
+    if rows:
+        findings.append(rows)
+    if not findings:
+        lat = grid.latency_ms[decode]
+        ratio = float(np.percentile(lat, 99) / np.percentile(lat, 50)) if len(lat) else float("nan")
+        findings.append(Finding("uniform", f"no stalls, no trend with position, no slow requests: decode latency "
+                                           f"p99/p50 = {ratio:.2f}", {"p99_over_p50": ratio}))
+    return findings
+
+
+def _stalls(trace, grid, stalled, durations, median_ms) -> Finding:
+    steps = {int(s["step"]): s for s in trace.steps} if len(trace.steps) else {}
+    usual_tokens = float(np.median(trace.steps["step_tokens"])) if len(trace.steps) else 0.0
+    parts = []
+    for s in stalled[:5]:
+        rec, cause = steps.get(s), "cause not recorded"
+        if rec is not None:
+            if rec["preempted"] or rec["flags"] & StepFlag.PREEMPTION:
+                cause = f"{int(rec['preempted']) or 'a'} preemption(s)"
+            elif rec["flags"] & StepFlag.PREFILL and rec["step_tokens"] > 2 * usual_tokens:
+                cause = f"a prefill of {int(rec['step_tokens'])} tokens (usual step: {usual_tokens:.0f})"
+        hit = int(np.count_nonzero(grid.step == s))
+        parts.append(f"step {s}: {durations[s]:.0f} ms, {hit} requests' tokens delayed, {cause}")
+    more = f"; {len(stalled) - 5} more" if len(stalled) > 5 else ""
+    text = (f"vertical bands: {len(stalled)} step(s) stalled at > {STALL_FACTOR:g}x the median step of "
+            f"{median_ms:.1f} ms ({'; '.join(parts)}{more})")
+    return Finding("stalled_steps", text, {"steps": stalled, "median_step_ms": median_ms,
+                                           "stall_ms": [durations[s] for s in stalled]})
+
+
+def _late_tokens(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
+    lengths = (~np.isnan(grid.latency_ms)).sum(axis=1)
+    long_rows = np.flatnonzero(lengths >= max(LONG_REQUEST_MIN, np.median(lengths) if len(lengths) else 0))
+    early, late = [], []
+    for r in long_rows:
+        n = lengths[r]
+        row = grid.latency_ms[r, :n][decode[r, :n]]
+        pos = np.arange(n)[decode[r, :n]]
+        early.append(row[pos < n / 4])
+        late.append(row[pos >= 3 * n / 4])
+    if not early or not sum(map(len, early)) or not sum(map(len, late)):
+        return None
+    e, lt = float(np.median(np.concatenate(early))), float(np.median(np.concatenate(late)))
+    if lt <= LATE_FACTOR * e:
+        return None
+    return Finding("late_tokens", f"late tokens of long requests slow: the last quarter of {len(long_rows)} long "
+                                  f"requests' tokens takes {lt:.1f} ms vs {e:.1f} ms for the first quarter "
+                                  f"({lt / e:.2f}x): KV / attention cost growing with context",
+                   {"early_ms": e, "late_ms": lt, "ratio": lt / e, "requests": len(long_rows)})
+
+
+def _slow_rows(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
+    masked = np.where(decode, grid.latency_ms, np.nan)
+    has = decode.any(axis=1)
+    if has.sum() < 4:
+        return None
+    row_ms = np.full(len(grid.requests), np.nan)
+    row_ms[has] = np.nanmedian(masked[has], axis=1)
+    typical = float(np.nanmedian(row_ms))
+    slow = np.flatnonzero(row_ms > SLOW_ROW_FACTOR * typical)
+    first = grid.first_ms[~np.isnan(grid.first_ms)]
+    waited = np.flatnonzero(grid.first_ms > SLOW_ROW_FACTOR * np.median(first)) if len(first) >= 4 else []
+    waited = [r for r in waited if grid.first_ms[r] > SLOW_ROW_FACTOR * typical]  # beyond a step's noise
+    if not len(slow) and not len(waited):
+        return None
+    bits = []
+    if len(slow):
+        bits.append(f"{len(slow)} of {int(has.sum())} requests slow at every position (median "
+                    f"{float(np.median(row_ms[slow])):.1f} ms per token vs a typical {typical:.1f} ms)")
+    if len(waited):
+        bits.append(f"{len(waited)} waited > {SLOW_ROW_FACTOR:g}x the median time to first token "
+                    f"({float(np.median(first)):.0f} ms)")
+    return Finding("slow_rows", f"whole rows slow: {'; '.join(bits)}: queueing or contention",
+                   {"rows": slow.tolist(), "waited_rows": list(map(int, waited)), "typical_ms": typical})

@@ -1,0 +1,109 @@
+"""A trace as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+Tracks:
+  * thread "engine steps": one complete ("X") slice per step, args = its split, batch, KV use;
+    inside it, three slices laid end to end: matmul, attention, other. They are the step's sums
+    per kind, drawn in that order for their sizes, not the order the work ran in.
+  * counters: batch (requests, tokens per step), KV blocks in use, requests waiting.
+  * one async track per request (cat "request", id = the request's key): the request from
+    arrival to its last record, nested inside it its phases (queued, prefill, decode) and an
+    instant event per token. The server's per-chunk work (detokenize, serialize, network send)
+    runs alongside decode, so it goes on a second async track of the same request (cat
+    "server"): on one track it would overlap the decode slice without nesting in it.
+Timestamps are microseconds since the ring's clock origin.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.trace.analysis import Trace
+from scratchllm.trace.format import Phase
+
+ENGINE_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
+SERVER_PHASES = (Phase.DETOKENIZE, Phase.SERIALIZE, Phase.NETWORK_SEND)
+STEPS_TID = 1
+
+
+def trace_events(trace: Trace) -> list[dict]:
+    pid = trace.pid or 1
+    us = lambda ns: (int(ns) - trace.origin_ns) / 1e3
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"scratchllm (pid {trace.pid})"}},
+              {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "engine steps"}}]
+    for s in trace.steps:
+        start, dur = us(s["start_ns"]), (int(s["end_ns"]) - int(s["start_ns"])) / 1e3
+        matmul, attention = int(s["matmul_ns"]) / 1e3, int(s["attention_ns"]) / 1e3
+        other = max(dur - matmul - attention, 0.0)
+        args = {"matmul_ms": matmul / 1e3, "attention_ms": attention / 1e3, "other_ms": other / 1e3,
+                "batch_size": int(s["batch_size"]), "tokens": int(s["step_tokens"]), "kv_blocks": int(s["kv_blocks"]),
+                "kv_total": int(s["kv_total"]), "waiting": int(s["waiting"]), "preempted": int(s["preempted"])}
+        events.append({"ph": "X", "name": f"step {int(s['step'])}", "cat": "step", "pid": pid, "tid": STEPS_TID,
+                       "ts": start, "dur": dur, "args": args})
+        if matmul or attention:
+            at = start
+            for name, d in (("matmul", matmul), ("attention", attention), ("other", other)):
+                d = min(d, start + dur - at)  # never past the parent's end (a split that overran)
+                events.append({"ph": "X", "name": name, "cat": "step.split", "pid": pid, "tid": STEPS_TID,
+                               "ts": at, "dur": d})
+                at += d
+        end = us(s["end_ns"])
+        events += [{"ph": "C", "name": "batch", "pid": pid, "ts": end,
+                    "args": {"requests": int(s["batch_size"]), "tokens": int(s["step_tokens"])}},
+                   {"ph": "C", "name": "KV blocks", "pid": pid, "ts": end, "args": {"used": int(s["kv_blocks"])}},
+                   {"ph": "C", "name": "queue", "pid": pid, "ts": end, "args": {"waiting": int(s["waiting"])}}]
+    events += _request_tracks(trace, pid, us)
+    return events
+
+
+def _request_tracks(trace: Trace, pid: int, us) -> list[dict]:
+    events = []
+    tokens, spans = trace.tokens, trace.spans
+    by_request: dict[int, dict] = {}
+    for key in np.unique(np.concatenate([tokens["request"], spans["request"]])).tolist():
+        by_request[key] = {"tokens": tokens[tokens["request"] == key], "spans": spans[spans["request"] == key]}
+    arrival = trace.arrivals()
+    for key, rec in by_request.items():
+        name, rid = trace.name(key), f"0x{key:016x}"
+        t, s = rec["tokens"], rec["spans"]
+        engine = s[np.isin(s["phase"], ENGINE_PHASES + (Phase.REQUEST,))]
+        server = s[np.isin(s["phase"], SERVER_PHASES)]
+        starts = [arrival.get(key, 0)] if key in arrival else []
+        starts += engine["start_ns"].tolist() + t["time_ns"].tolist()
+        ends = engine["end_ns"].tolist() + t["time_ns"].tolist()
+        if starts and ends:
+            lo, hi = min(starts), max(max(ends), min(starts))
+            common = {"cat": "request", "id": rid, "pid": pid}
+            events.append({"ph": "b", "name": name, "ts": us(lo), "args": {"request": name}, **common})
+            for sp in sorted(engine[engine["phase"] != Phase.REQUEST], key=lambda r: int(r["start_ns"])):
+                phase = Phase(int(sp["phase"])).name.lower()
+                events.append({"ph": "b", "name": phase, "ts": us(sp["start_ns"]), "args": {"count": int(sp["count"])},
+                               **common})
+                events.append({"ph": "e", "name": phase, "ts": us(sp["end_ns"]), **common})
+            for tok in t:
+                events.append({"ph": "n", "name": "token", "ts": us(tok["time_ns"]), **common,
+                               "args": {"position": int(tok["position"]), "token_id": int(tok["token_id"]),
+                                        "latency_ms": int(tok["latency_ns"]) / 1e6, "step": int(tok["step"])}})
+            events.append({"ph": "e", "name": name, "ts": us(hi), **common})
+        common = {"cat": "server", "id": rid, "pid": pid}
+        for sp in server:
+            phase = Phase(int(sp["phase"])).name.lower()
+            label = f"{name} {phase}"
+            args = {"chunk": int(sp["index"]), "count": int(sp["count"])}
+            events.append({"ph": "b", "name": label, "ts": us(sp["start_ns"]), "args": args, **common})
+            events.append({"ph": "e", "name": label, "ts": us(sp["end_ns"]), **common})
+    return events
+
+
+def export(trace: Trace, path) -> dict:
+    """Write the JSON file; returns counts of what went in."""
+    events = trace_events(trace)
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "otherData": {"ring": trace.path, "writer_pid": trace.pid, "wall_clock_origin_ns": trace.wall_origin_ns,
+                         "dropped": trace.dropped, "lapped": trace.lapped, "torn": trace.torn}}
+    Path(path).write_text(json.dumps(doc, separators=(",", ":")))
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[e["ph"]] = kinds.get(e["ph"], 0) + 1
+    return {"events": len(events), "by_phase": kinds, "steps": len(trace.steps),
+            "requests": len({e["id"] for e in events if e.get("cat") == "request"}), "tokens": len(trace.tokens)}

@@ -1,0 +1,159 @@
+"""Heatmap data, diagnosis, PNG and Perfetto JSON from rings written by a simulated engine whose
+stalls, slow requests and latency trends are known in advance."""
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib import image
+
+from scratchllm.trace.analysis import Trace, live_figures, retention_s
+from scratchllm.trace.diagnosis import LatencyGrid, diagnose
+from scratchllm.trace.heatmap import draw_heatmap
+from scratchllm.trace.perfetto import export
+
+from .synthetic import Sim
+
+
+def load(tmp_path, sim: Sim, name="t") -> tuple[Trace, dict]:
+    facts = sim.write(tmp_path / f"{name}.ring")
+    return Trace.load(tmp_path / f"{name}.ring"), facts
+
+
+def patterns(findings) -> set[str]:
+    return {f.pattern for f in findings}
+
+
+def test_an_injected_stall_shows_in_the_heatmap_data_and_the_diagnosis(tmp_path):
+    lengths = [40 + 2 * i for i in range(20)]
+    trace, facts = load(tmp_path, Sim(lengths=lengths, stalls={30: (200.0, 0, 2)}))
+    grid = LatencyGrid.from_trace(trace)
+    assert grid.latency_ms.shape == (20, max(lengths))
+    assert [trace.name(k) for k in grid.requests] == [f"req-{i}" for i in range(20)]  # arrival order
+    # every request started at step 0, so step 30 made position 30 of each: a vertical band
+    assert (grid.step[:, 30] == 30).all()
+    np.testing.assert_allclose(grid.latency_ms[:, 30], 210.0)
+    others = np.delete(grid.latency_ms, 30, axis=1)
+    assert np.nanmax(others) == pytest.approx(10.0)
+    (finding,) = diagnose(trace, grid)
+    assert finding.pattern == "stalled_steps" and finding.values["steps"] == [30]
+    assert finding.values["stall_ms"] == [pytest.approx(facts["step_ms"][30])]
+    assert "step 30: 210 ms, 20 requests' tokens delayed, 2 preemption(s)" in finding.text
+
+
+def test_a_stall_without_step_records_is_found_from_the_tokens(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[30] * 8, stalls={12: (90.0, 0, 0)}))
+    trace.steps = trace.steps[:0]
+    (finding,) = diagnose(trace)
+    assert finding.values["steps"] == [12] and "cause not recorded" in finding.text
+
+
+def test_latency_growing_with_context_reads_as_attention_cost(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[100 + 5 * i for i in range(12)], per_context_ms=0.1))
+    (finding,) = diagnose(trace)
+    assert finding.pattern == "late_tokens" and finding.values["ratio"] > 1.25
+    assert "KV / attention" in finding.text
+
+
+def test_starved_requests_read_as_queueing_or_contention(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[60] * 16, every=[1] * 13 + [3] * 3))
+    (finding,) = diagnose(trace)
+    grid = LatencyGrid.from_trace(trace)
+    assert finding.pattern == "slow_rows" and sorted(finding.values["rows"]) == [13, 14, 15]
+    assert finding.values["typical_ms"] == pytest.approx(10.0)
+    np.testing.assert_allclose(grid.latency_ms[13:, 1:], 30.0)
+
+
+def test_a_uniform_trace_names_no_pattern(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[50] * 10, arrive_step=list(range(10))))
+    (finding,) = diagnose(trace)
+    assert finding.pattern == "uniform" and finding.values["p99_over_p50"] == pytest.approx(1.0)
+
+
+def test_the_heatmap_png_has_the_asked_size(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[40] * 6, stalls={5: (100.0, 0, 1)}))
+    grid = LatencyGrid.from_trace(trace)
+    out = draw_heatmap(grid, diagnose(trace, grid), tmp_path / "h.png", width=900, height=600)
+    pixels = image.imread(out)
+    assert pixels.shape[:2] == (600, 900)
+    assert pixels[..., :3].std() > 0.05  # something was drawn
+
+
+def test_live_figures_match_numpy_on_the_same_records(tmp_path):
+    trace, facts = load(tmp_path, Sim(lengths=[20 + i for i in range(8)], stalls={9: (50.0, 0, 0)}))
+    fig = live_figures(trace, window_s=1e9)
+    t = trace.tokens
+    first = (t["flags"] & 1) != 0
+    assert fig.tokens == facts["tokens"] == len(t)
+    assert fig.itl_ms["p99"] == pytest.approx(np.percentile(t["latency_ns"][~first] / 1e6, 99))
+    assert fig.ttft_ms["p50"] == pytest.approx(np.median(t["latency_ns"][first] / 1e6))
+    duration = sum(facts["step_ms"].values()) / 1e3
+    assert fig.tokens_per_s == pytest.approx(len(t) / duration, rel=0.01)
+    assert fig.kv_total == 1000 and fig.waiting == 0
+    assert fig.retention_s == pytest.approx(trace.capacity / fig.records_per_s)
+    assert retention_s(2_097_088, 1000.0) == pytest.approx(2_097_088 / 1100)
+
+
+def check_nesting(events):
+    """Slices on each track (a thread's X slices; an async track's b/e pairs) nest properly."""
+    tracks: dict = {}
+    for e in events:
+        if e["ph"] == "X":
+            tracks.setdefault(("X", e["pid"], e["tid"]), []).append((e["ts"], 0, e["name"], e["ts"] + e["dur"]))
+        elif e["ph"] in "be":
+            tracks.setdefault((e["cat"], e["id"]), []).append((e["ts"], 0 if e["ph"] == "b" else 1, e["name"], None))
+    for key, items in tracks.items():
+        if key[0] == "X":
+            open_ends = []
+            for ts, _, _, end in sorted(items, key=lambda x: (x[0], -x[3])):
+                while open_ends and open_ends[-1] <= ts + 1e-9:
+                    open_ends.pop()
+                assert not open_ends or end <= open_ends[-1] + 1e-6, f"{key}: a slice overlaps its parent"
+                open_ends.append(end)
+        else:
+            stack = []
+            # in file order, which the viewers honour for equal timestamps
+            for ts, ph, name, _ in items:
+                if ph == 0:
+                    stack.append((name, ts))
+                else:
+                    assert stack and stack[-1][0] == name, f"{key}: {name} ends out of order"
+                    assert ts >= stack.pop()[1]
+            assert not stack, f"{key}: unclosed {stack}"
+
+
+def test_perfetto_export_loads_nests_and_counts(tmp_path):
+    lengths = [12, 20, 16, 9]
+    trace, facts = load(tmp_path, Sim(lengths=lengths, arrive_step=[0, 0, 3, 5], stalls={4: (40.0, 0, 1)}))
+    counts = export(trace, tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    events = doc["traceEvents"]
+    check_nesting(events)
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert len(steps) == facts["steps"] == counts["steps"]
+    assert len([e for e in events if e.get("cat") == "step.split"]) == 3 * facts["steps"]
+    assert {e["name"] for e in events if e["ph"] == "C"} == {"batch", "KV blocks", "queue"}
+    assert len([e for e in events if e["ph"] == "C"]) == 3 * facts["steps"]
+    tokens = [e for e in events if e["ph"] == "n"]
+    assert len(tokens) == sum(lengths)
+    request_tracks = {e["id"] for e in events if e.get("cat") == "request"}
+    assert len(request_tracks) == 4 == counts["requests"]
+    for rid in request_tracks:
+        b = [e["name"] for e in events if e.get("id") == rid and e.get("cat") == "request" and e["ph"] == "b"]
+        assert b[1:] == ["queued", "prefill", "decode"] and b[0].startswith("req-")
+    server = [e for e in events if e.get("cat") == "server" and e["ph"] == "b"]
+    assert len(server) == 2 * 4  # serialize + network send of each request's last chunk
+    stalled = next(e for e in steps if e["name"] == "step 4")
+    assert stalled["dur"] == pytest.approx(50_000) and stalled["args"]["preempted"] == 1
+    assert stalled["args"]["matmul_ms"] == pytest.approx(25.0)
+
+
+def test_a_window_keeps_only_its_records(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[100] * 4))
+    first, last = trace.time_range
+    part = trace.window(first + 0.2, first + 0.5)
+    export(part, tmp_path / "w.json")
+    events = json.loads((tmp_path / "w.json").read_text())["traceEvents"]
+    check_nesting(events)
+    ts = [e["ts"] for e in events if e["ph"] == "n"]
+    assert len(ts) == 4 * 31 and min(ts) >= (first + 0.2) * 1e6 - 1 and max(ts) <= (first + 0.5) * 1e6 + 1
