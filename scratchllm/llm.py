@@ -42,10 +42,13 @@ class LLM:
     `dtype`: "float32" (default, the reference's numbers), "bfloat16" (faster matmuls, logits
     that differ in the third digit) or "quantized" (a GGUF file's quantized blocks kept as they
     are: a third of the bytes, float32's logits bit for bit); see scratchllm/models/packed.py.
+    `trace`: a path: the engine writes every token into a trace ring there (docs/tracing.md;
+    read it with `scratchllm trace watch|heatmap|export PATH`).
     Every other option is an EngineConfig field (num_kv_blocks, max_num_seqs, ...).
     """
 
-    OPTIONS = ("tokenizer", "max_model_len", "threads", "dtype", *sorted(_ENGINE_OPTIONS - {"max_model_len"}))
+    OPTIONS = ("tokenizer", "max_model_len", "threads", "dtype", "trace",
+               *sorted(_ENGINE_OPTIONS - {"max_model_len"}))
 
     def __init__(self, model="default", **options):
         unknown = sorted(set(options) - set(self.OPTIONS))
@@ -71,7 +74,12 @@ class LLM:
         engine_options = {k: v for k, v in options.items() if k in _ENGINE_OPTIONS}
         if threads is not None:
             engine_options.setdefault("num_threads", int(threads))
-        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer,
+        self.trace = None
+        if options.get("trace"):
+            from scratchllm.trace.writer import TraceWriter
+
+            self.trace = TraceWriter(options["trace"])
+        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer, trace=self.trace,
                                 eos_token_id=self.eos_token_id)
         self.max_model_len = self.engine.max_model_len
         self.load_s = time.perf_counter() - start
@@ -152,6 +160,8 @@ class LLM:
     def shutdown(self, drain: bool = True) -> None:
         if self._async is not None:
             self._async.shutdown(drain)
+        if self.trace is not None:
+            self.trace.close()
 
     # ---- results ------------------------------------------------------------------------------
     @staticmethod

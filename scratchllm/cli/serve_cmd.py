@@ -56,6 +56,14 @@ def add_parser(sub):
                    help="matmul and attention threads (default: one per core)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template text) instead of the model's own")
+    p.add_argument("--trace", default=None, metavar="RING",
+                   help="the token trace ring file the engine writes every token into, read by `scratchllm trace "
+                        "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID.ring in "
+                        "the temporary directory; 'none' turns it off)")
+    p.add_argument("--trace-ring-mb", type=int, default=128, help="size of the trace ring in MiB (default 128)")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="also export one OpenTelemetry span per request (OTLP over HTTP, e.g. "
+                        "http://localhost:4318/v1/traces); needs opentelemetry-sdk")
     p.add_argument("--metrics-prefix", default="scratchllm:",
                    help="prefix of the /metrics names, which follow vLLM's (default scratchllm:; vllm: for "
                         "dashboards and gateways set up for vLLM)")
@@ -129,11 +137,27 @@ def build(args):
             options[key] = getattr(args, key)
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
-    model = load_model(args.model, args.served_model_name or args.model, options)
+    model = load_model(args.model, args.served_model_name or args.model, options, trace=trace_writer(args))
     if args.chat_template:
         model.tokenizer = _with_chat_template(model.tokenizer, args.chat_template)
     embedder = None if args.embedding_model == "none" else load_embedder(args.embedding_model)
     return model, embedder
+
+
+def trace_writer(args):
+    """The ring the server's engine and its streams write, or None (--trace none). Made once."""
+    if getattr(args, "_trace_writer", False) is not False:
+        return args._trace_writer
+    from scratchllm.trace.format import default_ring_path
+    from scratchllm.trace.writer import TraceWriter
+
+    writer = None
+    if (args.trace or "").lower() != "none":
+        if args.trace_ring_mb < 1:
+            raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
+        writer = TraceWriter(args.trace or default_ring_path(), ring_bytes=args.trace_ring_mb << 20)
+    args._trace_writer = writer
+    return writer
 
 
 def _with_chat_template(tokenizer, template: str):
@@ -166,7 +190,13 @@ def run(args) -> int:
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
                           metrics_prefix=args.metrics_prefix)
-    app = create_app(model, embedder, config)
+    otlp = None
+    if args.otlp_traces_endpoint:
+        from scratchllm.trace.otlp import make_tracer
+
+        otlp = make_tracer(args.otlp_traces_endpoint)
+    writer = None if args.fake_engine else trace_writer(args)
+    app = create_app(model, embedder, config, trace=writer, otlp=otlp)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -181,5 +211,10 @@ def run(args) -> int:
     # uvicorn drains on SIGTERM, then re-raises the signal under the handler that was there
     # before it started; this one turns that into a clean exit 0 (drained, nothing lost).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if writer is not None:
+        print(f"scratchllm serve: token trace in {writer.path} (scratchllm trace watch {writer.path})",
+              file=sys.stderr, flush=True)
     server.run(sockets=[sock])
+    if writer is not None:
+        writer.close()
     return 0

@@ -68,8 +68,9 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, ref: str = "default", tokenizer: bool = True, dtype: str = "float32",
-                        **engine_options: Any) -> LLMEngine:
-        """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options)."""
+                        trace: TraceWriter | None = None, **engine_options: Any) -> LLMEngine:
+        """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options);
+        `trace`: a TraceWriter the engine writes every token into."""
         from scratchllm.models import load_model
 
         model = load_model(ref, dtype=dtype)
@@ -78,7 +79,7 @@ class LLMEngine:
             from scratchllm.tokenizer import Tokenizer
 
             tok = Tokenizer.from_pretrained(ref)
-        return cls(model, EngineConfig(**engine_options), tokenizer=tok)
+        return cls(model, EngineConfig(**engine_options), tokenizer=tok, trace=trace)
 
     # --- requests ---
     def add_request(self, request_id: str | None, prompt_token_ids: Sequence[int],

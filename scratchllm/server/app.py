@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from scratchllm.engine.protocol import EngineClient
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
+from scratchllm.trace.writer import TraceWriter
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class ServerState:
     metrics: ServerMetrics
     recent_e2e_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    trace: TraceWriter | None = None  # the ring the server adds each streamed chunk's spans to
+    otlp: Any = None  # an OpenTelemetry tracer: one span per finished request (trace/otlp.py)
 
     def admit(self, n: int = 1) -> None:
         """Reserve n engine slots or refuse with 429. The loop is single-threaded: no lock needed."""
@@ -143,7 +146,9 @@ class BodyLimit:
 
 
 def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
-               config: ServerConfig = ServerConfig()) -> FastAPI:
+               config: ServerConfig = ServerConfig(), trace: TraceWriter | None = None, otlp: Any = None) -> FastAPI:
+    """The app. `trace`: the ring the engine writes (the server adds serialize and network-send
+    spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request."""
     from scratchllm.server import access, embeddings, generation, utility
 
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
@@ -158,7 +163,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
 
     metrics = ServerMetrics(model.engine.stats, model.name, config.metrics_prefix)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(model, embedder, config, metrics)
+    app.state.server = ServerState(model, embedder, config, metrics, trace=trace, otlp=otlp)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(APIError)

@@ -14,13 +14,15 @@ import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
 from scratchllm.server.app import ServedEmbedder, ServedModel
+from scratchllm.trace.writer import TraceWriter
 
 STATIC_OPTIONS = {"max_num_seqs", "max_model_len", "num_kv_blocks"}
 
 
-def load_model(ref: str, name: str, engine_options: dict[str, Any]) -> ServedModel:
-    """`ref` (default, a .gguf, a folder) behind an AsyncEngine; engine_options go to EngineConfig.
-    `batching="static"` serves the static baseline instead (engine/static.py)."""
+def load_model(ref: str, name: str, engine_options: dict[str, Any], trace: TraceWriter | None = None) -> ServedModel:
+    """`ref` (default, a .gguf, a folder) behind an AsyncEngine; engine_options go to EngineConfig;
+    the engine writes every token into `trace` when given. `batching="static"` serves the static
+    baseline instead (engine/static.py), which is not traced."""
     from scratchllm.engine.async_engine import AsyncEngine
     from scratchllm.engine.engine import LLMEngine
 
@@ -29,7 +31,7 @@ def load_model(ref: str, name: str, engine_options: dict[str, Any]) -> ServedMod
     if engine_options.pop("batching", "continuous") == "static":
         return _load_static(ref, name, engine_options, dtype)
     try:
-        engine = LLMEngine.from_pretrained(ref, tokenizer=True, dtype=dtype, **engine_options)
+        engine = LLMEngine.from_pretrained(ref, tokenizer=True, dtype=dtype, trace=trace, **engine_options)
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     if engine.tokenizer is None:

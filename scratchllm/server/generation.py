@@ -7,6 +7,7 @@ holds its engine slot from admission to `Generation.close()`, which runs on ever
 """
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -31,7 +32,8 @@ from scratchllm.server.protocol import (
     timings,
     usage,
 )
-from scratchllm.server.sse import SSE_DONE, sse, wait_for_disconnect
+from scratchllm.server.sse import SSE_DONE, ChunkTrace, sse, wait_for_disconnect
+from scratchllm.trace.otlp import record_request
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -47,6 +49,7 @@ class Generation:
         state.admit(len(prompts))
         self.state, self.prompts, self.params, self.closed = state, prompts, params, False
         self.streams: list[RequestStream] = []
+        self.chunks = ChunkTrace(state.trace, request_id)  # streamed chunks' spans in the trace ring
         try:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
@@ -67,6 +70,9 @@ class Generation:
             clock.tick()
             if event.finish_reason is not None:
                 self.state.metrics.observe_finished(event.metrics, event.finish_reason)
+                if self.state.otlp is not None and event.metrics is not None:
+                    record_request(self.state.otlp, event.request_id, self.state.model.name, event.metrics,
+                                   self.params[i])
                 m = event.metrics
                 if m is not None and m.finished is not None:
                     self.state.recent_e2e_s.append(m.finished - m.arrival)
@@ -107,7 +113,8 @@ class EventStream(StreamingResponse):
     """SSE response that closes its Generation however the stream ends (done, disconnect, error)."""
 
     def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation) -> None:
-        super().__init__(_guarded(body), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(_guarded(body, generation.chunks), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,12 +124,15 @@ class EventStream(StreamingResponse):
             self.generation.close()
 
 
-async def _guarded(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> AsyncGenerator[bytes, None]:
     """The status line is gone once streaming starts: an engine failure becomes an SSE error event
-    (the official client raises it as an APIError) instead of a connection cut mid-stream."""
+    (the official client raises it as an APIError) instead of a connection cut mid-stream. Each
+    chunk's send is timed from the yield to the ASGI server's next request for one."""
     try:
         async for chunk in body:
+            start = time.monotonic_ns()
             yield chunk
+            chunks.sent(start, len(chunk))
     except Exception as err:  # noqa: BLE001 - reported to the client, then the stream ends
         yield sse(APIError(500, f"the engine failed mid-stream: {type(err).__name__}: {err}",
                            type="server_error").body())
@@ -228,9 +238,9 @@ async def _stream_completion(gen: Generation, head: dict[str, Any], req: Complet
             chunk = {**head, "choices": [choice]}
             if event.finish_reason:
                 chunk["timings"] = timings(event.metrics)
-            yield sse(chunk)
+            yield gen.chunks.encode(chunk)
     if req.stream_options and req.stream_options.include_usage:
-        yield sse({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
+        yield gen.chunks.encode({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
     yield SSE_DONE
 
 
@@ -275,7 +285,7 @@ def _chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: To
 
 async def _stream_chat(gen: Generation, head: dict[str, Any], req: ChatCompletionRequest,
                        tok: Any) -> AsyncGenerator[bytes, None]:
-    yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+    yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                     "finish_reason": None, "logprobs": None}]})
     n_out = 0
     async for event in gen.events(0):
@@ -283,11 +293,13 @@ async def _stream_chat(gen: Generation, head: dict[str, Any], req: ChatCompletio
         if event.text:
             lp = {"content": [_chat_logprob(tok, event.token_id, event.logprob, event.top_logprobs)]} \
                 if req.logprobs else None
-            yield sse({**head, "choices": [{"index": 0, "delta": {"content": event.text}, "finish_reason": None,
+            yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {"content": event.text},
+                                                          "finish_reason": None,
                                             "logprobs": lp}]})
         if event.finish_reason:
-            yield sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": event.finish_reason,
+            yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {},
+                                                          "finish_reason": event.finish_reason,
                                             "logprobs": None}], "timings": timings(event.metrics)})
     if req.stream_options and req.stream_options.include_usage:
-        yield sse({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
+        yield gen.chunks.encode({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
     yield SSE_DONE
