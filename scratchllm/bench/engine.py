@@ -109,6 +109,8 @@ def add_arguments(parser):
                         help="BLAS and attention-kernel threads (default 0: all cores); 1 is often faster "
                              "when other jobs share the cores")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="draw the mixed runs' latency CDFs, output tokens/s and KV use over time into a PNG")
     parser.add_argument("--skip", default="",
                         help="comma list of parts to skip: mixed,static,same-seqs,latency,decode,chat")
     parser.add_argument("--quick", action="store_true",
@@ -166,6 +168,8 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
                                            max_num_batched_tokens=args.max_num_batched_tokens, policy=policy))
     n = len(prompts)
     tokens, finish = [[] for _ in range(n)], [0.0] * n
+    token_times: list[float] = []
+    kv_samples: list[tuple[float, int]] = []
     t0 = time.monotonic()
     nxt = 0
     while nxt < n or engine.has_work():
@@ -180,9 +184,13 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
         for o in engine.step():
             i = int(o.request_id)
             tokens[i].append(o.token_id)
+            token_times.append(time.monotonic() - t0)
             if o.finish_reason:
                 finish[i] = time.monotonic() - t0
+        kv_samples.append((time.monotonic() - t0, engine.block_manager.num_used))
     result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
+    result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": token_times,
+                        "kv_samples": kv_samples}
     stats = engine.stats()
     result.update(peak_kv_bytes=stats["kv_bytes_peak"], steps=stats["steps"], preemptions=stats["preemptions"],
                   max_num_seqs=max_num_seqs, kv_pool_bytes=stats["kv_blocks_total"] * stats["kv_block_bytes"],
@@ -211,6 +219,7 @@ def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
         nxt = rows[-1] + 1
     result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
     result.update(peak_kv_bytes=peak, padded_tokens=padded, token_ids=tokens)
+    result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": [], "kv_samples": []}
     return result
 
 
@@ -230,7 +239,7 @@ def under_load(model, prompts, outputs, args, static_rps: float, kv_bytes: int, 
     lat["identical_outputs"] = f"{same}/{n}"
     for run in lat.values():
         if isinstance(run, dict):
-            del run["token_ids"]
+            del run["token_ids"], run["series"]
     return lat
 
 
@@ -354,6 +363,7 @@ def _run(args) -> dict:
                 ratios["p99_static_over_small_kv"] = stat["p99_ms"] / small["p99_ms"]
         for r in runs.values():
             del r["token_ids"]
+        _plot(args, runs)
         figs.update(runs)
         if args.rate <= 0 and args.load > 0 and "latency" not in skip and "static" in runs:
             figs["latency"] = lat = under_load(model, prompts, outputs, args, runs["static"]["requests_per_s"], budget,
@@ -382,6 +392,21 @@ def _run(args) -> dict:
         ratios["chat_over_llama_cpp_reference"] = figs["chat"]["aggregate_tok_s"] / PEERS["llama.cpp"]
     result["machine"] = machine_facts()
     return result
+
+
+def _plot(args, runs: dict) -> None:
+    """--plot FILE.png: latency CDFs, output tokens/s and KV blocks over time of each mixed run.
+    The per-request and per-token series are dropped from the result after (they are long)."""
+    series = {name: run.pop("series") for name, run in runs.items() if "series" in run}
+    if not args.plot:
+        return
+    from scratchllm.bench.plots import plot_runs, series_from_times
+
+    names = {"static": "static", "continuous_same_seqs": "continuous (same seqs)",
+             "continuous": "continuous (same KV)", "continuous_small_kv": "continuous (small KV)"}
+    plot_runs([series_from_times(names.get(name, name.replace("_", " ")), s["arrivals"], s["finish"],
+                                 s["token_times"], s["kv_samples"]) for name, s in series.items()],
+              args.plot, title=f"bench engine: {args.requests} requests, {args.model}")
 
 
 def _bytes(n) -> str:

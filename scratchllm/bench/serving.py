@@ -42,6 +42,9 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=None, help="default: the workload's")
     p.add_argument("--model", default=None, help="model id to request (default: the server's first)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (a server that needs one)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw latency CDFs, output tokens/s over time and KV use over time (static vs continuous "
+                        "with --compare) into a PNG")
     p.add_argument("--max-duration", type=float, default=600.0, help="stop sending after this many seconds")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO: time to first token")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO: time per output token")
@@ -71,6 +74,7 @@ def run(args) -> dict:
         if not args.url:
             raise ConfigError("give --url of a running server, or --compare to start one")
         figures = _measure(args.url, args, workload, slo)
+        _plot(args, {"run": figures.pop("raw")})
         return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
                 "machine": machine_facts()}
     trials = {"static": [], "continuous": [], "offline": []}
@@ -82,6 +86,9 @@ def run(args) -> dict:
         if args.overhead and not args.fake_engine:
             trials["offline"].append(_offline(args, workload))
     runs = {mode: _median_run(t) for mode, t in trials.items() if t}
+    _plot(args, {mode: runs[mode]["raw"] for mode in ("static", "continuous")})
+    for t in [*runs.values(), *trials["static"], *trials["continuous"]]:
+        t.pop("raw", None)  # the load generator's per-request results: plotted, not printed
     # Ratios are paired: trial k of each mode ran back to back, so they saw the same machine load;
     # the reported ratio is the median over trials of those paired ratios.
     per_trial = [_ratios(st, ct, off) for st, ct, off in
@@ -144,7 +151,17 @@ def _measure(url: str, args, workload, slo) -> dict:
     with tqdm(total=len(workload.prompts), disable=args.no_progress, desc="requests", file=sys.stderr) as bar:
         raw = asyncio.run(loadgen.run_load(url, model, workload, args.concurrency, args.max_duration, bar,
                                            headers=_headers(args)))
-    return loadgen.summarize(raw, slo)
+    return {**loadgen.summarize(raw, slo), "raw": raw}
+
+
+def _plot(args, raw_runs: dict) -> None:
+    """--plot FILE.png: latency CDFs, tokens/s and KV blocks over time of each run, side by side."""
+    if not getattr(args, "plot", None):
+        return
+    from scratchllm.bench.plots import plot_runs, series_from_loadgen
+
+    plot_runs([series_from_loadgen(label, raw) for label, raw in raw_runs.items()], args.plot,
+              title=f"bench serving: {args.workload}")
 
 
 def _headers(args) -> dict:

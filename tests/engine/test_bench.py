@@ -103,11 +103,17 @@ def test_bench_engine_refuses_counts_below_one(tiny_folder, flag):
         bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), flag, "0"]))
 
 
-def test_bench_engine_prints_the_policies_side_by_side(tiny_folder):
+def test_bench_engine_prints_the_policies_side_by_side(tiny_folder, tmp_path):
+    plot = tmp_path / "engine.png"
     args = parse(bench_engine, ["--model", str(tiny_folder), "--requests", "6", "--prompt-len", "4,40",
                                 "--output-len", "2,12", "--batch-size", "3", "--max-seqs", "8", "--skip",
-                                "chat,decode", "--policies", "priority,fcfs", "--latency-requests", "4"])
+                                "chat,decode", "--policies", "priority,fcfs", "--latency-requests", "4",
+                                "--plot", str(plot)])
     result = bench_engine.run(args)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(plot).shape[:2] == (450, 1500)
+    json.dumps(result)  # what --json prints: the plotted series are not in it
     figs = result["figures"]
     assert set(figs["policies"]) == {"priority", "fcfs"}
     assert figs["identical_outputs"] == "6/6"  # the policy changes the order, never the tokens

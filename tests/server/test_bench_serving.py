@@ -94,11 +94,16 @@ def test_bench_against_a_live_fake_server(serve):
 
 
 @pytest.mark.slow
-def test_compare_static_vs_continuous_on_the_fake_engine(capsys):
-    """The whole --compare path (two server subprocesses) on the fake engine: continuous wins."""
+def test_compare_static_vs_continuous_on_the_fake_engine(capsys, tmp_path):
+    """The whole --compare path (two server subprocesses) on the fake engine: continuous wins;
+    --plot draws both runs."""
+    plot = tmp_path / "runs.png"
     argv = ["bench", "serving", "--compare", "--fake-engine", "--workload", "mixed", "--num-requests", "12",
-            "--max-num-seqs", "4", "--rate", "inf", "--repeat", "2", "--no-progress", "--json"]
+            "--max-num-seqs", "4", "--rate", "inf", "--repeat", "2", "--no-progress", "--json", "--plot", str(plot)]
     assert main(argv) == 0
+    import matplotlib.image
+
+    assert matplotlib.image.imread(plot).shape[:2] == (450, 1500)  # plot_runs' default size
     result = json.loads(capsys.readouterr().out)
     s, c = result["figures"]["static"], result["figures"]["continuous"]
     assert s["completed"] == c["completed"] == 12
