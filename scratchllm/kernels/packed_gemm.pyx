@@ -8,9 +8,11 @@ the main cost: the weights are read, written and read again, and at 16 rows Open
 about 68 GFLOP/s on this machine's two cores, a third of what the FMA units can do. Weights never
 change, so we pack them once and the kernel streams them exactly once per call.
 
-Packed layouts (one panel = NR = 32 output columns, zero-padded at the right edge):
-  float32:  [P, K, 32]        panel p, row k holds W[k, 32p : 32p+32]: two zmm per k.
-  bfloat16: [P, K/2, 32, 2]   uint16; row k2 holds, for each of the 32 columns, the pair
+Packed layouts (one panel = NR output columns, zero-padded at the right edge). NR is two native
+vectors, fixed when the extension is compiled: 32 with AVX-512 (two zmm), 16 with AVX2 (two ymm).
+The packing functions below follow the NR of the build, so panels are made and used by one build.
+  float32:  [P, K, NR]        panel p, row k holds W[k, NR p : NR p + NR]: two vectors per k.
+  bfloat16: [P, K/2, NR, 2]   uint16; row k2 holds, for each of the NR columns, the pair
                               (W[2 k2, j], W[2 k2 + 1, j]) side by side: the operand order of
                               AVX512-BF16's vdpbf16ps, which multiplies 16 such pairs by one
                               broadcast pair of x and adds both products into 16 fp32 lanes.
@@ -20,15 +22,21 @@ Loop nest of `matmul`. Panels are the tasks of our own thread pool (scratchllm/k
 not of OpenMP: a thread descheduled by another process just takes fewer panels instead of
 stalling every matmul at a barrier.
 
-    for panel p (32 columns of y)                       -> a pool task
-      for kc block of K (the panel's kc x 32 rows)      -> L1: 256 rows (bf16: pairs) = 32 KiB
+    for panel p (NR columns of y)                       -> a pool task
+      for kc block of K (the panel's kc x NR rows)      -> L1: 256 rows x NR x 4 B = 32 / 16 KiB
         for row tile of x (<= MAXR rows)                -> the block is re-read from L1
-          micro-kernel: R x 32 accumulators in 2R zmm registers, one pass over the block
+          micro-kernel: R x NR accumulators in 2R vector registers, one pass over the block
 
-Why R <= 12: Zen 4 has 32 zmm registers; 12 rows x 2 accumulators + 2 of W + 1 broadcast of x is
-27 live registers, no spills. Rows are split into balanced tiles (16 rows = 8 + 8, not 12 + 4).
+Why R <= MAXR: the 2R accumulators, the panel row's 2 vectors and 1 broadcast of x must fit the
+register file or the accumulators spill to the stack on every k. AVX-512 has 32 zmm: R <= 12,
+27 live. AVX2 has 16 ymm: R <= 6, 15 live (a 12 x 16 tile of ymm halves would need 48 and runs
+30x slower). Rows are split into balanced tiles (16 rows = 8 + 8, not 12 + 4).
 Every weight element loaded feeds R FMAs, so at R = 1 (single-stream decode) the kernel streams
-memory and at R >= 8 it is FMA-bound.
+memory and at R >= MAXR / 2 it is FMA-bound.
+
+Every output element is one chain of FMAs over k in order, block by block (kc = 256), whatever NR
+and MAXR are: the tile shape changes which elements are computed together, never the sums, so
+float32 results are the same on both instruction sets.
 
 bfloat16 keeps fp32's 8-bit exponent and cuts the mantissa to 8 bits (relative rounding
 error <= 2^-9). In this mode x is rounded to bfloat16 too (round to nearest even) and the
@@ -51,7 +59,7 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    #ifdef __AVX512F__
+    #if defined(__AVX512F__) || defined(__AVX2__)
     #include <immintrin.h>
     #endif
     #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -59,49 +67,63 @@ cdef extern from *:
     #else
     #define SCRATCHLLM_BF16_DOT 0
     #endif
-    #define PG_NR 32
-    #define PG_MAXR 12
+    #include "simd.h"  /* scratchllm_vf: one register of SCRATCHLLM_VL floats */
 
-    #include "simd.h"  /* scratchllm_v16 */
+    /* The register tile, per instruction set: a panel is two vectors wide (NR = 2 VL columns) and a
+       tile has up to MAXR rows, so the 2 MAXR accumulators, the panel row's two vectors and one
+       broadcast of x fit the register file. AVX-512: 32 zmm, 12 x 32 (24 + 2 + 1 = 27 live);
+       AVX2: 16 ymm, 6 x 16 (12 + 2 + 1 = 15 live). More rows would spill the accumulators. */
+    typedef scratchllm_vf pg_vec;
+    #define PG_VL SCRATCHLLM_VL
+    #define PG_NR (2 * PG_VL)
+    #if SCRATCHLLM_VL == 16
+    #define PG_MAXR 12
+    #define PG_CASES PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6) \
+                     PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    #else
+    #define PG_MAXR 6
+    #define PG_CASES PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+    #endif
+    /* PG_CASES: one switch case per tile height R = 1..PG_MAXR, each R a constant in its body */
 
     /* Add (or, when `first`, store) the R x 32 tile acc into c, only its first `cols` columns. */
-    static inline __attribute__((always_inline)) void pg_store(const int R, scratchllm_v16 *acc, float *c, long ldc,
+    static inline __attribute__((always_inline)) void pg_store(const int R, pg_vec *acc, float *c, long ldc,
                                                               int cols, int first) {
         for (int r = 0; r < R; r++) {
             float *cr = c + r * ldc;
             if (cols == PG_NR) {
-                scratchllm_v16 lo = acc[2 * r], hi = acc[2 * r + 1];
+                pg_vec lo = acc[2 * r], hi = acc[2 * r + 1];
                 if (!first) {
-                    scratchllm_v16 c0, c1;
+                    pg_vec c0, c1;
                     memcpy(&c0, cr, sizeof c0);
-                    memcpy(&c1, cr + 16, sizeof c1);
+                    memcpy(&c1, cr + PG_VL, sizeof c1);
                     lo += c0;
                     hi += c1;
                 }
                 memcpy(cr, &lo, sizeof lo);
-                memcpy(cr + 16, &hi, sizeof hi);
-            } else {  /* the right edge of the matrix: only cols < 32 columns are real */
+                memcpy(cr + PG_VL, &hi, sizeof hi);
+            } else {  /* the right edge of the matrix: only cols < NR columns are real */
                 float tmp[PG_NR];
-                memcpy(tmp, &acc[2 * r], sizeof(scratchllm_v16));
-                memcpy(tmp + 16, &acc[2 * r + 1], sizeof(scratchllm_v16));
+                memcpy(tmp, &acc[2 * r], sizeof(pg_vec));
+                memcpy(tmp + PG_VL, &acc[2 * r + 1], sizeof(pg_vec));
                 for (int j = 0; j < cols; j++)
                     cr[j] = first ? tmp[j] : cr[j] + tmp[j];
             }
         }
     }
 
-    /* c[0:R, 0:cols] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:32]; x rows lda apart. R is a constant
+    /* c[0:R, 0:cols] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NR]; x rows lda apart. R is a constant
        at every call site (see pg_micro_f32), so GCC unrolls the r loops and keeps acc in registers. */
     static inline __attribute__((always_inline)) void pg_micro_f32_r(const int R, const float *x, long lda,
                                                                     const float *panel, long kc, float *c,
                                                                     long ldc, int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+        pg_vec acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
-            acc[r] = (scratchllm_v16){0};
+            acc[r] = (pg_vec){0};
         for (long k = 0; k < kc; k++) {
-            scratchllm_v16 w0, w1;
+            pg_vec w0, w1;
             memcpy(&w0, panel + k * PG_NR, sizeof w0);
-            memcpy(&w1, panel + k * PG_NR + 16, sizeof w1);
+            memcpy(&w1, panel + k * PG_NR + PG_VL, sizeof w1);
             for (int r = 0; r < R; r++) {
                 float xr = x[r * lda + k];
                 acc[2 * r] += xr * w0;
@@ -115,8 +137,7 @@ cdef extern from *:
                              int cols, int first) {
         switch (R) {
     #define PG_CASE(n) case n: pg_micro_f32_r(n, x, lda, panel, kc, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+        PG_CASES
     #undef PG_CASE
         }
     }
@@ -139,8 +160,8 @@ cdef extern from *:
                 acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], xr, w1);
             }
         }
-        scratchllm_v16 a[2 * PG_MAXR];
-        memcpy(a, acc, 2 * R * sizeof(scratchllm_v16));
+        pg_vec a[2 * PG_MAXR];
+        memcpy(a, acc, 2 * R * sizeof(pg_vec));
         pg_store(R, a, c, ldc, cols, first);
     }
     #else
@@ -156,7 +177,7 @@ cdef extern from *:
        order, so sums may differ in the last bit. */
     static inline void pg_micro_bf16_r(const int R, const uint32_t *x2, long lda2, const uint16_t *panel,
                                        long kc2, float *c, long ldc, int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+        pg_vec acc[2 * PG_MAXR];
         float *lanes = (float *)acc;
         memset(acc, 0, sizeof acc);
         for (long k = 0; k < kc2; k++)
@@ -175,8 +196,7 @@ cdef extern from *:
                               long ldc, int cols, int first) {
         switch (R) {
     #define PG_CASE(n) case n: pg_micro_bf16_r(n, x2, lda2, panel, kc2, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+        PG_CASES
     #undef PG_CASE
         }
     }
@@ -191,11 +211,11 @@ cdef extern from *:
         return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
     }
 
-    /* ---- one GEMM as pool tasks: task p computes the 32 columns of panel p, every row ---- */
+    /* ---- one GEMM as pool tasks: task p computes the NR columns of panel p, every row ---- */
     typedef struct {
         const float *x;           /* float32: x [M, K] */
         const uint32_t *x2;       /* bfloat16: x as pairs [M, K2] */
-        const void *panels;       /* [P, K, 32] float32 or [P, K2, 32, 2] uint16 */
+        const void *panels;       /* [P, K, NR] float32 or [P, K2, NR, 2] uint16 */
         float *c;                 /* [M, n] */
         long M, K, K2, n, kc;
     } pg_gemm_job;
@@ -241,58 +261,61 @@ cdef extern from *:
         }
     }
 
-    /* 16 int8 -> 16 floats (exact). GCC does not vectorize __builtin_convertvector from int8, so
-       with AVX-512 this is the sign extension and conversion spelled out. */
-    static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, scratchllm_v16 *out) {
-    #ifdef __AVX512F__
+    /* PG_VL int8 -> PG_VL floats (exact). GCC does not vectorize __builtin_convertvector from int8,
+       so this is the sign extension and conversion spelled out. */
+    static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, pg_vec *out) {
+    #if PG_VL == 16
         __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         memcpy(out, &f, sizeof f);
+    #elif defined(__AVX2__)
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+        memcpy(out, &f, sizeof f);
     #else
-        float f[16];
-        for (int i = 0; i < 16; i++) f[i] = (float)q[i];
+        float f[PG_VL];
+        for (int i = 0; i < PG_VL; i++) f[i] = (float)q[i];
         memcpy(out, f, sizeof f);
     #endif
     }
 
-    /* ---- quantized panels: q int8 [P, K, 32], d and m float32 [P, K/32, 32]: w = d * q + m ---- */
-    /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's 32 columns. */
-    typedef struct { scratchllm_v16 d0, d1, m0, m1; } pg_q8_group;
+    /* ---- quantized panels: q int8 [P, K, NR], d and m float32 [P, K/32, NR]: w = d * q + m ---- */
+    /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's NR columns. */
+    typedef struct { pg_vec d0, d1, m0, m1; } pg_q8_group;
 
     static inline __attribute__((always_inline)) pg_q8_group pg_q8_group_at(const float *d, const float *m, long g) {
         pg_q8_group s;
         memcpy(&s.d0, d + g * PG_NR, sizeof s.d0);
-        memcpy(&s.d1, d + g * PG_NR + 16, sizeof s.d1);
+        memcpy(&s.d1, d + g * PG_NR + PG_VL, sizeof s.d1);
         memcpy(&s.m0, m + g * PG_NR, sizeof s.m0);
-        memcpy(&s.m1, m + g * PG_NR + 16, sizeof s.m1);
+        memcpy(&s.m1, m + g * PG_NR + PG_VL, sizeof s.m1);
         return s;
     }
 
-    /* Row k of a panel as 32 floats. Each value is rounded after the product and after the sum,
+    /* Row k of a panel as NR floats. Each value is rounded after the product and after the sum,
        never fused into one FMA (the empty asm stops GCC from contracting): the floats ggml's (and
        our loader's) dequantization makes, so the GEMM is bit-identical to the float32 kernel on
        the dequantized matrix. */
     static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                               scratchllm_v16 *w0, scratchllm_v16 *w1) {
-        scratchllm_v16 a, b;
+                                                               pg_vec *w0, pg_vec *w1) {
+        pg_vec a, b;
         pg_int8_to_f32(qrow, &a);
-        pg_int8_to_f32(qrow + 16, &b);
+        pg_int8_to_f32(qrow + PG_VL, &b);
         a *= s->d0;
         b *= s->d1;
-        SCRATCHLLM_OPAQUE16(a);  /* round the products here */
-        SCRATCHLLM_OPAQUE16(b);
+        SCRATCHLLM_OPAQUE(a);  /* round the products here */
+        SCRATCHLLM_OPAQUE(b);
         *w0 = a + s->m0;
         *w1 = b + s->m1;
     }
 
-    /* Rows 0..kc-1 of a panel block into buf [kc, 32] float32 (kc a multiple of 32). */
+    /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
     static void pg_dequant_block(const int8_t *q, const float *d, const float *m, long kc, float *buf) {
         for (long g = 0; g < kc / 32; g++) {
             pg_q8_group s = pg_q8_group_at(d, m, g);
             for (long k = 32 * g; k < 32 * g + 32; k++) {
-                scratchllm_v16 w0, w1;
+                pg_vec w0, w1;
                 pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
                 memcpy(buf + k * PG_NR, &w0, sizeof w0);
-                memcpy(buf + k * PG_NR + 16, &w1, sizeof w1);
+                memcpy(buf + k * PG_NR + PG_VL, &w1, sizeof w1);
             }
         }
     }
@@ -304,13 +327,13 @@ cdef extern from *:
                                                                    const int8_t *q, const float *d,
                                                                    const float *m, long kc, float *c, long ldc,
                                                                    int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+        pg_vec acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
-            acc[r] = (scratchllm_v16){0};
+            acc[r] = (pg_vec){0};
         for (long g = 0; g < kc / 32; g++) {
             pg_q8_group s = pg_q8_group_at(d, m, g);
             for (long k = 32 * g; k < 32 * g + 32; k++) {
-                scratchllm_v16 w0, w1;
+                pg_vec w0, w1;
                 pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
                 for (int r = 0; r < R; r++) {
                     float xr = x[r * lda + k];
@@ -326,16 +349,15 @@ cdef extern from *:
                             long kc, float *c, long ldc, int cols, int first) {
         switch (R) {
     #define PG_CASE(n) case n: pg_micro_q8_r(n, x, lda, q, d, m, kc, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+        PG_CASES
     #undef PG_CASE
         }
     }
 
     typedef struct {
         const float *x;           /* [M, K] */
-        const int8_t *q;          /* [P, K, 32] */
-        const float *d, *m;       /* [P, K/32, 32] */
+        const int8_t *q;          /* [P, K, NR] */
+        const float *d, *m;       /* [P, K/32, NR] */
         float *c;                 /* [M, n] */
         long M, K, n, kc, P, chunk, fused_tiles;
     } pg_q8_job;
@@ -456,7 +478,7 @@ def pack(w, str dtype="float32") -> np.ndarray:
     K2 = -(-K // 2)
     padded = np.zeros((2 * K2, P * PG_NR), dtype=np.float32)
     padded[:K, :N] = w
-    return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, 32, 2]
+    return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, NR, 2]
 
 
 class Q8Panels(NamedTuple):
@@ -464,9 +486,9 @@ class Q8Panels(NamedTuple):
     float32 scale d and offset m. GGUF's Q8_0 (m = 0), Q4_0 (q - 8, m = 0) and Q4_1 (q in 0..15)
     all fit, value for value: see `pack_q8`."""
 
-    q: np.ndarray  # [P, K, 32] int8
-    d: np.ndarray  # [P, K/32, 32] float32
-    m: np.ndarray  # [P, K/32, 32] float32
+    q: np.ndarray  # [P, K, NR] int8
+    d: np.ndarray  # [P, K/32, NR] float32
+    m: np.ndarray  # [P, K/32, NR] float32
 
     @property
     def nbytes(self) -> int:
@@ -477,7 +499,7 @@ class Q8Panels(NamedTuple):
         return self.q.dtype
 
     def dequantize(self) -> np.ndarray:
-        """[P, K, 32] float32, with the kernel's (and ggml's) operations: d * q, then + m."""
+        """[P, K, NR] float32, with the kernel's (and ggml's) operations: d * q, then + m."""
         P, K, _ = self.q.shape
         w = self.q.astype(np.float32).reshape(P, K // 32, 32, PG_NR)
         w *= self.d[:, :, None, :]
@@ -526,7 +548,7 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
         w *= panels.d[p, :, j][:, :, None]
         w += panels.m[p, :, j][:, :, None]
         return w.reshape(len(ids), k)
-    if panels.dtype == np.uint16:  # [P, K2, 32, 2] -> [len, K2, 2]
+    if panels.dtype == np.uint16:  # [P, K2, NR, 2] -> [len, K2, 2]
         return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
     return np.ascontiguousarray(panels[p, :, j])
 

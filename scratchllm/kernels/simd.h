@@ -36,21 +36,20 @@ static inline scratchllm_v16 scratchllm_exp16(scratchllm_v16 x) {
     return p * two_n;
 }
 
-/* Make GCC treat v as computed here: an empty asm that "changes" it, so the operations before
-   it are rounded on their own and never contracted into an FMA with what follows. A 64-byte
-   vector fits one zmm register with AVX-512; without it, it is two ymm halves, one asm each. */
-#ifdef __AVX512F__
-#define SCRATCHLLM_OPAQUE16(v) __asm__("" : "+v"(v))
+/* The native vector: one register of SCRATCHLLM_VL floats (a zmm of 16 with AVX-512, a ymm of 8
+   with AVX, an xmm of 4 with SSE only). Kernels whose tile must fit the register file (the packed GEMM) are written in it. */
+#if defined(__AVX512F__)
+#define SCRATCHLLM_VL 16
+#elif defined(__AVX__)
+#define SCRATCHLLM_VL 8
 #else
-typedef float scratchllm_v8 __attribute__((vector_size(32)));
-#define SCRATCHLLM_OPAQUE16(v) do { \
-        scratchllm_v8 lo_, hi_; \
-        memcpy(&lo_, &(v), sizeof lo_); \
-        memcpy(&hi_, (char *)&(v) + sizeof lo_, sizeof hi_); \
-        __asm__("" : "+x"(lo_), "+x"(hi_)); \
-        memcpy(&(v), &lo_, sizeof lo_); \
-        memcpy((char *)&(v) + sizeof lo_, &hi_, sizeof hi_); \
-    } while (0)
+#define SCRATCHLLM_VL 4
 #endif
+typedef float scratchllm_vf __attribute__((vector_size(4 * SCRATCHLLM_VL)));
+
+/* Make GCC treat v (one native vector) as computed here: an empty asm that "changes" it, so the
+   operations before it are rounded on their own and never contracted into an FMA with what
+   follows. "v" is any SSE/AVX register (x/y/zmm0-31 with AVX-512, 0-15 without). */
+#define SCRATCHLLM_OPAQUE(v) __asm__("" : "+v"(v))
 
 #endif
