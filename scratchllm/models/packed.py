@@ -14,7 +14,7 @@ stand for. Norms, rotary embeddings, attention and the KV cache stay float32 in 
 
 import numpy as np
 
-from scratchllm.dtypes import DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
+from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
 from scratchllm.kernels import packed_gemm
 
 
