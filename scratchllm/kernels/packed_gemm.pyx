@@ -413,6 +413,7 @@ cdef extern from *:
     }
     """
     int SCRATCHLLM_BF16_DOT
+    const char *SCRATCHLLM_COMPILED_FEATURES
     int PG_NR
     int PG_MAXR
     void pg_micro_f32(int R, const float *x, long lda, const float *panel, long kc, float *c, long ldc,
@@ -442,6 +443,7 @@ cdef extern from *:
 NR = PG_NR
 MAXR = PG_MAXR
 HAVE_AVX512_BF16 = bool(SCRATCHLLM_BF16_DOT)
+COMPILED_FEATURES = tuple(SCRATCHLLM_COMPILED_FEATURES.decode().split())  # as /proc/cpuinfo names them
 DTYPES = ("float32", "bfloat16")
 
 set_num_threads, get_num_threads = pool_module.set_num_threads, pool_module.get_num_threads  # the pool's
