@@ -51,7 +51,7 @@ import numpy as np
 from scratchllm.kernels import pool as pool_module
 
 from scratchllm.kernels cimport pool
-from libc.stdint cimport int8_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport free, malloc
 
 
@@ -277,7 +277,11 @@ cdef extern from *:
     #endif
     }
 
-    /* ---- quantized panels: q int8 [P, K, NR], d and m float32 [P, K/32, NR]: w = d * q + m ---- */
+    /* ---- quantized panels, w = d * q + m per quantization group of 32 rows and column ----
+       8-bit: q int8 [P, K, NR], d and m float32 [P, K/32, NR].
+       4-bit: q4 uint8 [P, K/2, NR], byte (k2, j) = q[2 k2, j] | q[2 k2 + 1, j] << 4 with q in 0..15,
+              d and m float16 [P, K/32, NR] (the file's own half-precision scales; Q4_0's offset of
+              -8 is m = -8 d, exact). Per 32 weights of a column: 16 + 4 bytes, Q4_1's 20. */
     /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's NR columns. */
     typedef struct { pg_vec d0, d1, m0, m1; } pg_q8_group;
 
@@ -290,15 +294,46 @@ cdef extern from *:
         return s;
     }
 
-    /* Row k of a panel as NR floats. Each value is rounded after the product and after the sum,
-       never fused into one FMA (the empty asm stops GCC from contracting): the floats ggml's (and
-       our loader's) dequantization makes, so the GEMM is bit-identical to the float32 kernel on
-       the dequantized matrix. */
-    static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                               pg_vec *w0, pg_vec *w1) {
-        pg_vec a, b;
-        pg_int8_to_f32(qrow, &a);
-        pg_int8_to_f32(qrow + PG_VL, &b);
+    /* PG_VL float16 -> PG_VL float32 (exact: every half is a float). */
+    static inline __attribute__((always_inline)) void pg_f16_to_f32(const uint16_t *h, pg_vec *out) {
+    #if PG_VL == 16
+        __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        memcpy(out, &f, sizeof f);
+    #elif PG_VL == 8 && defined(__F16C__)
+        __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+        memcpy(out, &f, sizeof f);
+    #else
+        float f[PG_VL];
+        for (int i = 0; i < PG_VL; i++) {
+            uint32_t s = (uint32_t)(h[i] & 0x8000) << 16, e = (h[i] >> 10) & 0x1F, mant = h[i] & 0x3FF, u;
+            if (e == 0) {  /* zero or subnormal: mant * 2^-24, exact */
+                float v = (float)mant * (1.0f / 16777216.0f);
+                memcpy(&u, &v, sizeof u);
+                u |= s;
+            } else {
+                u = s | (e == 31 ? 0x7F800000u : (e + 112) << 23) | mant << 13;
+            }
+            memcpy(&f[i], &u, sizeof u);
+        }
+        memcpy(out, f, sizeof f);
+    #endif
+    }
+
+    static inline __attribute__((always_inline)) pg_q8_group pg_q4_group_at(const uint16_t *d, const uint16_t *m,
+                                                                           long g) {
+        pg_q8_group s;
+        pg_f16_to_f32(d + g * PG_NR, &s.d0);
+        pg_f16_to_f32(d + g * PG_NR + PG_VL, &s.d1);
+        pg_f16_to_f32(m + g * PG_NR, &s.m0);
+        pg_f16_to_f32(m + g * PG_NR + PG_VL, &s.m1);
+        return s;
+    }
+
+    /* d * a + m, each operation rounded on its own, never fused into one FMA (the empty asm stops
+       GCC from contracting): the floats ggml's (and our loader's) dequantization makes, so the GEMM
+       is bit-identical to the float32 kernel on the dequantized matrix. */
+    static inline __attribute__((always_inline)) void pg_scale_row(pg_vec a, pg_vec b, const pg_q8_group *s,
+                                                                  pg_vec *w0, pg_vec *w1) {
         a *= s->d0;
         b *= s->d1;
         SCRATCHLLM_OPAQUE(a);  /* round the products here */
@@ -307,59 +342,147 @@ cdef extern from *:
         *w1 = b + s->m1;
     }
 
+    /* Row k of an 8-bit panel as NR floats. */
+    static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
+                                                               pg_vec *w0, pg_vec *w1) {
+        pg_vec a, b;
+        pg_int8_to_f32(qrow, &a);
+        pg_int8_to_f32(qrow + PG_VL, &b);
+        pg_scale_row(a, b, s, w0, w1);
+    }
+
+    /* Byte row k2 of a 4-bit panel -> rows 2 k2 (w[0], w[1]) and 2 k2 + 1 (w[2], w[3]) as floats:
+       the nibbles are split and widened in registers; memory holds half a byte per weight. */
+    static inline __attribute__((always_inline)) void pg_q4_rows(const uint8_t *b, const pg_q8_group *s,
+                                                                pg_vec *w) {
+        pg_vec v[4];  /* low nibbles (row 2 k2): v[0], v[1]; high (row 2 k2 + 1): v[2], v[3] */
+    #if PG_VL == 16
+        __m256i all = _mm256_loadu_si256((const __m256i *)b), mask = _mm256_set1_epi8(0x0F);
+        __m256i lo = _mm256_and_si256(all, mask), hi = _mm256_and_si256(_mm256_srli_epi16(all, 4), mask);
+        __m512 f[4] = {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)))};
+        memcpy(v, f, sizeof v);
+    #elif PG_VL == 8 && defined(__AVX2__)
+        __m128i all = _mm_loadu_si128((const __m128i *)b), mask = _mm_set1_epi8(0x0F);
+        __m128i lo = _mm_and_si128(all, mask), hi = _mm_and_si128(_mm_srli_epi16(all, 4), mask);
+        __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo))),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)))};
+        memcpy(v, f, sizeof v);
+    #else
+        float f[4][PG_VL];
+        for (int i = 0; i < PG_NR; i++) {
+            f[i / PG_VL][i % PG_VL] = (float)(b[i] & 0x0F);
+            f[2 + i / PG_VL][i % PG_VL] = (float)(b[i] >> 4);
+        }
+        memcpy(v, f, sizeof v);
+    #endif
+        pg_scale_row(v[0], v[1], s, &w[0], &w[1]);
+        pg_scale_row(v[2], v[3], s, &w[2], &w[3]);
+    }
+
+    /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it. */
+    typedef struct { const void *q, *d, *m; int bits; } pg_qpanel;
+
+    static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {
+        return a->bits == 8 ? pg_q8_group_at((const float *)a->d, (const float *)a->m, g)
+                            : pg_q4_group_at((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+    }
+
+    static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the panel from row k0 on */
+        pg_qpanel b = *a;
+        long scale = a->bits == 8 ? sizeof(float) : sizeof(uint16_t);
+        b.q = (const char *)a->q + (a->bits == 8 ? k0 : k0 / 2) * PG_NR;
+        b.d = (const char *)a->d + (k0 / 32) * PG_NR * scale;
+        b.m = (const char *)a->m + (k0 / 32) * PG_NR * scale;
+        return b;
+    }
+
     /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
-    static void pg_dequant_block(const int8_t *q, const float *d, const float *m, long kc, float *buf) {
+    static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group s = pg_q8_group_at(d, m, g);
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                pg_vec w0, w1;
-                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
-                memcpy(buf + k * PG_NR, &w0, sizeof w0);
-                memcpy(buf + k * PG_NR + PG_VL, &w1, sizeof w1);
+            pg_q8_group s = pg_group(a, g);
+            for (long k = 32 * g; k < 32 * g + 32; k += 2) {
+                pg_vec w[4];
+                if (a->bits == 8) {
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1]);
+                    pg_q8_row((const int8_t *)a->q + (k + 1) * PG_NR, &s, &w[2], &w[3]);
+                } else {
+                    pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
+                }
+                memcpy(buf + k * PG_NR, w, sizeof w);  /* rows k and k + 1, NR floats each */
             }
         }
     }
 
-    /* One row of tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
+    /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
        at once, so the panel streams from memory without pauses (a block-then-compute loop would
-       let the prefetcher stall between blocks). */
-    static inline __attribute__((always_inline)) void pg_micro_q8_r(const int R, const float *x, long lda,
-                                                                   const int8_t *q, const float *d,
-                                                                   const float *m, long kc, float *c, long ldc,
-                                                                   int cols, int first) {
+       let the prefetcher stall between blocks). bits is a constant at every call site. */
+    static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const float *x,
+                                                                  long lda, const pg_qpanel *a, long kc, float *c,
+                                                                  long ldc, int cols, int first) {
         pg_vec acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
             acc[r] = (pg_vec){0};
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group s = pg_q8_group_at(d, m, g);
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                pg_vec w0, w1;
-                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
+            pg_q8_group s = pg_group(a, g);
+            if (bits == 8) {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
+                for (long k = 32 * g; k < 32 * g + 32; k++) {
+                    pg_vec w0, w1;
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1);
+                    for (int r = 0; r < R; r++) {
+                        float xr = x[r * lda + k];
+                        acc[2 * r] += xr * w0;
+                        acc[2 * r + 1] += xr * w1;
+                    }
+                }
+                continue;
+            }
+            for (long k = 32 * g; k < 32 * g + 32; k += 2) {  /* a byte row is two rows of k, in order */
+                pg_vec w[4];
+                pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
                 for (int r = 0; r < R; r++) {
                     float xr = x[r * lda + k];
-                    acc[2 * r] += xr * w0;
-                    acc[2 * r + 1] += xr * w1;
+                    acc[2 * r] += xr * w[0];
+                    acc[2 * r + 1] += xr * w[1];
+                }
+                for (int r = 0; r < R; r++) {
+                    float xr = x[r * lda + k + 1];
+                    acc[2 * r] += xr * w[2];
+                    acc[2 * r + 1] += xr * w[3];
                 }
             }
         }
         pg_store(R, acc, c, ldc, cols, first);
     }
 
-    static void pg_micro_q8(int R, const float *x, long lda, const int8_t *q, const float *d, const float *m,
-                            long kc, float *c, long ldc, int cols, int first) {
-        switch (R) {
-    #define PG_CASE(n) case n: pg_micro_q8_r(n, x, lda, q, d, m, kc, c, ldc, cols, first); break;
-        PG_CASES
+    static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
+                           int cols, int first) {
+        if (a->bits == 8) {
+            switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 8, x, lda, a, kc, c, ldc, cols, first); break;
+            PG_CASES
     #undef PG_CASE
+            }
+        } else {
+            switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 4, x, lda, a, kc, c, ldc, cols, first); break;
+            PG_CASES
+    #undef PG_CASE
+            }
         }
     }
 
     typedef struct {
         const float *x;           /* [M, K] */
-        const int8_t *q;          /* [P, K, NR] */
-        const float *d, *m;       /* [P, K/32, NR] */
+        const void *q;            /* 8-bit: int8 [P, K, NR]; 4-bit: uint8 [P, K/2, NR] */
+        const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit) */
         float *c;                 /* [M, n] */
         long M, K, n, kc, P, chunk, fused_tiles;
+        int bits;
     } pg_q8_job;
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -375,28 +498,25 @@ cdef extern from *:
     }
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
-        const int8_t *q = j->q + p * j->K * PG_NR;
-        const float *d = j->d + p * (j->K / 32) * PG_NR, *m = j->m + p * (j->K / 32) * PG_NR;
+        long scale = j->bits == 8 ? sizeof(float) : sizeof(uint16_t), groups = p * (j->K / 32) * PG_NR;
+        pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
+                           (const char *)j->d + groups * scale, (const char *)j->m + groups * scale, j->bits};
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
         int rows, cols = pg_panel_cols(j->n, p);
-        if (ntiles <= j->fused_tiles) {  /* dequantize in registers, no buffer (tile 2+: q from L1) */
-            for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
-                long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
-                for (long t = 0; t < ntiles; t++) {
-                    pg_tile(j->M, t, ntiles, &r0, &rows);
-                    pg_micro_q8(rows, j->x + r0 * j->K + k0, j->K, q + k0 * PG_NR, d + (k0 / 32) * PG_NR,
-                                m + (k0 / 32) * PG_NR, kcur, j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
-                }
-            }
-            return;
-        }
-        for (long k0 = 0; k0 < j->K; k0 += j->kc) {
+        for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
             long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
-            pg_dequant_block(q + k0 * PG_NR, d + (k0 / 32) * PG_NR, m + (k0 / 32) * PG_NR, kcur, buf);
+            pg_qpanel block = pg_qpanel_from(&whole, k0);
+            int fused = ntiles <= j->fused_tiles;  /* dequantize in registers, no buffer (tile 2+: q from L1) */
+            if (!fused)
+                pg_dequant_block(&block, kcur, buf);
             for (long t = 0; t < ntiles; t++) {
                 pg_tile(j->M, t, ntiles, &r0, &rows);
-                pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
-                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+                if (fused)
+                    pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->n + p * PG_NR,
+                               j->n, cols, k0 == 0);
+                else
+                    pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
+                                 j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
             }
         }
     }
@@ -432,11 +552,12 @@ cdef extern from *:
     void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) noexcept nogil
     ctypedef struct pg_q8_job:
         const float *x
-        const int8_t *q
-        const float *d
-        const float *m
+        const void *q
+        const void *d
+        const void *m
         float *c
         long M, K, n, kc, P, chunk, fused_tiles
+        int bits
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
 
 
@@ -483,6 +604,30 @@ def pack(w, str dtype="float32") -> np.ndarray:
     return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, NR, 2]
 
 
+def _scaled(q, d, m) -> np.ndarray:
+    """q [A, K, C] (any integer type), d and m [A, K/32, C] -> float32 d * q + m, d and m holding one
+    value per 32 consecutive k: the kernel's (and ggml's) operations, the product rounded first."""
+    A, K, C = q.shape
+    w = q.astype(np.float32).reshape(A, K // 32, 32, C)
+    w *= d.astype(np.float32)[:, :, None, :]
+    w += m.astype(np.float32)[:, :, None, :]
+    return w.reshape(A, K, C)
+
+
+def _check_groups(q, d, m) -> tuple[int, int]:
+    K, N = q.shape
+    if K % 32 or d.shape != (K // 32, N) or m.shape != (K // 32, N):
+        raise ValueError(f"q {q.shape} needs K % 32 == 0 and d, m of shape {(K // 32, N)}; got {d.shape}, {m.shape}")
+    return K, N
+
+
+def _column_panels(a, Py_ssize_t P, dtype) -> np.ndarray:
+    """[rows, N] -> [P, rows, NR] of `dtype`, columns zero-padded to whole panels."""
+    out = np.zeros((a.shape[0], P * PG_NR), dtype=dtype)
+    out[:, : a.shape[1]] = a
+    return np.ascontiguousarray(out.reshape(a.shape[0], P, PG_NR).transpose(1, 0, 2))
+
+
 class Q8Panels(NamedTuple):
     """Quantized panels: w[k, j] = d * q + m with q int8 and, per 32 rows of k and per column, a
     float32 scale d and offset m. GGUF's Q8_0 (m = 0), Q4_0 (q - 8, m = 0) and Q4_1 (q in 0..15)
@@ -501,36 +646,67 @@ class Q8Panels(NamedTuple):
         return self.q.dtype
 
     def dequantize(self) -> np.ndarray:
-        """[P, K, NR] float32, with the kernel's (and ggml's) operations: d * q, then + m."""
-        P, K, _ = self.q.shape
-        w = self.q.astype(np.float32).reshape(P, K // 32, 32, PG_NR)
-        w *= self.d[:, :, None, :]
-        w += self.m[:, :, None, :]
-        return w.reshape(P, K, PG_NR)
+        """[P, K, NR] float32."""
+        return _scaled(self.q, self.d, self.m)
+
+    def columns(self, p, j) -> np.ndarray:
+        """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
+
+
+class Q4Panels(NamedTuple):
+    """4-bit panels: w[k, j] = d * q + m, q in 0..15 two to a byte (rows 2 k2 and 2 k2 + 1 of a column
+    share byte k2), d and m float16 per 32 rows of k and per column. GGUF's Q4_1 value for value, and
+    Q4_0 with m = -8 d (exact: d * q and d * (q - 8) are exact in float32, so d * q + m rounds to
+    the same float). Half a byte per weight in memory, as in the file: see `pack_q4`."""
+
+    q4: np.ndarray  # [P, K/2, NR] uint8
+    d: np.ndarray  # [P, K/32, NR] float16
+    m: np.ndarray  # [P, K/32, NR] float16
+
+    @property
+    def nbytes(self) -> int:
+        return self.q4.nbytes + self.d.nbytes + self.m.nbytes
+
+    @property
+    def dtype(self):
+        return self.q4.dtype
+
+    def dequantize(self) -> np.ndarray:
+        """[P, K, NR] float32."""
+        P, K2, _ = self.q4.shape
+        nibbles = np.stack([self.q4 & 0x0F, self.q4 >> 4], axis=2).reshape(P, 2 * K2, PG_NR)
+        return _scaled(nibbles, self.d, self.m)
+
+    def columns(self, p, j) -> np.ndarray:
+        """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        b = self.q4[p, :, j]  # [L, K/2]
+        nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(len(b), -1)
+        return _scaled(nibbles[..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
 
 
 def pack_q8(q, d, m) -> Q8Panels:
     """q int8 [K, N] (any strides), d and m float32 [K/32, N]: w[k, j] = d[k // 32, j] * q[k, j] +
     m[k // 32, j] -> its Q8Panels (columns zero-padded to whole panels: q = d = m = 0)."""
-    K, N = q.shape
-    if K % 32 or d.shape != (K // 32, N) or m.shape != (K // 32, N):
-        raise ValueError(f"q {q.shape} needs K % 32 == 0 and d, m of shape {(K // 32, N)}; got {d.shape}, {m.shape}")
+    K, N = _check_groups(q, d, m)
     P = -(-N // PG_NR)
-    qp = np.zeros((K, P * PG_NR), dtype=np.int8)
-    qp[:, :N] = q
-    dp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
-    mp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
-    dp[:, :N], mp[:, :N] = d, m
+    return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32))
 
-    def panels(a):
-        return np.ascontiguousarray(a.reshape(a.shape[0], P, PG_NR).transpose(1, 0, 2))
 
-    return Q8Panels(panels(qp), panels(dp), panels(mp))
+def pack_q4(q, d, m) -> Q4Panels:
+    """q uint8 in 0..15 [K, N] (any strides), d and m float16 [K/32, N]: w = d * q + m -> its
+    Q4Panels (columns zero-padded to whole panels)."""
+    K, N = _check_groups(q, d, m)
+    P = -(-N // PG_NR)
+    qp = _column_panels(q, P, np.uint8)  # [P, K, NR]
+    assert qp.max(initial=0) < 16, "4-bit values"
+    return Q4Panels(np.ascontiguousarray(qp[:, 0::2] | (qp[:, 1::2] << 4)), _column_panels(d, P, np.float16),
+                    _column_panels(m, P, np.float16))
 
 
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
     """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
-    if isinstance(panels, Q8Panels):
+    if isinstance(panels, (Q8Panels, Q4Panels)):
         panels = panels.dequantize()
     P = panels.shape[0]
     if panels.dtype == np.uint16:
@@ -545,11 +721,8 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     This is how an embedding lookup reads a tied LM head."""
     ids = np.asarray(ids, dtype=np.int64)
     p, j = ids // PG_NR, ids % PG_NR
-    if isinstance(panels, Q8Panels):  # [len, K]: d * q + m, in the kernel's order
-        w = panels.q[p, :, j].astype(np.float32).reshape(len(ids), k // 32, 32)
-        w *= panels.d[p, :, j][:, :, None]
-        w += panels.m[p, :, j][:, :, None]
-        return w.reshape(len(ids), k)
+    if isinstance(panels, (Q8Panels, Q4Panels)):  # [len, K]: d * q + m, in the kernel's order
+        return panels.columns(p, j)
     if panels.dtype == np.uint16:  # [P, K2, NR, 2] -> [len, K2, 2]
         return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
     return np.ascontiguousarray(panels[p, :, j])
@@ -567,7 +740,11 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
         raise ValueError(f"out must be a C-contiguous float32 [{M}, {n}] array")
     if M == 0:
         return out
-    if isinstance(panels, Q8Panels):
+    if isinstance(panels, Q4Panels):
+        if panels.q4.ndim != 3 or 2 * panels.q4.shape[1] != K or panels.q4.shape[2] != PG_NR or K % 32:
+            raise ValueError(f"4-bit panels {panels.q4.shape} do not fit x of shape {x.shape}")
+        _matmul_q4(x, panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16), n, out)
+    elif isinstance(panels, Q8Panels):
         if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
             raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
         _matmul_q8(x, panels.q, panels.d, panels.m, n, out)
@@ -600,18 +777,28 @@ cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_s
         pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
 
 
-cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
-                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const void *m, int bits, Py_ssize_t P,
+                    Py_ssize_t n, float[:, ::1] c):
     cdef pg_q8_job job
-    job.x, job.q, job.d, job.m, job.c = &x[0, 0], &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], &c[0, 0]
+    job.x, job.q, job.d, job.m, job.c, job.bits = &x[0, 0], q, d, m, &c[0, 0], bits
     job.M, job.K, job.n, job.kc = x.shape[0], x.shape[1], n, KC  # the float32 kernel's blocks: the same sums
     assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit the task's buffer"
     cdef int threads = _threads_for(job.M * job.K * n)
-    job.P = q.shape[0]
+    job.P = P
     job.fused_tiles = Q8_FUSED_TILES
     job.chunk = max(1, job.P // (Q8_TASKS_PER_THREAD * threads))  # enough tasks to even out the threads
     with nogil:
         pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
+
+
+cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
+                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+    _matmul_q(x, &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 8, q.shape[0], n, c)
+
+
+cdef void _matmul_q4(const float[:, ::1] x, const uint8_t[:, :, ::1] q4, const uint16_t[:, :, ::1] d,
+                     const uint16_t[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+    _matmul_q(x, &q4[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 4, q4.shape[0], n, c)
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,

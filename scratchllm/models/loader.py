@@ -101,12 +101,15 @@ class GGUFAsHF(Mapping):
         return a
 
     def quantized(self, hf_name: str):
-        """(q int8, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
-        dequantized tensor (ggml_quants.as_q8); None for any other type."""
+        """(q, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
+        dequantized tensor: Q4 types as 4-bit values (q uint8 0..15, d and m float16;
+        ggml_quants.as_q4), Q8_0 as q int8 with float32 d and m (ggml_quants.as_q8); None for
+        any other type."""
         info = self.ckpt.tensor_info(self.names[hf_name])
         if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
             return None
-        q, d, m = gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
+        four = gq.as_q4(info.dtype, self.ckpt.raw(info.name), info.shape) if info.dtype != "Q8_0" else None
+        q, d, m = four or gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
         return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
 
     def __iter__(self):
