@@ -16,6 +16,7 @@ BENCHES = {
     "engine": "continuous vs static batching on a mixed workload (C4)",
     "masks": "3-D attention mask generator: vectorized vs Python loop (C4)",
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles (C5)",
+    "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",
 }
 
 
