@@ -41,3 +41,9 @@ lint: $(VENV)/.test-deps
 
 clean:
 	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c *.egg-info
+
+# The peer of `scratchllm bench peers`: llama-cpp-python (requirements/peers.txt) built from source
+# with this CPU's instruction sets named explicitly, proven by loading the default model.
+.PHONY: peers
+peers: $(VENV)/.run-deps
+	$(PY) scripts/build_peers.py

@@ -1,12 +1,20 @@
 """Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>.
 
 Flags: -O3 lets GCC vectorize the inner loops. -march defaults to `native` because the
-extension is built on the machine that runs it (make test / make demo build in place);
-set SCRATCHLLM_MARCH=x86-64-v3 (or another) to build a portable wheel.
+extension is built on the machine that runs it (make test / make demo build in place): the
+kernels then use AVX-512 (and AVX512-BF16) where the CPU has them, and AVX2 + FMA otherwise.
+Set SCRATCHLLM_MARCH=x86-64-v3 (any x86-64 with AVX2, FMA, F16C) or another to build for other
+machines. The features the compiler enabled are written to scratchllm/kernels/_build_features.txt;
+importing scratchllm.kernels compares them with this CPU's and refuses a build it cannot run
+(scratchllm/kernels/cpu_features.py).
 """
 
 import glob
+import importlib.util
 import os
+import shlex
+import subprocess
+import sysconfig
 
 import numpy as np
 from Cython.Build import cythonize
@@ -15,6 +23,22 @@ from setuptools import Extension, setup
 march = os.environ.get("SCRATCHLLM_MARCH", "native")
 compile_args = ["-O3", f"-march={march}", "-fno-math-errno", "-fopenmp"]
 link_args = ["-fopenmp"]
+
+
+def record_build_features():
+    """Ask the compiler which extensions -march enables (its predefined macros) and record them."""
+    spec = importlib.util.spec_from_file_location("cpu_features", "scratchllm/kernels/cpu_features.py")
+    cpu_features = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_features)  # by path: the package itself may not import before the build
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    macros = subprocess.run([*cc, f"-march={march}", "-dM", "-E", "-x", "c", os.devnull],
+                            capture_output=True, text=True, check=True).stdout
+    features = cpu_features.features_from_macros(macros)
+    with open(cpu_features.BUILD_FEATURES_FILE, "w", encoding="ascii") as f:
+        f.write(" ".join(features) + "\n")
+
+
+record_build_features()
 
 extensions = [
     Extension(

@@ -39,7 +39,8 @@ class LLM:
     `max_model_len`: the longest prompt + completion (default: the model's context).
     `threads`: matmul (and BLAS) threads for this process (default: leave as is). 1 is often
     faster on a machine whose cores other jobs share; see scratchllm/models/threads.py.
-    `dtype`: "float32" (default, the reference's numbers), "bfloat16" (faster matmuls, logits
+    `dtype`: "auto" (default: "quantized" for a Llama GGUF file with quantized blocks, else
+    "float32"), "float32" (the reference's numbers), "bfloat16" (faster matmuls, logits
     that differ in the third digit) or "quantized" (a GGUF file's quantized blocks kept as they
     are: a third of the bytes, float32's logits bit for bit); see scratchllm/models/packed.py.
     `trace`: a path: the engine writes every token into a trace ring there (docs/tracing.md;
@@ -64,7 +65,7 @@ class LLM:
                 raise ConfigError(f"threads must be >= 1, got {threads}")
             set_blas_threads(int(threads))
         start = time.perf_counter()
-        self.model = load_model(model, dtype=options.get("dtype") or "float32")
+        self.model = load_model(model, dtype=options.get("dtype") or "auto")
         if not self.model.config.is_decoder:
             kind = self.model.config.model_type
             raise ConfigError(f"'{model}' is an encoder ({kind}): it embeds, it does not generate")

@@ -91,7 +91,7 @@ def add_arguments(parser):
     parser.add_argument("--kv-fraction", type=float, default=0.5,
                         help="the small-KV continuous run: a pool of this fraction of static's KV (default 0.5; "
                              "0 skips)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: token budget per step")
     parser.add_argument("--decode-seqs", type=int, default=32, help="batched-decode figure: sequences (default 32)")
     parser.add_argument("--chat-new-tokens", type=int, default=128, help="chat batch: new tokens (default 128)")

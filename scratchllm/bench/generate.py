@@ -31,7 +31,7 @@ GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
 
 def add_arguments(parser):
     parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each figure; medians are reported")

@@ -17,6 +17,7 @@ BENCHES = {
     "masks": "3-D attention mask generator: vectorized vs Python loop",
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles",
     "trace": "token tracing: writer ns per record, engine throughput with tracing off vs on",
+    "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",
 }
 
 

@@ -26,7 +26,7 @@ def add_parser(sub):
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads (default: one per core); 1 is often faster when other jobs share the cores")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
     p.set_defaults(func=run)
 

@@ -37,7 +37,7 @@ def add_parser(sub):
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests held at once (running + waiting); more get 429 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")

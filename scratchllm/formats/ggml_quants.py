@@ -160,3 +160,26 @@ def as_q8(type_name: str, data: np.ndarray, shape: tuple[int, int]):
     if type_name == "Q4_0":
         q -= 8
     return q.reshape(rows, cols), d, m
+
+
+def as_q4(type_name: str, data: np.ndarray, shape: tuple[int, int]):
+    """Raw Q4_0 / Q4_1 blocks of a [rows, cols] tensor -> (q uint8 in 0..15 [rows, cols], d and m
+    float16 [rows, cols/32]) with value = d * q + m, equal to `dequantize`'s floats bit for bit:
+    Q4_1 as stored; Q4_0 with m = -8 d, because d * q and d * (q - 8) are exact in float32 (an
+    11-bit d times a 4-bit q), so d * q + (-8 d) rounds to exactly d * (q - 8). For kernels that
+    keep 4 bits per weight. None where -8 d overflows float16 (|d| > 8188): use `as_q8` then."""
+    rows, cols = shape
+    block = BLOCK_DTYPES[type_name]
+    assert type_name in ("Q4_0", "Q4_1") and cols % 32 == 0, (type_name, shape)
+    assert data.nbytes == rows * cols // 32 * block.itemsize, (type_name, shape, data.nbytes)
+    blocks = data.view(block).reshape(rows, cols // 32)
+    d = np.ascontiguousarray(blocks["d"]).view(np.float16)
+    if type_name == "Q4_1":
+        m = np.ascontiguousarray(blocks["m"]).view(np.float16)
+    else:
+        if np.abs(d.astype(np.float32)).max(initial=0) * 8 > np.finfo(np.float16).max:
+            return None
+        m = -8 * d  # a power of two times a half: exact
+    qs = np.ascontiguousarray(blocks["qs"])  # [rows, cols/32, 16]: low nibbles first, then high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, cols/32, 32] uint8
+    return q.reshape(rows, cols), d, m

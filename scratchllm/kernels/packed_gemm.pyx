@@ -8,9 +8,11 @@ the main cost: the weights are read, written and read again, and at 16 rows Open
 about 68 GFLOP/s on this machine's two cores, a third of what the FMA units can do. Weights never
 change, so we pack them once and the kernel streams them exactly once per call.
 
-Packed layouts (one panel = NR = 32 output columns, zero-padded at the right edge):
-  float32:  [P, K, 32]        panel p, row k holds W[k, 32p : 32p+32]: two zmm per k.
-  bfloat16: [P, K/2, 32, 2]   uint16; row k2 holds, for each of the 32 columns, the pair
+Packed layouts (one panel = NR output columns, zero-padded at the right edge). NR is two native
+vectors, fixed when the extension is compiled: 32 with AVX-512 (two zmm), 16 with AVX2 (two ymm).
+The packing functions below follow the NR of the build, so panels are made and used by one build.
+  float32:  [P, K, NR]        panel p, row k holds W[k, NR p : NR p + NR]: two vectors per k.
+  bfloat16: [P, K/2, NR, 2]   uint16; row k2 holds, for each of the NR columns, the pair
                               (W[2 k2, j], W[2 k2 + 1, j]) side by side: the operand order of
                               AVX512-BF16's vdpbf16ps, which multiplies 16 such pairs by one
                               broadcast pair of x and adds both products into 16 fp32 lanes.
@@ -20,15 +22,21 @@ Loop nest of `matmul`. Panels are the tasks of our own thread pool (scratchllm/k
 not of OpenMP: a thread descheduled by another process just takes fewer panels instead of
 stalling every matmul at a barrier.
 
-    for panel p (32 columns of y)                       -> a pool task
-      for kc block of K (the panel's kc x 32 rows)      -> L1: 256 rows (bf16: pairs) = 32 KiB
+    for panel p (NR columns of y)                       -> a pool task
+      for kc block of K (the panel's kc x NR rows)      -> L1: 256 rows x NR x 4 B = 32 / 16 KiB
         for row tile of x (<= MAXR rows)                -> the block is re-read from L1
-          micro-kernel: R x 32 accumulators in 2R zmm registers, one pass over the block
+          micro-kernel: R x NR accumulators in 2R vector registers, one pass over the block
 
-Why R <= 12: Zen 4 has 32 zmm registers; 12 rows x 2 accumulators + 2 of W + 1 broadcast of x is
-27 live registers, no spills. Rows are split into balanced tiles (16 rows = 8 + 8, not 12 + 4).
+Why R <= MAXR: the 2R accumulators, the panel row's 2 vectors and 1 broadcast of x must fit the
+register file or the accumulators spill to the stack on every k. AVX-512 has 32 zmm: R <= 12,
+27 live. AVX2 has 16 ymm: R <= 6, 15 live (a 12 x 16 tile of ymm halves would need 48 and runs
+30x slower). Rows are split into balanced tiles (16 rows = 8 + 8, not 12 + 4).
 Every weight element loaded feeds R FMAs, so at R = 1 (single-stream decode) the kernel streams
-memory and at R >= 8 it is FMA-bound.
+memory and at R >= MAXR / 2 it is FMA-bound.
+
+Every output element is one chain of FMAs over k in order, block by block (kc = 256), whatever NR
+and MAXR are: the tile shape changes which elements are computed together, never the sums, so
+float32 results are the same on both instruction sets.
 
 bfloat16 keeps fp32's 8-bit exponent and cuts the mantissa to 8 bits (relative rounding
 error <= 2^-9). In this mode x is rounded to bfloat16 too (round to nearest even) and the
@@ -43,7 +51,7 @@ import numpy as np
 from scratchllm.kernels import pool as pool_module
 
 from scratchllm.kernels cimport pool
-from libc.stdint cimport int8_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport free, malloc
 
 
@@ -51,7 +59,7 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    #ifdef __AVX512F__
+    #if defined(__AVX512F__) || defined(__AVX2__)
     #include <immintrin.h>
     #endif
     #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -59,49 +67,63 @@ cdef extern from *:
     #else
     #define SCRATCHLLM_BF16_DOT 0
     #endif
-    #define PG_NR 32
-    #define PG_MAXR 12
+    #include "simd.h"  /* scratchllm_vf: one register of SCRATCHLLM_VL floats */
 
-    #include "simd.h"  /* scratchllm_v16 */
+    /* The register tile, per instruction set: a panel is two vectors wide (NR = 2 VL columns) and a
+       tile has up to MAXR rows, so the 2 MAXR accumulators, the panel row's two vectors and one
+       broadcast of x fit the register file. AVX-512: 32 zmm, 12 x 32 (24 + 2 + 1 = 27 live);
+       AVX2: 16 ymm, 6 x 16 (12 + 2 + 1 = 15 live). More rows would spill the accumulators. */
+    typedef scratchllm_vf pg_vec;
+    #define PG_VL SCRATCHLLM_VL
+    #define PG_NR (2 * PG_VL)
+    #if SCRATCHLLM_VL == 16
+    #define PG_MAXR 12
+    #define PG_CASES PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6) \
+                     PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    #else
+    #define PG_MAXR 6
+    #define PG_CASES PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+    #endif
+    /* PG_CASES: one switch case per tile height R = 1..PG_MAXR, each R a constant in its body */
 
     /* Add (or, when `first`, store) the R x 32 tile acc into c, only its first `cols` columns. */
-    static inline __attribute__((always_inline)) void pg_store(const int R, scratchllm_v16 *acc, float *c, long ldc,
+    static inline __attribute__((always_inline)) void pg_store(const int R, pg_vec *acc, float *c, long ldc,
                                                               int cols, int first) {
         for (int r = 0; r < R; r++) {
             float *cr = c + r * ldc;
             if (cols == PG_NR) {
-                scratchllm_v16 lo = acc[2 * r], hi = acc[2 * r + 1];
+                pg_vec lo = acc[2 * r], hi = acc[2 * r + 1];
                 if (!first) {
-                    scratchllm_v16 c0, c1;
+                    pg_vec c0, c1;
                     memcpy(&c0, cr, sizeof c0);
-                    memcpy(&c1, cr + 16, sizeof c1);
+                    memcpy(&c1, cr + PG_VL, sizeof c1);
                     lo += c0;
                     hi += c1;
                 }
                 memcpy(cr, &lo, sizeof lo);
-                memcpy(cr + 16, &hi, sizeof hi);
-            } else {  /* the right edge of the matrix: only cols < 32 columns are real */
+                memcpy(cr + PG_VL, &hi, sizeof hi);
+            } else {  /* the right edge of the matrix: only cols < NR columns are real */
                 float tmp[PG_NR];
-                memcpy(tmp, &acc[2 * r], sizeof(scratchllm_v16));
-                memcpy(tmp + 16, &acc[2 * r + 1], sizeof(scratchllm_v16));
+                memcpy(tmp, &acc[2 * r], sizeof(pg_vec));
+                memcpy(tmp + PG_VL, &acc[2 * r + 1], sizeof(pg_vec));
                 for (int j = 0; j < cols; j++)
                     cr[j] = first ? tmp[j] : cr[j] + tmp[j];
             }
         }
     }
 
-    /* c[0:R, 0:cols] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:32]; x rows lda apart. R is a constant
+    /* c[0:R, 0:cols] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NR]; x rows lda apart. R is a constant
        at every call site (see pg_micro_f32), so GCC unrolls the r loops and keeps acc in registers. */
     static inline __attribute__((always_inline)) void pg_micro_f32_r(const int R, const float *x, long lda,
                                                                     const float *panel, long kc, float *c,
                                                                     long ldc, int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+        pg_vec acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
-            acc[r] = (scratchllm_v16){0};
+            acc[r] = (pg_vec){0};
         for (long k = 0; k < kc; k++) {
-            scratchllm_v16 w0, w1;
+            pg_vec w0, w1;
             memcpy(&w0, panel + k * PG_NR, sizeof w0);
-            memcpy(&w1, panel + k * PG_NR + 16, sizeof w1);
+            memcpy(&w1, panel + k * PG_NR + PG_VL, sizeof w1);
             for (int r = 0; r < R; r++) {
                 float xr = x[r * lda + k];
                 acc[2 * r] += xr * w0;
@@ -115,8 +137,7 @@ cdef extern from *:
                              int cols, int first) {
         switch (R) {
     #define PG_CASE(n) case n: pg_micro_f32_r(n, x, lda, panel, kc, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+        PG_CASES
     #undef PG_CASE
         }
     }
@@ -139,8 +160,8 @@ cdef extern from *:
                 acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], xr, w1);
             }
         }
-        scratchllm_v16 a[2 * PG_MAXR];
-        memcpy(a, acc, 2 * R * sizeof(scratchllm_v16));
+        pg_vec a[2 * PG_MAXR];
+        memcpy(a, acc, 2 * R * sizeof(pg_vec));
         pg_store(R, a, c, ldc, cols, first);
     }
     #else
@@ -156,7 +177,7 @@ cdef extern from *:
        order, so sums may differ in the last bit. */
     static inline void pg_micro_bf16_r(const int R, const uint32_t *x2, long lda2, const uint16_t *panel,
                                        long kc2, float *c, long ldc, int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+        pg_vec acc[2 * PG_MAXR];
         float *lanes = (float *)acc;
         memset(acc, 0, sizeof acc);
         for (long k = 0; k < kc2; k++)
@@ -175,8 +196,7 @@ cdef extern from *:
                               long ldc, int cols, int first) {
         switch (R) {
     #define PG_CASE(n) case n: pg_micro_bf16_r(n, x2, lda2, panel, kc2, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+        PG_CASES
     #undef PG_CASE
         }
     }
@@ -191,11 +211,11 @@ cdef extern from *:
         return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
     }
 
-    /* ---- one GEMM as pool tasks: task p computes the 32 columns of panel p, every row ---- */
+    /* ---- one GEMM as pool tasks: task p computes the NR columns of panel p, every row ---- */
     typedef struct {
         const float *x;           /* float32: x [M, K] */
         const uint32_t *x2;       /* bfloat16: x as pairs [M, K2] */
-        const void *panels;       /* [P, K, 32] float32 or [P, K2, 32, 2] uint16 */
+        const void *panels;       /* [P, K, NR] float32 or [P, K2, NR, 2] uint16 */
         float *c;                 /* [M, n] */
         long M, K, K2, n, kc;
     } pg_gemm_job;
@@ -241,103 +261,228 @@ cdef extern from *:
         }
     }
 
-    /* 16 int8 -> 16 floats (exact). GCC does not vectorize __builtin_convertvector from int8, so
-       with AVX-512 this is the sign extension and conversion spelled out. */
-    static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, scratchllm_v16 *out) {
-    #ifdef __AVX512F__
+    /* PG_VL int8 -> PG_VL floats (exact). GCC does not vectorize __builtin_convertvector from int8,
+       so this is the sign extension and conversion spelled out. */
+    static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, pg_vec *out) {
+    #if PG_VL == 16
         __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         memcpy(out, &f, sizeof f);
+    #elif defined(__AVX2__)
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+        memcpy(out, &f, sizeof f);
     #else
-        float f[16];
-        for (int i = 0; i < 16; i++) f[i] = (float)q[i];
+        float f[PG_VL];
+        for (int i = 0; i < PG_VL; i++) f[i] = (float)q[i];
         memcpy(out, f, sizeof f);
     #endif
     }
 
-    /* ---- quantized panels: q int8 [P, K, 32], d and m float32 [P, K/32, 32]: w = d * q + m ---- */
-    /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's 32 columns. */
-    typedef struct { scratchllm_v16 d0, d1, m0, m1; } pg_q8_group;
+    /* ---- quantized panels, w = d * q + m per quantization group of 32 rows and column ----
+       8-bit: q int8 [P, K, NR], d and m float32 [P, K/32, NR].
+       4-bit: q4 uint8 [P, K/2, NR], byte (k2, j) = q[2 k2, j] | q[2 k2 + 1, j] << 4 with q in 0..15,
+              d and m float16 [P, K/32, NR] (the file's own half-precision scales; Q4_0's offset of
+              -8 is m = -8 d, exact). Per 32 weights of a column: 16 + 4 bytes, Q4_1's 20. */
+    /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's NR columns. */
+    typedef struct { pg_vec d0, d1, m0, m1; } pg_q8_group;
 
     static inline __attribute__((always_inline)) pg_q8_group pg_q8_group_at(const float *d, const float *m, long g) {
         pg_q8_group s;
         memcpy(&s.d0, d + g * PG_NR, sizeof s.d0);
-        memcpy(&s.d1, d + g * PG_NR + 16, sizeof s.d1);
+        memcpy(&s.d1, d + g * PG_NR + PG_VL, sizeof s.d1);
         memcpy(&s.m0, m + g * PG_NR, sizeof s.m0);
-        memcpy(&s.m1, m + g * PG_NR + 16, sizeof s.m1);
+        memcpy(&s.m1, m + g * PG_NR + PG_VL, sizeof s.m1);
         return s;
     }
 
-    /* Row k of a panel as 32 floats. Each value is rounded after the product and after the sum,
-       never fused into one FMA (the empty asm stops GCC from contracting): the floats ggml's (and
-       our loader's) dequantization makes, so the GEMM is bit-identical to the float32 kernel on
-       the dequantized matrix. */
-    static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                               scratchllm_v16 *w0, scratchllm_v16 *w1) {
-        scratchllm_v16 a, b;
-        pg_int8_to_f32(qrow, &a);
-        pg_int8_to_f32(qrow + 16, &b);
+    /* PG_VL float16 -> PG_VL float32 (exact: every half is a float). */
+    static inline __attribute__((always_inline)) void pg_f16_to_f32(const uint16_t *h, pg_vec *out) {
+    #if PG_VL == 16
+        __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        memcpy(out, &f, sizeof f);
+    #elif PG_VL == 8 && defined(__F16C__)
+        __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+        memcpy(out, &f, sizeof f);
+    #else
+        float f[PG_VL];
+        for (int i = 0; i < PG_VL; i++) {
+            uint32_t s = (uint32_t)(h[i] & 0x8000) << 16, e = (h[i] >> 10) & 0x1F, mant = h[i] & 0x3FF, u;
+            if (e == 0) {  /* zero or subnormal: mant * 2^-24, exact */
+                float v = (float)mant * (1.0f / 16777216.0f);
+                memcpy(&u, &v, sizeof u);
+                u |= s;
+            } else {
+                u = s | (e == 31 ? 0x7F800000u : (e + 112) << 23) | mant << 13;
+            }
+            memcpy(&f[i], &u, sizeof u);
+        }
+        memcpy(out, f, sizeof f);
+    #endif
+    }
+
+    static inline __attribute__((always_inline)) pg_q8_group pg_q4_group_at(const uint16_t *d, const uint16_t *m,
+                                                                           long g) {
+        pg_q8_group s;
+        pg_f16_to_f32(d + g * PG_NR, &s.d0);
+        pg_f16_to_f32(d + g * PG_NR + PG_VL, &s.d1);
+        pg_f16_to_f32(m + g * PG_NR, &s.m0);
+        pg_f16_to_f32(m + g * PG_NR + PG_VL, &s.m1);
+        return s;
+    }
+
+    /* d * a + m, each operation rounded on its own, never fused into one FMA (the empty asm stops
+       GCC from contracting): the floats ggml's (and our loader's) dequantization makes, so the GEMM
+       is bit-identical to the float32 kernel on the dequantized matrix. */
+    static inline __attribute__((always_inline)) void pg_scale_row(pg_vec a, pg_vec b, const pg_q8_group *s,
+                                                                  pg_vec *w0, pg_vec *w1) {
         a *= s->d0;
         b *= s->d1;
-        SCRATCHLLM_OPAQUE16(a);  /* round the products here */
-        SCRATCHLLM_OPAQUE16(b);
+        SCRATCHLLM_OPAQUE(a);  /* round the products here */
+        SCRATCHLLM_OPAQUE(b);
         *w0 = a + s->m0;
         *w1 = b + s->m1;
     }
 
-    /* Rows 0..kc-1 of a panel block into buf [kc, 32] float32 (kc a multiple of 32). */
-    static void pg_dequant_block(const int8_t *q, const float *d, const float *m, long kc, float *buf) {
+    /* Row k of an 8-bit panel as NR floats. */
+    static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
+                                                               pg_vec *w0, pg_vec *w1) {
+        pg_vec a, b;
+        pg_int8_to_f32(qrow, &a);
+        pg_int8_to_f32(qrow + PG_VL, &b);
+        pg_scale_row(a, b, s, w0, w1);
+    }
+
+    /* Byte row k2 of a 4-bit panel -> rows 2 k2 (w[0], w[1]) and 2 k2 + 1 (w[2], w[3]) as floats:
+       the nibbles are split and widened in registers; memory holds half a byte per weight. */
+    static inline __attribute__((always_inline)) void pg_q4_rows(const uint8_t *b, const pg_q8_group *s,
+                                                                pg_vec *w) {
+        pg_vec v[4];  /* low nibbles (row 2 k2): v[0], v[1]; high (row 2 k2 + 1): v[2], v[3] */
+    #if PG_VL == 16
+        __m256i all = _mm256_loadu_si256((const __m256i *)b), mask = _mm256_set1_epi8(0x0F);
+        __m256i lo = _mm256_and_si256(all, mask), hi = _mm256_and_si256(_mm256_srli_epi16(all, 4), mask);
+        __m512 f[4] = {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)))};
+        memcpy(v, f, sizeof v);
+    #elif PG_VL == 8 && defined(__AVX2__)
+        __m128i all = _mm_loadu_si128((const __m128i *)b), mask = _mm_set1_epi8(0x0F);
+        __m128i lo = _mm_and_si128(all, mask), hi = _mm_and_si128(_mm_srli_epi16(all, 4), mask);
+        __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo))),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)))};
+        memcpy(v, f, sizeof v);
+    #else
+        float f[4][PG_VL];
+        for (int i = 0; i < PG_NR; i++) {
+            f[i / PG_VL][i % PG_VL] = (float)(b[i] & 0x0F);
+            f[2 + i / PG_VL][i % PG_VL] = (float)(b[i] >> 4);
+        }
+        memcpy(v, f, sizeof v);
+    #endif
+        pg_scale_row(v[0], v[1], s, &w[0], &w[1]);
+        pg_scale_row(v[2], v[3], s, &w[2], &w[3]);
+    }
+
+    /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it. */
+    typedef struct { const void *q, *d, *m; int bits; } pg_qpanel;
+
+    static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {
+        return a->bits == 8 ? pg_q8_group_at((const float *)a->d, (const float *)a->m, g)
+                            : pg_q4_group_at((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+    }
+
+    static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the panel from row k0 on */
+        pg_qpanel b = *a;
+        long scale = a->bits == 8 ? sizeof(float) : sizeof(uint16_t);
+        b.q = (const char *)a->q + (a->bits == 8 ? k0 : k0 / 2) * PG_NR;
+        b.d = (const char *)a->d + (k0 / 32) * PG_NR * scale;
+        b.m = (const char *)a->m + (k0 / 32) * PG_NR * scale;
+        return b;
+    }
+
+    /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
+    static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group s = pg_q8_group_at(d, m, g);
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                scratchllm_v16 w0, w1;
-                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
-                memcpy(buf + k * PG_NR, &w0, sizeof w0);
-                memcpy(buf + k * PG_NR + 16, &w1, sizeof w1);
+            pg_q8_group s = pg_group(a, g);
+            for (long k = 32 * g; k < 32 * g + 32; k += 2) {
+                pg_vec w[4];
+                if (a->bits == 8) {
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1]);
+                    pg_q8_row((const int8_t *)a->q + (k + 1) * PG_NR, &s, &w[2], &w[3]);
+                } else {
+                    pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
+                }
+                memcpy(buf + k * PG_NR, w, sizeof w);  /* rows k and k + 1, NR floats each */
             }
         }
     }
 
-    /* One row of tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
+    /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
        at once, so the panel streams from memory without pauses (a block-then-compute loop would
-       let the prefetcher stall between blocks). */
-    static inline __attribute__((always_inline)) void pg_micro_q8_r(const int R, const float *x, long lda,
-                                                                   const int8_t *q, const float *d,
-                                                                   const float *m, long kc, float *c, long ldc,
-                                                                   int cols, int first) {
-        scratchllm_v16 acc[2 * PG_MAXR];
+       let the prefetcher stall between blocks). bits is a constant at every call site. */
+    static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const float *x,
+                                                                  long lda, const pg_qpanel *a, long kc, float *c,
+                                                                  long ldc, int cols, int first) {
+        pg_vec acc[2 * PG_MAXR];
         for (int r = 0; r < 2 * R; r++)
-            acc[r] = (scratchllm_v16){0};
+            acc[r] = (pg_vec){0};
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group s = pg_q8_group_at(d, m, g);
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                scratchllm_v16 w0, w1;
-                pg_q8_row(q + k * PG_NR, &s, &w0, &w1);
+            pg_q8_group s = pg_group(a, g);
+            if (bits == 8) {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
+                for (long k = 32 * g; k < 32 * g + 32; k++) {
+                    pg_vec w0, w1;
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1);
+                    for (int r = 0; r < R; r++) {
+                        float xr = x[r * lda + k];
+                        acc[2 * r] += xr * w0;
+                        acc[2 * r + 1] += xr * w1;
+                    }
+                }
+                continue;
+            }
+            for (long k = 32 * g; k < 32 * g + 32; k += 2) {  /* a byte row is two rows of k, in order */
+                pg_vec w[4];
+                pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
                 for (int r = 0; r < R; r++) {
                     float xr = x[r * lda + k];
-                    acc[2 * r] += xr * w0;
-                    acc[2 * r + 1] += xr * w1;
+                    acc[2 * r] += xr * w[0];
+                    acc[2 * r + 1] += xr * w[1];
+                }
+                for (int r = 0; r < R; r++) {
+                    float xr = x[r * lda + k + 1];
+                    acc[2 * r] += xr * w[2];
+                    acc[2 * r + 1] += xr * w[3];
                 }
             }
         }
         pg_store(R, acc, c, ldc, cols, first);
     }
 
-    static void pg_micro_q8(int R, const float *x, long lda, const int8_t *q, const float *d, const float *m,
-                            long kc, float *c, long ldc, int cols, int first) {
-        switch (R) {
-    #define PG_CASE(n) case n: pg_micro_q8_r(n, x, lda, q, d, m, kc, c, ldc, cols, first); break;
-        PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-        PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+    static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
+                           int cols, int first) {
+        if (a->bits == 8) {
+            switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 8, x, lda, a, kc, c, ldc, cols, first); break;
+            PG_CASES
     #undef PG_CASE
+            }
+        } else {
+            switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 4, x, lda, a, kc, c, ldc, cols, first); break;
+            PG_CASES
+    #undef PG_CASE
+            }
         }
     }
 
     typedef struct {
         const float *x;           /* [M, K] */
-        const int8_t *q;          /* [P, K, 32] */
-        const float *d, *m;       /* [P, K/32, 32] */
+        const void *q;            /* 8-bit: int8 [P, K, NR]; 4-bit: uint8 [P, K/2, NR] */
+        const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit) */
         float *c;                 /* [M, n] */
         long M, K, n, kc, P, chunk, fused_tiles;
+        int bits;
     } pg_q8_job;
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -353,28 +498,25 @@ cdef extern from *:
     }
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
-        const int8_t *q = j->q + p * j->K * PG_NR;
-        const float *d = j->d + p * (j->K / 32) * PG_NR, *m = j->m + p * (j->K / 32) * PG_NR;
+        long scale = j->bits == 8 ? sizeof(float) : sizeof(uint16_t), groups = p * (j->K / 32) * PG_NR;
+        pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
+                           (const char *)j->d + groups * scale, (const char *)j->m + groups * scale, j->bits};
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
         int rows, cols = pg_panel_cols(j->n, p);
-        if (ntiles <= j->fused_tiles) {  /* dequantize in registers, no buffer (tile 2+: q from L1) */
-            for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
-                long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
-                for (long t = 0; t < ntiles; t++) {
-                    pg_tile(j->M, t, ntiles, &r0, &rows);
-                    pg_micro_q8(rows, j->x + r0 * j->K + k0, j->K, q + k0 * PG_NR, d + (k0 / 32) * PG_NR,
-                                m + (k0 / 32) * PG_NR, kcur, j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
-                }
-            }
-            return;
-        }
-        for (long k0 = 0; k0 < j->K; k0 += j->kc) {
+        for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
             long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
-            pg_dequant_block(q + k0 * PG_NR, d + (k0 / 32) * PG_NR, m + (k0 / 32) * PG_NR, kcur, buf);
+            pg_qpanel block = pg_qpanel_from(&whole, k0);
+            int fused = ntiles <= j->fused_tiles;  /* dequantize in registers, no buffer (tile 2+: q from L1) */
+            if (!fused)
+                pg_dequant_block(&block, kcur, buf);
             for (long t = 0; t < ntiles; t++) {
                 pg_tile(j->M, t, ntiles, &r0, &rows);
-                pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
-                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+                if (fused)
+                    pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->n + p * PG_NR,
+                               j->n, cols, k0 == 0);
+                else
+                    pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
+                                 j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
             }
         }
     }
@@ -391,6 +533,7 @@ cdef extern from *:
     }
     """
     int SCRATCHLLM_BF16_DOT
+    const char *SCRATCHLLM_COMPILED_FEATURES
     int PG_NR
     int PG_MAXR
     void pg_micro_f32(int R, const float *x, long lda, const float *panel, long kc, float *c, long ldc,
@@ -409,17 +552,19 @@ cdef extern from *:
     void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) noexcept nogil
     ctypedef struct pg_q8_job:
         const float *x
-        const int8_t *q
-        const float *d
-        const float *m
+        const void *q
+        const void *d
+        const void *m
         float *c
         long M, K, n, kc, P, chunk, fused_tiles
+        int bits
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
 
 
 NR = PG_NR
 MAXR = PG_MAXR
 HAVE_AVX512_BF16 = bool(SCRATCHLLM_BF16_DOT)
+COMPILED_FEATURES = tuple(SCRATCHLLM_COMPILED_FEATURES.decode().split())  # as /proc/cpuinfo names them
 DTYPES = ("float32", "bfloat16")
 
 set_num_threads, get_num_threads = pool_module.set_num_threads, pool_module.get_num_threads  # the pool's
@@ -456,7 +601,31 @@ def pack(w, str dtype="float32") -> np.ndarray:
     K2 = -(-K // 2)
     padded = np.zeros((2 * K2, P * PG_NR), dtype=np.float32)
     padded[:K, :N] = w
-    return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, 32, 2]
+    return to_bfloat16(padded.reshape(K2, 2, P, PG_NR).transpose(2, 0, 3, 1))  # [P, K2, NR, 2]
+
+
+def _scaled(q, d, m) -> np.ndarray:
+    """q [A, K, C] (any integer type), d and m [A, K/32, C] -> float32 d * q + m, d and m holding one
+    value per 32 consecutive k: the kernel's (and ggml's) operations, the product rounded first."""
+    A, K, C = q.shape
+    w = q.astype(np.float32).reshape(A, K // 32, 32, C)
+    w *= d.astype(np.float32)[:, :, None, :]
+    w += m.astype(np.float32)[:, :, None, :]
+    return w.reshape(A, K, C)
+
+
+def _check_groups(q, d, m) -> tuple[int, int]:
+    K, N = q.shape
+    if K % 32 or d.shape != (K // 32, N) or m.shape != (K // 32, N):
+        raise ValueError(f"q {q.shape} needs K % 32 == 0 and d, m of shape {(K // 32, N)}; got {d.shape}, {m.shape}")
+    return K, N
+
+
+def _column_panels(a, Py_ssize_t P, dtype) -> np.ndarray:
+    """[rows, N] -> [P, rows, NR] of `dtype`, columns zero-padded to whole panels."""
+    out = np.zeros((a.shape[0], P * PG_NR), dtype=dtype)
+    out[:, : a.shape[1]] = a
+    return np.ascontiguousarray(out.reshape(a.shape[0], P, PG_NR).transpose(1, 0, 2))
 
 
 class Q8Panels(NamedTuple):
@@ -464,9 +633,9 @@ class Q8Panels(NamedTuple):
     float32 scale d and offset m. GGUF's Q8_0 (m = 0), Q4_0 (q - 8, m = 0) and Q4_1 (q in 0..15)
     all fit, value for value: see `pack_q8`."""
 
-    q: np.ndarray  # [P, K, 32] int8
-    d: np.ndarray  # [P, K/32, 32] float32
-    m: np.ndarray  # [P, K/32, 32] float32
+    q: np.ndarray  # [P, K, NR] int8
+    d: np.ndarray  # [P, K/32, NR] float32
+    m: np.ndarray  # [P, K/32, NR] float32
 
     @property
     def nbytes(self) -> int:
@@ -477,36 +646,67 @@ class Q8Panels(NamedTuple):
         return self.q.dtype
 
     def dequantize(self) -> np.ndarray:
-        """[P, K, 32] float32, with the kernel's (and ggml's) operations: d * q, then + m."""
-        P, K, _ = self.q.shape
-        w = self.q.astype(np.float32).reshape(P, K // 32, 32, PG_NR)
-        w *= self.d[:, :, None, :]
-        w += self.m[:, :, None, :]
-        return w.reshape(P, K, PG_NR)
+        """[P, K, NR] float32."""
+        return _scaled(self.q, self.d, self.m)
+
+    def columns(self, p, j) -> np.ndarray:
+        """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
+
+
+class Q4Panels(NamedTuple):
+    """4-bit panels: w[k, j] = d * q + m, q in 0..15 two to a byte (rows 2 k2 and 2 k2 + 1 of a column
+    share byte k2), d and m float16 per 32 rows of k and per column. GGUF's Q4_1 value for value, and
+    Q4_0 with m = -8 d (exact: d * q and d * (q - 8) are exact in float32, so d * q + m rounds to
+    the same float). Half a byte per weight in memory, as in the file: see `pack_q4`."""
+
+    q4: np.ndarray  # [P, K/2, NR] uint8
+    d: np.ndarray  # [P, K/32, NR] float16
+    m: np.ndarray  # [P, K/32, NR] float16
+
+    @property
+    def nbytes(self) -> int:
+        return self.q4.nbytes + self.d.nbytes + self.m.nbytes
+
+    @property
+    def dtype(self):
+        return self.q4.dtype
+
+    def dequantize(self) -> np.ndarray:
+        """[P, K, NR] float32."""
+        P, K2, _ = self.q4.shape
+        nibbles = np.stack([self.q4 & 0x0F, self.q4 >> 4], axis=2).reshape(P, 2 * K2, PG_NR)
+        return _scaled(nibbles, self.d, self.m)
+
+    def columns(self, p, j) -> np.ndarray:
+        """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        b = self.q4[p, :, j]  # [L, K/2]
+        nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(len(b), -1)
+        return _scaled(nibbles[..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
 
 
 def pack_q8(q, d, m) -> Q8Panels:
     """q int8 [K, N] (any strides), d and m float32 [K/32, N]: w[k, j] = d[k // 32, j] * q[k, j] +
     m[k // 32, j] -> its Q8Panels (columns zero-padded to whole panels: q = d = m = 0)."""
-    K, N = q.shape
-    if K % 32 or d.shape != (K // 32, N) or m.shape != (K // 32, N):
-        raise ValueError(f"q {q.shape} needs K % 32 == 0 and d, m of shape {(K // 32, N)}; got {d.shape}, {m.shape}")
+    K, N = _check_groups(q, d, m)
     P = -(-N // PG_NR)
-    qp = np.zeros((K, P * PG_NR), dtype=np.int8)
-    qp[:, :N] = q
-    dp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
-    mp = np.zeros((K // 32, P * PG_NR), dtype=np.float32)
-    dp[:, :N], mp[:, :N] = d, m
+    return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32))
 
-    def panels(a):
-        return np.ascontiguousarray(a.reshape(a.shape[0], P, PG_NR).transpose(1, 0, 2))
 
-    return Q8Panels(panels(qp), panels(dp), panels(mp))
+def pack_q4(q, d, m) -> Q4Panels:
+    """q uint8 in 0..15 [K, N] (any strides), d and m float16 [K/32, N]: w = d * q + m -> its
+    Q4Panels (columns zero-padded to whole panels)."""
+    K, N = _check_groups(q, d, m)
+    P = -(-N // PG_NR)
+    qp = _column_panels(q, P, np.uint8)  # [P, K, NR]
+    assert qp.max(initial=0) < 16, "4-bit values"
+    return Q4Panels(np.ascontiguousarray(qp[:, 0::2] | (qp[:, 1::2] << 4)), _column_panels(d, P, np.float16),
+                    _column_panels(m, P, np.float16))
 
 
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
     """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
-    if isinstance(panels, Q8Panels):
+    if isinstance(panels, (Q8Panels, Q4Panels)):
         panels = panels.dequantize()
     P = panels.shape[0]
     if panels.dtype == np.uint16:
@@ -521,12 +721,9 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     This is how an embedding lookup reads a tied LM head."""
     ids = np.asarray(ids, dtype=np.int64)
     p, j = ids // PG_NR, ids % PG_NR
-    if isinstance(panels, Q8Panels):  # [len, K]: d * q + m, in the kernel's order
-        w = panels.q[p, :, j].astype(np.float32).reshape(len(ids), k // 32, 32)
-        w *= panels.d[p, :, j][:, :, None]
-        w += panels.m[p, :, j][:, :, None]
-        return w.reshape(len(ids), k)
-    if panels.dtype == np.uint16:  # [P, K2, 32, 2] -> [len, K2, 2]
+    if isinstance(panels, (Q8Panels, Q4Panels)):  # [len, K]: d * q + m, in the kernel's order
+        return panels.columns(p, j)
+    if panels.dtype == np.uint16:  # [P, K2, NR, 2] -> [len, K2, 2]
         return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
     return np.ascontiguousarray(panels[p, :, j])
 
@@ -543,7 +740,11 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
         raise ValueError(f"out must be a C-contiguous float32 [{M}, {n}] array")
     if M == 0:
         return out
-    if isinstance(panels, Q8Panels):
+    if isinstance(panels, Q4Panels):
+        if panels.q4.ndim != 3 or 2 * panels.q4.shape[1] != K or panels.q4.shape[2] != PG_NR or K % 32:
+            raise ValueError(f"4-bit panels {panels.q4.shape} do not fit x of shape {x.shape}")
+        _matmul_q4(x, panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16), n, out)
+    elif isinstance(panels, Q8Panels):
         if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
             raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
         _matmul_q8(x, panels.q, panels.d, panels.m, n, out)
@@ -576,18 +777,28 @@ cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_s
         pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
 
 
-cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
-                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const void *m, int bits, Py_ssize_t P,
+                    Py_ssize_t n, float[:, ::1] c):
     cdef pg_q8_job job
-    job.x, job.q, job.d, job.m, job.c = &x[0, 0], &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], &c[0, 0]
+    job.x, job.q, job.d, job.m, job.c, job.bits = &x[0, 0], q, d, m, &c[0, 0], bits
     job.M, job.K, job.n, job.kc = x.shape[0], x.shape[1], n, KC  # the float32 kernel's blocks: the same sums
     assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit the task's buffer"
     cdef int threads = _threads_for(job.M * job.K * n)
-    job.P = q.shape[0]
+    job.P = P
     job.fused_tiles = Q8_FUSED_TILES
     job.chunk = max(1, job.P // (Q8_TASKS_PER_THREAD * threads))  # enough tasks to even out the threads
     with nogil:
         pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
+
+
+cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
+                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+    _matmul_q(x, &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 8, q.shape[0], n, c)
+
+
+cdef void _matmul_q4(const float[:, ::1] x, const uint8_t[:, :, ::1] q4, const uint16_t[:, :, ::1] d,
+                     const uint16_t[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
+    _matmul_q(x, &q4[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 4, q4.shape[0], n, c)
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,

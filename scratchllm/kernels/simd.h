@@ -36,21 +36,108 @@ static inline scratchllm_v16 scratchllm_exp16(scratchllm_v16 x) {
     return p * two_n;
 }
 
-/* Make GCC treat v as computed here: an empty asm that "changes" it, so the operations before
-   it are rounded on their own and never contracted into an FMA with what follows. A 64-byte
-   vector fits one zmm register with AVX-512; without it, it is two ymm halves, one asm each. */
-#ifdef __AVX512F__
-#define SCRATCHLLM_OPAQUE16(v) __asm__("" : "+v"(v))
+/* The native vector: one register of SCRATCHLLM_VL floats (a zmm of 16 with AVX-512, a ymm of 8
+   with AVX, an xmm of 4 with SSE only). Kernels whose tile must fit the register file (the packed GEMM) are written in it. */
+#if defined(__AVX512F__)
+#define SCRATCHLLM_VL 16
+#elif defined(__AVX__)
+#define SCRATCHLLM_VL 8
 #else
-typedef float scratchllm_v8 __attribute__((vector_size(32)));
-#define SCRATCHLLM_OPAQUE16(v) do { \
-        scratchllm_v8 lo_, hi_; \
-        memcpy(&lo_, &(v), sizeof lo_); \
-        memcpy(&hi_, (char *)&(v) + sizeof lo_, sizeof hi_); \
-        __asm__("" : "+x"(lo_), "+x"(hi_)); \
-        memcpy(&(v), &lo_, sizeof lo_); \
-        memcpy((char *)&(v) + sizeof lo_, &hi_, sizeof hi_); \
-    } while (0)
+#define SCRATCHLLM_VL 4
+/* The extensions this translation unit is compiled for, as /proc/cpuinfo names them (a string
+   literal; scratchllm/kernels/cpu_features.py records the same from the compiler at build time). */
+#ifdef __AVX__
+#define SCRATCHLLM_F_AVX " avx"
+#else
+#define SCRATCHLLM_F_AVX ""
 #endif
+#ifdef __AVX2__
+#define SCRATCHLLM_F_AVX2 " avx2"
+#else
+#define SCRATCHLLM_F_AVX2 ""
+#endif
+#ifdef __FMA__
+#define SCRATCHLLM_F_FMA " fma"
+#else
+#define SCRATCHLLM_F_FMA ""
+#endif
+#ifdef __F16C__
+#define SCRATCHLLM_F_F16C " f16c"
+#else
+#define SCRATCHLLM_F_F16C ""
+#endif
+#ifdef __AVX512F__
+#define SCRATCHLLM_F_AVX512F " avx512f"
+#else
+#define SCRATCHLLM_F_AVX512F ""
+#endif
+#ifdef __AVX512BW__
+#define SCRATCHLLM_F_AVX512BW " avx512bw"
+#else
+#define SCRATCHLLM_F_AVX512BW ""
+#endif
+#ifdef __AVX512VL__
+#define SCRATCHLLM_F_AVX512VL " avx512vl"
+#else
+#define SCRATCHLLM_F_AVX512VL ""
+#endif
+#ifdef __AVX512BF16__
+#define SCRATCHLLM_F_AVX512_BF16 " avx512_bf16"
+#else
+#define SCRATCHLLM_F_AVX512_BF16 ""
+#endif
+#define SCRATCHLLM_COMPILED_FEATURES SCRATCHLLM_F_AVX SCRATCHLLM_F_AVX2 SCRATCHLLM_F_FMA SCRATCHLLM_F_F16C SCRATCHLLM_F_AVX512F SCRATCHLLM_F_AVX512BW SCRATCHLLM_F_AVX512VL SCRATCHLLM_F_AVX512_BF16
+
+#endif
+typedef float scratchllm_vf __attribute__((vector_size(4 * SCRATCHLLM_VL)));
+
+/* Make GCC treat v (one native vector) as computed here: an empty asm that "changes" it, so the
+   operations before it are rounded on their own and never contracted into an FMA with what
+   follows. "v" is any SSE/AVX register (x/y/zmm0-31 with AVX-512, 0-15 without). */
+#define SCRATCHLLM_OPAQUE(v) __asm__("" : "+v"(v))
+
+/* The extensions this translation unit is compiled for, as /proc/cpuinfo names them (a string
+   literal; scratchllm/kernels/cpu_features.py records the same from the compiler at build time). */
+#ifdef __AVX__
+#define SCRATCHLLM_F_AVX " avx"
+#else
+#define SCRATCHLLM_F_AVX ""
+#endif
+#ifdef __AVX2__
+#define SCRATCHLLM_F_AVX2 " avx2"
+#else
+#define SCRATCHLLM_F_AVX2 ""
+#endif
+#ifdef __FMA__
+#define SCRATCHLLM_F_FMA " fma"
+#else
+#define SCRATCHLLM_F_FMA ""
+#endif
+#ifdef __F16C__
+#define SCRATCHLLM_F_F16C " f16c"
+#else
+#define SCRATCHLLM_F_F16C ""
+#endif
+#ifdef __AVX512F__
+#define SCRATCHLLM_F_AVX512F " avx512f"
+#else
+#define SCRATCHLLM_F_AVX512F ""
+#endif
+#ifdef __AVX512BW__
+#define SCRATCHLLM_F_AVX512BW " avx512bw"
+#else
+#define SCRATCHLLM_F_AVX512BW ""
+#endif
+#ifdef __AVX512VL__
+#define SCRATCHLLM_F_AVX512VL " avx512vl"
+#else
+#define SCRATCHLLM_F_AVX512VL ""
+#endif
+#ifdef __AVX512BF16__
+#define SCRATCHLLM_F_AVX512_BF16 " avx512_bf16"
+#else
+#define SCRATCHLLM_F_AVX512_BF16 ""
+#endif
+#define SCRATCHLLM_COMPILED_FEATURES SCRATCHLLM_F_AVX SCRATCHLLM_F_AVX2 SCRATCHLLM_F_FMA SCRATCHLLM_F_F16C SCRATCHLLM_F_AVX512F SCRATCHLLM_F_AVX512BW SCRATCHLLM_F_AVX512VL SCRATCHLLM_F_AVX512_BF16
 
 #endif

@@ -7,6 +7,7 @@ loudly on a missing, extra or mis-shaped tensor.
 """
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,8 @@ from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
 from scratchllm.models.llama import LlamaModel
+
+logger = logging.getLogger(__name__)
 
 FAMILIES = {"llama": LlamaModel, "gpt2": GPT2Model, "bert": BertModel}
 
@@ -98,12 +101,15 @@ class GGUFAsHF(Mapping):
         return a
 
     def quantized(self, hf_name: str):
-        """(q int8, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
-        dequantized tensor (ggml_quants.as_q8); None for any other type."""
+        """(q, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
+        dequantized tensor: Q4 types as 4-bit values (q uint8 0..15, d and m float16;
+        ggml_quants.as_q4), Q8_0 as q int8 with float32 d and m (ggml_quants.as_q8); None for
+        any other type."""
         info = self.ckpt.tensor_info(self.names[hf_name])
         if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
             return None
-        q, d, m = gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
+        four = gq.as_q4(info.dtype, self.ckpt.raw(info.name), info.shape) if info.dtype != "Q8_0" else None
+        q, d, m = four or gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
         return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
 
     def __iter__(self):
@@ -159,10 +165,22 @@ def read_config(path: Path, ckpt) -> ModelConfig:
         raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
 
 
-def load_model(ref="default", dtype: str = "float32"):
+def _has_quantized_blocks(ckpt) -> bool:
+    return ckpt.format == "gguf" and any(i.dtype in gq.BLOCK_DTYPES for i in ckpt.infos.values())
+
+
+def auto_dtype(ckpt, config) -> str:
+    """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
+    compute on them (Llama family, GGUF Q8_0 / Q4_0 / Q4_1), else float32. Both give float32's logits."""
+    return "quantized" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
+
+
+def load_model(ref="default", dtype: str = "auto"):
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
-    `dtype`: how the weight matrices are stored and multiplied. "float32" (default) computes
+    `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is "quantized"
+    for a Llama-family GGUF file that has quantized matrices and "float32" otherwise: the file's
+    own blocks where there are any, and in either case float32's logits. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
     (Llama family, GGUF files) keeps the file's Q8_0 / Q4_0 / Q4_1 matrices quantized in memory
@@ -174,10 +192,12 @@ def load_model(ref="default", dtype: str = "float32"):
     path = resolve_model(ref)
     ckpt = load_checkpoint(path)
     config = read_config(path, ckpt)
+    if dtype == "auto":
+        dtype = auto_dtype(ckpt, config)
+        logger.info("dtype auto: %s runs as %s", path, dtype)
     if dtype != "float32" and config.family != "llama":
         raise ConfigError(f"dtype {dtype} is implemented for the Llama family; {config.model_type} runs in float32")
-    if dtype == "quantized" and (ckpt.format != "gguf" or
-                                 not any(i.dtype in gq.BLOCK_DTYPES for i in ckpt.infos.values())):
+    if dtype == "quantized" and not _has_quantized_blocks(ckpt):
         raise ConfigError(f"dtype quantized keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices quantized; {path} has "
                           f"none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
@@ -191,4 +211,5 @@ def load_model(ref="default", dtype: str = "float32"):
                                      + ", ".join(extra[:5]))
     model.path = str(path)
     model.format = ckpt.format
+    model.dtype = dtype  # what "auto" resolved to, for every family (Llama sets it too)
     return model

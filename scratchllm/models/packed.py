@@ -7,14 +7,16 @@ Why pack at all, and the layouts: see the kernel's docstring.
 
 dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside the kernel, the
 activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
-"quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q8Panels: int8 plus a float32
-scale and offset per 32 weights of a column) and computes with exactly the float32 values they
-stand for. Norms, rotary embeddings, attention and the KV cache stay float32 in every mode.
+"quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
+4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
+bytes; packed_gemm.Q8Panels for Q8_0: int8 plus a float32 scale and offset) and computes with
+exactly the float32 values they stand for. Norms, rotary embeddings, attention and the KV cache
+stay float32 in every mode.
 """
 
 import numpy as np
 
-from scratchllm.dtypes import DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
+from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
 from scratchllm.kernels import packed_gemm
 
 
@@ -41,11 +43,14 @@ class PackedWeight:
         """Quantized checkpoint tensors (q int8 [out_i, in], d and m float32 [out_i, in/32], value
         = d * q + m; see formats.ggml_quants.as_q8), fused along out like `from_rows`. The matrix
         stays quantized; the kernel dequantizes a block at a time, with the float32 path's values."""
+        four_bit = all(p[0].dtype == np.uint8 for p in parts)  # every part 4-bit: stays 4-bit
+        if not four_bit:  # a mix (Q4 beside Q8_0): 8-bit for all, the same values (see as_q4)
+            parts = [(q.astype(np.int8), d.astype(np.float32), m.astype(np.float32)) for q, d, m in parts]
         q, d, m = (np.concatenate([p[i] for p in parts], axis=0) for i in range(3))
         self = cls.__new__(cls)
         self.shape = (q.shape[1], q.shape[0])
         self.dtype = "quantized"
-        self.panels = packed_gemm.pack_q8(q.T, d.T, m.T)
+        self.panels = (packed_gemm.pack_q4 if four_bit else packed_gemm.pack_q8)(q.T, d.T, m.T)
         return self
 
     def __rmatmul__(self, x):  # [N, in] -> [N, out]

@@ -156,12 +156,8 @@ def quantized_operands(K, N, kind, seed=0):
     return q, d, m, w.reshape(K, N)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("M,K,N", [(1, 32, 7), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)])
-def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(kind, M, K, N):
-    q, d, m, w = quantized_operands(K, N, kind)
-    panels = pg.pack_q8(q, d, m)
-    assert panels.q.dtype == np.int8 and panels.nbytes < pg.pack(w).nbytes / 3
+def assert_quantized_panels_compute_w(panels, w, M):
+    K, N = w.shape
     np.testing.assert_array_equal(pg.unpack(panels, K, N), w)
     ids = [0, N - 1, N // 2, 0]
     np.testing.assert_array_equal(pg.columns(panels, K, ids), w[:, ids].T)
@@ -171,9 +167,49 @@ def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_fo
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
+QUANTIZED_SHAPES = [(1, 32, 7), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)]  # M > 12: buffered
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES)
+def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(kind, M, K, N):
+    q, d, m, w = quantized_operands(K, N, kind)
+    panels = pg.pack_q8(q, d, m)
+    assert panels.q.dtype == np.int8 and panels.nbytes < pg.pack(w).nbytes / 3
+    assert_quantized_panels_compute_w(panels, w, M)
+
+
 def test_quantized_packing_refuses_bad_shapes():
     q, d, m, _ = quantized_operands(64, 8, "Q8_0")
     with pytest.raises(ValueError, match="K % 32"):
         pg.pack_q8(q[:40], d, m)
     with pytest.raises(ValueError, match="do not fit"):
         pg.matmul(np.ones((1, 32), np.float32), pg.pack_q8(q, d, m), 8)
+
+
+def four_bit_operands(K, N, kind, seed=0):
+    """Q4_0 / Q4_1 as pack_q4 takes them (nibbles 0..15, float16 d and m; Q4_0's m = -8 d) and the
+    float32 matrix the loader makes from the same blocks (Q4_0: d * (q - 8); Q4_1: d * q + m)."""
+    q, d, m, w = quantized_operands(K, N, kind, seed)
+    nibbles = (q + 8 if kind == "Q4_0" else q).astype(np.uint8)
+    m16 = (-8 * d if kind == "Q4_0" else m).astype(np.float16)
+    assert (m16.astype(np.float32) == (-8 * d if kind == "Q4_0" else m)).all()  # exact in float16
+    return nibbles, d.astype(np.float16), m16, w
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES)
+def test_four_bit_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(kind, M, K, N):
+    q, d, m, w = four_bit_operands(K, N, kind)
+    panels = pg.pack_q4(q, d, m)
+    P = -(-N // pg.NR)  # half a byte per weight, 2 + 2 bytes of float16 d and m per 32: Q4_1's bytes
+    assert panels.q4.shape == (P, K // 2, pg.NR) and panels.nbytes == P * pg.NR * (K // 2 + 4 * K // 32)
+    assert_quantized_panels_compute_w(panels, w, M)
+
+
+def test_four_bit_packing_refuses_bad_input():
+    q, d, m, _ = four_bit_operands(64, 8, "Q4_1")
+    with pytest.raises(ValueError, match="K % 32"):
+        pg.pack_q4(q[:40], d, m)
+    with pytest.raises(ValueError, match="do not fit"):
+        pg.matmul(np.ones((1, 32), np.float32), pg.pack_q4(q, d, m), 8)

@@ -63,6 +63,14 @@ def test_unknown_dtype_is_refused(tmp_path):
         load_model(write(tmp_path / "ok", tiny_llama_tensors()), dtype="float16")
 
 
+def test_auto_is_float32_for_a_checkpoint_without_quantized_blocks(tmp_path):
+    tensors = tiny_llama_tensors()
+    model = load_model(write(tmp_path / "ok", tensors), dtype="auto")
+    assert model.dtype == "float32" and model.params["layers"][0]["qkv_proj"].dtype == "float32"
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(model.weights[name], value)
+
+
 def test_quantized_needs_a_quantized_gguf(tmp_path):
     with pytest.raises(ConfigError, match="quantized keeps a GGUF"):
         load_model(write(tmp_path / "ok", tiny_llama_tensors()), dtype="quantized")

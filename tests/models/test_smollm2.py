@@ -40,7 +40,7 @@ def reference(default_gguf):
 
 @pytest.fixture(scope="module")
 def ours():
-    return load_model("default")
+    return load_model("default", dtype="float32")  # the reference's numbers; the default dtype is checked against it
 
 
 def test_weights_equal_transformers_dequantized(reference, ours):
@@ -96,10 +96,13 @@ def test_answers_paris(ours):
     assert "Paris" in answer, answer
 
 
-def test_quantized_weights_give_the_float32_logits_bit_for_bit(reference, ours):
+@pytest.mark.parametrize("dtype", ["quantized", None])  # None: load_model's default, "auto"
+def test_quantized_weights_give_the_float32_logits_bit_for_bit(reference, ours, dtype):
     # dtype "quantized" keeps the file's Q4_1 / Q8_0 blocks and dequantizes inside the GEMM: the
-    # same weights (checked against transformers' dequantization) and the same logits, exactly
-    q = load_model("default", dtype="quantized")
+    # same weights (checked against transformers' dequantization) and the same logits, exactly.
+    # The default dtype ("auto") is "quantized" for this file, with the same guarantee.
+    q = load_model("default", dtype=dtype) if dtype else load_model("default")
+    assert q.dtype == "quantized"
     assert q.params["layers"][0]["qkv_proj"].dtype == "quantized" and q.params["lm_head"].dtype == "quantized"
     ref = reference.state_dict()
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",

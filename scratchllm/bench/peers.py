@@ -1,0 +1,228 @@
+"""Ours against llama.cpp (through llama-cpp-python) on the same GGUF file, measured here, now.
+
+Both run on the same file, with the same token ids, the same thread count, each in a child
+process of its own (so RSS is its own), in interleaved rounds: ours then the peer, the peer then
+ours, ... A round of either measures, in this order:
+  load, s                     constructing the runnable model from the file (ours: `LLM`, the
+                              default dtype; the peer: `llama_cpp.Llama`)
+  RSS after load, MB          the child's resident memory right after
+  prefill tok/s               one prompt of --prompt-tokens ids, after one warm-up run
+  decode tok/s                --new-tokens greedy steps after a 16-token prompt, one stream
+  aggregate tok/s             --batch prompts of 32 ids x --new-tokens each, prefill included
+                              (ours: one batched `LLM.generate`; llama-cpp-python's high-level
+                              API serves one sequence at a time, so the peer runs them in turn)
+  peak RSS, MB                the child's peak resident memory over the whole round
+The bandwidth bound (memory read bandwidth, measured here between rounds, over the bytes of
+weights a decode step reads) is printed for each side, and whether the two sides' greedy ids
+agree over the decode run. Rows are medians of the rounds; `advantage` > 1 means ours is ahead
+(throughputs: ours / peer; times and memory: peer / ours).
+"""
+
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from scratchllm.bench.common import machine_facts, median
+
+ROWS = [  # (key, label, higher is better)
+    ("load_s", "load, s", False),
+    ("rss_after_load_mb", "RSS after load, MB", False),
+    ("prefill_tok_s", "prefill tok/s", True),
+    ("decode_tok_s", "decode 1 stream tok/s", True),
+    ("aggregate_tok_s", "aggregate tok/s, prefill included", True),
+    ("peak_rss_mb", "peak RSS, MB", False),
+]
+PEER = "llama.cpp"
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", default="default", help="a GGUF model reference (default: the default model)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each side (default 3)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
+    parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
+    parser.add_argument("--batch", type=int, default=16, help="prompts of the aggregate row (default 16)")
+    parser.add_argument("--bandwidth-mb", type=int, default=512, help="array size for the bandwidth probe")
+
+
+def peer_installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def workload(vocab_size: int, spec: dict) -> dict:
+    """The token ids both sides get: fixed, so rounds and sides compute the same thing."""
+    rng = np.random.default_rng(0)
+    lo = min(100, vocab_size // 2)
+    return {"prefill": rng.integers(lo, vocab_size, spec["prompt_tokens"]).tolist(),
+            "decode": rng.integers(lo, vocab_size, 16).tolist(),
+            "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _ours(spec: dict) -> dict:
+    from scratchllm.bench.generate import weight_bytes_per_token
+    from scratchllm.llm import LLM
+    from scratchllm.models import ContiguousKVCache
+    from scratchllm.sampling import SamplingParams
+
+    t = time.perf_counter()
+    llm = LLM(spec["path"], threads=spec["threads"])
+    out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+    model = llm.model
+    ids = workload(model.config.vocab_size, spec)
+    prefill = np.array(ids["prefill"])
+    for _ in range(2):  # the first warms caches and page tables
+        cache = ContiguousKVCache.for_model(model.config, len(prefill) + 1)
+        t = time.perf_counter()
+        model.forward(prefill, np.arange(len(prefill)), cache, logits_rows=[len(prefill) - 1])
+        out["prefill_tok_s"] = len(prefill) / (time.perf_counter() - t)
+    prompt = np.array(ids["decode"])
+    cache = ContiguousKVCache.for_model(model.config, len(prompt) + spec["new_tokens"] + 1)
+    logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
+    greedy = []
+    t = time.perf_counter()
+    for _ in range(spec["new_tokens"]):
+        greedy.append(int(np.argmax(logits[-1])))
+        logits = model.forward(np.array(greedy[-1:]), np.array([cache.length]), cache)
+    out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
+    params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
+    t = time.perf_counter()
+    done = llm.generate(ids["batch"], params)
+    out["aggregate_tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
+    out["weight_bytes_per_token"] = weight_bytes_per_token(model)
+    return {**out, "greedy": greedy, "dtype": model.dtype}
+
+
+def _peer(spec: dict) -> dict:
+    import llama_cpp
+
+    t = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=spec["path"], n_threads=spec["threads"], n_threads_batch=spec["threads"],
+                          n_ctx=max(spec["prompt_tokens"], 16 + spec["new_tokens"], 32 + spec["new_tokens"]) + 8,
+                          n_batch=512, verbose=False)
+    out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+    ids = workload(llm.n_vocab(), spec)
+    for _ in range(2):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids["prefill"])
+        out["prefill_tok_s"] = len(ids["prefill"]) / (time.perf_counter() - t)
+
+    def steps(n):  # n greedy decode steps from the context as it is
+        got = []
+        for _ in range(n):
+            got.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))  # the last evaluated token's logits
+            llm.eval(got[-1:])
+        return got
+
+    llm.reset()
+    llm.eval(ids["decode"])
+    t = time.perf_counter()
+    greedy = steps(spec["new_tokens"])
+    out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
+    t = time.perf_counter()
+    made = 0
+    for prompt in ids["batch"]:
+        llm.reset()
+        llm.eval(prompt)
+        made += len(steps(spec["new_tokens"]))
+    out["aggregate_tok_s"] = made / (time.perf_counter() - t)
+    return {**out, "greedy": greedy, "version": llama_cpp.__version__}
+
+
+def child_main():
+    """Entry of a child process: argv[1] is the JSON spec; prints one JSON object."""
+    spec = json.loads(sys.argv[1])
+    out = (_ours if spec["side"] == "ours" else _peer)(spec)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps(out))
+
+
+def _child(spec: dict) -> dict:
+    code = "from scratchllm.bench.peers import child_main; child_main()"
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if done.returncode:
+        from scratchllm.errors import ConfigError
+
+        raise ConfigError(f"the {spec['side']} side failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(args) -> dict:
+    from scratchllm.bench.generate import measure_bandwidth
+    from scratchllm.errors import ConfigError
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
+
+    path = resolve_model(args.model)
+    ckpt = load_checkpoint(path)
+    if ckpt.format != "gguf":
+        raise ConfigError(f"bench peers compares both sides on one GGUF file; {path} is {ckpt.format}")
+    file_weight_bytes = sum(i.nbytes for i in ckpt.infos.values())
+    spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "batch": args.batch}
+    sides = ["ours", PEER] if peer_installed() else ["ours"]
+    rounds = {side: [] for side in sides}
+    bandwidth, loads = [], []
+    for r in range(args.rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            rounds[side].append(_child({**spec, "side": side}))
+            loads.append(os.getloadavg()[0])
+        bw = measure_bandwidth(args.bandwidth_mb, 3)
+        bandwidth.append(max(bw["sum_1thread"], bw["gemv_blas"]))
+    bw = median(bandwidth)
+    bytes_read = {"ours": rounds["ours"][0]["weight_bytes_per_token"], PEER: file_weight_bytes}
+    figures = {side: {key: median([x[key] for x in runs]) for key, _, _ in ROWS} for side, runs in rounds.items()}
+    for side in sides:
+        figures[side]["bound_tok_s"] = bw / bytes_read[side]
+        figures[side]["decode_vs_bound"] = figures[side]["decode_tok_s"] / figures[side]["bound_tok_s"]
+        figures[side]["weight_mb_per_token"] = bytes_read[side] / 1e6
+    result = {"bench": "peers", "peer_installed": PEER in sides,
+              "inputs": {"model": args.model, "model_path": str(path), **{k: v for k, v in spec.items() if k != "path"},
+                         "rounds": args.rounds, "ours_dtype": rounds["ours"][0]["dtype"]},
+              "figures": figures, "bandwidth_gb_s": bw / 1e9,
+              "rounds": rounds, "machine": {**machine_facts(), "loadavg_1min": loads}}
+    if PEER in sides:
+        result["advantage"] = {key: (figures["ours"][key] / figures[PEER][key] if higher
+                                     else figures[PEER][key] / figures["ours"][key]) for key, _, higher in ROWS}
+        a, b = rounds["ours"][0]["greedy"], rounds[PEER][0]["greedy"]
+        result["greedy_ids_agree_for"] = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        result["inputs"]["peer_version"] = rounds[PEER][0]["version"]
+    return result
+
+
+def render(r: dict) -> str:
+    f = r["figures"]
+    i = r["inputs"]
+    lines = [f"model {i['model_path']}, {i['threads']} threads, medians of {i['rounds']} interleaved rounds; "
+             f"ours in dtype {i['ours_dtype']}",
+             f"memory read bandwidth {r['bandwidth_gb_s']:.1f} GB/s (median, measured between rounds)"]
+    if not r["peer_installed"]:
+        lines.append("llama-cpp-python is not installed (`make peers` builds it for this CPU): ours only, no peer "
+                     "figures")
+    lines += ["", f"{'row':<36}{'ours':>10}" + (f"{PEER:>12}{'advantage':>11}" if r["peer_installed"] else "")]
+    for key, label, _ in ROWS:
+        line = f"{label:<36}{f['ours'][key]:>10.2f}"
+        if r["peer_installed"]:
+            line += f"{f[PEER][key]:>12.2f}{r['advantage'][key]:>10.2f}x"
+        lines.append(line)
+    for side in f:
+        lines.append(f"{side}: {f[side]['weight_mb_per_token']:.0f} MB of weights per decode token -> bound "
+                     f"{f[side]['bound_tok_s']:.0f} tok/s; decode reaches {f[side]['decode_vs_bound']:.0%} of it")
+    if r["peer_installed"]:
+        lines.append(f"greedy ids agree for the first {r['greedy_ids_agree_for']} of {i['new_tokens']} decode steps "
+                     f"(llama-cpp-python {i['peer_version']}); advantage > 1: ours ahead")
+    loads = r["machine"]["loadavg_1min"]
+    lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
+    return "\n".join(lines)

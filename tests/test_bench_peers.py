@@ -1,0 +1,38 @@
+"""`bench peers`: both sides measured in their own child process on the same file; without the
+peer installed it says so and reports ours alone."""
+
+import argparse
+
+import pytest
+
+from scratchllm.bench import peers
+
+
+@pytest.mark.slow
+def test_a_short_round_measures_every_row(monkeypatch):
+    monkeypatch.setattr(peers, "peer_installed", lambda: False)  # the peer's side is its own test below
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
+                              "--bandwidth-mb", "64"])
+    r = peers.run(args)
+    ours = r["figures"]["ours"]
+    for key, _, _ in peers.ROWS:
+        assert ours[key] > 0, key
+    assert r["inputs"]["ours_dtype"] == "quantized"  # the default dtype on a quantized GGUF file
+    assert ours["peak_rss_mb"] >= ours["rss_after_load_mb"]
+    assert len(r["rounds"]["ours"][0]["greedy"]) == 3
+    text = peers.render(r)
+    assert "not installed" in text and "make peers" in text and "llama.cpp" not in text.split("\n", 3)[3]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not peers.peer_installed(), reason="llama-cpp-python not installed (make peers)")
+def test_the_peer_runs_the_same_file():
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    r = peers.run(parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
+                                     "--bandwidth-mb", "64"]))
+    for key, _, _ in peers.ROWS:
+        assert r["figures"][peers.PEER][key] > 0 and r["advantage"][key] > 0, key
+    assert 0 <= r["greedy_ids_agree_for"] <= 3
