@@ -1,6 +1,6 @@
 """Outputs and run files built by hand, for the evaluation tests."""
 
-from scratchllm.evaluate.store import Output
+from scratchllm.evaluate.store import ROLES, Output, RunStore
 
 
 def out(tokens, top=None, logprobs=None, text=None, **kw) -> Output:
@@ -10,3 +10,15 @@ def out(tokens, top=None, logprobs=None, text=None, **kw) -> Output:
                                                       for tok, t in zip(tokens, top, strict=True)]
     return Output(text="".join(tokens) if text is None else text, tokens=list(tokens), logprobs=logprobs,
                   top_logprobs=top, finish_reason="length", latency_ms=kw.pop("latency_ms", 10.0), status=200, **kw)
+
+
+def make_store(tmp_path, triples, bodies=None, name="run.sqlite") -> RunStore:
+    """A run file holding (primary, secondary, candidate) outputs per request, not yet triaged."""
+    store = RunStore(tmp_path / name, create=True)
+    store.create_run("capture", "http://p", "http://s", "http://c", {})
+    for i, outs in enumerate(triples):
+        body = bodies[i] if bodies else {"model": "m", "prompt": f"prompt {i}"}
+        rid = store.add_request(i, "/v1/completions", f"capture:{i + 1}", body, body, f"class:{i % 2}")
+        for role, o in zip(ROLES, outs, strict=True):
+            store.put_output(rid, role, o)
+    return store

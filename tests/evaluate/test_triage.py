@@ -3,10 +3,10 @@ logprobs, and the noise rule (Diffy's thresholds; deterministic mode flags any n
 
 import pytest
 
-from scratchllm.evaluate.store import Output, RunStore
+from scratchllm.evaluate.store import Output
 from scratchllm.evaluate.triage import Klass, TriageConfig, classify, repetition_loop, significant, triage_run
 
-from .helpers import out
+from .helpers import make_store, out
 
 
 def test_identical():
@@ -91,21 +91,11 @@ def test_significance_thresholds():
     assert not significant(0, 0, 100, cfg)
 
 
-def _store(tmp_path, triples):
-    store = RunStore(tmp_path / "run.sqlite", create=True)
-    store.create_run("cap", "http://p", "http://s", "http://c", {})
-    for i, (p, s, c) in enumerate(triples):
-        rid = store.add_request(i, "/v1/completions", f"cap:{i}", {"prompt": str(i)}, {"prompt": str(i)}, "k")
-        for role, o in zip(("primary", "secondary", "candidate"), (p, s, c), strict=True):
-            store.put_output(rid, role, o)
-    return store
-
-
 def test_triage_run_counts_net_of_noise_and_deterministic_mode(tmp_path):
     same = out(["x", "y"])
     other = out(["q", "r"])
     triples = [(same, same, same)] * 6 + [(same, same, other)] * 3 + [(same, other, other)]
-    store = _store(tmp_path, triples)
+    store = make_store(tmp_path, triples)
     summary = triage_run(store)
     sem = summary["classes"]["semantic"]
     assert (sem["candidate"], sem["noise"], sem["net"], sem["significant"]) == (4, 1, 3, True)
