@@ -168,3 +168,21 @@ class CaptureWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def add_capture_arguments(p) -> None:
+    """`serve`'s capture options: --capture DIR --capture-rate --capture-key --capture-max-mb
+    --trusted-proxies."""
+    p.add_argument("--capture", default=None, metavar="DIR", help="append a sample of requests to DIR/*.jsonl")
+    p.add_argument("--capture-rate", type=float, default=0.01, help="share of requests captured (keyed hash)")
+    p.add_argument("--capture-key", default=None,
+                   help=f"secret key of the sample and of the client IP hash (default: ${CAPTURE_KEY_ENV})")
+    p.add_argument("--capture-max-mb", type=float, default=64.0, help="rotate capture files at this size")
+    p.add_argument("--trusted-proxies", type=int, default=0,
+                   help="proxies in front of the server whose X-Forwarded-For is trusted (default: none)")
+
+
+def capture_writer_from_args(args) -> CaptureWriter | None:
+    if not args.capture:
+        return None
+    return CaptureWriter(args.capture, args.capture_rate, args.capture_key, int(args.capture_max_mb * (1 << 20)))

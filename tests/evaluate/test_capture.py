@@ -176,3 +176,16 @@ def test_bad_lines_are_errors_naming_the_line(tmp_path, line, problem):
     path.write_text('{"custom_id": "ok", "url": "/v1/completions", "body": {"prompt": "x"}}\n' + line + "\n")
     with pytest.raises(ConfigError, match=f"bad.jsonl:2: .*{problem}"):
         read_traffic(path)
+
+
+def test_serve_options_build_the_writer(tmp_path):
+    import argparse
+
+    from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args
+
+    p = argparse.ArgumentParser()
+    add_capture_arguments(p)
+    assert capture_writer_from_args(p.parse_args([])) is None
+    w = capture_writer_from_args(p.parse_args(["--capture", str(tmp_path), "--capture-rate", "0.5",
+                                               "--capture-key", "k", "--capture-max-mb", "1"]))
+    assert (w.rate, w.key, w.max_bytes) == (0.5, b"k", 1 << 20)
