@@ -26,7 +26,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
-from scratchllm.evaluate.feedback import normalized_prompt
+from scratchllm.evaluate.sources import prompt_text
 from scratchllm.evaluate.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -44,15 +44,6 @@ class ScoreIn(BaseModel):
     annotator: str = Field(min_length=1, max_length=64)
     request_id: int
     score: int = Field(ge=-1, le=1)
-
-
-def prompt_text(body: dict) -> str:
-    """The prompt as an annotator reads it (chat: one 'role: content' line per message)."""
-    if isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), str):
-        if isinstance(body.get("prompt"), str):
-            return body["prompt"]
-        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in body["messages"] if isinstance(m, dict))
-    return normalized_prompt(body)
 
 
 class Annotation:

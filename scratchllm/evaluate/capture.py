@@ -144,8 +144,13 @@ class CaptureWriter:
     def _rotate(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
-        self._index += 1
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        while True:  # O_EXCL: another writer in this directory may have just taken the next name
+            self._index += 1
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError:
+                continue
         self._size = 0
         logger.info("capture: writing %s", self.path)
 

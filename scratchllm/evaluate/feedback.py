@@ -23,27 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scratchllm.errors import ConfigError
+from scratchllm.evaluate.sources import prompt_text
 
 PREFIX_CHARS = 64
 FORMAT_VERSION = 1
 
 
 def normalized_prompt(body: dict) -> str:
-    if isinstance(body.get("messages"), list):
-        parts = []
-        for m in body["messages"]:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"{m.get('role', '') if isinstance(m, dict) else ''}: {content or ''}")
-        text = "\n".join(parts)
-    else:
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list):
-            prompt = prompt[0] if prompt and isinstance(prompt[0], (str, list)) else prompt
-            prompt = prompt if isinstance(prompt, str) else ",".join(str(t) for t in prompt)
-        text = str(prompt)
-    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", prompt_text(body)).casefold()).strip()
 
 
 def request_class(body: dict) -> str:

@@ -39,6 +39,26 @@ class Traffic:
     files: list[str] = field(default_factory=list)
 
 
+def prompt_text(body: dict) -> str:
+    """A request's prompt as a person reads it: the prompt string (several joined by lines, token
+    ids as JSON), or the chat messages as one "role: content" line each."""
+    if isinstance(body.get("messages"), list):
+        return "\n".join(f"{m.get('role', '')}: {_content(m.get('content'))}" for m in body["messages"]
+                         if isinstance(m, dict))
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    return json.dumps(prompt)
+
+
+def _content(content) -> str:
+    if isinstance(content, list):  # content parts: the text ones
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
 def capture_files(path) -> list[Path]:
     path = Path(path)
     if path.is_dir():

@@ -26,7 +26,7 @@ import unicodedata
 from dataclasses import asdict, dataclass
 
 from scratchllm.evaluate.diff import TokenDiff, token_diff
-from scratchllm.evaluate.store import Output
+from scratchllm.evaluate.store import ROLES, Output
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,8 @@ def triage_run(store, cfg: TriageConfig = TriageConfig(), deterministic: bool = 
     noisy_ids = []
     for req in store.requests():
         outs = store.outputs(req["id"])
-        primary, secondary, candidate = outs["primary"], outs["secondary"], outs["candidate"]
+        # a replay stopped midway leaves roles without output: they count as errors
+        primary, secondary, candidate = (outs.get(role, Output(error="not replayed")) for role in ROLES)
         klass, d, detail = classify(primary, candidate, cfg)
         noise, _, _ = classify(primary, secondary, cfg)
         noisy = noise != Klass.IDENTICAL
