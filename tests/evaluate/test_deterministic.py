@@ -23,7 +23,7 @@ def batch_input(path, n: int) -> None:
     for i in range(n):
         subject = SUBJECTS[i % len(SUBJECTS)]
         prompt = f"Request {i}. " + "Please " * (i % 5) + f"write one sentence about {subject}."
-        body = {"model": "default", "prompt": prompt, "max_tokens": 4}
+        body = {"model": "default", "prompt": prompt, "max_tokens": 3}
         lines.append({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": body})
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
