@@ -17,6 +17,7 @@ ages every request, so a lowered class is delayed, never starved.
 import hashlib
 import json
 import re
+import threading
 import unicodedata
 from collections import defaultdict
 from collections.abc import Callable
@@ -99,3 +100,31 @@ def engine_priority_hook(class_hook: Callable[[str], float], class_of: Callable[
         return 0.0 if key is None else class_hook(key)
 
     return hook
+
+
+class RequestClasses:
+    """The server's map request id -> class key, for `engine_priority_hook(..., class_of=this)`.
+    `remember` when a request is submitted, `forget` when it ends. A request of several prompts
+    is submitted as "<id>-<i>": those find the class of "<id>"."""
+
+    def __init__(self):
+        self._keys: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, request_id: str, body: dict) -> str:
+        key = request_class(body)
+        with self._lock:
+            self._keys[request_id] = key
+        return key
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._keys.pop(request_id, None)
+
+    def __call__(self, request) -> str | None:
+        rid = str(request.request_id)
+        with self._lock:
+            key = self._keys.get(rid)
+            if key is None and "-" in rid:
+                key = self._keys.get(rid.rsplit("-", 1)[0])
+        return key

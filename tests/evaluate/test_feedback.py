@@ -11,6 +11,7 @@ from scratchllm.engine.request import Priority, Request
 from scratchllm.engine.scheduler import Scheduler
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.feedback import (
+    RequestClasses,
     compute_feedback,
     engine_priority_hook,
     load_priority_hook,
@@ -91,3 +92,15 @@ def test_the_feedback_file_changes_the_admission_order(tmp_path):
     assert _admission_order(None, classes) == ["worse-0", "fine-0", "worse-1", "fine-1"]  # arrival order
     # class:1 is lowered by 2/3 s: its virtual arrivals 0.67 and 0.87 fall behind 0.1 and 0.3
     assert _admission_order(hook, classes) == ["fine-0", "fine-1", "worse-0", "worse-1"]
+
+
+def test_request_classes_map_engine_requests_to_their_class():
+    classes = RequestClasses()
+    assert classes.remember("cmpl-abc", {"prompt": "x", "user": "team-b"}) == "user:team-b"
+    assert classes(_low("cmpl-abc", 0.0)) == "user:team-b"
+    assert classes(_low("cmpl-abc-1", 0.0)) == "user:team-b"  # the second prompt of that request
+    assert classes(_low("other", 0.0)) is None
+    hook = engine_priority_hook(lambda key: -1.5 if key == "user:team-b" else 0.0, classes)
+    assert hook(_low("cmpl-abc", 0.0)) == -1.5
+    classes.forget("cmpl-abc")
+    assert hook(_low("cmpl-abc", 0.0)) == 0.0
