@@ -131,3 +131,19 @@ def test_the_page_in_a_real_browser(tmp_path):
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         finally:
             browser.close()
+
+
+def test_a_reservation_keeps_a_fourth_annotator_out_until_it_lapses(tmp_path):
+    from scratchllm.evaluate.annotate import RESERVE_S, Annotation
+
+    store = annotated_store(tmp_path)
+    now = [1000.0]
+    ann = Annotation(store, clock=lambda: now[0])
+    first = ann.next_for("ann")
+    for name in ("ann", "bob"):
+        assert ann.next_for(name) == first
+        ann.score(name, first, 1)
+    assert ann.next_for("cy") == first  # its third annotator, reserved
+    assert ann.next_for("dee") != first  # not a fourth while cy holds it
+    now[0] += RESERVE_S + 1
+    assert ann.next_for("eve") == first  # cy's reservation lapsed
