@@ -71,8 +71,12 @@ class Served:
         raise AssertionError(f"{self.base} never became healthy")
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.wait(60)
+        self.proc.terminate()  # drains what is in flight
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.proc.stderr.close()
 
 
