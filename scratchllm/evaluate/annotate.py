@@ -1,6 +1,8 @@
 """The annotation server: a page where annotators score diffs, and the HTTP API it runs on.
 
 Scores: -1 the primary's output is better, 0 no better or worse, +1 the candidate's is better.
+The page shows the two outputs as A and B, the candidate left or right by a fixed coin per
+annotator and diff, and turns "A better" / "B better" into that score before storing it.
 Each diff goes to `per_diff` (3) different annotators. Only diffs of the chosen classes are
 handed out (semantic by default) and never noisy ones (primary and secondary already disagree).
 An annotator is never shown another's score: the API has no route that returns them.
@@ -17,6 +19,7 @@ A diff handed out is reserved for its annotator for RESERVE_S so two annotators 
 do not both become its third; a reservation not scored in time lapses.
 """
 
+import hashlib
 import json
 import logging
 import time
@@ -44,6 +47,13 @@ class ScoreIn(BaseModel):
     annotator: str = Field(min_length=1, max_length=64)
     request_id: int
     score: int = Field(ge=-1, le=1)
+
+
+def candidate_side(annotator: str | None, request_id: int) -> str:
+    """Which column the page shows the candidate in: a fixed coin per (annotator, diff), so no
+    one learns that one side is always the change (position bias), and a reload shows the same."""
+    digest = hashlib.sha256(f"{annotator or ''}\0{request_id}".encode()).digest()
+    return "right" if digest[0] & 1 else "left"
 
 
 class Annotation:
@@ -113,7 +123,7 @@ class Annotation:
                 "prompt": prompt_text(json.loads(row["body"])), "primary": outs["primary"].text or "",
                 "candidate": outs["candidate"].text or "", "first_divergence": row["first_divergence"],
                 "edit_distance": row["edit_distance"], "common_prefix_chars": detail.get("common_prefix_chars", 0),
-                "your_score": mine[0][0] if mine else None}
+                "your_score": mine[0][0] if mine else None, "candidate_side": candidate_side(annotator, request_id)}
 
 
 def create_app(store: RunStore, classes=("semantic",), per_diff: int = PER_DIFF) -> FastAPI:

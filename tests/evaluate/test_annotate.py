@@ -10,7 +10,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from scratchllm.evaluate.annotate import create_app
+from scratchllm.evaluate.annotate import candidate_side, create_app
 from scratchllm.evaluate.triage import triage_run
 
 from .helpers import make_store, out
@@ -117,16 +117,20 @@ def test_the_page_in_a_real_browser(tmp_path):
             page.wait_for_selector("#work:not(.hidden)")
             first = int(page.text_content("#diff-id"))
             assert page.text_content("#klass") == "semantic"
-            assert page.text_content("#primary mark") == "2."  # the divergence is highlighted
+            cand, prim = ("#right", "#left") if candidate_side("ann", first) == "right" else ("#left", "#right")
+            assert page.text_content(f"{prim} mark") == "2."  # the divergence is highlighted
+            assert page.text_content(f"{cand} mark") == "0 maybe"
             shot = os.environ.get("SCRATCHLLM_ANNOTATE_SCREENSHOT", str(tmp_path / "annotate.png"))
             page.screenshot(path=shot)
-            page.keyboard.press("3")
+            page.keyboard.press("3")  # B (the right column) is better
             page.wait_for_function(f"document.getElementById('diff-id').textContent !== '{first}'")
-            assert page.text_content("#status") == f"stored +1 for diff {first}"
-            assert [(r["request_id"], r["annotator"], r["score"]) for r in store.scores()] == [(first, "ann", 1)]
-            page.keyboard.press("1")
+            assert page.text_content("#status") == f"stored for diff {first}"
+            expected = 1 if cand == "#right" else -1  # +1 exactly when the candidate is B
+            assert [(r["request_id"], r["annotator"], r["score"]) for r in store.scores()] == [(first, "ann", expected)]
+            second = int(page.text_content("#diff-id"))
+            page.keyboard.press("2")
             page.wait_for_function("document.getElementById('progress').textContent === '2 scored'")
-            assert sorted(r["score"] for r in store.scores()) == [-1, 1]
+            assert {r["request_id"]: r["score"] for r in store.scores()} == {first: expected, second: 0}
             with open(shot, "rb") as f:
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         finally:
@@ -147,3 +151,9 @@ def test_a_reservation_keeps_a_fourth_annotator_out_until_it_lapses(tmp_path):
     assert ann.next_for("dee") != first  # not a fourth while cy holds it
     now[0] += RESERVE_S + 1
     assert ann.next_for("eve") == first  # cy's reservation lapsed
+
+
+def test_the_candidate_side_is_a_fixed_fair_coin():
+    sides = [candidate_side(name, rid) for name in ("ann", "bob", "cy") for rid in range(200)]
+    assert 0.4 < sides.count("right") / len(sides) < 0.6
+    assert candidate_side("ann", 7) == candidate_side("ann", 7)
