@@ -21,6 +21,11 @@ $(VENV)/.test-deps: requirements/test.txt $(VENV)/.run-deps
 	$(PIP) install -q -r requirements/test.txt
 	touch $@
 
+# The annotation page's browser test drives Debian's chromium (CI runs as root).
+$(VENV)/.chromium: | $(PY)
+	command -v chromium || (apt-get update && apt-get install -y chromium)
+	touch $@
+
 $(VENV)/.installed: pyproject.toml setup.py $(VENV)/.run-deps
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
@@ -31,7 +36,7 @@ build: $(VENV)/.installed
 demo: build
 	$(PY) -m scratchllm.demo
 
-test: build $(VENV)/.test-deps
+test: build $(VENV)/.test-deps $(VENV)/.chromium
 	$(PY) -m ruff check scratchllm tests
 	$(PY) -m mypy
 	$(PY) -m pytest -q
