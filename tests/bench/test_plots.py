@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 from matplotlib import image
-from scratchllm.server.loadgen import Result
 
+from scratchllm.bench.loadgen import Result
 from scratchllm.bench.plots import cdf, plot_runs, rate, series_from_loadgen, series_from_times, series_from_trace
 
 
