@@ -15,6 +15,7 @@ import sys
 
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
+from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args
 
 ENV_PREFIX = "SCRATCHLLM_"
 
@@ -64,6 +65,10 @@ def add_parser(sub):
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="also export one OpenTelemetry span per request (OTLP over HTTP, e.g. "
                         "http://localhost:4318/v1/traces); needs opentelemetry-sdk")
+    add_capture_arguments(p)
+    p.add_argument("--priority-feedback", default=None, metavar="FILE.json",
+                   help="the evaluation loop's priorities.json (`scratchllm eval feedback`): request classes that "
+                        "scored below 0.5 wait longer, within the aging bound (continuous engine only)")
     p.add_argument("--metrics-prefix", default="scratchllm:",
                    help="prefix of the /metrics names, which follow vLLM's (default scratchllm:; vllm: for "
                         "dashboards and gateways set up for vLLM)")
@@ -144,6 +149,22 @@ def build(args):
     return model, embedder
 
 
+def _priority_feedback(args, model):
+    """--priority-feedback: the engine's hook reads each queued request's class from the map the
+    server keeps (request id -> class); returns that map, or None."""
+    if not args.priority_feedback:
+        return None
+    from scratchllm.engine.async_engine import AsyncEngine
+    from scratchllm.evaluate.feedback import RequestClasses, engine_priority_hook, load_priority_hook
+
+    if not isinstance(model.engine, AsyncEngine):
+        raise ConfigError("--priority-feedback needs the continuous engine (not --batching static or --fake-engine)")
+    classes = RequestClasses()
+    # set before the first request: the engine thread reads the hook when a request is queued
+    model.engine.engine.set_priority_hook(engine_priority_hook(load_priority_hook(args.priority_feedback), classes))
+    return classes
+
+
 def trace_writer(args):
     """The ring the server's engine and its streams write, or None (--trace none). Made once."""
     if getattr(args, "_trace_writer", False) is not False:
@@ -189,14 +210,16 @@ def run(args) -> int:
         raise ConfigError(f"--metrics-prefix: {err}") from None
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
-                          metrics_prefix=args.metrics_prefix)
+                          metrics_prefix=args.metrics_prefix, trusted_proxies=args.trusted_proxies)
     otlp = None
     if args.otlp_traces_endpoint:
         from scratchllm.trace.otlp import make_tracer
 
         otlp = make_tracer(args.otlp_traces_endpoint)
     writer = None if args.fake_engine else trace_writer(args)
-    app = create_app(model, embedder, config, trace=writer, otlp=otlp)
+    classes = _priority_feedback(args, model)
+    app = create_app(model, embedder, config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
+                     classes=classes)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

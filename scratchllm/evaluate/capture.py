@@ -11,8 +11,9 @@ address under the same key, for joining one client's requests; without the key t
 space cannot be brute-forced back to addresses) and `client.network`, the address truncated to
 its /24 (IPv4) or /48 (IPv6) for analysis. An IPv4-mapped IPv6 address (::ffff:a.b.c.d) is
 treated as the IPv4 address it carries. X-Forwarded-For is client-controlled: it is used only
-when the server is told how many proxies in front of it to trust (`client_ip(..., trusted_proxies=N)`),
-and then the N-th address from the right is taken (the one the outermost trusted proxy saw).
+when the server is told how many proxies in front of it to trust (`serve --trusted-proxies N`,
+scratchllm.server.access.client_ip), and then the N-th address from the right is taken (the
+one the outermost trusted proxy saw).
 
 Crash safety: every line is one os.write() of the whole line on an O_APPEND descriptor, so
 concurrent appends never interleave and a process killed mid-write leaves at most a partial
@@ -57,16 +58,6 @@ def canonical_body(body: dict | bytes | str) -> bytes:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"request body is not JSON: {err}") from None
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def client_ip(peer: str | None, forwarded_for: str | None = None, trusted_proxies: int = 0) -> str | None:
-    """The client's address. `peer` is the socket's; X-Forwarded-For counts only with
-    `trusted_proxies` > 0 (each trusted proxy appends the address it saw, so the N-th from the
-    right was seen by the outermost trusted one; anything left of it the client could forge)."""
-    if trusted_proxies <= 0 or not forwarded_for:
-        return peer
-    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
-    return hops[-trusted_proxies] if len(hops) >= trusted_proxies else (hops[0] if hops else peer)
 
 
 def anonymize_ip(ip: str | None, key: bytes) -> dict:

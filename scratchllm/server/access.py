@@ -85,6 +85,16 @@ class AccessLog:
                         (time.perf_counter() - start) * 1e3, client[0])
 
 
+def client_ip(peer: str | None, forwarded_for: str | None = None, trusted_proxies: int = 0) -> str | None:
+    """The client's address. `peer` is the socket's; X-Forwarded-For counts only with
+    `trusted_proxies` > 0 (each trusted proxy appends the address it saw, so the N-th from the
+    right was seen by the outermost trusted one; anything left of it the client could forge)."""
+    if trusted_proxies <= 0 or not forwarded_for:
+        return peer
+    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+    return hops[-trusted_proxies] if len(hops) >= trusted_proxies else (hops[0] if hops else peer)
+
+
 def wrap(app: FastAPI, api_key: str | None, allowed_origins: Sequence[str]) -> FastAPI:
     """The app with its access middleware, outermost first: CORS (so a preflight never needs the
     key), the log (so refusals are logged too), the key. Starlette puts the last added outermost."""

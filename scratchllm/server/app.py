@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -51,6 +51,26 @@ class ServedEmbedder:
     aliases: tuple[str, ...] = ()
 
 
+class Capture(Protocol):
+    """What the server needs of the evaluation loop's capture (scratchllm.evaluate.capture):
+    a deterministic sample decision on the body as sent, and one appended record per response."""
+
+    def should_capture(self, body: bytes) -> bool: ...
+
+    def record(self, body: bytes, model: str | None, client_ip: str | None, response_token_ids: list[int] | None,
+               timings: dict[str, Any] | None, *, endpoint: str = ..., response_text: str | None = ...,
+               finish_reason: str | None = ...) -> None: ...
+
+
+class RequestClassMap(Protocol):
+    """Request id -> request class, kept while a request is in the engine, so the priority
+    feedback hook (scratchllm.evaluate.feedback) can read a queued request's class."""
+
+    def remember(self, request_id: str, body: dict[str, Any]) -> str: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     max_in_flight: int = 64  # requests held in the engine at once (running + waiting); beyond -> 429
@@ -60,6 +80,7 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API
     stats_interval_s: float = 10.0  # a throughput/queue line at INFO this often while there is traffic
     metrics_prefix: str = "scratchllm:"  # "vllm:" exports exactly vLLM's metric names (metrics.py)
+    trusted_proxies: int = 0  # X-Forwarded-For hops to trust for the client address (capture only)
 
     def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
@@ -75,6 +96,8 @@ class ServerState:
     embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     trace: TraceWriter | None = None  # the ring the server adds each streamed chunk's spans to
     otlp: Any = None  # an OpenTelemetry tracer: one span per finished request (trace/otlp.py)
+    capture: Capture | None = None  # a sample of requests and responses to JSONL (evaluate/capture.py)
+    classes: RequestClassMap | None = None  # request id -> class, for the priority feedback hook
 
     def admit(self, n: int = 1) -> None:
         """Reserve n engine slots or refuse with 429. The loop is single-threaded: no lock needed."""
@@ -146,9 +169,12 @@ class BodyLimit:
 
 
 def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
-               config: ServerConfig = ServerConfig(), trace: TraceWriter | None = None, otlp: Any = None) -> FastAPI:
+               config: ServerConfig = ServerConfig(), trace: TraceWriter | None = None, otlp: Any = None,
+               capture: Capture | None = None, classes: RequestClassMap | None = None) -> FastAPI:
     """The app. `trace`: the ring the engine writes (the server adds serialize and network-send
-    spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request."""
+    spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request;
+    `capture`: where a sample of requests goes for the evaluation loop; `classes`: the map of
+    request ids to classes that the engine's priority feedback hook reads."""
     from scratchllm.server import access, embeddings, generation, utility
 
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
@@ -163,7 +189,8 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
 
     metrics = ServerMetrics(model.engine.stats, model.name, config.metrics_prefix)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(model, embedder, config, metrics, trace=trace, otlp=otlp)
+    app.state.server = ServerState(model, embedder, config, metrics, trace=trace, otlp=otlp, capture=capture,
+                                   classes=classes)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(APIError)

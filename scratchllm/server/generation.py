@@ -7,8 +7,10 @@ holds its engine slot from admission to `Generation.close()`, which runs on ever
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from fastapi import Request
@@ -19,6 +21,7 @@ from scratchllm.engine.output import OutputCollector
 from scratchllm.engine.protocol import RequestOutput, RequestStream, TokenEvent, TopLogprobs
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
+from scratchllm.server.access import client_ip
 from scratchllm.server.app import ServerState
 from scratchllm.server.metrics import TokenClock
 from scratchllm.server.protocol import (
@@ -41,18 +44,36 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 LogprobItem = tuple[int | None, float | None, TopLogprobs | None]
 
 
+@dataclass
+class Origin:
+    """Where an HTTP request came from: its body as sent, the client's address, the endpoint."""
+
+    body: bytes
+    client_ip: str | None
+    endpoint: str
+
+
 class Generation:
     """One HTTP request's engine requests (one per prompt), admitted and submitted together."""
 
     def __init__(self, state: ServerState, prompts: list[list[int]], params: list[SamplingParams],
-                 request_id: str) -> None:
+                 request_id: str, origin: Origin | None = None) -> None:
         state.admit(len(prompts))
         self.state, self.prompts, self.params, self.closed = state, prompts, params, False
         self.streams: list[RequestStream] = []
         self.chunks = ChunkTrace(state.trace, request_id)  # streamed chunks' spans in the trace ring
+        self.rids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        self.origin = origin
+        # the evaluation loop's sample: the first prompt's tokens, text and end, for the capture file
+        self.captured: OutputCollector | None = None
+        if origin is not None and state.capture is not None and state.capture.should_capture(origin.body):
+            self.captured = OutputCollector(self.rids[0], prompts[0])
+        if origin is not None and state.classes is not None:
+            body = json.loads(origin.body)
+            for rid in self.rids:
+                state.classes.remember(rid, body)
         try:
-            for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            for ids, p, rid in zip(prompts, params, self.rids, strict=True):
                 self.streams.append(state.model.engine.submit(ids, p, request_id=rid))
         except ConfigError as err:  # the engine's own validation: still the client's input
             self.close()
@@ -68,6 +89,8 @@ class Generation:
         event: TokenEvent
         async for event in self.streams[i]:
             clock.tick()
+            if i == 0 and self.captured is not None:
+                self.captured.add(event)
             if event.finish_reason is not None:
                 self.state.metrics.observe_finished(event.metrics, event.finish_reason)
                 if self.state.otlp is not None and event.metrics is not None:
@@ -102,11 +125,25 @@ class Generation:
         if self.closed:
             return
         self.closed = True
+        self._record_capture()
+        if self.state.classes is not None:
+            for rid in self.rids:
+                self.state.classes.forget(rid)
         for stream in self.streams:
             if not stream.finished:
                 self.state.metrics.finished("abort")
                 stream.abort()
         self.state.release(len(self.prompts))
+
+
+    def _record_capture(self) -> None:
+        """The sampled request, with what the client got, into the capture file (once, at the end)."""
+        c, origin, capture = self.captured, self.origin, self.state.capture
+        if c is None or origin is None or capture is None or not c.finished:
+            return
+        out = c.output
+        capture.record(origin.body, self.state.model.name, origin.client_ip, out.token_ids, timings(out.metrics),
+                       endpoint=origin.endpoint, response_text=out.text, finish_reason=out.finish_reason)
 
 
 class EventStream(StreamingResponse):
@@ -141,6 +178,15 @@ async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> Asy
 
 
 # --- request -> token ids and params ----------------------------------------------------------
+def _origin(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:
+    """Only when the evaluation loop listens (a capture or the priority feedback)."""
+    if state.capture is None and state.classes is None:
+        return None
+    peer = request.client.host if request.client is not None else None
+    forwarded = request.headers.get("x-forwarded-for")
+    return Origin(raw, client_ip(peer, forwarded, state.config.trusted_proxies), endpoint)
+
+
 def _prompt_ids(state: ServerState, prompt: str | list[int], param: str, special: bool = True) -> list[int]:
     tok = state.model.tokenizer
     ids: list[int] = tok.encode(prompt, add_special_tokens=special) if isinstance(prompt, str) else list(prompt)
@@ -187,7 +233,8 @@ def _token_str(tok: Any, token_id: int | None) -> str:
 async def completions(request: Request) -> Response | dict[str, Any]:
     state: ServerState = request.app.state.server
     # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    req = cast(CompletionRequest, parse_body(await request.body(), CompletionRequest))
+    raw = await request.body()
+    req = cast(CompletionRequest, parse_body(raw, CompletionRequest))
     state.check_model(req.model)
     if req.echo:
         raise bad_request("'echo' is not supported", param="echo")
@@ -197,7 +244,7 @@ async def completions(request: Request) -> Response | dict[str, Any]:
     params = [_params(state, req, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, req.logprobs)
               for ids in prompts]
     rid, created = new_id("cmpl"), now_s()
-    gen = Generation(state, prompts, params, rid)
+    gen = Generation(state, prompts, params, rid, _origin(state, request, raw, "/v1/completions"))
     head = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
     tok = state.model.tokenizer
     if req.stream:
@@ -248,7 +295,8 @@ async def _stream_completion(gen: Generation, head: dict[str, Any], req: Complet
 async def chat_completions(request: Request) -> Response | dict[str, Any]:
     state: ServerState = request.app.state.server
     # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    req = cast(ChatCompletionRequest, parse_body(await request.body(), ChatCompletionRequest))
+    raw = await request.body()
+    req = cast(ChatCompletionRequest, parse_body(raw, ChatCompletionRequest))
     state.check_model(req.model)
     tok = state.model.tokenizer
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
@@ -261,7 +309,7 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _params(state, req, len(ids), req.max_completion_tokens or req.max_tokens, None, logprobs)
     rid, created = new_id("chatcmpl"), now_s()
-    gen = Generation(state, [ids], [params], rid)
+    gen = Generation(state, [ids], [params], rid, _origin(state, request, raw, "/v1/chat/completions"))
     head = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
     if req.stream:
         return EventStream(_stream_chat(gen, {**head, "object": "chat.completion.chunk"}, req, tok), gen)

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from scratchllm.errors import ConfigError
-from scratchllm.evaluate.capture import CaptureWriter, anonymize_ip, client_ip
+from scratchllm.evaluate.capture import CaptureWriter, anonymize_ip
 from scratchllm.evaluate.sources import read_traffic
+from scratchllm.server.access import client_ip
 
 KEY = "test-key"
 
