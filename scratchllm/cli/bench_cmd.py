@@ -15,6 +15,7 @@ BENCHES = {
     "generate": "prefill and single-stream decode tok/s vs the memory-bandwidth bound (C3)",
     "engine": "continuous vs static batching on a mixed workload (C4)",
     "masks": "3-D attention mask generator: vectorized vs Python loop (C4)",
+    "structured": "structured output: grammar mask cost per token, throughput with and without",
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles (C5)",
 }
 

@@ -11,6 +11,7 @@ import numpy as np
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.scheduler import ScheduledBatch
 from scratchllm.sampling import sample_token, shaped_logits, top_logprobs
+from scratchllm.structured import guide_for
 
 
 class ModelRunner:
@@ -58,7 +59,7 @@ class ModelRunner:
         out = []
         for r, req in enumerate(reqs):
             params = req.params
-            guide = None
+            guide = guide_for(req) if params.grammar is not None else None
             if params.uses_processors or guide is not None:
                 row = shaped_logits(logits[r], params, req.prompt_token_ids, req.output_token_ids,
                                     guide.allowed() if guide is not None else None)
