@@ -11,7 +11,7 @@ import weakref
 
 from scratchllm.structured.grammar import CompiledGrammar, GrammarCompiler, tool_call_schema
 from scratchllm.structured.matcher import GrammarMatcher, apply_mask
-from scratchllm.structured.tools import tool_calls_from_text
+from scratchllm.structured.tools import ToolCallStream, tool_calls_from_text
 
 # One matcher per live request, keyed by the request object itself: it goes when the request does.
 _matchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -33,5 +33,5 @@ def guide_for(req) -> GrammarMatcher | None:
     return m
 
 
-__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "apply_mask", "guide_for",
+__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "ToolCallStream", "apply_mask", "guide_for",
            "tool_call_schema", "tool_calls_from_text"]

@@ -128,3 +128,20 @@ def test_tool_calls_from_text():
         tool_calls_from_text('{"name": "f", "argum')
     with pytest.raises(ConfigError, match="'name' and 'arguments'"):
         tool_calls_from_text('{"x": 1}')
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_tool_call_stream_deltas_add_up_to_the_call(chunk):
+    from scratchllm.structured import ToolCallStream
+
+    text = '{"name": "get_weather", "arguments": {"city": "Oslo", "days": [1, 2]}}'
+    stream = ToolCallStream()
+    deltas = []
+    for i in range(0, len(text), chunk):
+        deltas += stream.push(text[i:i + chunk])
+    deltas += stream.finish()
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""} and deltas[0]["id"].startswith("call_")
+    args = "".join(d["function"]["arguments"] for d in deltas[1:])
+    assert json.loads(args) == {"city": "Oslo", "days": [1, 2]} and "name" not in deltas[1]["function"]
+    with pytest.raises(ConfigError):
+        ToolCallStream().finish()  # nothing written: no call
