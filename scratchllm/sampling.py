@@ -1,16 +1,24 @@
 """Per-request sampling: parameters, and the choice of the next token from one row of logits.
 
-The pipeline is the usual one, in this order: temperature -> top-k -> top-p (nucleus) -> draw.
+The pipeline is the usual one, in this order: logits processors (penalties, logit_bias;
+scratchllm/logits.py) -> grammar mask (structured output; scratchllm/structured) ->
+temperature -> top-k -> top-p (nucleus) -> min_p -> draw.
 Temperature 0 means greedy (argmax; ties go to the lowest id, like torch and llama.cpp).
 Every request owns its random generator, seeded from `SamplingParams.seed`, so a request's
 tokens do not depend on what else runs beside it (batched output equals single output).
 """
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from scratchllm.errors import ConfigError
+from scratchllm.logits import apply_processors, min_p_filter
+
+# OpenAI's ranges for the penalties and for one logit_bias entry.
+PENALTY_RANGE = (-2.0, 2.0)
+BIAS_RANGE = (-100.0, 100.0)
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # how many top alternatives to report per token (None = none)
+    presence_penalty: float = 0.0  # OpenAI's, over generated tokens; 0 = off
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # over prompt + output; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
+    min_p: float = 0.0  # 0 = off
+    # A compiled grammar (scratchllm.structured.CompiledGrammar) the output must match, or None.
+    grammar: object = None
+    # derived: True when any logits processor is on (set in __post_init__)
+    uses_processors: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # Lists are accepted for convenience, stored as tuples so params stay hashable and frozen.
@@ -43,10 +60,53 @@ class SamplingParams:
             raise ConfigError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_range(name, getattr(self, name), *PENALTY_RANGE)
+        if not (_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 100.0):
+            raise ConfigError(f"repetition_penalty must be in (0, 100] (1 = off), got {self.repetition_penalty!r}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.grammar is not None and not hasattr(self.grammar, "new_matcher"):
+            raise ConfigError("grammar must be a CompiledGrammar (scratchllm.structured.GrammarCompiler)")
+        # Read once per token per request: a request that uses no processor pays nothing more.
+        object.__setattr__(self, "uses_processors", bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the params name must exist in the model's vocabulary (the engine's validate)."""
+        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
+        if bad:
+            raise ConfigError(f"logit_bias names token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_range(name: str, value, lo: float, hi: float) -> None:
+    if not (_is_number(value) and lo <= value <= hi):
+        raise ConfigError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """A {token id: bias} dict or (id, bias) pairs -> sorted, validated pairs (one per id)."""
+    items = bias.items() if isinstance(bias, dict) else bias
+    pairs: dict[int, float] = {}
+    for entry in items:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ConfigError(f"logit_bias entries are (token id, bias) pairs, got {entry!r}")
+        token, value = entry
+        if isinstance(token, str) and token.strip().isdigit():  # JSON object keys are strings
+            token = int(token)
+        if not (isinstance(token, int) and not isinstance(token, bool) and token >= 0):
+            raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+        _check_range(f"logit_bias[{token}]", value, *BIAS_RANGE)
+        pairs[token] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 def make_rng(params: SamplingParams) -> np.random.Generator:
@@ -61,7 +121,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:  # [V] -> [V], in float64 for
 
 
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  # [V] -> [V]
-    """The distribution we draw from: temperature, then top-k, then top-p; zeros elsewhere."""
+    """The distribution we draw from: temperature, then top-k, top-p, min_p; zeros elsewhere."""
     assert params.temperature > 0, "greedy requests never build a distribution"
     x = logits.astype(np.float64) / params.temperature
     V = x.shape[0]
@@ -81,7 +141,27 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  #
         mask[order[keep]] = True
         p = np.where(mask, p, 0.0)
         p /= p.sum()
+    if params.min_p > 0.0:
+        p = min_p_filter(p, params.min_p)
+        p /= p.sum()
     return p
+
+
+def shaped_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids,
+                  allowed: np.ndarray | None = None) -> np.ndarray:
+    """[V] raw logits -> the row the draw sees: processors, then the grammar's mask (if any).
+
+    The grammar wins over logit_bias: if the bias banned every token the grammar allows, the
+    bans are dropped for this token rather than leave nothing to draw."""
+    row = apply_processors(logits, params, prompt_ids, output_ids) if params.uses_processors \
+        else np.array(logits, dtype=np.float32, copy=True)
+    if allowed is not None:
+        from scratchllm.structured.matcher import apply_mask
+
+        apply_mask(row, allowed)
+        if not np.isfinite(row).any():
+            row = apply_mask(np.array(logits, dtype=np.float32, copy=True), allowed)
+    return row
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

@@ -18,6 +18,7 @@ BENCHES = {
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles",
     "trace": "token tracing: writer ns per record, engine throughput with tracing off vs on",
     "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",
+    "structured": "structured output: grammar mask cost per token, throughput with and without",
 }
 
 

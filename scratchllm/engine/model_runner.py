@@ -10,7 +10,8 @@ import numpy as np
 
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.scheduler import ScheduledBatch
-from scratchllm.sampling import sample_token, top_logprobs
+from scratchllm.sampling import sample_token, shaped_logits, top_logprobs
+from scratchllm.structured import guide_for
 
 
 class ModelRunner:
@@ -49,12 +50,24 @@ class ModelRunner:
 
     @staticmethod
     def sample(reqs: list, logits: np.ndarray) -> list[tuple[int, float | None, list | None]]:
-        """One (token, logprob, top_logprobs) per request, each with its own params and rng."""
+        """One (token, logprob, top_logprobs) per request, each with its own params and rng.
+
+        A row goes through the logits processors and the grammar mask only when its request
+        uses them; plain greedy rows share one argmax. Logprobs are the model's own (raw
+        logits), so a masked token reports its real probability, never -inf."""
         greedy = np.argmax(logits, axis=1) if len(reqs) else []  # one call for every greedy row
         out = []
         for r, req in enumerate(reqs):
             params = req.params
-            token = int(greedy[r]) if params.greedy else sample_token(logits[r], params, req.rng)
+            guide = guide_for(req) if params.grammar is not None else None
+            if params.uses_processors or guide is not None:
+                row = shaped_logits(logits[r], params, req.prompt_token_ids, req.output_token_ids,
+                                    guide.allowed() if guide is not None else None)
+                token = int(np.argmax(row)) if params.greedy else sample_token(row, params, req.rng)
+            else:
+                token = int(greedy[r]) if params.greedy else sample_token(logits[r], params, req.rng)
+            if guide is not None:
+                guide.consume(token)  # and the next mask starts computing now
             if params.logprobs is not None:
                 lp, top = top_logprobs(logits[r], token, params.logprobs)
                 out.append((token, lp, top))

@@ -1,67 +1,119 @@
 """The OpenAI wire format: request models, response bodies and OpenAI-style errors.
 
-Requests are parsed strictly (a string where a number belongs is an error, as OpenAI's API
-does, not silently coerced) and unknown fields are ignored (clients add their own extras).
-Every way a request can be wrong ends as an `APIError` with a status and an OpenAI error body
-``{"error": {"message", "type", "param", "code"}}``, which the official client turns into
-`openai.BadRequestError`, `NotFoundError`, ... Nothing a client sends may produce a 500.
+Every field of OpenAI's completions and chat-completions requests is declared here, and is one
+of three kinds (docs/openai-api.md lists them all):
+  implemented             it does what OpenAI documents (sampling, penalties, logit_bias,
+                          response_format, tools, ...);
+  refused unless neutral  a feature this server does not have (audio, suffix, store=true, ...):
+                          any value but the neutral one is a 400 naming the field;
+  accepted, no effect     a hint that cannot change the output (metadata, service_tier, ...).
+Any other field is accepted and logged once at WARNING: clients add their own extras, and a
+field that vanishes without a word is how a client silently gets the wrong behaviour.
+
+Requests are parsed strictly (a string where a number belongs is an error, as OpenAI's API does,
+not silently coerced); a JSON null means "the default", as the official client sends it. Every
+way a request can be wrong ends as an `APIError` with a status and an OpenAI error body
+``{"error": {"message", "type", "param", "code"}}``: `parse_body` (body_json.py) guards against
+bodies that would make the JSON or validation layers themselves fail.
 """
 
-import json
+import logging
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scratchllm.errors import ConfigError
+from scratchllm.server.body_json import BodyError, load_body
+from scratchllm.server.errors import APIError, bad_request
+from scratchllm.server.messages import ROLES, ChatMessage, FunctionTool, ResponseFormat, Strict, ToolChoice
+from scratchllm.server.structured_fields import StructuredFields
+
+logger = logging.getLogger(__name__)
 
 # A Retry-After hint is seconds; never tell a client to come back sooner than this.
 MIN_RETRY_AFTER_S = 1
+# Choices per request the engine can produce (n, best_of). Raise it when the engine forks a
+# prompt's KV blocks into n sequences; until then n > 1 is refused rather than faked.
+MAX_CHOICES = 1
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+# Unknown field names warned about so far (each once); capped so a hostile client cannot grow it.
+_warned_fields: set[str] = set()
+MAX_WARNED_FIELDS = 1000
+
+__all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "usage",
+           "MIN_RETRY_AFTER_S"]
 
 
-class APIError(Exception):
-    """An error the client caused (or a full queue): status + OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, type
-        self.param, self.code, self.headers = param, code, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
-    """Fields both generation endpoints share. `top_k` and `ignore_eos` are vLLM-style extensions."""
+class _Request(Strict):
+    """A top-level request: unknown fields are kept (to be named in the log), nulls mean default."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
+    REFUSED: ClassVar[dict[str, tuple[tuple, str]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if not (v is None and k in fields)}
+        return data
+
+    def check(self) -> None:
+        """After validation: refuse non-neutral values of unsupported fields; log unknown ones."""
+        for name, (neutral, why) in self.REFUSED.items():
+            value = getattr(self, name)
+            if not any(value == n and type(value) is type(n) for n in neutral):
+                raise bad_request(f"'{name}' is not supported: {why}", param=name, code="unsupported_parameter")
+        for name in self.model_extra or ():
+            _warn_unknown(name, type(self).__name__)
+
+
+def _warn_unknown(name: str, where: str) -> None:
+    if name in _warned_fields or len(_warned_fields) >= MAX_WARNED_FIELDS:
+        return
+    _warned_fields.add(name)
+    logger.warning("%s: unknown field %r accepted and ignored", where, name[:80])
+
+
+class _Sampling(_Request, StructuredFields):
+    """Fields both generation endpoints share. top_k, min_p, repetition_penalty, ignore_eos,
+    stop_token_ids and guided_* are vLLM-style extensions."""
+
+    model_config = _Request.model_config  # restated: the mixin's extra="ignore" would win otherwise
 
     model: str
     max_tokens: int | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    seed: int | None = None
+    top_k: int = Field(0, ge=-1)  # 0 or -1 = off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # int64 or uint64; negatives wrap
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
-    n: int = Field(1, ge=1, le=1)  # one choice per request; n > 1 is refused rather than faked
+    n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)  # accepted only at their neutral value
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
-    user: str | None = None
+    user: str | None = None  # accepted, no effect: an end-user id for the caller's own records
+
+    def check(self) -> None:
+        super().check()
+        # everything that can be refused without the model is refused at parse time
+        self.stop_list()
+        self.logit_bias_pairs(None)
+        self.constraint()
 
     def stop_list(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -69,11 +121,77 @@ class _Sampling(_Strict):
             raise bad_request("'stop' takes at most 4 non-empty strings", param="stop")
         return tuple(stops)
 
+    def logit_bias_pairs(self, vocab_size: int | None) -> dict[int, float]:
+        bias = self.logit_bias or {}
+        if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS_ENTRIES} entries", param="logit_bias")
+        out = {}
+        for key, value in bias.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise bad_request(f"'logit_bias' keys are token ids, got {key[:40]!r}", param="logit_bias")
+            token = int(key)
+            if vocab_size is not None and token >= vocab_size:
+                raise bad_request(f"'logit_bias' names token id {token}, outside the vocabulary [0, {vocab_size})",
+                                  param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise bad_request(f"'logit_bias' values are in [-100, 100], got {value}", param="logit_bias")
+            out[token] = value
+        return out
+
+    def _logprobs_k(self) -> int | None:
+        raise NotImplementedError
+
+    def sampling_kwargs(self, max_tokens: int, compiler=None, vocab_size: int | None = None) -> dict:
+        """Everything SamplingParams needs from this request, with max_tokens the handler settled
+        against the context. `compiler`: a scratchllm.structured.GrammarCompiler for the served
+        tokenizer (needed only when the request asks for structured output)."""
+        return {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": max(self.top_k, 0), "min_p": self.min_p,
+                "seed": None if self.seed is None else self.seed % 2**64, "stop": self.stop_list(),
+                "stop_token_ids": tuple(self.stop_token_ids), "ignore_eos": self.ignore_eos,
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias_pairs(vocab_size),
+                "logprobs": self._logprobs_k(), "grammar": self.grammar(compiler)}
+
+    def sampling_params(self, max_tokens: int, compiler=None, vocab_size: int | None = None):
+        """The request's SamplingParams, or a 400 naming what SamplingParams refused."""
+        from scratchllm.sampling import SamplingParams
+
+        try:
+            return SamplingParams(**self.sampling_kwargs(max_tokens, compiler, vocab_size))
+        except ConfigError as err:
+            raise bad_request(str(err)) from None
+
+
+def validate_choices(n: int, best_of: int | None, stream: bool, max_n: int = MAX_CHOICES) -> tuple[int, int]:
+    """(n, best_of) checked as OpenAI does, and against what the engine can fork (max_n)."""
+    best_of = n if best_of is None else best_of
+    if best_of < n:
+        raise bad_request(f"'best_of' ({best_of}) must be >= 'n' ({n})", param="best_of")
+    if stream and best_of > n:
+        raise bad_request("'best_of' cannot be streamed: the best choice is known only at the end", param="best_of")
+    for name, value in (("n", n), ("best_of", best_of)):
+        if value > max_n:
+            raise bad_request(f"'{name}' > {max_n} is not supported by this server", param=name,
+                              code="unsupported_parameter")
+    return n, best_of
+
 
 class CompletionRequest(_Sampling):
+    REFUSED: ClassVar = {"suffix": ((None, ""), "text after the insertion point needs a fill-in-the-middle model")}
+
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False  # echo needs prompt logprobs: refused in the handler, not faked
+    echo: bool = False  # the prompt's text before the completion (prompt logprobs: see check)
+    best_of: int | None = Field(None, ge=1, le=128)
+    suffix: Any = None
+
+    def check(self) -> None:
+        super().check()
+        validate_choices(self.n, self.best_of, self.stream)
+        if self.echo and self.logprobs is not None:
+            raise bad_request("'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
+                              "compute; drop one of them", param="echo", code="unsupported_parameter")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt(s) as a list: each a string or a list of token ids."""
@@ -84,36 +202,81 @@ class CompletionRequest(_Sampling):
             raise bad_request("'prompt' is empty", param="prompt")
         return list(p)
 
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+    def _logprobs_k(self) -> int | None:
+        return self.logprobs
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+_NOT_AUDIO = "this server generates text only"
+_NO_REASONING = "the models served here do not reason in a separate channel"
 
 
 class ChatCompletionRequest(_Sampling):
+    REFUSED: ClassVar = {
+        "audio": ((None,), _NOT_AUDIO),
+        "modalities": ((None, ["text"]), _NOT_AUDIO),
+        "functions": ((None, []), "use 'tools' (the deprecated 'functions' form is not read)"),
+        "function_call": ((None, "none", "auto"), "use 'tool_choice'"),
+        "store": ((None, False), "completions are not stored for later retrieval"),
+        "reasoning_effort": ((None,), _NO_REASONING),
+        "verbosity": ((None,), "no model here takes a verbosity setting"),
+        "web_search_options": ((None,), "this server has no web search"),
+        "moderation": ((None,), "this server runs no moderation model"),
+    }
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True  # one forced call satisfies either value
+    response_format: ResponseFormat | None = None
+    # refused unless neutral (REFUSED)
+    audio: Any = None
+    modalities: Any = None
+    functions: Any = None
+    function_call: Any = None
+    store: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    # accepted, no effect on the output: caching, routing and bookkeeping hints
+    metadata: Any = None
+    prediction: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
+    service_tier: Any = None
+
+    def check(self) -> None:
+        super().check()
+        validate_choices(self.n, None, self.stream)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        self.tool_plan()  # a tool_choice naming no given tool is a 400 now, not after admission
+
+    def template_messages(self) -> list[dict]:
+        """The messages as the chat template reads them (roles, text, tool calls, tool ids)."""
+        return [m.template_dict() for m in self.messages]
+
+    def _logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(Strict):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: str = "float"
     dimensions: int | None = None
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _format(self):
+        if self.encoding_format not in ("float", "base64"):
+            raise ValueError("encoding_format must be 'float' or 'base64'")
+        return self
 
     def inputs(self) -> list[str | list[int]]:
         x = self.input
@@ -127,30 +290,46 @@ class EmbeddingRequest(_Strict):
 def parse_body(raw: bytes, model_cls: type[BaseModel]) -> BaseModel:
     """Bytes of a request body -> validated request, or an APIError naming what is wrong."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise bad_request(f"request body is not valid UTF-8 (byte {err.start})", code="invalid_utf8") from None
+        data = load_body(raw)
+    except BodyError as err:
+        raise bad_request(str(err), code=err.code) from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise bad_request(f"request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
-                          code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    try:
-        return model_cls.model_validate(data)
+        req = model_cls.model_validate(data)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in first["loc"] if not _union_tag(p)) or None
-        raise bad_request(f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                          code="invalid_value") from None
+        # The error that got deepest names the real problem: for `str | list[TextPart]` content
+        # it is the list branch's "type should be 'text'", not the str branch's "not a string".
+        first = max(err.errors(include_url=False), key=lambda e: len(e["loc"]))
+        param, msg = _param(first["loc"]), first["msg"]
+        if first["type"] == "union_tag_not_found":  # a message without a role
+            param, msg = f"{param}.role", f"Field required (one of {', '.join(ROLES)})"
+        elif first["type"] == "union_tag_invalid":
+            param, msg = f"{param}.role", f"Input should be one of {', '.join(ROLES)}"
+        raise bad_request(f"{param}: {msg}" if param else msg, param=param, code="invalid_value") from None
+    except RecursionError:  # load_body bounds nesting; this is the last line of defence
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
+    check = getattr(req, "check", None)
+    if check is not None:
+        check()
+    return req
+
+
+def _param(loc) -> str | None:
+    """Pydantic's error location as the client's field path: union members and the message
+    role tag it tried are dropped ('messages.0.tool.tool_call_id' -> 'messages.0.tool_call_id')."""
+    parts, prev = [], None
+    for p in loc:
+        if not (_union_tag(p) or (isinstance(prev, int) and p in ROLES)):
+            parts.append(str(p))
+        prev = p
+    return ".".join(parts) or None
 
 
 def _union_tag(loc_part) -> bool:
     """Pydantic names the union member it tried ('str', 'list[int]', 'TextPart'); clients want the field."""
     if not isinstance(loc_part, str):
         return False
-    return loc_part in ("str", "int", "float", "bool", "none") or "[" in loc_part or loc_part[:1].isupper()
+    return loc_part in ("str", "int", "float", "bool", "none") or "[" in loc_part or loc_part[:1].isupper() \
+        or loc_part.startswith("function-") or loc_part.startswith("literal[")
 
 
 def new_id(prefix: str) -> str:

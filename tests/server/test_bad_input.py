@@ -45,7 +45,9 @@ def assert_openai_error(r: httpx.Response, status: int, param=None, code=None):
     ({"messages": MSG}, "model"),
     ({"model": "fake", "messages": MSG, "n": 2}, "n"),
     ({"model": "fake", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"model": "fake", "messages": MSG, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "fake", "messages": MSG, "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "fake", "messages": MSG, "audio": {"voice": "alloy"}}, "audio"),
+    ({"model": "fake", "messages": [{"role": "tool", "content": "4"}]}, "messages.0.tool_call_id"),
 ])
 def test_wrong_types_and_values_are_400(http, body, param):
     assert_openai_error(http.post(CHAT, json=body), 400, param=param)

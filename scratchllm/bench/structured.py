@@ -1,0 +1,127 @@
+"""Structured output: what a grammar mask costs per token, and throughput with and without it.
+
+mask: over the 50 schemas of scratchllm/bench/schemas.py, a seeded random walk through each
+grammar (each token drawn uniformly from the allowed ones, at most --walk tokens), timing per
+token the mask computation (llguidance + unpacking the bitmask to [V] bools, on the matcher's
+background thread), applying it to a [V] logits row, and consuming the token. No model: this
+is the grammar's own cost.
+
+engine (--engine N, 0 = skip): N concurrent requests on the default model, the same chat prompt,
+greedy, once unconstrained and once each with a JSON schema, in the same run. Reports generated
+tokens/s of both and their ratio, and for the constrained run the time the sampler waited for
+masks against the time spent computing them (masks are computed on a background thread while
+the forward runs, so waiting should be a small part of computing).
+"""
+
+import time
+
+import numpy as np
+
+from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.schemas import schemas
+
+
+def add_arguments(parser):
+    parser.add_argument("--walk", type=int, default=48, help="tokens per schema in the mask walk (default 48)")
+    parser.add_argument("--engine", type=int, default=0, help="concurrent requests for the engine run (0 = skip)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request in the engine run")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _pct(xs, q) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else 0.0
+
+
+def mask_walk(tok, compiler, walk: int, seed: int) -> dict:
+    from scratchllm.structured import apply_mask
+
+    rng = np.random.default_rng(seed)
+    compute, apply, consume, compile_ms = [], [], [], []
+    row = np.zeros(tok.vocab_size, dtype=np.float32)
+    for schema in schemas():
+        t = time.perf_counter()
+        m = compiler.json_schema(schema).new_matcher()
+        compile_ms.append((time.perf_counter() - t) * 1e3)
+        for _ in range(walk):
+            before = m.compute_s
+            allowed = m.allowed()  # waits for the background computation: compute_s is final
+            compute.append(m.compute_s - before)
+            t = time.perf_counter()
+            apply_mask(row.copy(), allowed)
+            apply.append(time.perf_counter() - t)
+            token = int(rng.choice(np.nonzero(allowed)[0]))
+            if token == tok.eos_token_id:
+                break
+            t = time.perf_counter()
+            m.consume(token)
+            consume.append(time.perf_counter() - t)
+    us = 1e6
+    return {"tokens": len(compute), "compile_ms_median": median(compile_ms),
+            "compute_us_median": median(compute) * us, "compute_us_p90": _pct(compute, 90) * us,
+            "apply_us_median": median(apply) * us, "consume_us_median": median(consume) * us}
+
+
+def engine_run(llm, compiler, n: int, max_tokens: int) -> dict:
+    from scratchllm.sampling import SamplingParams
+    from scratchllm.structured import guide_for
+
+    prompt = llm.apply_chat_template([{"role": "user", "content": "Give an example JSON value."}])
+    ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
+    grammars = [compiler.json_schema(s) for s in schemas()[:n]]
+    out = {}
+    for name, grammar_of in (("unconstrained", lambda i: None), ("json_schema", lambda i: grammars[i])):
+        engine = llm.engine
+        t = time.perf_counter()
+        reqs = [engine.add_request(None, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                             grammar=grammar_of(i)))
+                for i in range(n)]
+        while engine.has_work():
+            engine.step()
+        wall = time.perf_counter() - t
+        tokens = sum(r.num_output_tokens for r in reqs)
+        out[name] = {"tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall}
+        if name == "json_schema":
+            matchers = [guide_for(r) for r in reqs]
+            out[name]["mask_compute_s"] = sum(m.compute_s for m in matchers)
+            out[name]["mask_wait_s"] = sum(m.wait_s for m in matchers)
+    out["throughput_ratio"] = out["json_schema"]["tok_per_s"] / out["unconstrained"]["tok_per_s"]
+    return out
+
+
+def run(args) -> dict:
+    from scratchllm.structured import GrammarCompiler
+
+    if args.engine:
+        import scratchllm
+
+        llm = scratchllm.LLM("default")
+        tok = llm.tokenizer
+    else:
+        from scratchllm.tokenizer import Tokenizer
+
+        llm, tok = None, Tokenizer.from_pretrained("default")
+    compiler = GrammarCompiler(tok)
+    result = {"inputs": {"walk": args.walk, "engine": args.engine, "max_tokens": args.max_tokens, "seed": args.seed},
+              "mask": mask_walk(tok, compiler, args.walk, args.seed), "machine": machine_facts()}
+    if llm is not None:
+        result["engine"] = engine_run(llm, compiler, args.engine, args.max_tokens)
+    return result
+
+
+def render(result) -> str:
+    m = result["mask"]
+    lines = [f"grammar masks over 50 JSON schemas, {m['tokens']} tokens (vocabulary of the default model)",
+             f"  compile per schema   {m['compile_ms_median']:8.2f} ms (median)",
+             f"  mask per token       {m['compute_us_median']:8.1f} us median, {m['compute_us_p90']:.1f} us p90",
+             f"  apply to logits row  {m['apply_us_median']:8.1f} us median",
+             f"  consume a token      {m['consume_us_median']:8.1f} us median"]
+    e = result.get("engine")
+    if e:
+        u, j = e["unconstrained"], e["json_schema"]
+        lines += [f"engine, {result['inputs']['engine']} concurrent requests, greedy:",
+                  f"  unconstrained  {u['tok_per_s']:8.1f} tok/s ({u['tokens']} tokens, {u['wall_s']:.1f} s)",
+                  f"  json_schema    {j['tok_per_s']:8.1f} tok/s ({j['tokens']} tokens, {j['wall_s']:.1f} s)",
+                  f"  ratio          {e['throughput_ratio']:8.3f}",
+                  f"  masks: computed {j['mask_compute_s'] * 1e3:.1f} ms, "
+                  f"sampler waited {j['mask_wait_s'] * 1e3:.1f} ms"]
+    return "\n".join(lines)

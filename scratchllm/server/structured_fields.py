@@ -1,0 +1,125 @@
+"""The request fields that constrain the output's shape, and the grammar they compile to.
+
+At most one constraint per request, from these sources:
+  response_format  {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}
+  guided_json      a JSON schema (object or JSON text)   } vLLM-style extensions, on
+  guided_regex     a regular expression                  } both endpoints
+  guided_choice    a list of strings                     }
+  tool_choice      "required", a named function, or allowed_tools in "required" mode: the
+                   output is forced to be a call of one of those tools (chat only).
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from scratchllm.errors import ConfigError
+from scratchllm.server.errors import bad_request
+from scratchllm.server.messages import AllowedToolsChoice, NamedToolChoice, ResponseFormat, Strict
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What the tools of a chat request ask for.
+
+    mode: "none" (no tools, or tool_choice "none"), "auto" (the model may call one, in its chat
+    template's own format) or "forced" (the grammar makes the reply a call of one of `tools`).
+    tools: [{"name", "parameters"}] the call may use (forced) or the template shows (auto)."""
+
+    mode: str
+    tools: list[dict] = field(default_factory=list)
+
+
+class StructuredFields(Strict):
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+
+    def tool_plan(self) -> ToolPlan:
+        tools = [t.spec() for t in (getattr(self, "tools", None) or [])]
+        choice = getattr(self, "tool_choice", None)
+        if not tools:
+            if choice not in (None, "none"):
+                raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
+            return ToolPlan("none")
+        by_name = {t["name"]: t for t in tools}
+        if len(by_name) < len(tools):
+            raise bad_request("'tools' has two functions of the same name", param="tools")
+        if choice == "none":
+            return ToolPlan("none", tools)
+        if choice is None or choice == "auto":
+            return ToolPlan("auto", tools)
+        if choice == "required":
+            return ToolPlan("forced", tools)
+        if isinstance(choice, NamedToolChoice):
+            return ToolPlan("forced", [_tool(by_name, choice.function.name)])
+        assert isinstance(choice, AllowedToolsChoice), choice
+        names = [(t.get("function") or {}).get("name") if isinstance(t, dict) else None
+                 for t in choice.allowed_tools.tools]
+        allowed = [_tool(by_name, n) for n in names]
+        if not allowed:
+            raise bad_request("'tool_choice.allowed_tools.tools' is empty", param="tool_choice")
+        return ToolPlan("forced" if choice.allowed_tools.mode == "required" else "auto", allowed)
+
+    def constraint(self) -> tuple[str, str, Any] | None:
+        """(kind, the field it came from, value) of the request's one constraint, or None."""
+        found = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            found.append(("json_object", "response_format", None))
+        elif rf is not None and rf.type == "json_schema":
+            js = rf.json_schema
+            found.append(("json_schema", "response_format", (js.schema_ or {}, bool(js.strict))))
+        if self.guided_json is not None:
+            found.append(("json_schema", "guided_json", (_schema(self.guided_json), True)))
+        if self.guided_regex is not None:
+            found.append(("regex", "guided_regex", self.guided_regex))
+        if self.guided_choice is not None:
+            found.append(("choice", "guided_choice", self.guided_choice))
+        plan = self.tool_plan()
+        if plan.mode == "forced":
+            found.append(("tool_call", "tool_choice", plan.tools))
+        if len(found) > 1:
+            raise bad_request(f"'{found[0][1]}' and '{found[1][1]}' both constrain the output; give one",
+                              param=found[1][1])
+        return found[0] if found else None
+
+    def grammar(self, compiler):
+        """The CompiledGrammar for the request's constraint (None without one); a constraint
+        that does not compile is a 400 naming its field."""
+        c = self.constraint()
+        if c is None:
+            return None
+        kind, param, value = c
+        if compiler is None:
+            raise bad_request(f"'{param}': structured output is not available for this model", param=param,
+                              code="unsupported_parameter")
+        try:
+            if kind == "json_object":
+                return compiler.json_object()
+            if kind == "json_schema":
+                return compiler.json_schema(value[0], strict=value[1])
+            if kind == "regex":
+                return compiler.regex(value)
+            if kind == "choice":
+                return compiler.choice(value)
+            return compiler.tool_call(value)
+        except ConfigError as err:
+            raise bad_request(f"'{param}': {err}", param=param) from None
+
+
+def _tool(by_name: dict, name) -> dict:
+    if name not in by_name:
+        raise bad_request(f"'tool_choice' names function {str(name)[:64]!r}, which is not in 'tools'",
+                          param="tool_choice")
+    return by_name[name]
+
+
+def _schema(value):
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            raise bad_request("'guided_json' is not valid JSON", param="guided_json") from None
+    return value
