@@ -16,6 +16,7 @@ BENCHES = {
     "engine": "continuous batching vs the static baseline on a mixed workload; admission policies",
     "masks": "3-D attention mask generator: vectorized vs Python loop",
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles",
+    "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
 }
 
 

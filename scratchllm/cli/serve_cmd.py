@@ -43,6 +43,12 @@ def add_parser(sub):
     p.add_argument("--policy", choices=["priority", "fcfs"], default=None,
                    help="admission policy of the continuous engine: priority (default: short requests "
                         "first, a 10 ms tick, aging) or fcfs (arrival order)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
+                        "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); default: "
+                        "start a local one")
     p.set_defaults(func=run)
 
 
@@ -71,6 +77,10 @@ def build(args):
 
 
 def run(args) -> int:
+    if args.replicas is not None:
+        from scratchllm.cluster.cli import serve_replicas
+
+        return serve_replicas(args)
     import uvicorn
 
     from scratchllm.server.app import ServerConfig, create_app
