@@ -164,6 +164,7 @@ def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any
         started = time.perf_counter()
         rows = asyncio.run(_drive(engine, requests, args))
         wall_s = time.perf_counter() - started
+        replica_stats = handle.stats.remote().result(timeout_s=30)  # one replica's engine counters
     finally:
         serve.delete(f"bench-{strategy}")  # the next strategy starts on fresh replicas: empty caches
     ttft = sorted(r["ttft_ms"] for r in rows)
@@ -174,7 +175,14 @@ def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any
             "ttft_ms_mean": statistics.fmean(ttft), "ttft_ms_p50": ttft[len(ttft) // 2],
             "ttft_ms_p90": ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
             "prediction_hit_agreement": acc["hit_agreement_rate"], "prediction_exact": acc["exact_rate"],
-            "aborted": sum(r["finish"] == "abort" for r in rows)}
+            "aborted": sum(r["finish"] == "abort" for r in rows),
+            # per replica, for capacity planning (docs/cluster.md): what one replica sustained here
+            "requests_per_s_per_replica": len(rows) / wall_s / args.replicas,
+            "computed_prompt_tok_per_s_per_replica": sum(r["prompt_tokens"] - r["cached_tokens"] for r in rows)
+            / wall_s / args.replicas,
+            "output_tok_per_s_per_replica": len(rows) * args.max_tokens / wall_s / args.replicas,
+            "kv_block_bytes": replica_stats.get("kv_block_bytes"),
+            "kv_blocks_total": replica_stats.get("kv_blocks_total")}
 
 
 def run(args) -> dict[str, Any]:
@@ -234,6 +242,11 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['ttft_ms_mean']:>9.1f}ms{r['ttft_ms_p50']:>8.1f}ms{r['ttft_ms_p90']:>8.1f}ms"
                      f"{r['prediction_hit_agreement']:>13.3f}{r['prediction_exact']:>7.3f}")
     lines.append(f"{'oracle':<18}{best['hit_rate']:>9.3f}{best['cached_fraction']:>8.3f}")
+    for r in result["figures"].values():
+        lines.append(f"  per replica, {STRATEGY_NAMES[r['strategy']]}: {r['requests_per_s_per_replica']:.2f} req/s, "
+                     f"{r['computed_prompt_tok_per_s_per_replica']:.0f} computed prompt tok/s, "
+                     f"{r['output_tok_per_s_per_replica']:.1f} output tok/s; KV block {r['kv_block_bytes']} bytes "
+                     f"x {r['kv_blocks_total']}")
     lines += [f"  {k}: {v:.3f}" for k, v in result["ratios"].items()]
     lines.append(f"  ({result['total_s']:.0f} s in all; hit = the engine reported cached prompt tokens; TTFT from "
                  "submit to first token through Ray; pred. agree = the router's predicted hit/miss was the engine's)")

@@ -8,7 +8,8 @@ Two deployments:
   - "ingress": create_app(ServedModel(engine=RemoteEngine(handle to "engine"))) from
     server/app.py, unchanged, wrapped by the usage post-processor (usage.py). Serve's HTTP proxy
     streams its SSE replies. GET /cluster/stats adds the router's figures.
-`start(spec, ray_address, host, port)` is what `scratchllm serve --replicas N` runs.
+`start(spec, ray_address, host, port)` is what `scratchllm serve --replicas N` runs;
+`app_builder(args)` is the entry point of a Serve config file (deploy/rayservice.yaml).
 """
 
 from __future__ import annotations
@@ -105,6 +106,24 @@ def build_app(spec: ClusterSpec) -> Any:
     ingress = serve.deployment(serve.ingress()(Ingress), name="ingress").options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=spec.server.max_in_flight + 16)
     return ingress.bind(engine_deployment(spec).bind(spec.replica), spec)
+
+
+BUILDER_ARGS = {"replicas", "model", "strategy", "served_model_name", "max_model_len", "replica_cpus",
+                "max_ongoing_requests", "report_interval_s", "max_in_flight", "engine_options", "dtype"}
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve's application-builder entry point (import_path scratchllm.cluster.app:app_builder in
+    a Serve config or a KubeRay RayService): `args` is the config's `args` mapping."""
+    unknown = set(args) - BUILDER_ARGS
+    if unknown:
+        raise ConfigError(f"unknown application args {sorted(unknown)}; known: {sorted(BUILDER_ARGS)}")
+    replica = ReplicaSpec(str(args.get("model", "fake")), dict(args.get("engine_options") or {}),
+                          dtype=str(args.get("dtype", "float32")))
+    fields = {k: args[k] for k in ("replicas", "strategy", "served_model_name", "max_model_len", "replica_cpus",
+                                   "max_ongoing_requests", "report_interval_s") if k in args}
+    server = ServerConfig(max_in_flight=int(args.get("max_in_flight", 64)))
+    return build_app(ClusterSpec(replica=replica, server=server, **fields))
 
 
 def start(spec: ClusterSpec, ray_address: str | None, host: str, port: int) -> None:
