@@ -61,11 +61,17 @@ def _served_model(spec: ClusterSpec, engine: RemoteEngine) -> ServedModel:
         from scratchllm.engine.fake import FakeTokenizer
 
         return ServedModel(spec.served_model_name or "fake", engine, FakeTokenizer(), spec.max_model_len or 2048)
-    from scratchllm.models import load_model
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
+    from scratchllm.models.loader import read_config
     from scratchllm.tokenizer import Tokenizer
 
-    ctx = load_model(replica.model, dtype=replica.dtype).config.max_position_embeddings
-    limit = min(ctx, spec.max_model_len or replica.engine_options.get("max_model_len") or ctx)
+    path = resolve_model(replica.model)  # the config only: the ingress holds no weights
+    ctx = read_config(path, load_checkpoint(path)).max_position_embeddings
+    opts = replica.engine_options
+    limit = min(ctx, spec.max_model_len or opts.get("max_model_len") or ctx)
+    if opts.get("num_kv_blocks"):  # the engine's own bound: a sequence fits the pool
+        limit = min(limit, int(opts["num_kv_blocks"]) * 16)
     return ServedModel(spec.served_model_name or replica.model, engine, Tokenizer.from_pretrained(replica.model), limit)
 
 

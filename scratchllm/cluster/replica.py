@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,15 @@ def build_engine(spec: ReplicaSpec) -> tuple[EngineClient, HashTranslator | Pref
     return AsyncEngine(llm), HashTranslator(4 * llm.block_manager.num_blocks)
 
 
+def _rss_bytes() -> int:
+    """This process's resident set now (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 class EngineReplica:
     """The deployment's class (app.py wraps it with serve.deployment)."""
 
@@ -98,7 +108,7 @@ class EngineReplica:
         self.reports += 1
         return {"hashes": hashes[-REPORT_CAP:], "load": int(stats["running"]) + int(stats["waiting"]),
                 "seq": self.reports, "kv_blocks_used": stats["kv_blocks_used"],
-                "kv_blocks_total": stats["kv_blocks_total"]}
+                "kv_blocks_total": stats["kv_blocks_total"], "rss_bytes": _rss_bytes()}
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (without the hash list), for the soak's leak check and the bench."""

@@ -54,13 +54,15 @@ class KVBlockRequestRouter(FIFOMixin, RequestRouter):
             seq = stats.get("seq")
             if seq is not None and self._seen.get(rid) != seq:
                 self._seen[rid] = seq
-                self.view.report(rid, stats.get("hashes", ()), int(stats.get("load", 0)))
+                facts = {k: v for k, v in stats.items() if k not in ("hashes", "load")}
+                self.view.report(rid, stats.get("hashes", ()), int(stats.get("load", 0)), facts=facts)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         live = {r.replica_id.unique_id for r in replicas}
         self.view.retain(live)
         self._seen = {k: v for k, v in self._seen.items() if k in live}
+        self._ingest(replicas)  # new reports arrive this way too, with or without traffic
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -44,6 +44,7 @@ class _Replica:
     resident: frozenset[int] = frozenset()
     assumed: dict[int, float] = field(default_factory=dict)  # hash -> when it was routed here
     reported_load: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)  # the report's other numbers (KV blocks used, RSS)
     in_flight: int = 0
 
     def holds(self, h: int) -> bool:
@@ -110,12 +111,13 @@ class ClusterView:
         self.forgotten = 0
         self._lock = threading.Lock()
 
-    def report(self, replica_id: str, hashes: Iterable[int], load: int, made_at: float | None = None) -> None:
+    def report(self, replica_id: str, hashes: Iterable[int], load: int, made_at: float | None = None,
+               facts: dict[str, Any] | None = None) -> None:
         """A replica's resident blocks and load as of `made_at` (the router's clock)."""
         made_at = self.clock() if made_at is None else made_at
         with self._lock:
             r = self.replicas.setdefault(replica_id, _Replica(replica_id))
-            r.resident, r.reported_load = frozenset(hashes), load
+            r.resident, r.reported_load, r.facts = frozenset(hashes), load, dict(facts or {})
             r.assumed = {h: t for h, t in r.assumed.items() if t > made_at - ASSUME_GRACE_S}
 
     def forget(self, replica_id: str) -> None:
@@ -183,5 +185,6 @@ class ClusterView:
         with self._lock:
             return {"strategy": self.strategy, "decisions": dict(self.decisions), "forgotten": self.forgotten,
                     "replicas": {r.replica_id: {"resident_blocks": len(r.resident), "assumed_blocks": len(r.assumed),
-                                                "reported_load": r.reported_load, "in_flight": r.in_flight}
+                                                "reported_load": r.reported_load, "in_flight": r.in_flight,
+                                                **r.facts}
                                  for r in self.replicas.values()}}
