@@ -7,7 +7,8 @@ Two deployments:
     (request_router.py), each reporting its resident blocks every `report_interval_s`;
   - "ingress": create_app(ServedModel(engine=RemoteEngine(handle to "engine"))) from
     server/app.py, unchanged, wrapped by the usage post-processor (usage.py). Serve's HTTP proxy
-    streams its SSE replies. GET /cluster/stats adds the router's figures.
+    streams its SSE replies. GET /cluster/stats adds the router's figures (JSON), GET
+    /cluster/metrics its prediction accuracy and fault counters (Prometheus).
 `start(spec, ray_address, host, port)` is what `scratchllm serve --replicas N` runs;
 `app_builder(args)` is the entry point of a Serve config file (deploy/rayservice.yaml).
 """
@@ -19,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.responses import Response
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
@@ -91,7 +93,26 @@ class Ingress:
             return {"requests": dict(self.engine.counts), "accuracy": self.engine.accuracy.summary(),
                     "routers": [view.snapshot() for view in VIEWS]}
 
+        @app.get("/cluster/metrics")
+        async def cluster_metrics() -> Response:
+            return Response(_prometheus(self.engine), media_type="text/plain; version=0.0.4; charset=utf-8")
+
         return CachedTokensUsage(app, lambda: self.engine.cached_tokens)
+
+
+def _prometheus(engine: RemoteEngine) -> bytes:
+    """The router's prediction accuracy and the ingress's fault counters, in Prometheus text."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    accuracy = engine.accuracy.summary()
+    for key in ("requests", "predicted_hits", "actual_hits", "hit_agreement", "exact", "predicted_tokens",
+                "actual_tokens", "prompt_tokens"):
+        Gauge(f"scratchllm_router_{key}", f"router prediction accuracy: {key} (finished requests)",
+              registry=registry).set(accuracy[key])
+    for key, value in engine.counts.items():
+        Gauge(f"scratchllm_cluster_{key}", f"ingress requests: {key}", registry=registry).set(value)
+    return generate_latest(registry)
 
 
 def engine_deployment(spec: ClusterSpec) -> Any:

@@ -33,11 +33,13 @@ def spec_from_args(args: Any) -> Any:
 
 
 def serve_replicas(args: Any) -> int:
-    spec = spec_from_args(args)  # bad options fail here, before Ray starts
     try:
-        from scratchllm.cluster.app import start
+        import ray  # noqa: F401 - only to say clearly what is missing
     except ImportError as err:
         raise ConfigError(f"--replicas needs the cluster extra (pip install 'scratchllm[cluster]'): {err}") from None
+    from scratchllm.cluster.app import start
+
+    spec = spec_from_args(args)  # bad options fail here, before Ray starts
     print(f"scratchllm serve: {spec.replicas} replicas of {spec.replica.model} on Ray Serve, "
           f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     start(spec, args.ray_address, args.host, args.port)

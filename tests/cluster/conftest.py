@@ -10,8 +10,6 @@ import pytest
 
 import scratchllm
 
-ray = pytest.importorskip("ray", reason="the cluster extra (ray[serve]) is not installed")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -21,6 +19,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the cluster extra (ray[serve]) is not installed")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # the workers import the scratchllm under test, wherever this checkout is
     root = str(Path(scratchllm.__file__).resolve().parents[1])

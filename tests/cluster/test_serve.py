@@ -97,6 +97,8 @@ def test_requests_sharing_a_system_prompt_hit_and_the_router_predicted_each_hit(
     after = httpx.get(f"{fake_cluster}/cluster/stats").json()["accuracy"]
     n = after["requests"] - before["requests"]
     assert n == 9 and after["exact"] - before["exact"] == 9  # predicted == actual cached tokens, each one
+    metrics = httpx.get(f"{fake_cluster}/cluster/metrics").text
+    assert f"scratchllm_router_exact {float(after['exact'])}" in metrics
 
 
 def _stream(client, i, results):
