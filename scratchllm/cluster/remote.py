@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -85,6 +86,7 @@ class RemoteEngine:
         self.cached_tokens: OrderedDict[str, int] = OrderedDict()  # request id -> cached tokens, for usage.py
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
+        self._prefix = f"cluster-{uuid.uuid4().hex[:8]}"  # predictions are keyed by id, process-wide
         self._accepting = True
 
     # --- the contract ---
@@ -97,9 +99,9 @@ class RemoteEngine:
         if not self._accepting:
             raise RuntimeError("the cluster engine is shutting down")
         loop = asyncio.get_running_loop()  # the contract's "any thread" is the ingress's loop here
-        rid = str(request_id) if request_id is not None else f"cluster-{next(self._ids)}"
+        rid = str(request_id) if request_id is not None else f"{self._prefix}-{next(self._ids)}"
         while rid in self._tasks:
-            rid = f"cluster-{next(self._ids)}"
+            rid = f"{self._prefix}-{next(self._ids)}"
         stream = RemoteStream(rid, self.abort)
         self.counts["submitted"] += 1
         self._tasks[rid] = loop.create_task(self._relay(stream, list(prompt_token_ids), params))

@@ -29,6 +29,7 @@ from scratchllm.cluster.router import Decision
 from scratchllm.cluster.view import ClusterView
 
 logger = logging.getLogger(__name__)
+MAX_PENDING = 100_000
 
 
 def _request_fields(pending: PendingRequest | None) -> tuple[list[int], str | None, tuple[str, ...]]:
@@ -88,6 +89,10 @@ class KVBlockRequestRouter(FIFOMixin, RequestRouter):
             self._pending[internal] = (prompt, decision.reason)
             if request_id is not None:
                 self._ids[internal] = request_id
+            while len(self._pending) > MAX_PENDING:  # requests cancelled before they were routed
+                stale = next(iter(self._pending))
+                self._pending.pop(stale)
+                self._ids.pop(stale, None)
         first = by_id[decision.replica_id]
         rest = [r for r in candidates if r is not first]
         return [[first], rest] if rest else [[first]]
