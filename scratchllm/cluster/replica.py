@@ -1,0 +1,121 @@
+"""One engine replica: a Ray Serve deployment wrapping an EngineClient.
+
+`generate(prompt_token_ids, params, request_id)` is a streaming method (call it through a handle
+with `.options(stream=True)`): it yields this replica's id first, then the request's
+TokenEvents as the engine makes them. When the caller goes away Serve cancels the generator and
+the request is aborted, so its KV blocks go back to the pool. `record_routing_stats` is Serve's
+hook for custom request routers: Serve's controller calls it every
+`request_routing_stats_period_s` and hands the result to every router of this deployment
+(request_router.py), here the routing hashes of the resident prefix blocks and the load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from scratchllm.cluster.residency import REPORT_CAP, HashTranslator, PrefixCacheModel, ReportingEngine
+from scratchllm.engine.protocol import EngineClient, TokenEvent
+from scratchllm.errors import ConfigError
+from scratchllm.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What engine a replica runs: the fake one (model "fake") or a model behind the continuous engine."""
+
+    model: str = "fake"  # "fake", "default", a .gguf file or a Hugging Face folder
+    engine_options: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields, or the fake's
+    tokenizer: bool = True  # False: token ids only (the bench's tiny random models have no tokenizer)
+    dtype: str = "float32"
+
+    @property
+    def fake(self) -> bool:
+        return self.model == "fake"
+
+
+def build_engine(spec: ReplicaSpec) -> tuple[EngineClient, HashTranslator | PrefixCacheModel]:
+    """The replica's engine and its source of resident block hashes (residency.py)."""
+    if spec.fake:
+        from scratchllm.engine.fake import FakeEngine
+
+        engine = FakeEngine(**spec.engine_options)
+        return engine, PrefixCacheModel(engine.num_blocks, engine.block_size)
+    from scratchllm.engine.async_engine import AsyncEngine
+
+    try:
+        llm = ReportingEngine.from_pretrained(spec.model, tokenizer=spec.tokenizer, dtype=spec.dtype,
+                                              **spec.engine_options)
+    except TypeError as err:  # an option EngineConfig does not have
+        raise ConfigError(f"engine option: {err}") from None
+    if llm.config.block_size != 16:
+        raise ConfigError(f"the router hashes blocks of 16 tokens; this engine's are {llm.config.block_size}")
+    return AsyncEngine(llm), HashTranslator(4 * llm.block_manager.num_blocks)
+
+
+def _rss_bytes() -> int:
+    """This process's resident set now (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class EngineReplica:
+    """The deployment's class (app.py wraps it with serve.deployment)."""
+
+    def __init__(self, spec: ReplicaSpec):
+        from ray import serve
+
+        self.spec = spec
+        self.engine, self.residency = build_engine(spec)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.reports = 0
+        logger.info("replica %s: %s", self.replica_id, spec.model)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       avoid: tuple[str, ...] = ()) -> AsyncIterator[str | TokenEvent]:
+        """The replica's id, then the request's events (`avoid` is read by the router only)."""
+        modelled = None
+        if isinstance(self.residency, PrefixCacheModel):
+            modelled = self.residency.admit(prompt_token_ids)
+        else:
+            self.residency.learn(prompt_token_ids)
+        stream = self.engine.submit(prompt_token_ids, params, request_id=request_id)
+        yield self.replica_id
+        try:
+            async for event in stream:
+                if event.finish_reason is not None and modelled is not None and event.metrics is not None:
+                    event = dataclasses.replace(event, metrics=dataclasses.replace(event.metrics,
+                                                                                   cached_tokens=modelled))
+                yield event
+        finally:
+            stream.abort()  # a no-op once finished; else the caller is gone: free the blocks
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        if isinstance(self.residency, PrefixCacheModel):
+            hashes = self.residency.resident()
+        else:
+            hashes = self.residency.translate(stats.get("resident_block_hashes", ()))
+        self.reports += 1
+        return {"hashes": hashes[-REPORT_CAP:], "load": int(stats["running"]) + int(stats["waiting"]),
+                "seq": self.reports, "kv_blocks_used": stats["kv_blocks_used"],
+                "kv_blocks_total": stats["kv_blocks_total"], "rss_bytes": _rss_bytes()}
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters (without the hash list), for the soak's leak check and the bench."""
+        stats = {k: v for k, v in self.engine.stats().items() if k != "resident_block_hashes"}
+        return {**stats, "replica_id": self.replica_id}
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(drain=False)

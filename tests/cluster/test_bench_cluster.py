@@ -1,0 +1,64 @@
+"""`scratchllm bench cluster`: its model file against the safetensors library, its oracle on a
+sequence worked by hand, and (slow) a short run on the shared Ray cluster."""
+
+import argparse
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from scratchllm.bench import cluster as bench_cluster
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    bench_cluster.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_tiny_model_file_reads_back_with_the_safetensors_library_and_our_loader(tmp_path):
+    from scratchllm.models import load_model
+
+    folder = bench_cluster.write_tiny_llama(tmp_path / "m", seed=3, vocab=64, hidden=32, layers=1, inter=48, ctx=128)
+    reference = load_file(str(folder / "model.safetensors"))
+    assert reference["lm_head.weight"].shape == (64, 32) and len(reference) == 3 + 9
+    model = load_model(str(folder))
+    assert model.config.vocab_size == 64 and model.config.max_position_embeddings == 128
+    rng = np.random.default_rng(3)  # the first tensor written is the embedding, drawn first
+    np.testing.assert_array_equal(reference["model.embed_tokens.weight"],
+                                  rng.standard_normal((64, 32)).astype(np.float32))
+
+
+def test_the_oracle_counts_every_repeat_of_a_system_prompt():
+    a, b = list(range(40)), list(range(100, 140))
+    requests = [(0, a + [1]), (1, b + [2]), (0, a + [3, 4]), (0, a + [5]), (1, b + [6])]
+    best = bench_cluster.oracle(requests, system_len=40)
+    assert best["hit_rate"] == 3 / 5  # all but the first of each system prompt
+    assert best["cached_fraction"] == 3 * 32 / sum(len(p) for _, p in requests)  # 40 tokens: 2 full blocks
+
+
+def test_the_workload_is_seeded_and_shares_exactly_the_system_prompts():
+    args = parse(["--systems", "3", "--per-system", "4", "--system-len", "32", "--user-len", "5,9"])
+    one, two = bench_cluster.workload(args, 500), bench_cluster.workload(args, 500)
+    assert one == two and len(one) == 12
+    by_system = {}
+    for s, prompt in one:
+        by_system.setdefault(s, []).append(prompt)
+    assert all(len({tuple(p[:32]) for p in ps}) == 1 for ps in by_system.values())
+    assert len({tuple(ps[0][:32]) for ps in by_system.values()}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_one_client_the_router_reaches_the_oracle_and_predicts_every_hit(ray_cluster):
+    args = parse(["--systems", "2", "--per-system", "3", "--system-len", "64", "--user-len", "4,8",
+                  "--concurrency", "1", "--kv-blocks", "64", "--max-tokens", "2", "--strategies",
+                  "prefix,round_robin"])
+    result = bench_cluster.run(args)
+    ours, rr = result["figures"]["prefix"], result["figures"]["round_robin"]
+    assert ours["requests"] == rr["requests"] == 6 and ours["aborted"] == 0
+    # one request at a time: every repeat lands where its system prompt is cached
+    assert ours["hit_rate"] == result["oracle"]["hit_rate"] == 4 / 6
+    assert ours["prediction_exact"] == 1.0
+    assert "KV-block router" in bench_cluster.render(result)
