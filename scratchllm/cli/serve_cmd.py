@@ -247,7 +247,9 @@ def run(args) -> int:
     if writer is not None:
         print(f"scratchllm serve: token trace in {writer.path} (scratchllm trace watch {writer.path})",
               file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
-    if writer is not None:
-        writer.close()
+    try:
+        server.run(sockets=[sock])
+    finally:  # SIGTERM ends in sys.exit(0) above: the ring is marked closed either way
+        if writer is not None:
+            writer.close()
     return 0
