@@ -21,7 +21,11 @@ Invariants (asserted in `check()`, relied on everywhere):
 """
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from scratchllm.engine.request import Request
 
 
 @dataclass(eq=False)
@@ -38,17 +42,17 @@ class BlockStats:
     prefix_hits: int = 0
     cow_copies: int = 0
     peak_used: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def chain_hash(prev_hash: int | None, tokens) -> int:
+def chain_hash(prev_hash: int | None, tokens: Sequence[int]) -> int:
     """The hash of a full block: its tokens chained to every block before it, so equal hashes
     mean (up to collisions, which I4 catches) equal prefixes, not just equal blocks."""
     return hash((prev_hash, tuple(tokens)))
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         assert num_blocks >= 1 and block_size >= 1
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -76,7 +80,7 @@ class BlockManager:
     def occupancy(self) -> float:
         return self.num_used / self.num_blocks
 
-    def blocks_needed(self, seq, num_tokens: int) -> int:
+    def blocks_needed(self, seq: Request, num_tokens: int) -> int:
         """New blocks `seq` needs for its table to cover `num_tokens` slots, CoW included."""
         need = -(-num_tokens // self.block_size) - len(seq.block_table)
         return max(need, 0) + (1 if self._cow_index(seq, num_tokens) is not None else 0)
@@ -127,7 +131,7 @@ class BlockManager:
                 self.pending.remove(block_id)
         block.ref_count += 1
 
-    def allocate_prefix(self, seq) -> int:
+    def allocate_prefix(self, seq: Request) -> int:
         """At admission of a sequence with an empty table: take every cached full block that
         holds the start of its tokens. Returns the number of tokens whose K/V is reused.
         At least one token is always left to compute: its forward makes the next token."""
@@ -153,7 +157,7 @@ class BlockManager:
         self._note_peak()
         return seq.num_computed_tokens
 
-    def _cow_index(self, seq, num_tokens: int) -> int | None:
+    def _cow_index(self, seq: Request, num_tokens: int) -> int | None:
         """Index in the table of a shared block the next writes would land in, if any (I5)."""
         first = seq.num_computed_tokens
         if num_tokens <= first:
@@ -163,11 +167,11 @@ class BlockManager:
             return i
         return None
 
-    def ensure_slots(self, seq, num_tokens: int) -> list[tuple[int, int]]:
+    def ensure_slots(self, seq: Request, num_tokens: int) -> list[tuple[int, int]]:
         """Grow `seq`'s table to cover `num_tokens` slots, copying a shared partial block first.
         Returns the (src, dst) block copies the K/V pool must do before the next forward.
         The caller checked `can_allocate(blocks_needed(...))`."""
-        copies = []
+        copies: list[tuple[int, int]] = []
         i = self._cow_index(seq, num_tokens)
         if i is not None:
             src = seq.block_table[i]
@@ -185,7 +189,7 @@ class BlockManager:
         self._note_peak()
         return copies
 
-    def cache_full_blocks(self, seq) -> None:
+    def cache_full_blocks(self, seq: Request) -> None:
         """After a step computed K/V: register the sequence's newly full blocks by chained hash."""
         if not self.enable_prefix_caching:
             return
@@ -202,7 +206,7 @@ class BlockManager:
             seq.block_hashes.append(h)
             prev = h
 
-    def fork(self, parent, child) -> None:
+    def fork(self, parent: Request, child: Request) -> None:
         """`child` shares all of `parent`'s blocks (n > 1 sampling); writes will copy-on-write."""
         assert not child.block_table
         for block_id in parent.block_table:
@@ -211,7 +215,7 @@ class BlockManager:
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
 
-    def free(self, seq) -> None:
+    def free(self, seq: Request) -> None:
         """Drop `seq`'s references (finish, abort or preemption). Tail blocks go first so that
         the prefix, the most reusable part, is evicted last."""
         for block_id in reversed(seq.block_table):
@@ -231,7 +235,7 @@ class BlockManager:
         self.stats.peak_used = max(self.stats.peak_used, self.num_used)
 
     # --- the invariants, checked in full (tests call this after every operation) ---
-    def check(self, seqs=()) -> None:
+    def check(self, seqs: Iterable[Request] = ()) -> None:
         free = set(self.free_plain) | set(self.free_cached)
         pending = set(self.pending)
         used = {b.block_id for b in self.blocks if b.ref_count > 0}

@@ -32,8 +32,8 @@ class EngineConfig:
     # --- numerics ---
     num_threads: int = 0  # threads of the attention kernel (our pool, kernels/pool.pyx); 0 = the pool's count
 
-    def __post_init__(self):
-        def need(name, ok, rule):
+    def __post_init__(self) -> None:
+        def need(name: str, ok: bool, rule: str) -> None:
             if not ok:
                 raise ConfigError(f"engine option {name} must be {rule}, got {getattr(self, name)!r}")
 

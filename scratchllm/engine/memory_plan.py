@@ -11,11 +11,13 @@ the fused gate|up [T, 2I] and its product [T, I], plus the logits of the sampled
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from scratchllm.engine.config import EngineConfig
 from scratchllm.errors import MemoryPlanError
+from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import PackedWeight
 
 MiB = 1 << 20
@@ -45,11 +47,12 @@ class MemoryPlan:
                 f"(budget {self.budget_bytes / MiB:.1f} MiB)")
 
 
-def weights_bytes(model) -> int:
+def weights_bytes(model: Any) -> int:
     """Bytes of the arrays the forward reads, each buffer counted once (views share memory)."""
-    seen, total = set(), 0
+    seen: set[int] = set()
+    total = 0
 
-    def walk(x):
+    def walk(x: object) -> None:
         nonlocal total
         if isinstance(x, np.ndarray):
             base = x if x.base is None else x.base
@@ -81,14 +84,14 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def activation_bytes(mc, cfg: EngineConfig, max_model_len: int) -> int:
+def activation_bytes(mc: ModelConfig, cfg: EngineConfig, max_model_len: int) -> int:
     T, C, D = cfg.max_num_batched_tokens, mc.hidden_size, mc.head_dim
     per_token = 3 * C + (mc.num_heads + 2 * mc.num_kv_heads) * D + mc.num_heads * D + 3 * mc.intermediate_size
     threads = cfg.num_threads or os.cpu_count() or 1
     return 4 * (T * per_token + cfg.max_num_seqs * mc.vocab_size + threads * mc.num_heads * (max_model_len + 2 * D))
 
 
-def plan_memory(model, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True) -> MemoryPlan:
+def plan_memory(model: Any, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True) -> MemoryPlan:
     """Size the KV pool and check the whole against the budget.
 
     Budget: cfg.memory_budget_bytes, else the memory available now plus the weights (they are

@@ -6,25 +6,36 @@ each weight matrix is read once per step in one GEMM of N rows: that is what mak
 on a CPU, where a decode of one sequence is bound by reading the weights.
 """
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.engine.paged_attention import PagedAttention
+from scratchllm.engine.request import Request
 from scratchllm.engine.scheduler import ScheduledBatch
 from scratchllm.sampling import sample_token, shaped_logits, top_logprobs
 from scratchllm.structured import guide_for
 
+# (token id, its logprob, the top (id, logprob) pairs); both None when logprobs were not asked for
+SampledToken = tuple[int, float | None, list[tuple[int, float]] | None]
+
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, num_threads: int = 0):
+    def __init__(self, model: Any, num_blocks: int, block_size: int, num_threads: int = 0) -> None:
         self.model = model
         self.block_size = block_size
         self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads)
 
-    def execute(self, batch: ScheduledBatch) -> tuple[list, np.ndarray]:
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Request], npt.NDArray[np.float32]]:
         """Run the step's forward. Returns (requests that get a token, their logits [R, V])."""
         self.attention.copy_blocks(batch.copies)  # copy-on-write before anything reads them
         items = batch.items
-        ids, pos, lens, sample_reqs, rows = [], [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        lens: list[int] = []
+        sample_reqs: list[Request] = []
+        rows: list[int] = []
         n_total = 0
         for req, n in items:
             c = req.num_computed_tokens
@@ -44,19 +55,21 @@ class ModelRunner:
         self.attention.set_layout(tables, token_seq, positions)
         if not rows:  # only partial prefill chunks this step: K/V to fill, no token to sample
             rows = [n_total - 1]
-        logits = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.attention,
-                                    logits_rows=np.asarray(rows, dtype=np.int64))
+        # the models' forward is not annotated: it returns the float32 logits [rows, V]
+        logits: npt.NDArray[np.float32] = self.model.forward(
+            np.asarray(ids, dtype=np.int64), positions, self.attention,
+            logits_rows=np.asarray(rows, dtype=np.int64))
         return sample_reqs, logits[: len(sample_reqs)]
 
     @staticmethod
-    def sample(reqs: list, logits: np.ndarray) -> list[tuple[int, float | None, list | None]]:
+    def sample(reqs: list[Request], logits: npt.NDArray[np.float32]) -> list[SampledToken]:
         """One (token, logprob, top_logprobs) per request, each with its own params and rng.
 
         A row goes through the logits processors and the grammar mask only when its request
         uses them; plain greedy rows share one argmax. Logprobs are the model's own (raw
         logits), so a masked token reports its real probability, never -inf."""
         greedy = np.argmax(logits, axis=1) if len(reqs) else []  # one call for every greedy row
-        out = []
+        out: list[SampledToken] = []
         for r, req in enumerate(reqs):
             params = req.params
             guide = guide_for(req) if params.grammar is not None else None

@@ -10,6 +10,7 @@ them fail with a 500.
 
 import json
 import math
+from typing import Any, NoReturn
 
 MAX_DEPTH = 64  # no field of the API nests deeper than a JSON schema does; 64 is generous
 MAX_INT_DIGITS = 20  # int64 needs 19; nothing in the API means anything past that
@@ -34,11 +35,11 @@ def _float(text: str) -> float:
     return x
 
 
-def _constant(name: str):
+def _constant(name: str) -> NoReturn:
     raise BodyError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
-def load_body(raw: bytes) -> dict:
+def load_body(raw: bytes) -> dict[str, Any]:
     """bytes -> the body's JSON object; BodyError naming the first problem."""
     try:
         text = raw.decode("utf-8")
@@ -60,9 +61,9 @@ def load_body(raw: bytes) -> dict:
     return data
 
 
-def _check_tree(data) -> None:
+def _check_tree(data: object) -> None:
     """Depth and text checks over the whole value, iteratively (no recursion to exhaust)."""
-    stack = [(data, 1)]
+    stack: list[tuple[object, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:

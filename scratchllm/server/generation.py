@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -234,7 +234,7 @@ async def completions(request: Request) -> Response | dict[str, Any]:
     state: ServerState = request.app.state.server
     # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
     raw = await request.body()
-    req = cast(CompletionRequest, parse_body(raw, CompletionRequest))
+    req = parse_body(raw, CompletionRequest)
     state.check_model(req.model)
     if req.echo:
         raise bad_request("'echo' is not supported", param="echo")
@@ -296,7 +296,7 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
     state: ServerState = request.app.state.server
     # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
     raw = await request.body()
-    req = cast(ChatCompletionRequest, parse_body(raw, ChatCompletionRequest))
+    req = parse_body(raw, ChatCompletionRequest)
     state.check_model(req.model)
     tok = state.model.tokenizer
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]

@@ -7,7 +7,7 @@ than text (images, audio, files) are refused: the models served here read text o
 """
 
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,9 +31,9 @@ class RefusalPart(Strict):
 Content = str | list[TextPart]
 
 
-def _text(content) -> str:
+def _text(content: str | list[TextPart] | list[TextPart | RefusalPart] | None) -> str:
     if isinstance(content, list):
-        return "".join(getattr(p, "text", None) or getattr(p, "refusal", "") for p in content)
+        return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
     return content or ""
 
 
@@ -50,11 +50,13 @@ class ToolCall(Strict):
 
 class _Message(Strict):
     name: str | None = None
+    if TYPE_CHECKING:  # each role's model declares its own Literal field; pydantic must not see one here
+        role: str
 
     def text(self) -> str:
         return _text(getattr(self, "content", None))
 
-    def template_dict(self) -> dict:
+    def template_dict(self) -> dict[str, Any]:
         """The message as a chat template reads it (developer is rendered as system)."""
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": self.text()}
@@ -79,7 +81,7 @@ class AssistantMessage(_Message):
     audio: Any = None
 
     @model_validator(mode="after")
-    def _has_something(self):
+    def _has_something(self) -> Self:
         # OpenAI: content is required unless tool_calls or function_call is given
         if self.content is None and not self.tool_calls and self.function_call is None:
             raise ValueError("an assistant message needs 'content' or 'tool_calls'")
@@ -87,7 +89,7 @@ class AssistantMessage(_Message):
             raise ValueError("'audio' is not supported: this server generates text only")
         return self
 
-    def template_dict(self) -> dict:
+    def template_dict(self) -> dict[str, Any]:
         d = super().template_dict()
         calls = list(self.tool_calls or [])
         if self.function_call is not None:
@@ -100,7 +102,7 @@ class AssistantMessage(_Message):
         return d
 
 
-def _arguments(text: str):
+def _arguments(text: str) -> Any:  # the JSON value, or the text itself
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
@@ -112,7 +114,7 @@ class ToolMessage(_Message):
     content: Content
     tool_call_id: str
 
-    def template_dict(self) -> dict:
+    def template_dict(self) -> dict[str, Any]:
         return {**super().template_dict(), "tool_call_id": self.tool_call_id}
 
 
@@ -123,7 +125,7 @@ class FunctionMessage(_Message):
     content: str | None
     name: str
 
-    def template_dict(self) -> dict:
+    def template_dict(self) -> dict[str, Any]:
         return {"role": "tool", "content": self.text(), "name": self.name}
 
 
@@ -144,7 +146,7 @@ class FunctionTool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         return {"name": self.function.name, "parameters": self.function.parameters or {"type": "object"}}
 
 
@@ -182,7 +184,7 @@ class ResponseFormat(Strict):
     json_schema: JSONSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self):
+    def _schema_given(self) -> Self:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
         return self

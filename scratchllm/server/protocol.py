@@ -20,15 +20,21 @@ bodies that would make the JSON or validation layers themselves fail.
 import logging
 import time
 import uuid
-from typing import Annotated, Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.errors import ConfigError
 from scratchllm.server.body_json import BodyError, load_body
 from scratchllm.server.errors import APIError, bad_request
 from scratchllm.server.messages import ROLES, ChatMessage, FunctionTool, ResponseFormat, Strict, ToolChoice
 from scratchllm.server.structured_fields import StructuredFields
+from scratchllm.structured.grammar import GrammarCompiler
+
+if TYPE_CHECKING:  # for the annotation only: sampling_params imports it where it builds one
+    from scratchllm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,8 @@ MAX_WARNED_FIELDS = 1000
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
            "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "usage",
            "MIN_RETRY_AFTER_S"]
+# Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
+Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
 
 class StreamOptions(Strict):
@@ -55,12 +63,11 @@ class _Request(Strict):
     """A top-level request: unknown fields are kept (to be named in the log), nulls mean default."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
-    REFUSED: ClassVar[dict[str, tuple[tuple, str]]] = {}
+    REFUSED: ClassVar[Refusals] = {}
 
     @model_validator(mode="before")
     @classmethod
-    def _nulls_are_defaults(cls, data):
+    def _nulls_are_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):
             fields = cls.model_fields
             return {k: v for k, v in data.items() if not (v is None and k in fields)}
@@ -125,7 +132,7 @@ class _Sampling(_Request, StructuredFields):
         bias = self.logit_bias or {}
         if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS_ENTRIES} entries", param="logit_bias")
-        out = {}
+        out: dict[int, float] = {}
         for key, value in bias.items():
             if not (key.isascii() and key.isdigit() and len(key) <= 9):
                 raise bad_request(f"'logit_bias' keys are token ids, got {key[:40]!r}", param="logit_bias")
@@ -141,7 +148,8 @@ class _Sampling(_Request, StructuredFields):
     def _logprobs_k(self) -> int | None:
         raise NotImplementedError
 
-    def sampling_kwargs(self, max_tokens: int, compiler=None, vocab_size: int | None = None) -> dict:
+    def sampling_kwargs(self, max_tokens: int, compiler: GrammarCompiler | None = None,
+                        vocab_size: int | None = None) -> dict[str, Any]:
         """Everything SamplingParams needs from this request, with max_tokens the handler settled
         against the context. `compiler`: a scratchllm.structured.GrammarCompiler for the served
         tokenizer (needed only when the request asks for structured output)."""
@@ -153,7 +161,8 @@ class _Sampling(_Request, StructuredFields):
                 "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias_pairs(vocab_size),
                 "logprobs": self._logprobs_k(), "grammar": self.grammar(compiler)}
 
-    def sampling_params(self, max_tokens: int, compiler=None, vocab_size: int | None = None):
+    def sampling_params(self, max_tokens: int, compiler: GrammarCompiler | None = None,
+                        vocab_size: int | None = None) -> "SamplingParams":
         """The request's SamplingParams, or a 400 naming what SamplingParams refused."""
         from scratchllm.sampling import SamplingParams
 
@@ -178,7 +187,9 @@ def validate_choices(n: int, best_of: int | None, stream: bool, max_n: int = MAX
 
 
 class CompletionRequest(_Sampling):
-    REFUSED: ClassVar = {"suffix": ((None, ""), "text after the insertion point needs a fill-in-the-middle model")}
+    REFUSED: ClassVar[Refusals] = {
+        "suffix": ((None, ""), "text after the insertion point needs a fill-in-the-middle model"),
+    }
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -200,7 +211,8 @@ class CompletionRequest(_Sampling):
             return [p]
         if not p:
             raise bad_request("'prompt' is empty", param="prompt")
-        return list(p)
+        # p[0] is not an int: a list of strings or of token-id lists (mypy cannot narrow on p[0])
+        return list(cast(list[str] | list[list[int]], p))
 
     def _logprobs_k(self) -> int | None:
         return self.logprobs
@@ -211,7 +223,7 @@ _NO_REASONING = "the models served here do not reason in a separate channel"
 
 
 class ChatCompletionRequest(_Sampling):
-    REFUSED: ClassVar = {
+    REFUSED: ClassVar[Refusals] = {
         "audio": ((None,), _NOT_AUDIO),
         "modalities": ((None, ["text"]), _NOT_AUDIO),
         "functions": ((None, []), "use 'tools' (the deprecated 'functions' form is not read)"),
@@ -257,7 +269,7 @@ class ChatCompletionRequest(_Sampling):
             raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         self.tool_plan()  # a tool_choice naming no given tool is a 400 now, not after admission
 
-    def template_messages(self) -> list[dict]:
+    def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them (roles, text, tool calls, tool ids)."""
         return [m.template_dict() for m in self.messages]
 
@@ -273,7 +285,7 @@ class EmbeddingRequest(Strict):
     user: str | None = None
 
     @model_validator(mode="after")
-    def _format(self):
+    def _format(self) -> Self:
         if self.encoding_format not in ("float", "base64"):
             raise ValueError("encoding_format must be 'float' or 'base64'")
         return self
@@ -284,10 +296,14 @@ class EmbeddingRequest(Strict):
             return [x]
         if not x:
             raise bad_request("'input' is empty", param="input")
-        return list(x)
+        # x[0] is not an int: a list of strings or of token-id lists (mypy cannot narrow on x[0])
+        return list(cast(list[str] | list[list[int]], x))
 
 
-def parse_body(raw: bytes, model_cls: type[BaseModel]) -> BaseModel:
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model_cls: type[RequestT]) -> RequestT:
     """Bytes of a request body -> validated request, or an APIError naming what is wrong."""
     try:
         data = load_body(raw)
@@ -313,10 +329,11 @@ def parse_body(raw: bytes, model_cls: type[BaseModel]) -> BaseModel:
     return req
 
 
-def _param(loc) -> str | None:
+def _param(loc: Sequence[int | str]) -> str | None:
     """Pydantic's error location as the client's field path: union members and the message
     role tag it tried are dropped ('messages.0.tool.tool_call_id' -> 'messages.0.tool_call_id')."""
-    parts, prev = [], None
+    parts: list[str] = []
+    prev: int | str | None = None
     for p in loc:
         if not (_union_tag(p) or (isinstance(prev, int) and p in ROLES)):
             parts.append(str(p))
@@ -324,7 +341,7 @@ def _param(loc) -> str | None:
     return ".".join(parts) or None
 
 
-def _union_tag(loc_part) -> bool:
+def _union_tag(loc_part: int | str) -> bool:
     """Pydantic names the union member it tried ('str', 'list[int]', 'TextPart'); clients want the field."""
     if not isinstance(loc_part, str):
         return False
@@ -340,7 +357,7 @@ def now_s() -> int:
     return int(time.time())
 
 
-def timings(metrics) -> dict | None:
+def timings(metrics: RequestMetrics | None) -> dict[str, Any] | None:
     """llama.cpp-style per-response timings from the engine's RequestMetrics (None if absent)."""
     if metrics is None:
         return None
@@ -366,6 +383,6 @@ def _rate(n: int, ms: float) -> float | None:
     return round(n / (ms / 1e3), 2) if ms > 0 and n > 0 else None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}

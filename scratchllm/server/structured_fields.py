@@ -16,6 +16,7 @@ from typing import Any
 from scratchllm.errors import ConfigError
 from scratchllm.server.errors import bad_request
 from scratchllm.server.messages import AllowedToolsChoice, NamedToolChoice, ResponseFormat, Strict
+from scratchllm.structured.grammar import CompiledGrammar, GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ToolPlan:
     tools: [{"name", "parameters"}] the call may use (forced) or the template shows (auto)."""
 
     mode: str
-    tools: list[dict] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class StructuredFields(Strict):
@@ -64,12 +65,13 @@ class StructuredFields(Strict):
 
     def constraint(self) -> tuple[str, str, Any] | None:
         """(kind, the field it came from, value) of the request's one constraint, or None."""
-        found = []
+        found: list[tuple[str, str, Any]] = []
         rf = self.response_format
         if rf is not None and rf.type == "json_object":
             found.append(("json_object", "response_format", None))
         elif rf is not None and rf.type == "json_schema":
             js = rf.json_schema
+            assert js is not None, "ResponseFormat's validator requires json_schema for this type"
             found.append(("json_schema", "response_format", (js.schema_ or {}, bool(js.strict))))
         if self.guided_json is not None:
             found.append(("json_schema", "guided_json", (_schema(self.guided_json), True)))
@@ -85,7 +87,7 @@ class StructuredFields(Strict):
                               param=found[1][1])
         return found[0] if found else None
 
-    def grammar(self, compiler):
+    def grammar(self, compiler: GrammarCompiler | None) -> CompiledGrammar | None:
         """The CompiledGrammar for the request's constraint (None without one); a constraint
         that does not compile is a 400 naming its field."""
         c = self.constraint()
@@ -109,14 +111,14 @@ class StructuredFields(Strict):
             raise bad_request(f"'{param}': {err}", param=param) from None
 
 
-def _tool(by_name: dict, name) -> dict:
-    if name not in by_name:
+def _tool(by_name: dict[str, dict[str, Any]], name: str | None) -> dict[str, Any]:
+    if name is None or name not in by_name:  # None: an allowed tool that names no function
         raise bad_request(f"'tool_choice' names function {str(name)[:64]!r}, which is not in 'tools'",
                           param="tool_choice")
     return by_name[name]
 
 
-def _schema(value):
+def _schema(value: dict[str, Any] | str) -> Any:  # the parsed JSON; the compiler checks it is a schema
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -8,7 +8,7 @@ Request and response shapes follow vLLM's server, so tools written for it work h
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +41,7 @@ class DetokenizeRequest(_Body):
 
 async def tokenize(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    req = cast(TokenizeRequest, parse_body(await request.body(), TokenizeRequest))  # parse_body returns its class
+    req = parse_body(await request.body(), TokenizeRequest)
     if req.model is not None:
         state.check_model(req.model)
     tok = state.model.tokenizer
@@ -61,7 +61,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 async def detokenize(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    req = cast(DetokenizeRequest, parse_body(await request.body(), DetokenizeRequest))
+    req = parse_body(await request.body(), DetokenizeRequest)
     if req.model is not None:
         state.check_model(req.model)
     tok = state.model.tokenizer
