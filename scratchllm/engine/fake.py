@@ -75,7 +75,7 @@ class FakeTokenizer:
 
 
 @dataclass(eq=False)
-class _Request:
+class _FakeRequest:
     request_id: str
     prompt: list[int]
     params: SamplingParams
@@ -109,8 +109,8 @@ class FakeEngine:
         self.max_model_len, self.block_bytes, self.eos_after = max_model_len, block_bytes, eos_after
         self.tokenizer = FakeTokenizer()
         self._lock = threading.Condition()
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []
+        self._waiting: list[_FakeRequest] = []
+        self._running: list[_FakeRequest] = []
         self._streams: dict[str, RequestStream] = {}
         self._used_blocks = self._peak_blocks = 0
         self._ids = itertools.count()
@@ -131,7 +131,7 @@ class FakeEngine:
             while rid in self._streams:
                 rid = f"fake-{next(self._ids)}"
             output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS)
-            request = _Request(rid, list(prompt_token_ids), params, output, time.monotonic())
+            request = _FakeRequest(rid, list(prompt_token_ids), params, output, time.monotonic())
             seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
             greedy = params.temperature == 0
             offset = seed % len(PHRASE) if greedy else random.Random(seed).randrange(len(PHRASE))
@@ -176,7 +176,7 @@ class FakeEngine:
         self._thread.join()
 
     # --- internals ----------------------------------------------------------------------
-    def _blocks_for(self, request: _Request) -> int:
+    def _blocks_for(self, request: _FakeRequest) -> int:
         tokens = len(request.prompt) + request.params.max_tokens
         return -(-tokens // self.block_size)
 
@@ -197,7 +197,7 @@ class FakeEngine:
                     if not request.aborted:
                         self._emit_next(request)
 
-    def _admit(self) -> list[_Request]:
+    def _admit(self) -> list[_FakeRequest]:
         if self.static:
             return self._admit_static()
         newly = []
@@ -214,7 +214,7 @@ class FakeEngine:
             newly.append(request)
         return newly
 
-    def _admit_static(self) -> list[_Request]:
+    def _admit_static(self) -> list[_FakeRequest]:
         """The padded baseline: a new batch only when the last one has entirely finished; every
         member holds blocks for the batch's longest prompt + longest output until then."""
         if self._running or self._static_blocks or not self._waiting:
@@ -240,7 +240,7 @@ class FakeEngine:
         for request in [r for r in self._waiting + self._running if r.aborted]:
             self._finish(request, request.output.abort())
 
-    def _emit_next(self, request: _Request) -> None:
+    def _emit_next(self, request: _FakeRequest) -> None:
         params, n = request.params, request.num_output_tokens
         if self.eos_after is not None and n >= self.eos_after and not params.ignore_eos:
             token = EOS
@@ -260,7 +260,7 @@ class FakeEngine:
         else:
             self._finish(request, event)
 
-    def _finish(self, request: _Request, event: TokenEvent) -> None:
+    def _finish(self, request: _FakeRequest, event: TokenEvent) -> None:
         # Invariant: a request's blocks go back exactly once, when it leaves the running or waiting set.
         if request in self._running:
             self._running.remove(request)

@@ -61,3 +61,12 @@ def test_random_bytes_fail_cleanly(raw):
         parse_body(raw, ChatCompletionRequest)
     except APIError as err:
         assert_openai_error(err)
+
+
+def test_an_undeclared_tools_field_is_an_extra_not_a_crash():
+    """Found by the fuzzer: completions do not declare 'tools', so its raw value is an unknown
+    extra field; the tool plan must not read it as validated tools."""
+    from scratchllm.server.protocol import CompletionRequest, parse_body
+
+    req = parse_body(b'{"model":"m","prompt":"hi","tools":[null]}', CompletionRequest)
+    assert req.tool_plan().mode == "none"
