@@ -107,6 +107,13 @@ class RemoteEngine:
         self._tasks[rid] = loop.create_task(self._relay(stream, list(prompt_token_ids), params))
         return stream
 
+    def submit_group(self, prompt_token_ids: list[int], params: list[SamplingParams],
+                     request_ids: list[str] | None = None) -> list[RequestStream]:
+        """n > 1 across the cluster: each choice is a request of its own (the router sends
+        requests with the same prompt to the replica that holds its blocks)."""
+        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
+        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+
     def abort(self, request_id: str) -> None:
         task = self._tasks.get(request_id)
         if task is not None:
