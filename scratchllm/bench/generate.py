@@ -4,9 +4,10 @@ Decode at batch 1 reads every weight once per token, so it can go no faster than
     memory read bandwidth / bytes of weights read per token.
 Bandwidth is measured here, now, two ways: np.sum over a large array (one thread) and a BLAS
 matrix-vector product over the same bytes (BLAS's threads, the way decode reads weights); the
-bound uses the faster. The peers' figures (../shared/ANCHORS.md, 2-core Zen 4) print beside ours.
-Where the time goes: the same step's matrix products alone (all weights, batch 1) against the
-whole step; the difference is per-operation overhead (norms, RoPE, attention, Python).
+bound uses the faster. Beside ours print reference figures of llama.cpp and transformers from
+another machine (an idle 2-core Zen 4), not measured here: `scratchllm bench peers` measures
+llama.cpp on this machine, in the same run. Where the time goes: a decode step split into weight
+matmuls, attention, the other array kernels and Python (scratchllm/bench/step_profile.py).
 
 Each figure is measured at every BLAS thread count in --threads (default: 1 and one per core),
 because on a machine shared with other jobs a second BLAS thread can make decode several times
@@ -21,7 +22,8 @@ import numpy as np
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
-# ../shared/ANCHORS.md: SmolLM2-135M-Instruct, 2 threads, medians on an idle 2-core Zen 4
+# Reference figures from another machine, not measured here: SmolLM2-135M-Instruct, 2 threads,
+# medians on an idle 2-core Zen 4. Printed only under that label; `bench peers` measures.
 ANCHORS = {
     "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313, "decode_tok_s": 124, "rss_after_load_mb": 202},
     "transformers": {"load_s": 16.5, "prefill_tok_s": 460, "decode_tok_s": 17.1, "rss_after_load_mb": 902},
@@ -203,6 +205,10 @@ def run(args) -> dict:
                 "decode_tok_s_best_run": args.new_tokens / min(decode),
                 "decode_step_ms_best_run": 1e3 * min(decode) / args.new_tokens,
             }
+    from scratchllm.bench.step_profile import step_breakdown
+
+    with blas_threads(max(per_threads)):
+        breakdown = step_breakdown(model)
     bound = max(bandwidth.values()) / bytes_per_token
     best_decode = max(per_threads, key=lambda n: per_threads[n]["decode_tok_s"])
     best_prefill = max(per_threads, key=lambda n: per_threads[n]["prefill_tok_s"])
@@ -218,6 +224,7 @@ def run(args) -> dict:
         "by_threads": per_threads,
         # one BLAS thread, timed by its own CPU time: the figures with a core to ourselves
         "one_thread_cpu_time": cpu_view,
+        "decode_step_ms": breakdown,  # matmuls / attention / rest / python, at the most threads measured
     }
     ratios = {
         "decode_vs_bound": figures["decode_tok_s"] / bound,
@@ -236,11 +243,13 @@ def run(args) -> dict:
         "inputs": {"model": args.model, "model_path": model.path, "model_sha256": _model_sha256(model.path),
                    "scratchllm": __import__("scratchllm").__version__, "config": model.config.__dict__,
                    "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeat": args.repeat,
-                   "bandwidth_mb": args.bandwidth_mb, "threads": list(per_threads), "dtype": args.dtype},
+                   "bandwidth_mb": args.bandwidth_mb, "threads": list(per_threads), "dtype": args.dtype,
+                   "weights_dtype": getattr(model, "dtype", args.dtype)},  # what "auto" resolved to
         "figures": figures,
         "ratios": ratios,
         "goals_met": goals_met,
         "anchors": ANCHORS,
+        "anchors_note": "reference figures from another machine (idle 2-core Zen 4), not measured here",
         "machine": {**machine_facts(), "loadavg_1min": os.getloadavg()[0]},
     }
 
@@ -249,13 +258,16 @@ def render(r: dict) -> str:
     f, q, a = r["figures"], r["ratios"], r["anchors"]
     bw = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in f["bandwidth_gb_s"].items())
     lines = [
-        f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, {r['inputs'].get('dtype', 'float32')} "
+        f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, "
+        f"{r['inputs'].get('weights_dtype', r['inputs'].get('dtype', 'float32'))} "
         "weights), "
         f"medians of {r['inputs']['repeat']} runs",
         f"memory read bandwidth, GB/s: {bw}",
         f"weights read per decoded token {f['weight_mb_per_token']:.0f} MB -> bound {f['bound_tok_s']:.1f} tok/s",
         "",
-        f"{'figure':<34}{'ours':>10}{'llama.cpp':>12}{'transformers':>14}",
+        "reference columns: figures from another machine (idle 2-core Zen 4), not measured here; "
+        "`bench peers` measures llama.cpp here",
+        f"{'figure':<34}{'ours':>10}{'llama.cpp*':>12}{'transformers*':>14}",
         f"{'load, s':<34}{f['load_s']:>10.2f}{a['llama.cpp']['load_s']:>12}{a['transformers']['load_s']:>14}",
         f"{'RSS after load, MB':<34}{f['rss_after_load_mb'] or float('nan'):>10.0f}"
         f"{a['llama.cpp']['rss_after_load_mb']:>12}{a['transformers']['rss_after_load_mb']:>14}",
@@ -264,10 +276,15 @@ def render(r: dict) -> str:
         f"{'decode ' + str(r['inputs']['new_tokens']) + ' tokens, tok/s':<34}{f['decode_tok_s']:>10.1f}"
         f"{a['llama.cpp']['decode_tok_s']:>12}{a['transformers']['decode_tok_s']:>14}",
         "",
-        f"decode vs bound: {q['decode_vs_bound']:.0%}   vs llama.cpp x{q['decode_vs_llama.cpp']:.2f}   "
-        f"vs transformers x{q['decode_vs_transformers']:.2f}",
-        f"prefill vs llama.cpp x{q['prefill_vs_llama.cpp']:.2f}   vs transformers x{q['prefill_vs_transformers']:.2f}",
+        f"decode vs bound: {q['decode_vs_bound']:.0%}   vs llama.cpp* x{q['decode_vs_llama.cpp']:.2f}   "
+        f"vs transformers* x{q['decode_vs_transformers']:.2f}   (* reference figures, not measured here)",
+        f"prefill vs llama.cpp* x{q['prefill_vs_llama.cpp']:.2f}   vs transformers* "
+        f"x{q['prefill_vs_transformers']:.2f}",
     ]
+    if f.get("decode_step_ms"):
+        from scratchllm.bench.step_profile import render_breakdown
+
+        lines.append(render_breakdown(f["decode_step_ms"]))
     for n, t in f["by_threads"].items():
         lines.append(f"BLAS threads {n}: prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s "
                      f"(best run {t['decode_tok_s_best_run']:.1f})")

@@ -58,9 +58,11 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Free blocks in two O(1) lists: plain ones are reused first; cached ones (still
-        # holding a registered prefix) are reused least-recently-freed first (LRU).
-        self.free_plain: deque[int] = deque(range(num_blocks))
+        # Free blocks in two O(1) lists: plain ones are reused first, most recently freed first
+        # (a stack: its pages are resident and likely in cache, while an untouched block would
+        # fault in fresh memory and grow RSS; untouched blocks go out in id order after them);
+        # cached ones (still holding a registered prefix) are reused least-recently-freed first (LRU).
+        self.free_plain: deque[int] = deque(range(num_blocks - 1, -1, -1))  # pop() takes the right end
         self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.pending: list[int] = []  # ref_count 0, waiting for the in-flight step to end (I3)
         self.hash_to_block: dict[int, int] = {}
@@ -101,7 +103,7 @@ class BlockManager:
     # --- allocation ---
     def _pop_free(self) -> int:
         if self.free_plain:
-            block_id = self.free_plain.popleft()
+            block_id = self.free_plain.pop()
         else:
             block_id, _ = self.free_cached.popitem(last=False)  # least recently freed
         block = self.blocks[block_id]

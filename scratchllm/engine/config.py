@@ -16,6 +16,7 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # None: sized by the memory plan from memory_budget_bytes
     memory_budget_bytes: int | None = None  # None: 4 GiB minus weights (see memory_plan)
+    kv_cache_memory_bytes: int | None = None  # KV pool size; None: sized from the model and max_num_seqs
     enable_prefix_caching: bool = True
     # --- batching ---
     max_num_seqs: int = 64  # sequences in one step
@@ -40,6 +41,7 @@ class EngineConfig:
         need("block_size", isinstance(self.block_size, int) and self.block_size >= 1, ">= 1")
         need("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, ">= 1")
         need("memory_budget_bytes", self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "> 0")
+        need("kv_cache_memory_bytes", self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "> 0")
         need("max_num_seqs", self.max_num_seqs >= 1, ">= 1")
         need("max_num_batched_tokens", self.max_num_batched_tokens >= 1, ">= 1")
         need("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1")

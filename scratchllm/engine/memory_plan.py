@@ -95,8 +95,9 @@ def plan_memory(model: Any, cfg: EngineConfig, max_model_len: int, weights_alrea
     """Size the KV pool and check the whole against the budget.
 
     Budget: cfg.memory_budget_bytes, else the memory available now plus the weights (they are
-    already loaded, so MemAvailable no longer counts them). Pool: cfg.num_kv_blocks, else what
-    the budget leaves, at most 1 GiB."""
+    already loaded, so MemAvailable no longer counts them). Pool: cfg.num_kv_blocks, else
+    cfg.kv_cache_memory_bytes, else what max_num_seqs sequences of max_model_len tokens need, at
+    most 1 GiB and at most what the budget leaves."""
     mc = model.config
     w = weights_bytes(model)
     block = 2 * mc.num_layers * cfg.block_size * mc.num_kv_heads * mc.head_dim * 4
@@ -104,15 +105,18 @@ def plan_memory(model: Any, cfg: EngineConfig, max_model_len: int, weights_alrea
     budget = cfg.memory_budget_bytes or (available_bytes() + (w if weights_already_loaded else 0))
     if cfg.num_kv_blocks is not None:
         blocks = cfg.num_kv_blocks
-    else:
-        blocks = min(DEFAULT_KV_BYTES, budget - w - act) // block
+    elif cfg.kv_cache_memory_bytes is not None:
+        blocks = cfg.kv_cache_memory_bytes // block
+    else:  # every sequence at full length: more could never be used at once
+        wanted = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) * block
+        blocks = min(DEFAULT_KV_BYTES, wanted, budget - w - act) // block
     plan = MemoryPlan(w, block, int(max(blocks, 0)), act, int(budget))
     # one sequence of max_model_len must fit, or a long request could never run
     min_blocks = -(-max_model_len // cfg.block_size)
     if plan.total_bytes > budget or plan.num_kv_blocks < 1:
         raise MemoryPlanError(f"memory plan over budget: {plan.describe()}; lower --kv-blocks, "
                               "--max-num-batched-tokens or raise the memory budget")
-    if plan.num_kv_blocks < min_blocks and cfg.num_kv_blocks is None:
+    if plan.num_kv_blocks < min_blocks and cfg.num_kv_blocks is None and cfg.kv_cache_memory_bytes is None:
         raise MemoryPlanError(f"memory plan leaves {plan.num_kv_blocks} KV blocks, fewer than the {min_blocks} "
                               f"one {max_model_len}-token sequence needs: {plan.describe()}")
     return plan

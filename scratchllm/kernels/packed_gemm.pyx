@@ -329,15 +329,20 @@ cdef extern from *:
         return s;
     }
 
-    /* d * a + m, each operation rounded on its own, never fused into one FMA (the empty asm stops
-       GCC from contracting): the floats ggml's (and our loader's) dequantization makes, so the GEMM
-       is bit-identical to the float32 kernel on the dequantized matrix. */
+    /* d * a + m as ggml's (and our loader's) dequantization computes it: the product rounded, then
+       the sum rounded; so the GEMM is bit-identical to the float32 kernel on the dequantized matrix.
+       `exact`: the caller knows d * a is exact in float32 (4-bit panels: an 11-bit float16 d times a
+       4-bit a has at most 15 significant bits), so rounding it changes nothing and one FMA (which
+       rounds d * a + m once) gives the same float; GCC contracts it. Otherwise (8-bit panels take
+       any float32 d) the empty asm stops GCC from contracting the two operations into an FMA. */
     static inline __attribute__((always_inline)) void pg_scale_row(pg_vec a, pg_vec b, const pg_q8_group *s,
-                                                                  pg_vec *w0, pg_vec *w1) {
+                                                                  pg_vec *w0, pg_vec *w1, const int exact) {
         a *= s->d0;
         b *= s->d1;
-        SCRATCHLLM_OPAQUE(a);  /* round the products here */
-        SCRATCHLLM_OPAQUE(b);
+        if (!exact) {
+            SCRATCHLLM_OPAQUE(a);  /* round the products here */
+            SCRATCHLLM_OPAQUE(b);
+        }
         *w0 = a + s->m0;
         *w1 = b + s->m1;
     }
@@ -348,7 +353,7 @@ cdef extern from *:
         pg_vec a, b;
         pg_int8_to_f32(qrow, &a);
         pg_int8_to_f32(qrow + PG_VL, &b);
-        pg_scale_row(a, b, s, w0, w1);
+        pg_scale_row(a, b, s, w0, w1, 0);
     }
 
     /* Byte row k2 of a 4-bit panel -> rows 2 k2 (w[0], w[1]) and 2 k2 + 1 (w[2], w[3]) as floats:
@@ -380,8 +385,8 @@ cdef extern from *:
         }
         memcpy(v, f, sizeof v);
     #endif
-        pg_scale_row(v[0], v[1], s, &w[0], &w[1]);
-        pg_scale_row(v[2], v[3], s, &w[2], &w[3]);
+        pg_scale_row(v[0], v[1], s, &w[0], &w[1], 1);
+        pg_scale_row(v[2], v[3], s, &w[2], &w[3], 1);
     }
 
     /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it. */

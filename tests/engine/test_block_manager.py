@@ -212,3 +212,20 @@ def test_abort_returns_every_block():
 def test_blocks_needed(n):
     bm = BlockManager(16, BS)
     assert bm.blocks_needed(make_seq(range(n)), n) == -(-n // BS)
+
+
+def test_recently_freed_plain_blocks_are_reused_before_untouched_ones():
+    # a freed block's memory is resident (and warm); an untouched one would grow RSS when first written
+    bm = BlockManager(16, BS, enable_prefix_caching=False)
+    a = make_seq(range(6), "a")  # 2 blocks
+    bm.allocate_prefix(a)
+    compute(bm, a)
+    first = list(a.block_table)
+    assert first == [0, 1]  # untouched blocks go out in id order
+    bm.free(a)
+    b = make_seq(range(100, 106), "b")
+    bm.allocate_prefix(b)
+    compute(bm, b)
+    assert sorted(b.block_table) == first  # the freed ones, not blocks 2 and 3
+    assert bm.stats.peak_used == 2
+    bm.check([b])

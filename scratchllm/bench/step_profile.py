@@ -1,0 +1,90 @@
+"""Where a decode step's time goes: weight matmuls, attention, the other array operations, Python.
+
+A few greedy decode steps run with timers around the leaf operations of a Llama step: every
+weight matrix product (PackedWeight.__rmatmul__: the packed GEMM), the attention call (the KV
+cache object the model calls per layer), and the remaining array kernels (RMSNorm, rotary
+embedding, the SwiGLU gate, the embedding lookup). What the timers do not cover is the Python
+between them: residual adds, reshapes, slicing, the interpreter's calls. The timers themselves
+cost about a microsecond each, ~150 per step: that lands in "Python", which is therefore an upper
+bound. Wall-clock time: on a machine shared with other jobs every part grows alike.
+"""
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+# leaf functions of scratchllm.models.llama (other than matmuls and attention), by module attribute
+REST = {"scratchllm.models.llama": ("rms_norm", "rope_", "embed"), "scratchllm.kernels.pointwise": ("silu_mul",)}
+
+
+@contextmanager
+def _timed(owner, name: str, totals: dict, key: str):
+    original = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+class _TimedAttention:
+    """The cache, with its per-layer call timed; everything else passes through."""
+
+    def __init__(self, cache, totals: dict):
+        self._cache, self._totals = cache, totals
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        try:
+            return self._cache(*args)
+        finally:
+            self._totals["attention"] += time.perf_counter() - t
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
+    """ms per decode step: total, matmuls, attention, rest (array kernels), python (the remainder)."""
+    import importlib
+
+    from scratchllm.models import ContiguousKVCache
+    from scratchllm.models.packed import PackedWeight
+
+    cache = ContiguousKVCache.for_model(model.config, prompt_len + steps + 1)
+    ids = np.arange(prompt_len) % model.config.vocab_size
+    logits = model.forward(ids, np.arange(prompt_len), cache, logits_rows=[-1])
+    totals = {"matmuls": 0.0, "attention": 0.0, "rest": 0.0}
+    timed_cache = _TimedAttention(cache, totals)
+    patches = [_timed(PackedWeight, "__rmatmul__", totals, "matmuls")]
+    patches += [_timed(importlib.import_module(mod), name, totals, "rest") for mod, names in REST.items()
+                for name in names]
+    for p in patches:
+        p.__enter__()
+    try:
+        t = time.perf_counter()
+        for _ in range(steps):
+            token = int(np.argmax(logits[-1]))
+            logits = model.forward(np.array([token]), np.array([cache.length]), timed_cache)
+        total = time.perf_counter() - t
+    finally:
+        for p in reversed(patches):
+            p.__exit__(None, None, None)
+    ms = {k: 1e3 * v / steps for k, v in totals.items()}
+    ms["total"] = 1e3 * total / steps
+    ms["python"] = ms["total"] - ms["matmuls"] - ms["attention"] - ms["rest"]
+    return ms
+
+
+def render_breakdown(ms: dict) -> str:
+    return (f"a decode step takes {ms['total']:.2f} ms: matmuls {ms['matmuls']:.2f}, attention {ms['attention']:.2f}, "
+            f"the rest (norms, RoPE, SwiGLU, embedding) {ms['rest']:.2f}, Python {ms['python']:.2f}")
