@@ -169,7 +169,7 @@ def reference_loop(model, prompt, params, max_tokens):
 
 def run(model, prompts, params):
     engine = LLMEngine(model, EngineConfig(num_kv_blocks=64))
-    return [r["token_ids"] for r in engine.generate(prompts, params)]
+    return [r.token_ids for r in engine.generate(prompts, params)]
 
 
 def test_engine_greedy_with_penalties_matches_reference_loop(model):
