@@ -449,7 +449,7 @@ def render(r) -> str:
         def mib(run, key):
             return _bytes(run[key]) if run else "-"
 
-        kv = f"-{ra['kv_saving'] * 100:.0f}%" if "kv_saving" in ra else ""
+        kv = _saving(ra["kv_saving"]) if "kv_saving" in ra else ""
         out.append(f"{'peak KV':<16}{mib(s, 'peak_kv_bytes'):>11}{mib(a, 'peak_kv_bytes'):>12}"
                    f"{mib(c, 'peak_kv_bytes'):>12}{mib(small, 'peak_kv_bytes'):>12}{kv:>8}"
                    f"   {'>= 50%':<9}-37%  (ratio: same concurrency)")
@@ -485,7 +485,7 @@ def render(r) -> str:
         lrow("p50 latency ms", "p50_ms", "p50_under_load_static_over_continuous")
         lrow("p99 latency ms", "p99_ms", "p99_under_load_static_over_continuous", ">= 3x", _published_p99())
         out.append(f"{'peak KV':<16}{_bytes(st['peak_kv_bytes']):>11}{_bytes(co['peak_kv_bytes']):>12}"
-                   f"{'-' + format(ra['kv_saving_under_load'] * 100, '.0f') + '%':>8}")
+                   f"{_saving(ra['kv_saving_under_load']):>8}")
     if "decode" in f:
         d = f["decode"]
         out.append(f"\n2. batched decode ({d['prompt_tokens']}-token prompts, median of {d['steps']} steps): "
@@ -507,6 +507,11 @@ def render(r) -> str:
                    f"{GOALS['chat_tok_s']:.0f}); reference figures from another machine ({r['peers_reference_machine']}"
                    f", not measured here): {peers}; `scratchllm bench peers` measures llama.cpp here")
     return "\n".join(out)
+
+
+def _saving(fraction: float) -> str:
+    """A KV saving as a change: 0.59 -> "-59%", -0.16 (more memory) -> "+16%"."""
+    return f"{-fraction * 100:+.0f}%"
 
 
 def _fmt(x) -> str:
