@@ -20,14 +20,13 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.references import PEERS_REFERENCE
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 # Reference figures from another machine, not measured here: SmolLM2-135M-Instruct, 2 threads,
 # medians on an idle 2-core Zen 4. Printed only under that label; `bench peers` measures.
-ANCHORS = {
-    "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313, "decode_tok_s": 124, "rss_after_load_mb": 202},
-    "transformers": {"load_s": 16.5, "prefill_tok_s": 460, "decode_tok_s": 17.1, "rss_after_load_mb": 902},
-}
+PEERS_REFERENCE_FIGURES = {name: {k: f[k] for k in ("load_s", "prefill_tok_s", "decode_tok_s", "rss_after_load_mb")}
+                           for name, f in PEERS_REFERENCE.items()}  # another machine's: labelled so when printed
 GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
 
 
@@ -139,7 +138,7 @@ def rss_mb() -> float | None:
 
 
 def _model_sha256(path) -> str | None:
-    """SPEC: every run records the model's hash (of the file, or of a folder's weight files)."""
+    """Every run records the model's hash (of the file, or of a folder's weight files)."""
     import hashlib
     from pathlib import Path
 
@@ -228,10 +227,10 @@ def run(args) -> dict:
     }
     ratios = {
         "decode_vs_bound": figures["decode_tok_s"] / bound,
-        "decode_vs_llama.cpp": figures["decode_tok_s"] / ANCHORS["llama.cpp"]["decode_tok_s"],
-        "decode_vs_transformers": figures["decode_tok_s"] / ANCHORS["transformers"]["decode_tok_s"],
-        "prefill_vs_llama.cpp": figures["prefill_tok_s"] / ANCHORS["llama.cpp"]["prefill_tok_s"],
-        "prefill_vs_transformers": figures["prefill_tok_s"] / ANCHORS["transformers"]["prefill_tok_s"],
+        "decode_vs_llama.cpp": figures["decode_tok_s"] / PEERS_REFERENCE_FIGURES["llama.cpp"]["decode_tok_s"],
+        "decode_vs_transformers": figures["decode_tok_s"] / PEERS_REFERENCE_FIGURES["transformers"]["decode_tok_s"],
+        "prefill_vs_llama.cpp": figures["prefill_tok_s"] / PEERS_REFERENCE_FIGURES["llama.cpp"]["prefill_tok_s"],
+        "prefill_vs_transformers": figures["prefill_tok_s"] / PEERS_REFERENCE_FIGURES["transformers"]["prefill_tok_s"],
     }
     goals_met = {
         "decode >= 50% of bound": ratios["decode_vs_bound"] >= GOALS["decode_fraction_of_bound"],
@@ -248,7 +247,7 @@ def run(args) -> dict:
         "figures": figures,
         "ratios": ratios,
         "goals_met": goals_met,
-        "anchors": ANCHORS,
+        "anchors": PEERS_REFERENCE_FIGURES,
         "anchors_note": "reference figures from another machine (idle 2-core Zen 4), not measured here",
         "machine": {**machine_facts(), "loadavg_1min": os.getloadavg()[0]},
     }

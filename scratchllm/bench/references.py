@@ -24,7 +24,7 @@ ARTICLE_SERVING = {"static": {"qps": 89.0, "p99_ms": 113.0}, "continuous": {"qps
 REFERENCE_MACHINE = "2-core AMD EPYC Zen 4 (AVX-512), 2026-11"
 PEERS_REFERENCE = {
     "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313.0, "decode_tok_s": 124.0, "batch16_tok_s": 176.0,
-                  "rss_mb": 202.0},
+                  "rss_after_load_mb": 202.0},
     "transformers": {"load_s": 16.5, "prefill_tok_s": 460.0, "decode_tok_s": 17.1, "batch16_tok_s": 109.0,
-                     "rss_mb": 902.0},
+                     "rss_after_load_mb": 902.0},
 }
