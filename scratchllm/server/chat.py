@@ -9,17 +9,16 @@ allowed_tools in required mode) is made by the grammar, for any model: the reply
 templates that read tools) become tool_calls; a template that does not read tools is a 400.
 """
 
-import json
 import re
-import uuid
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from scratchllm.engine.protocol import RequestMetrics, RequestOutput, TokenEvent, TopLogprobs
+from scratchllm.engine.protocol import RequestMetrics, TokenEvent, TopLogprobs
 from scratchllm.errors import ConfigError
+from scratchllm.server import tool_calls
 from scratchllm.server.app import ServerState
 from scratchllm.server.generation import (
     EventStream,
@@ -36,9 +35,6 @@ from scratchllm.server.generation import (
 )
 from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s, timings
 from scratchllm.server.sse import SSE_DONE
-from scratchllm.structured import ToolCallStream, tool_calls_from_text
-
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def template_reads_tools(tok: Any) -> bool:
@@ -80,54 +76,12 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)
-    choices = [{"index": k, **_reply(r, mode),
+    choices = [{"index": k, **tool_calls.reply(r, mode),
                 "logprobs": {"content": [chat_logprob(tok, *x) for x in token_logprobs(r)]} if req.logprobs else None}
                for k, r in enumerate(results)]
     n_out = sum(len(r.token_ids) for r in results)
     return {**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
             "timings": timings(results[0].metrics)}
-
-
-def _reply(r: RequestOutput, mode: str) -> dict[str, Any]:
-    """message and finish_reason of one choice: a forced call that completed is tool_calls; one
-    cut short (max_tokens) is returned as the text it got to, with finish_reason "length"."""
-    message: dict[str, Any] = {"role": "assistant", "content": r.text}
-    calls: list[dict[str, Any]] = []
-    if mode == "forced" and r.finish_reason == "stop":
-        try:
-            calls = tool_calls_from_text(r.text)
-        except ConfigError:
-            calls = []
-    elif mode == "auto":
-        content, calls = hermes_calls(r.text)
-        if calls:
-            message["content"] = content or None
-    if calls and r.finish_reason == "stop":
-        if mode == "forced":
-            message["content"] = None
-        return {"message": {**message, "tool_calls": calls}, "finish_reason": "tool_calls"}
-    return {"message": message, "finish_reason": r.finish_reason}
-
-
-def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the text outside the calls, the calls) of `<tool_call>{json}</tool_call>` blocks;
-    a block that is not a call's JSON stays in the text."""
-    calls: list[dict[str, Any]] = []
-
-    def take(match: re.Match[str]) -> str:
-        try:
-            data = json.loads(match.group(1))
-        except ValueError:
-            return match.group(0)
-        if not (isinstance(data, dict) and isinstance(data.get("name"), str)):
-            return match.group(0)
-        arguments = data.get("arguments", data.get("parameters", {}))
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": data["name"], "arguments": json.dumps(arguments)}})
-        return ""
-
-    rest = _HERMES_CALL.sub(take, text)
-    return rest.strip(), calls
 
 
 def chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: TopLogprobs | None) -> dict[str, Any]:
@@ -148,7 +102,8 @@ async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequ
     count = len(gen.streams)
     for k in range(count):
         yield gen.chunks.encode(_delta(head, k, {"role": "assistant", "content": ""}))
-    calls = [ToolCallStream() for _ in range(count)] if mode == "forced" else None
+    forced = [tool_calls.ToolCallStream() for _ in range(count)] if mode == "forced" else None
+    hermes = [tool_calls.HermesStream() for _ in range(count)] if mode == "auto" else None
     n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * count)
     async for k, event in gen.merged():
         n_out += event.finish_reason != "abort"
@@ -156,20 +111,40 @@ async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequ
             if req.logprobs and event.token_id is not None else None
         if event.finish_reason:
             metrics[k] = event.metrics
-        if calls is not None:
-            for chunk in _call_deltas(head, k, event, calls[k], lp):
-                yield gen.chunks.encode(chunk)
-            continue
-        if event.text:
-            yield gen.chunks.encode(_delta(head, k, {"content": event.text}, logprobs=lp))
-        if event.finish_reason:
-            yield gen.chunks.encode({**_delta(head, k, {}, event.finish_reason), "timings": timings(event.metrics)})
+        if forced is not None:
+            chunks = _forced_deltas(head, k, event, forced[k], lp)
+        elif hermes is not None:
+            chunks = _hermes_deltas(head, k, event, hermes[k], lp)
+        else:
+            chunks = [_delta(head, k, {"content": event.text}, logprobs=lp)] if event.text else []
+            if event.finish_reason:
+                chunks.append(_finish(head, k, event, event.finish_reason))
+        for chunk in chunks:
+            yield gen.chunks.encode(chunk)
     if req.stream_options and req.stream_options.include_usage:
         yield gen.chunks.encode({**head, "choices": [], "usage": usage_of(gen, n_out, metrics)})
     yield SSE_DONE
 
 
-def _call_deltas(head: dict[str, Any], k: int, event: TokenEvent, call: ToolCallStream,
+def _finish(head: dict[str, Any], k: int, event: TokenEvent, reason: str) -> dict[str, Any]:
+    return {**_delta(head, k, {}, reason), "timings": timings(event.metrics)}
+
+
+def _hermes_deltas(head: dict[str, Any], k: int, event: TokenEvent, calls: tool_calls.HermesStream,
+                   lp: Any) -> list[dict[str, Any]]:
+    """Auto mode: content as it comes, each call once its block closes."""
+    content, deltas = calls.push(event.text)
+    if event.finish_reason is not None:
+        content += calls.finish()
+    out = [_delta(head, k, {"content": content}, logprobs=lp)] if content else []
+    out += [_delta(head, k, {"tool_calls": [d]}) for d in deltas]
+    if event.finish_reason is not None:
+        called = calls.calls > 0 and event.finish_reason == "stop"
+        out.append(_finish(head, k, event, "tool_calls" if called else event.finish_reason))
+    return out
+
+
+def _forced_deltas(head: dict[str, Any], k: int, event: TokenEvent, call: tool_calls.ToolCallStream,
                  lp: Any) -> list[dict[str, Any]]:
     """A forced call's chunks for one event: the name once known, then argument text; at the end
     finish_reason "tool_calls", or the event's own reason when the call was cut short."""
@@ -183,4 +158,4 @@ def _call_deltas(head: dict[str, Any], k: int, event: TokenEvent, call: ToolCall
             finish = "tool_calls"
         except ConfigError:
             pass  # not a complete call: the client gets what was streamed and the engine's reason
-    return out + [{**_delta(head, k, {}, finish), "timings": timings(event.metrics)}]
+    return out + [_finish(head, k, event, finish)]
