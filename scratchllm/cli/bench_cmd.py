@@ -19,6 +19,7 @@ BENCHES = {
     "trace": "token tracing: writer ns per record, engine throughput with tracing off vs on",
     "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",
     "structured": "structured output: grammar mask cost per token, throughput with and without",
+    "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",
 }
 
 
