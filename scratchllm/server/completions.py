@@ -91,7 +91,7 @@ def _logprobs(tok: Any, items: list[LogprobItem], start: int, end: int) -> dict[
     returned text (`start`: after the echoed prompt), never past its `end`."""
     tokens = [token_str(tok, t) for t, _, _ in items]
     offsets, at = [], start
-    detok = tok.detokenizer()
+    detok = tok.detokenizer(skip_special_tokens=True)  # an end token shows no text
     for t, _, _ in items:
         offsets.append(min(at, end))
         at += len(detok.push(t)) if t is not None else 0

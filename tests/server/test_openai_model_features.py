@@ -138,7 +138,8 @@ def test_n4_shares_kv_blocks_and_equals_four_seeded_runs(client, real):
         t.join()
     separate_peak = engine.stats()["kv_blocks_peak"]
     block_bytes = engine.stats()["kv_block_bytes"]
-    print(f"\nKV peak: n=4 on one prompt {group_peak} blocks ({group_peak * block_bytes / 2**20:.1f} MiB); "
+    print(f"\nKV peak, prompt of {group.usage.prompt_tokens} tokens: n=4 on one prompt {group_peak} blocks "
+          f"({group_peak * block_bytes / 2**20:.1f} MiB); "
           f"4 separate requests {separate_peak} blocks ({separate_peak * block_bytes / 2**20:.1f} MiB)")
     assert separate_peak > group_peak
 
