@@ -64,6 +64,9 @@ class Generation:
         assert len(prompts) == len(params) and len({len(p) for p in params}) == 1, "choices per prompt differ"
         self.choices = len(params[0])
         self.params = [p for per_prompt in params for p in per_prompt]
+        if len(self.params) > state.config.max_in_flight:  # never admissible: a 429 would invite retries
+            raise bad_request(f"this request needs {len(self.params)} engine requests (prompts x choices); the "
+                              f"server holds at most {state.config.max_in_flight} at once", param="n")
         state.admit(len(self.params))
         self.state, self.prompts, self.closed = state, prompts, False
         self.streams: list[RequestStream] = []

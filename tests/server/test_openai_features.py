@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from scratchllm.engine.fake import FakeTokenizer
+from scratchllm.server.app import ServerConfig, create_app
+from scratchllm.server.backend import fake_backend
 from tests.server.hostile_corpus import CORPUS
 
 TOK = FakeTokenizer()
@@ -182,3 +184,14 @@ def test_openapi_describes_the_request_bodies(http):
     refs = {m for m in json.dumps(spec).split('"#/components/schemas/')[1:]}
     for ref in refs:  # every reference resolves inside the document
         assert ref.split('"')[0] in spec["components"]["schemas"]
+
+
+def test_more_choices_than_the_server_ever_holds_is_a_400(serve):
+    model, embedder = fake_backend(step_ms=0.5)
+    with serve(create_app(model, embedder, ServerConfig(max_in_flight=4))) as url:
+        r = httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": ["a", "b", "c"], "n": 2,
+                                                      "max_tokens": 2})
+        err = assert_openai_error(r)
+        assert r.status_code == 400 and err["param"] == "n"
+        ok = httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
