@@ -35,6 +35,7 @@ from scratchllm.server.generation import (
 )
 from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s, timings
 from scratchllm.server.sse import SSE_DONE
+from scratchllm.server.structured_fields import ToolPlan
 
 
 def template_reads_tools(tok: Any) -> bool:
@@ -43,13 +44,14 @@ def template_reads_tools(tok: Any) -> bool:
     return isinstance(source, str) and re.search(r"\btools\b", source) is not None
 
 
-def render(state: ServerState, req: ChatCompletionRequest, mode: str) -> str:
-    """The prompt text: the messages (and the tools, where the template reads them)."""
+def render(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan) -> str:
+    """The prompt text: the messages, and the tools the plan may call where the template reads them."""
     tok = state.model.tokenizer
     extra: dict[str, Any] = {}
-    if req.tools and mode != "none" and template_reads_tools(tok):
-        extra["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
-    elif mode == "auto":
+    names = {t["name"] for t in plan.tools}
+    if req.tools and plan.mode != "none" and template_reads_tools(tok):
+        extra["tools"] = [t.model_dump(exclude_none=True) for t in req.tools if t.function.name in names]
+    elif plan.mode == "auto":
         raise bad_request("tool_choice 'auto' needs a chat template that reads 'tools', and this model's does "
                           "not; use tool_choice 'required' or name a function (the call is then forced by a "
                           "grammar), or 'none'", param="tool_choice", code="unsupported_parameter")
@@ -62,10 +64,10 @@ def render(state: ServerState, req: ChatCompletionRequest, mode: str) -> str:
 
 async def chat_completions(request: Request) -> Response | dict[str, Any]:
     state, raw, req = await read_request(request, ChatCompletionRequest)
-    mode = req.tool_plan().mode
-    tok = state.model.tokenizer
+    plan = req.tool_plan()
+    mode, tok = plan.mode, state.model.tokenizer
     # The template already spells the special tokens (e.g. <|im_start|>): add none of our own.
-    ids = prompt_ids(state, render(state, req, mode), "messages", special=False)
+    ids = prompt_ids(state, render(state, req, plan), "messages", special=False)
     max_tokens = max_tokens_for(state, len(ids), req.max_completion_tokens or req.max_tokens, None, "messages")
     params = choice_params(await sampling_params(state, req, max_tokens), req.n)
     rid, created = new_id("chatcmpl"), now_s()

@@ -65,14 +65,20 @@ class ToolTemplateTokenizer(FakeTokenizer):
 def test_auto_passes_tools_to_a_template_that_reads_them(serve):
     model, embedder = fake_backend(step_ms=0.5)
     model.tokenizer = ToolTemplateTokenizer()
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}]
     messages = [{"role": "user", "content": "2 + 3?"}]
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "mul"}}]}}
     with serve(create_app(model, embedder, ServerConfig())) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
         r = client.chat.completions.create(model="fake", messages=messages, tools=tools, max_tokens=5)
         none = client.chat.completions.create(model="fake", messages=messages, tools=tools, tool_choice="none",
                                               max_tokens=5)
+        only = client.chat.completions.create(model="fake", messages=messages, tools=tools, tool_choice=allowed,
+                                              max_tokens=5)
     tok = ToolTemplateTokenizer()
     assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages, tools=tools)))
     assert none.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages)))
+    assert only.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages, tools=tools[1:])))
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
