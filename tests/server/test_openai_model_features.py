@@ -161,3 +161,16 @@ def test_cached_tokens_on_a_repeated_prompt(client):
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert 0 < cached <= again.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "pattern": "(("}, {"$ref": "#/nope"}, {"enum": []},
+                                    {"type": "integer", "minimum": 5, "maximum": 1}, {"properties": 5},
+                                    {"type": "array", "minItems": 5, "maxItems": 2}, {"format": "xyz"}])
+def test_a_schema_the_grammar_cannot_take_is_a_400(real, schema):
+    import httpx
+
+    body = {"model": "default", "messages": QUESTION, "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}}
+    r = httpx.post(real[0] + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format"
