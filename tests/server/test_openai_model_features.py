@@ -5,6 +5,7 @@ and logit_bias by what they must do to the greedy answer, n and best_of against 
 import json
 import threading
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -167,8 +168,6 @@ def test_cached_tokens_on_a_repeated_prompt(client):
                                     {"type": "integer", "minimum": 5, "maximum": 1}, {"properties": 5},
                                     {"type": "array", "minItems": 5, "maxItems": 2}, {"format": "xyz"}])
 def test_a_schema_the_grammar_cannot_take_is_a_400(real, schema):
-    import httpx
-
     body = {"model": "default", "messages": QUESTION, "max_tokens": 4,
             "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}}
     r = httpx.post(real[0] + "/v1/chat/completions", json=body, timeout=60)
