@@ -37,8 +37,11 @@ class StructuredFields(Strict):
     guided_choice: list[str] | None = None
 
     def tool_plan(self) -> ToolPlan:
-        tools = [t.spec() for t in (getattr(self, "tools", None) or [])]
-        choice = getattr(self, "tool_choice", None)
+        # Only a request that declares the fields has tools: on completions, "tools" would be an
+        # unknown (extra) field holding raw JSON, not FunctionTool models.
+        declared = type(self).model_fields
+        tools = [t.spec() for t in (getattr(self, "tools", None) or [])] if "tools" in declared else []
+        choice = getattr(self, "tool_choice", None) if "tool_choice" in declared else None
         if not tools:
             if choice not in (None, "none"):
                 raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
