@@ -20,6 +20,7 @@ BENCHES = {
     "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",
     "structured": "structured output: grammar mask cost per token, throughput with and without",
     "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
+    "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",
 }
 
 

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import statistics
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
+from scratchllm.errors import ConfigError
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
 from scratchllm.trace.writer import TraceWriter
@@ -98,6 +100,26 @@ class ServerState:
     otlp: Any = None  # an OpenTelemetry tracer: one span per finished request (trace/otlp.py)
     capture: Capture | None = None  # a sample of requests and responses to JSONL (evaluate/capture.py)
     classes: RequestClassMap | None = None  # request id -> class, for the priority feedback hook
+    # structured output's GrammarCompiler for the served tokenizer, built on first use; None when
+    # the tokenizer cannot feed llguidance (then constrained requests are a 400)
+    _compiler: Any = None
+    _compiler_built: bool = False
+    _compiler_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grammar_compiler(self) -> Any:
+        """The app's one GrammarCompiler (blocking: its vocabulary trie takes about a second)."""
+        with self._compiler_lock:
+            if not self._compiler_built:
+                from scratchllm.structured import GrammarCompiler
+                from scratchllm.tokenizer.guidance import llg_tokenizer
+
+                try:
+                    llg_tokenizer(self.model.tokenizer)
+                    self._compiler = GrammarCompiler(self.model.tokenizer)
+                except ConfigError as err:
+                    logger.info("structured output is off for this model: %s", err)
+                self._compiler_built = True
+            return self._compiler
 
     def admit(self, n: int = 1) -> None:
         """Reserve n engine slots or refuse with 429. The loop is single-threaded: no lock needed."""
@@ -175,7 +197,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request;
     `capture`: where a sample of requests goes for the evaluation loop; `classes`: the map of
     request ids to classes that the engine's priority feedback hook reads."""
-    from scratchllm.server import access, embeddings, generation, utility
+    from scratchllm.server import access, chat, completions, embeddings, openapi, utility
 
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
@@ -229,7 +251,8 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     app.post("/detokenize", response_model=None)(utility.detokenize)
     app.get("/version", response_model=None)(utility.version)
 
-    app.post("/v1/completions", response_model=None)(generation.completions)
-    app.post("/v1/chat/completions", response_model=None)(generation.chat_completions)
-    app.post("/v1/embeddings", response_model=None)(embeddings.create_embeddings)
+    for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
+                          ("/v1/embeddings", embeddings.create_embeddings)):
+        app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
+    openapi.install(app)
     return access.wrap(app, config.api_key, config.allowed_origins)

@@ -1,24 +1,27 @@
-"""POST /v1/completions and /v1/chat/completions, plain and streamed (SSE).
+"""The pipeline both generation endpoints share (completions.py and chat.py are the endpoints).
 
-Both endpoints are one pipeline: parse -> check model -> token ids -> SamplingParams (with the
-context-length checks) -> admit (or 429) -> submit -> collect or stream -> release. A request
-holds its engine slot from admission to `Generation.close()`, which runs on every path out
-(finished, client gone, error) and aborts whatever is still running, freeing its KV blocks.
+parse -> check model -> token ids -> SamplingParams (the request model's one call, after the
+context-length checks here) -> one params per choice (seed + i) -> admit (or 429) -> submit
+(a prompt with several choices is one engine group: the choices fork its KV blocks) -> collect
+or stream -> release. A request holds its engine slots from admission to `Generation.close()`,
+which runs on every path out (finished, client gone, error) and aborts whatever is still
+running, freeing its KV blocks.
 """
 
 import asyncio
+import dataclasses
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from scratchllm.engine.output import OutputCollector
-from scratchllm.engine.protocol import RequestOutput, RequestStream, TokenEvent, TopLogprobs
+from scratchllm.engine.protocol import RequestMetrics, RequestOutput, RequestStream, TokenEvent, TopLogprobs
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.access import client_ip
@@ -29,19 +32,16 @@ from scratchllm.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     bad_request,
-    new_id,
-    now_s,
     parse_body,
     timings,
     usage,
 )
-from scratchllm.server.sse import SSE_DONE, ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
 from scratchllm.trace.otlp import record_request
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 # (token id, logprob, top alternatives) of one generated token; the id is None on an abort event
 LogprobItem = tuple[int | None, float | None, TopLogprobs | None]
+SEED_SPACE = 2**64  # seeds are uint64 (the request model wraps negatives); choice i uses seed + i
 
 
 @dataclass
@@ -54,15 +54,24 @@ class Origin:
 
 
 class Generation:
-    """One HTTP request's engine requests (one per prompt), admitted and submitted together."""
+    """One HTTP request's engine requests: `choices` per prompt, admitted and submitted together.
 
-    def __init__(self, state: ServerState, prompts: list[list[int]], params: list[SamplingParams],
+    Stream k is choice k % choices of prompt k // choices (OpenAI's choice index is k). The
+    choices of one prompt are one engine group (submit_group), so they share its KV blocks."""
+
+    def __init__(self, state: ServerState, prompts: list[list[int]], params: list[list[SamplingParams]],
                  request_id: str, origin: Origin | None = None) -> None:
-        state.admit(len(prompts))
-        self.state, self.prompts, self.params, self.closed = state, prompts, params, False
+        assert len(prompts) == len(params) and len({len(p) for p in params}) == 1, "choices per prompt differ"
+        self.choices = len(params[0])
+        self.params = [p for per_prompt in params for p in per_prompt]
+        if len(self.params) > state.config.max_in_flight:  # never admissible: a 429 would invite retries
+            raise bad_request(f"this request needs {len(self.params)} engine requests (prompts x choices); the "
+                              f"server holds at most {state.config.max_in_flight} at once", param="n")
+        state.admit(len(self.params))
+        self.state, self.prompts, self.closed = state, prompts, False
         self.streams: list[RequestStream] = []
         self.chunks = ChunkTrace(state.trace, request_id)  # streamed chunks' spans in the trace ring
-        self.rids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        self.rids = [request_id] if len(self.params) == 1 else [f"{request_id}-{i}" for i in range(len(self.params))]
         self.origin = origin
         # the evaluation loop's sample: the first prompt's tokens, text and end, for the capture file
         self.captured: OutputCollector | None = None
@@ -72,9 +81,14 @@ class Generation:
             body = json.loads(origin.body)
             for rid in self.rids:
                 state.classes.remember(rid, body)
+        engine, c = state.model.engine, self.choices
         try:
-            for ids, p, rid in zip(prompts, params, self.rids, strict=True):
-                self.streams.append(state.model.engine.submit(ids, p, request_id=rid))
+            for p, ids in enumerate(prompts):
+                rids, ps = self.rids[p * c:(p + 1) * c], self.params[p * c:(p + 1) * c]
+                if c == 1:
+                    self.streams.append(engine.submit(ids, ps[0], request_id=rids[0]))
+                else:
+                    self.streams.extend(engine.submit_group(ids, ps, rids))
         except ConfigError as err:  # the engine's own validation: still the client's input
             self.close()
             raise bad_request(str(err)) from None
@@ -83,27 +97,60 @@ class Generation:
             raise APIError(503, f"engine refused the request: {err}", type="server_error",
                            code="engine_unavailable") from None
 
-    async def events(self, i: int) -> AsyncIterator[TokenEvent]:
-        """The i-th prompt's events; finished requests are recorded in the metrics here."""
+    def prompt_of(self, k: int) -> list[int]:
+        return self.prompts[k // self.choices]
+
+    async def events(self, k: int) -> AsyncIterator[TokenEvent]:
+        """Stream k's events; finished requests are recorded in the metrics here."""
         clock = TokenClock(self.state.metrics)
         event: TokenEvent
-        async for event in self.streams[i]:
+        async for event in self.streams[k]:
             clock.tick()
-            if i == 0 and self.captured is not None:
+            if k == 0 and self.captured is not None:
                 self.captured.add(event)
             if event.finish_reason is not None:
                 self.state.metrics.observe_finished(event.metrics, event.finish_reason)
                 if self.state.otlp is not None and event.metrics is not None:
                     record_request(self.state.otlp, event.request_id, self.state.model.name, event.metrics,
-                                   self.params[i])
+                                   self.params[k])
                 m = event.metrics
                 if m is not None and m.finished is not None:
                     self.state.recent_e2e_s.append(m.finished - m.arrival)
             yield event
 
+    async def merged(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """(stream index, event) of every stream, as they come (a streamed reply with n > 1)."""
+        if len(self.streams) == 1:
+            async for event in self.events(0):
+                yield 0, event
+            return
+        queue: asyncio.Queue[tuple[int, TokenEvent | Exception]] = asyncio.Queue()
+
+        async def pump(k: int) -> None:
+            try:
+                async for event in self.events(k):
+                    queue.put_nowait((k, event))
+            except Exception as err:  # noqa: BLE001 - re-raised in the reader, which reports it
+                queue.put_nowait((k, err))
+
+        tasks = [asyncio.ensure_future(pump(k)) for k in range(len(self.streams))]
+        try:
+            for _ in range(len(tasks)):  # each stream ends with exactly one finishing event
+                while True:
+                    k, item = await queue.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    event = item
+                    yield k, event
+                    if event.finish_reason is not None:
+                        break
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def collect(self, receive: Receive) -> list[RequestOutput] | None:
-        """Every prompt's full result, or None if the client hung up first (then all is aborted)."""
-        results = asyncio.ensure_future(asyncio.gather(*(self._collect_one(i) for i in range(len(self.prompts)))))
+        """Every stream's full result, or None if the client hung up first (then all is aborted)."""
+        results = asyncio.ensure_future(asyncio.gather(*(self._collect_one(k) for k in range(len(self.streams)))))
         hangup = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             waiting: set[asyncio.Future[Any]] = {results, hangup}  # the result, or the hang-up
@@ -114,10 +161,10 @@ class Generation:
             results.cancel()
             self.close()
 
-    async def _collect_one(self, i: int) -> RequestOutput:
-        collector = OutputCollector(self.streams[i].request_id, self.prompts[i],
-                                    logprobs=self.params[i].logprobs is not None)
-        async for event in self.events(i):
+    async def _collect_one(self, k: int) -> RequestOutput:
+        collector = OutputCollector(self.streams[k].request_id, self.prompt_of(k),
+                                    logprobs=self.params[k].logprobs is not None)
+        async for event in self.events(k):
             collector.add(event)
         return collector.output
 
@@ -133,8 +180,7 @@ class Generation:
             if not stream.finished:
                 self.state.metrics.finished("abort")
                 stream.abort()
-        self.state.release(len(self.prompts))
-
+        self.state.release(len(self.params))
 
     def _record_capture(self) -> None:
         """The sampled request, with what the client got, into the capture file (once, at the end)."""
@@ -178,7 +224,20 @@ async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> Asy
 
 
 # --- request -> token ids and params ----------------------------------------------------------
-def _origin(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:
+RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
+
+
+async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[ServerState, bytes, RequestT]:
+    """(the app's state, the body as sent, the validated request for the served model)."""
+    state: ServerState = request.app.state.server
+    raw = await request.body()
+    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
+    req = cast(RequestT, parse_body(raw, model_cls))
+    state.check_model(req.model)
+    return state, raw, req
+
+
+def origin_of(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:
     """Only when the evaluation loop listens (a capture or the priority feedback)."""
     if state.capture is None and state.classes is None:
         return None
@@ -187,7 +246,7 @@ def _origin(state: ServerState, request: Request, raw: bytes, endpoint: str) -> 
     return Origin(raw, client_ip(peer, forwarded, state.config.trusted_proxies), endpoint)
 
 
-def _prompt_ids(state: ServerState, prompt: str | list[int], param: str, special: bool = True) -> list[int]:
+def prompt_ids(state: ServerState, prompt: str | list[int], param: str, special: bool = True) -> list[int]:
     tok = state.model.tokenizer
     ids: list[int] = tok.encode(prompt, add_special_tokens=special) if isinstance(prompt, str) else list(prompt)
     if not ids:
@@ -198,13 +257,13 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], param: str, special
     return ids
 
 
-def _params(state: ServerState, req: CompletionRequest | ChatCompletionRequest, n_prompt: int, max_tokens: int | None,
-            default: int | None, logprobs: int | None) -> SamplingParams:
+def max_tokens_for(state: ServerState, n_prompt: int, max_tokens: int | None, default: int | None,
+                   prompt_param: str) -> int:
+    """The request's max_tokens, settled against the context: room left after the prompt."""
     limit = state.model.max_model_len
     if n_prompt >= limit:
         raise bad_request(f"prompt has {n_prompt} tokens; this model's context is {limit} tokens",
-                          param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
-                          code="context_length_exceeded")
+                          param=prompt_param, code="context_length_exceeded")
     room = limit - n_prompt
     if max_tokens is None:
         max_tokens = min(default, room) if default else room
@@ -213,141 +272,44 @@ def _params(state: ServerState, req: CompletionRequest | ChatCompletionRequest, 
     if max_tokens > room:
         raise bad_request(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceeds this model's "
                           f"context of {limit} tokens", param="max_tokens", code="context_length_exceeded")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"'{name}' is not supported (only 0)", param=name)
-    try:
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              seed=req.seed, stop=req.stop_list(), stop_token_ids=tuple(req.stop_token_ids),
-                              ignore_eos=req.ignore_eos, logprobs=logprobs)
-    except ConfigError as err:
-        raise bad_request(str(err)) from None
+    return max_tokens
 
 
-def _token_str(tok: Any, token_id: int | None) -> str:
-    text: str = tok.decode([token_id])
-    return text
+async def sampling_params(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
+                          max_tokens: int) -> SamplingParams:
+    """The request's SamplingParams. A constrained request compiles its grammar off the event
+    loop (a large schema takes milliseconds; the first one also builds the vocabulary's trie)."""
+    vocab = state.model.tokenizer.vocab_size
+    if req.constraint() is None:
+        plain: SamplingParams = req.sampling_params(max_tokens, None, vocab)
+        return plain
+    compiler = await asyncio.to_thread(state.grammar_compiler)
+    params: SamplingParams = await asyncio.to_thread(req.sampling_params, max_tokens, compiler, vocab)
+    return params
 
 
-# --- /v1/completions -----------------------------------------------------------------------------
-async def completions(request: Request) -> Response | dict[str, Any]:
-    state: ServerState = request.app.state.server
-    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    raw = await request.body()
-    req = parse_body(raw, CompletionRequest)
-    state.check_model(req.model)
-    if req.echo:
-        raise bad_request("'echo' is not supported", param="echo")
-    prompts = [_prompt_ids(state, p, "prompt") for p in req.prompts()]
-    if req.stream and len(prompts) > 1:
-        raise bad_request("streaming takes one prompt per request", param="prompt")
-    params = [_params(state, req, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, req.logprobs)
-              for ids in prompts]
-    rid, created = new_id("cmpl"), now_s()
-    gen = Generation(state, prompts, params, rid, _origin(state, request, raw, "/v1/completions"))
-    head = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
-    tok = state.model.tokenizer
-    if req.stream:
-        return EventStream(_stream_completion(gen, head, req, tok), gen)
-    results = await gen.collect(request.receive)
-    if results is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    choices = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
-                "logprobs": _completion_logprobs(tok, _token_logprobs(r)) if req.logprobs is not None else None}
-               for i, r in enumerate(results)]
-    n_prompt = sum(len(p) for p in prompts)
-    n_out = sum(len(r.token_ids) for r in results)
-    return {**head, "choices": choices, "usage": usage(n_prompt, n_out), "timings": timings(results[0].metrics)}
+def choice_params(params: SamplingParams, count: int) -> list[SamplingParams]:
+    """`count` choices of one prompt: choice i of a seeded request is seeded seed + i, so n
+    choices equal n single requests seeded seed, seed + 1, ..."""
+    if params.seed is None:
+        return [params] * count
+    return [dataclasses.replace(params, seed=(params.seed + i) % SEED_SPACE) for i in range(count)]
 
 
-def _token_logprobs(r: RequestOutput) -> list[LogprobItem]:
+def usage_of(gen: Generation, completion_tokens: int, metrics: list[RequestMetrics | None]) -> dict[str, Any]:
+    """OpenAI usage: each prompt counted once however many choices it has; cached_tokens are the
+    prompt tokens whose K/V came from the prefix cache (first choice of each prompt)."""
+    firsts = metrics[::gen.choices]
+    cached = sum(m.cached_tokens for m in firsts if m is not None)
+    return {**usage(sum(len(p) for p in gen.prompts), completion_tokens),
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def token_logprobs(r: RequestOutput) -> list[LogprobItem]:
     """(token id, logprob, top pairs) per generated token of a finished result."""
     return [(t, lp, top) for t, (lp, top) in zip(r.token_ids, r.logprobs or [], strict=True)]
 
 
-def _completion_logprobs(tok: Any, items: Sequence[LogprobItem]) -> dict[str, Any]:
-    return {"tokens": [_token_str(tok, t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
-            "top_logprobs": [{_token_str(tok, i): lp for i, lp in top or ()} for _, _, top in items],
-            "text_offset": []}
-
-
-async def _stream_completion(gen: Generation, head: dict[str, Any], req: CompletionRequest,
-                             tok: Any) -> AsyncGenerator[bytes, None]:
-    n_out = 0
-    async for event in gen.events(0):
-        counted = event.finish_reason != "abort"
-        n_out += counted
-        if event.text or event.finish_reason:
-            choice: dict[str, Any] = {"index": 0, "text": event.text, "finish_reason": event.finish_reason,
-                                      "logprobs": None}
-            if req.logprobs is not None and counted:
-                choice["logprobs"] = _completion_logprobs(tok, [(event.token_id, event.logprob, event.top_logprobs)])
-            chunk = {**head, "choices": [choice]}
-            if event.finish_reason:
-                chunk["timings"] = timings(event.metrics)
-            yield gen.chunks.encode(chunk)
-    if req.stream_options and req.stream_options.include_usage:
-        yield gen.chunks.encode({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
-    yield SSE_DONE
-
-
-# --- /v1/chat/completions ------------------------------------------------------------------------
-async def chat_completions(request: Request) -> Response | dict[str, Any]:
-    state: ServerState = request.app.state.server
-    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    raw = await request.body()
-    req = parse_body(raw, ChatCompletionRequest)
-    state.check_model(req.model)
-    tok = state.model.tokenizer
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as err:  # noqa: BLE001 - a template that rejects these messages is the client's input
-        raise bad_request(f"messages do not fit the chat template: {err}", param="messages") from None
-    # The template already spells the special tokens (e.g. <|im_start|>): add none of our own.
-    ids = _prompt_ids(state, text, "messages", special=False)
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = _params(state, req, len(ids), req.max_completion_tokens or req.max_tokens, None, logprobs)
-    rid, created = new_id("chatcmpl"), now_s()
-    gen = Generation(state, [ids], [params], rid, _origin(state, request, raw, "/v1/chat/completions"))
-    head = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
-    if req.stream:
-        return EventStream(_stream_chat(gen, {**head, "object": "chat.completion.chunk"}, req, tok), gen)
-    results = await gen.collect(request.receive)
-    if results is None:
-        return Response(status_code=499)
-    r = results[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason,
-              "logprobs": {"content": [_chat_logprob(tok, *x) for x in _token_logprobs(r)]} if req.logprobs else None}
-    n_out = len(r.token_ids)
-    return {**head, "choices": [choice], "usage": usage(len(ids), n_out), "timings": timings(r.metrics)}
-
-
-def _chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: TopLogprobs | None) -> dict[str, Any]:
-    def entry(t: int | None, lp: float | None) -> dict[str, Any]:
-        s = _token_str(tok, t)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
-
-    return {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in top or ()]}
-
-
-async def _stream_chat(gen: Generation, head: dict[str, Any], req: ChatCompletionRequest,
-                       tok: Any) -> AsyncGenerator[bytes, None]:
-    yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": None, "logprobs": None}]})
-    n_out = 0
-    async for event in gen.events(0):
-        n_out += event.finish_reason != "abort"
-        if event.text:
-            lp = {"content": [_chat_logprob(tok, event.token_id, event.logprob, event.top_logprobs)]} \
-                if req.logprobs else None
-            yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {"content": event.text},
-                                                          "finish_reason": None,
-                                            "logprobs": lp}]})
-        if event.finish_reason:
-            yield gen.chunks.encode({**head, "choices": [{"index": 0, "delta": {},
-                                                          "finish_reason": event.finish_reason,
-                                            "logprobs": None}], "timings": timings(event.metrics)})
-    if req.stream_options and req.stream_options.include_usage:
-        yield gen.chunks.encode({**head, "choices": [], "usage": usage(len(gen.prompts[0]), n_out)})
-    yield SSE_DONE
+def token_str(tok: Any, token_id: int | None) -> str:
+    text: str = tok.decode([token_id]) if token_id is not None else ""
+    return text

@@ -40,9 +40,9 @@ logger = logging.getLogger(__name__)
 
 # A Retry-After hint is seconds; never tell a client to come back sooner than this.
 MIN_RETRY_AFTER_S = 1
-# Choices per request the engine can produce (n, best_of). Raise it when the engine forks a
-# prompt's KV blocks into n sequences; until then n > 1 is refused rather than faked.
-MAX_CHOICES = 1
+# Choices per prompt (n, best_of): the engine forks the prompt's KV blocks into that many
+# sequences (one engine request each, so each also takes an admission slot).
+MAX_CHOICES = 16
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 # Unknown field names warned about so far (each once); capped so a hostile client cannot grow it.
 _warned_fields: set[str] = set()

@@ -38,8 +38,8 @@ class StructuredFields(Strict):
     guided_choice: list[str] | None = None
 
     def tool_plan(self) -> ToolPlan:
-        # only where the request model declares them (chat): elsewhere a client's "tools" is an
-        # unknown extra field, raw JSON that was never validated
+        # Only a request that declares the fields has tools: on completions, "tools" would be an
+        # unknown (extra) field holding raw JSON, not FunctionTool models.
         declared = type(self).model_fields
         tools = [t.spec() for t in (getattr(self, "tools", None) or [])] if "tools" in declared else []
         choice = getattr(self, "tool_choice", None) if "tool_choice" in declared else None

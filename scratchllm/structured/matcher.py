@@ -45,6 +45,9 @@ class GrammarMatcher:
         self.num_consumed = 0
         self.compute_s = 0.0  # time spent computing masks (any thread)
         self.wait_s = 0.0  # time the sampler waited for a mask
+        self.num_masks = 0  # masks the sampler asked for
+        self.num_late = 0  # ... of which were still being computed when asked for
+        self.first_late = False  # the first one was (when the matcher is made at the first sample)
         self._pending: Future | None = _executor().submit(self._compute)
 
     def _compute(self) -> np.ndarray:  # -> [vocab_size] bool
@@ -62,6 +65,11 @@ class GrammarMatcher:
         """[vocab_size] bool: the tokens the grammar accepts next."""
         if self._pending is None:
             self._pending = _executor().submit(self._compute)
+        late = not self._pending.done()
+        if self.num_masks == 0:
+            self.first_late = late
+        self.num_masks += 1
+        self.num_late += late
         t0 = time.perf_counter()
         mask = self._pending.result()
         self.wait_s += time.perf_counter() - t0

@@ -138,9 +138,10 @@ CORPUS: list[tuple[str, str, bytes]] = [
           '"function": {"name": "f", "arguments": {}}}]}]')),
     ("function message without name", "chat", msgs('[{"role": "function", "content": "x"}]')),
     # --- refused unless neutral ------------------------------------------------------------------------
-    ("n = 2", "chat", chat(', "n": 2')),
-    ("best_of = 2", "completions", cmpl(', "best_of": 2')),
+    ("n = 0", "chat", chat(', "n": 0')),
+    ("n past the most choices", "chat", chat(', "n": 17')),
     ("best_of below n", "completions", cmpl(', "n": 3, "best_of": 2')),
+    ("best_of streamed", "completions", cmpl(', "best_of": 2, "stream": true')),
     ("suffix", "completions", cmpl(', "suffix": "tail"')),
     ("echo with logprobs", "completions", cmpl(', "echo": true, "logprobs": 1')),
     ("audio output", "chat", chat(', "audio": {"voice": "alloy", "format": "mp3"}')),

@@ -95,7 +95,9 @@ def test_logit_bias_outside_the_vocabulary_is_a_400():
 def test_choices():
     assert validate_choices(1, None, False) == (1, 1)
     assert validate_choices(3, 5, False, max_n=8) == (3, 5)
-    for args, param in (((2, None, False), "n"), ((3, 2, False, 8), "best_of"), ((1, 2, True, 8), "best_of")):
+    assert validate_choices(4, None, True) == (4, 4)  # n > 1 streams; best_of > n does not
+    for args, param in (((2, None, False, 1), "n"), ((3, 2, False, 8), "best_of"), ((1, 2, True, 8), "best_of"),
+                        ((17, None, False), "n")):
         with pytest.raises(APIError) as info:
             validate_choices(*args)
         assert info.value.param == param
@@ -185,3 +187,10 @@ def test_neutral_values_of_refused_fields_pass():
     chat(audio=None, modalities=["text"], store=False, functions=[], function_call="none", metadata={"k": "v"},
          service_tier="auto", prediction={"type": "content", "content": "x"}, parallel_tool_calls=False)
     cmpl(suffix="", echo=True, best_of=1, n=1)
+
+
+def test_tools_on_completions_are_an_unknown_field_not_a_tool_plan():
+    """Completions has no tools: the field is an extra holding raw JSON, never read as tools."""
+    req = parse_body(json.dumps({"model": "m", "prompt": "hi", "tools": [None], "tool_choice": "required"}).encode(),
+                     CompletionRequest)
+    assert req.tool_plan().mode == "none" and req.constraint() is None

@@ -59,6 +59,16 @@ def test_json_schema_mask_follows_the_schema(tok, compiler):
     assert m.is_accepting() and np.nonzero(m.allowed())[0].tolist() == [tok.eos_token_id]
 
 
+def test_json_mode_allows_any_object_and_nothing_else(tok, compiler):
+    m = compiler.json_object().new_matcher()
+    assert all(s.startswith(b"{") for s in allowed_strings(tok, m))
+    consume_text(tok, m, '{"a": [1, {"b": null}], "c": "d"')
+    after = allowed_strings(tok, m)
+    assert b"}" in after and b"," in after and not any(s[:1].isalnum() or s.startswith(b"]") for s in after)
+    consume_text(tok, m, "}")
+    assert m.is_accepting() and np.nonzero(m.allowed())[0].tolist() == [tok.eos_token_id]
+
+
 def test_sync_rolls_back_and_catches_up(tok, compiler):
     m = compiler.regex("[a-z]{1,8}=[0-9]{1,3}").new_matcher()
     ids = tok.encode("abc=12", add_special_tokens=False)
@@ -66,7 +76,7 @@ def test_sync_rolls_back_and_catches_up(tok, compiler):
     assert m.num_consumed == len(ids)
     m.sync(ids[:1])  # an engine that dropped output: the matcher follows it back
     assert m.num_consumed == 1 and m.allowed()[ids[1]]
-    assert m.compute_s > 0 and m.wait_s >= 0
+    assert m.compute_s > 0 and m.wait_s >= 0 and 0 <= m.num_late <= m.num_masks == 1
 
 
 def test_choice_and_regex_masks(tok, compiler):

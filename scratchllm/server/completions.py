@@ -1,0 +1,130 @@
+"""POST /v1/completions, plain and streamed (SSE): n choices per prompt, best_of, echo, logprobs.
+
+best_of: best_of choices are generated per prompt (on the prompt's forked KV blocks) and the n
+with the highest mean logprob per generated token are returned, best first (OpenAI's "highest
+log probability per token"). echo: the prompt's text comes before the completion's, and
+`logprobs.text_offset` counts characters of that returned text.
+"""
+
+import dataclasses
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from scratchllm.engine.protocol import RequestMetrics, RequestOutput
+from scratchllm.sampling import SamplingParams
+from scratchllm.server.generation import (
+    EventStream,
+    Generation,
+    LogprobItem,
+    choice_params,
+    max_tokens_for,
+    origin_of,
+    prompt_ids,
+    read_request,
+    sampling_params,
+    token_logprobs,
+    token_str,
+    usage_of,
+)
+from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s, timings
+from scratchllm.server.sse import SSE_DONE
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+async def completions(request: Request) -> Response | dict[str, Any]:
+    state, raw, req = await read_request(request, CompletionRequest)
+    texts = req.prompts()
+    prompts = [prompt_ids(state, p, "prompt") for p in texts]
+    if req.stream and len(prompts) > 1:
+        raise bad_request("streaming takes one prompt per request", param="prompt")
+    n = req.n
+    best_of = req.best_of or n
+    params: list[list[SamplingParams]] = []
+    for ids in prompts:
+        p = await sampling_params(state, req, max_tokens_for(state, len(ids), req.max_tokens,
+                                                              COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
+        if best_of > n and p.logprobs is None:  # the ranking needs each token's logprob
+            p = dataclasses.replace(p, logprobs=0)
+        params.append(choice_params(p, best_of))
+    rid, created = new_id("cmpl"), now_s()
+    gen = Generation(state, prompts, params, rid, origin_of(state, request, raw, "/v1/completions"))
+    head = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+    tok = state.model.tokenizer
+    echoed = [(t if isinstance(t, str) else tok.decode(ids)) if req.echo else "" for t, ids in zip(texts, prompts,
+                                                                                                  strict=True)]
+    if req.stream:
+        return EventStream(_stream(gen, head, req, tok, echoed[0]), gen)
+    results = await gen.collect(request.receive)
+    if results is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    choices = []
+    for q in range(len(prompts)):
+        for j, r in enumerate(_best(results[q * best_of:(q + 1) * best_of], n)):
+            text = echoed[q] + r.text
+            lp = _logprobs(tok, token_logprobs(r), len(echoed[q]), len(text)) if req.logprobs is not None else None
+            choices.append({"index": q * n + j, "text": text, "finish_reason": r.finish_reason, "logprobs": lp})
+    n_out = sum(len(r.token_ids) for r in results)  # best_of: every generated token is billed, as OpenAI does
+    return {**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
+            "timings": timings(results[0].metrics)}
+
+
+def mean_logprob(r: RequestOutput) -> float:
+    """The ranking score of a choice: its mean logprob per generated token (-inf without one)."""
+    lps = [lp for lp, _ in r.logprobs or [] if lp is not None]
+    return sum(lps) / len(lps) if lps else float("-inf")
+
+
+def _best(results: list[RequestOutput], n: int) -> list[RequestOutput]:
+    """The n best of one prompt's choices (all of them, in order, when there are only n)."""
+    if len(results) == n:
+        return results
+    order = sorted(range(len(results)), key=lambda i: (-mean_logprob(results[i]), i))  # ties: the earlier choice
+    return [results[i] for i in order[:n]]
+
+
+def _logprobs(tok: Any, items: list[LogprobItem], start: int, end: int) -> dict[str, Any]:
+    """OpenAI's completions logprobs; text_offset[i] is where token i's text starts in the
+    returned text (`start`: after the echoed prompt), never past its `end`."""
+    tokens = [token_str(tok, t) for t, _, _ in items]
+    offsets, at = [], start
+    detok = tok.detokenizer(skip_special_tokens=True)  # an end token shows no text
+    for t, _, _ in items:
+        offsets.append(min(at, end))
+        at += len(detok.push(t)) if t is not None else 0
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
+            "top_logprobs": [{token_str(tok, i): lp for i, lp in top or ()} for _, _, top in items],
+            "text_offset": offsets}
+
+
+async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest, tok: Any,
+                  echoed: str) -> AsyncGenerator[bytes, None]:
+    n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * len(gen.streams))
+    sent = [len(echoed)] * len(gen.streams)  # characters of each choice's returned text so far
+    if echoed:
+        for k in range(len(gen.streams)):
+            yield gen.chunks.encode({**head, "choices": [{"index": k, "text": echoed, "finish_reason": None,
+                                                          "logprobs": None}]})
+    async for k, event in gen.merged():
+        counted = event.finish_reason != "abort"
+        n_out += counted
+        if event.text or event.finish_reason:
+            choice: dict[str, Any] = {"index": k, "text": event.text, "finish_reason": event.finish_reason,
+                                      "logprobs": None}
+            if req.logprobs is not None and counted:
+                item = (event.token_id, event.logprob, event.top_logprobs)
+                lp = _logprobs(tok, [item], sent[k], sent[k] + len(event.text))
+                choice["logprobs"] = lp
+            sent[k] += len(event.text)
+            chunk = {**head, "choices": [choice]}
+            if event.finish_reason:
+                chunk["timings"] = timings(event.metrics)
+                metrics[k] = event.metrics
+            yield gen.chunks.encode(chunk)
+    if req.stream_options and req.stream_options.include_usage:
+        yield gen.chunks.encode({**head, "choices": [], "usage": usage_of(gen, n_out, metrics)})
+    yield SSE_DONE
+
