@@ -14,20 +14,8 @@ from scratchllm.engine.static import StaticEngine
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
+from .test_async_engine import LetterTokenizer  # token t is the letter chr(97 + t % 26)
 from .tiny import tiny_llama
-
-
-class LetterTokenizer:
-    """Token id t is the letter chr(97 + t % 26): text to cut stop strings in."""
-
-    eos_token_id = None
-
-    def detokenizer(self, skip_special_tokens=True):
-        class D:
-            def push(self, t):
-                return chr(97 + t % 26)
-
-        return D()
 
 
 @pytest.fixture(scope="module")
