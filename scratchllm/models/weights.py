@@ -1,4 +1,5 @@
-"""Taking weights out of a checkpoint by their Hugging Face names, shape-checked (STYLE.md 3)."""
+"""Taking weights out of a checkpoint by their Hugging Face names, every shape checked: a missing, extra
+or mis-shaped tensor fails loudly at load."""
 
 import numpy as np
 
