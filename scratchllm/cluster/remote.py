@@ -27,7 +27,7 @@ from typing import Any
 
 from scratchllm.cluster.ledger import PREDICTIONS
 from scratchllm.cluster.view import Accuracy
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent
+from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -111,8 +111,7 @@ class RemoteEngine:
                      request_ids: list[str] | None = None) -> list[RequestStream]:
         """n > 1 across the cluster: each choice is a request of its own (the router sends
         requests with the same prompt to the replica that holds its blocks)."""
-        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
-        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+        return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
         task = self._tasks.get(request_id)

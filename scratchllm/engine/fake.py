@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent
+from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
@@ -147,8 +147,7 @@ class FakeEngine:
     def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
                      request_ids: Sequence[str] | None = None) -> list[RequestStream]:
         """One request per params; nothing is shared between them (only the paged engine can)."""
-        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
-        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+        return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -188,6 +188,13 @@ class RequestStream:
         """Stop the request; its KV blocks go back to the pool. A no-op once it has finished."""
         if not self.finished:
             self._abort(self.request_id)
+
+
+def submit_each(submit: Callable[..., Any], prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
+                request_ids: Sequence[str] | None = None) -> list[Any]:
+    """submit_group for an engine that cannot share a prompt's blocks: one submit per params."""
+    ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
+    return [submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.engine.paged_attention import PagedAttention
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent
+from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.models.attention import softmax_
 from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
 
@@ -263,8 +263,7 @@ class StaticEngine:
     def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
                      request_ids: Sequence[str] | None = None) -> list[RequestStream]:
         """One request per params; nothing is shared between them (only the paged engine can)."""
-        ids: list[str | None] = list(request_ids) if request_ids is not None else [None] * len(params)
-        return [self.submit(prompt_token_ids, p, rid) for p, rid in zip(params, ids, strict=True)]
+        return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
         with self._cv:
