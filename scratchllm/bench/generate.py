@@ -75,12 +75,12 @@ def _prompt_ids(model, n: int) -> np.ndarray:
 
 
 def time_prefill(model, n: int, repeat: int, slow_after: float | None = None) -> list[float]:
-    from scratchllm.models import ContiguousKVCache
+    from scratchllm.engine.paged_attention import PagedSequence
 
     ids, pos = _prompt_ids(model, n), np.arange(n)
     times = []
     for _ in range(repeat + 1):  # the first run warms caches and page tables; dropped
-        cache = ContiguousKVCache.for_model(model.config, n + 1)
+        cache = PagedSequence(model.config, n + 1)
         t = time.perf_counter()
         model.forward(ids, pos, cache, logits_rows=[n - 1])
         times.append(time.perf_counter() - t)
@@ -94,11 +94,11 @@ def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16,
     """Wall seconds and this thread's CPU seconds for `new_tokens` greedy decode steps after a
     short prompt (prefill not included). With one BLAS thread all work runs on this thread, so
     its CPU time is what the run would take with a core to itself (memory stalls included)."""
-    from scratchllm.models import ContiguousKVCache
+    from scratchllm.engine.paged_attention import PagedSequence
 
     times, cpu = [], []
     for _ in range(repeat):
-        cache = ContiguousKVCache.for_model(model.config, prompt_len + new_tokens + 1)
+        cache = PagedSequence(model.config, prompt_len + new_tokens + 1)
         logits = model.forward(_prompt_ids(model, prompt_len), np.arange(prompt_len), cache, logits_rows=[-1])
         t, c = time.perf_counter(), time.thread_time()
         for _ in range(new_tokens):

@@ -71,8 +71,8 @@ def _rss_mb() -> float:
 
 def _ours(spec: dict) -> dict:
     from scratchllm.bench.generate import weight_bytes_per_token
+    from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.llm import LLM
-    from scratchllm.models import ContiguousKVCache
     from scratchllm.sampling import SamplingParams
 
     t = time.perf_counter()
@@ -82,12 +82,12 @@ def _ours(spec: dict) -> dict:
     ids = workload(model.config.vocab_size, spec)
     prefill = np.array(ids["prefill"])
     for _ in range(2):  # the first warms caches and page tables
-        cache = ContiguousKVCache.for_model(model.config, len(prefill) + 1)
+        cache = PagedSequence(model.config, len(prefill) + 1)
         t = time.perf_counter()
         model.forward(prefill, np.arange(len(prefill)), cache, logits_rows=[len(prefill) - 1])
         out["prefill_tok_s"] = len(prefill) / (time.perf_counter() - t)
     prompt = np.array(ids["decode"])
-    cache = ContiguousKVCache.for_model(model.config, len(prompt) + spec["new_tokens"] + 1)
+    cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
     greedy = []
     t = time.perf_counter()

@@ -57,10 +57,10 @@ def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
     """ms per decode step: total, matmuls, attention, rest (array kernels), python (the remainder)."""
     import importlib
 
-    from scratchllm.models import ContiguousKVCache
+    from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.models.packed import PackedWeight
 
-    cache = ContiguousKVCache.for_model(model.config, prompt_len + steps + 1)
+    cache = PagedSequence(model.config, prompt_len + steps + 1)
     ids = np.arange(prompt_len) % model.config.vocab_size
     logits = model.forward(ids, np.arange(prompt_len), cache, logits_rows=[-1])
     totals = {"matmuls": 0.0, "attention": 0.0, "rest": 0.0}

@@ -89,6 +89,33 @@ class PagedAttention:
         return out
 
 
+class PagedSequence:
+    """One sequence in a pool of its own, through the engine's kernel: the call of the simple
+    ContiguousKVCache (`cache(layer, q, k, v)`, `cache.length`), with the attention a served
+    request gets. The single-stream benches run on it, so that they time that attention rather
+    than the NumPy reference one."""
+
+    def __init__(self, config: ModelConfig, max_len: int, block_size: int = 16, num_threads: int = 0) -> None:
+        blocks = -(-max_len // block_size)
+        self.attention = PagedAttention.for_model(config, blocks, block_size, num_threads)
+        self.table = np.arange(blocks, dtype=np.int32)[None]  # the sequence owns every block, in order
+        self.capacity = blocks * block_size
+        self.num_layers = config.num_layers
+        self.length = 0  # positions every layer holds (between forward passes)
+
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> npt.NDArray[np.float32]:
+        n = q.shape[0]
+        if layer == 0:  # a forward pass begins: its n tokens take the next positions
+            if self.length + n > self.capacity:
+                raise ValueError(f"this sequence holds {self.capacity} positions; the step needs {self.length + n}")
+            pos = np.arange(self.length, self.length + n, dtype=np.int32)
+            self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos)
+        out = self.attention(layer, q, k, v)
+        if layer == self.num_layers - 1:
+            self.length += n
+        return out
+
+
 def reference_attention(q: Floats, k: Floats, v: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints,
                         token_seq: Ints, token_pos: Ints) -> npt.NDArray[np.float32]:
     """NumPy paged attention for one layer: the same contract as the kernel, written plainly.

@@ -26,3 +26,16 @@ def map_file(path: Path) -> np.ndarray:
         raise FormatError(path, f"cannot read: {err.strerror or err}") from None
     return np.frombuffer(mm, dtype=np.uint8)
 
+
+
+def release_pages(mapped: np.ndarray) -> None:
+    """Unmap from this process the pages it has read of the file a `map_file` array (or any view
+    of one) maps: MADV_DONTNEED over the whole mapping.
+    The file stays mapped and the page cache keeps its pages: a later read faults them back in
+    from memory, not from disk. For a model whose weights were moved into panels at load time:
+    the file's copy stops counting in the process's resident memory."""
+    mm = mapped
+    while isinstance(mm, (np.ndarray, memoryview)):
+        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
+    if isinstance(mm, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        mm.madvise(mmap.MADV_DONTNEED)

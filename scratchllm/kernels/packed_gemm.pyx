@@ -370,12 +370,18 @@ cdef extern from *:
                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)))};
         memcpy(v, f, sizeof v);
     #elif PG_VL == 8 && defined(__AVX2__)
-        __m128i all = _mm_loadu_si128((const __m128i *)b), mask = _mm_set1_epi8(0x0F);
-        __m128i lo = _mm_and_si128(all, mask), hi = _mm_and_si128(_mm_srli_epi16(all, 4), mask);
-        __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo))),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)))};
+        /* The 16 bytes in both 128-bit lanes; one in-lane byte shuffle then puts bytes 0..3 (lane 0)
+           and 4..7 (lane 1) into the low byte of eight 32-bit lanes: columns 0..7, both nibbles.
+           Two shuffles per 32 weights, where zero-extending each nibble half took six. */
+        __m256i all = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b));
+        const __m256i cols_0_7 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                                  4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+        const __m256i cols_8_15 = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
+                                                   12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
+        const __m256i mask = _mm256_set1_epi32(0x0F);
+        __m256i b0 = _mm256_shuffle_epi8(all, cols_0_7), b1 = _mm256_shuffle_epi8(all, cols_8_15);
+        __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, mask)),
+                       _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
         memcpy(v, f, sizeof v);
     #else
         float f[4][PG_VL];
@@ -536,6 +542,48 @@ cdef extern from *:
                 h[i * 2 * K2 + k] = 0;
         }
     }
+
+    /* ---- panels straight from a GGUF file's blocks (load time): bytes moved, nothing computed ----
+       rows[o]: address of weight row o's first block (column o of y = x @ W), types[o]: its block
+       type (PG_Q4_0, PG_Q4_1, PG_Q8_0). A block holds 32 consecutive k of one row: f16 d, (Q4_1:
+       f16 m,) then Q4: 16 bytes, byte i = q[i] | q[16 + i] << 4; Q8_0: 32 int8. Task p fills panel
+       p (its NR rows, the right edge's missing ones stay the zeros they were allocated as). */
+    enum { PG_Q4_0 = 0, PG_Q4_1 = 1, PG_Q8_0 = 2 };
+    typedef struct {
+        const uint8_t *const *rows;
+        const uint8_t *types;
+        long N, K;
+        uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs; Q8_0: int8 [P, K, NR] */
+        uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (Q8_0 and Q4_0: m untouched) */
+    } pg_repack_job;
+
+    static void pg_repack_task(void *ctx, long p) {
+        const pg_repack_job *j = (const pg_repack_job *)ctx;
+        long G = j->K / 32;
+        for (long jj = 0; jj < PG_NR && p * PG_NR + jj < j->N; jj++) {
+            long o = p * PG_NR + jj;
+            int type = j->types[o];
+            long bs = type == PG_Q8_0 ? 34 : type == PG_Q4_1 ? 20 : 18, head = type == PG_Q4_1 ? 4 : 2;
+            for (long g = 0; g < G; g++) {
+                const uint8_t *blk = j->rows[o] + g * bs, *qs = blk + head;
+                long at = (p * G + g) * PG_NR + jj;
+                memcpy(&j->d[at], blk, 2);
+                if (type == PG_Q4_1)
+                    memcpy(&j->m[at], blk + 2, 2);
+                if (type == PG_Q8_0) {
+                    int8_t *q = (int8_t *)j->q + (p * j->K + 32 * g) * PG_NR + jj;
+                    for (int i = 0; i < 32; i++)
+                        q[i * PG_NR] = (int8_t)qs[i];
+                    continue;
+                }
+                uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR + jj;
+                for (int t = 0; t < 8; t++)  /* k = 2t, 2t + 1 < 16: low nibbles */
+                    q[t * PG_NR] = (uint8_t)((qs[2 * t] & 0x0F) | (qs[2 * t + 1] & 0x0F) << 4);
+                for (int t = 8; t < 16; t++)  /* k = 2t, 2t + 1 >= 16: high nibbles of bytes k - 16 */
+                    q[t * PG_NR] = (uint8_t)((qs[2 * t - 16] >> 4) | (qs[2 * t - 15] >> 4) << 4);
+            }
+        }
+    }
     """
     int SCRATCHLLM_BF16_DOT
     const char *SCRATCHLLM_COMPILED_FEATURES
@@ -564,6 +612,15 @@ cdef extern from *:
         long M, K, n, kc, P, chunk, fused_tiles
         int bits
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
+    int PG_Q4_0, PG_Q4_1, PG_Q8_0
+    ctypedef struct pg_repack_job:
+        const uint8_t *const *rows
+        const uint8_t *types
+        long N, K
+        uint8_t *q
+        uint16_t *d
+        uint16_t *m
+    void pg_repack_task(void *ctx, long p) noexcept nogil
 
 
 NR = PG_NR
@@ -707,6 +764,62 @@ def pack_q4(q, d, m) -> Q4Panels:
     assert qp.max(initial=0) < 16, "4-bit values"
     return Q4Panels(np.ascontiguousarray(qp[:, 0::2] | (qp[:, 1::2] << 4)), _column_panels(d, P, np.float16),
                     _column_panels(m, P, np.float16))
+
+
+BLOCK_TYPES = {"Q4_0": PG_Q4_0, "Q4_1": PG_Q4_1, "Q8_0": PG_Q8_0}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def pack_blocks(parts, Py_ssize_t K):
+    """Panels straight from a GGUF file's blocks: `parts` is a list of (type name, raw uint8 array
+    [rows, K / 32 * block bytes] (a view of the mapped file), row order or None), fused along the
+    output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
+    parts -> Q4Panels (None if a Q4_0 scale's -8 d overflows float16: see ggml_quants.as_q4);
+    Q8_0 parts only -> Q8Panels. The bytes are moved once, by the kernel pool's threads; no
+    temporary as large as the matrix is made."""
+    if K % 32:
+        raise ValueError(f"K = {K} is not a whole number of 32-weight blocks")
+    kinds = {t for t, _, _ in parts}
+    if not kinds <= set(BLOCK_TYPES) or ("Q8_0" in kinds and len(kinds) > 1):
+        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts or Q8_0 parts, not {sorted(kinds)}")
+    addresses, types = [], []
+    for type_name, raw, order in parts:
+        row_bytes = K // 32 * BLOCK_BYTES[type_name]
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != row_bytes or not raw.flags.c_contiguous:
+            raise ValueError(f"{type_name} rows must be C-contiguous uint8 [rows, {row_bytes}], got {raw.shape}")
+        rows = np.arange(raw.shape[0]) if order is None else np.asarray(order)
+        if rows.shape != (raw.shape[0],) or (len(rows) and (rows.min() < 0 or rows.max() >= raw.shape[0])):
+            raise ValueError("the row order must be a permutation of the part's rows")
+        addresses.append(raw.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes))
+        types.append(np.full(raw.shape[0], BLOCK_TYPES[type_name], dtype=np.uint8))
+    cdef const unsigned long long[::1] addr = np.ascontiguousarray(np.concatenate(addresses), dtype=np.uint64)
+    type_ids = np.concatenate(types)
+    cdef const uint8_t[::1] kind = type_ids
+    cdef Py_ssize_t N = addr.shape[0], P = (N + PG_NR - 1) // PG_NR  # C division here: no -(-N // NR)
+    q8 = "Q8_0" in kinds
+    q = np.zeros((P, K if q8 else K // 2, PG_NR), dtype=np.int8 if q8 else np.uint8)
+    d = np.zeros((P, K // 32, PG_NR), dtype=np.uint16)
+    m = np.zeros((P, K // 32, PG_NR), dtype=np.uint16)
+    cdef uint8_t[:, :, ::1] qv = q.view(np.uint8)
+    cdef uint16_t[:, :, ::1] dv = d, mv = m
+    cdef pg_repack_job job
+    job.rows, job.types, job.N, job.K = <const uint8_t *const *> &addr[0], &kind[0], N, K
+    job.q, job.d, job.m = &qv[0, 0, 0], &dv[0, 0, 0], &mv[0, 0, 0]
+    with nogil:
+        pool.run(pg_repack_task, &job, P, pool.num_threads())
+    d16 = d.view(np.float16)
+    if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), m = 0
+        return Q8Panels(q, d16.astype(np.float32), np.zeros(d.shape, dtype=np.float32))
+    if "Q4_0" in kinds:  # m = -8 d where the row is Q4_0 (exact, as in as_q4), the file's m where Q4_1
+        col = np.zeros(P * PG_NR, dtype=bool)
+        col[:N] = type_ids == PG_Q4_0
+        q4_0 = col.reshape(P, 1, PG_NR)  # broadcasts over the groups of each panel column
+        d32 = d16.astype(np.float32)
+        if np.abs(np.where(q4_0, d32, 0)).max(initial=0) * 8 > np.finfo(np.float16).max:
+            return None
+        m = np.where(q4_0, (-8 * d32).astype(np.float16), m.view(np.float16))
+        return Q4Panels(q, d16, np.ascontiguousarray(m))
+    return Q4Panels(q, d16, m.view(np.float16))
 
 
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:

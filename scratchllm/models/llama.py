@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from scratchllm.kernels import pointwise
+from scratchllm.kernels import packed_gemm, pointwise
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import DTYPES, PackedWeight
@@ -209,13 +209,30 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
             parts.append(part)
         return parts
 
+    def from_blocks(names, shapes) -> PackedWeight | None:  # the file's blocks moved into panels, or None
+        if dtype != "quantized" or not hasattr(w, "blocks") or any(n not in w for n in names):
+            return None
+        parts = [w.blocks(n) for n in names]
+        if any(p is None for p in parts):
+            return None
+        kinds = {p[0] for p in parts}
+        if "Q8_0" in kinds and len(kinds) > 1:  # Q8_0 beside Q4: the 8-bit panels of from_quantized_rows
+            return None
+        for name, shape, (kind, raw, _) in zip(names, shapes, parts, strict=True):
+            if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
+                raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
+                                 f"blocks, expected shape {shape}")
+        return PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)))
+
     def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
-        parts = quantized(names, shapes)
-        if parts is not None:
-            packed = PackedWeight.from_quantized_rows(parts)
-        else:  # "quantized" with a matrix the file stores unquantized: float32
-            packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)],
-                                            "float32" if dtype == "quantized" else dtype)
+        packed = from_blocks(names, shapes)  # the fast path: the file's blocks, moved once
+        if packed is None:
+            parts = quantized(names, shapes)
+            if parts is not None:
+                packed = PackedWeight.from_quantized_rows(parts)
+            else:  # "quantized" with a matrix the file stores unquantized: float32
+                packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)],
+                                                "float32" if dtype == "quantized" else dtype)
         col = 0
         for name, shape in zip(names, shapes, strict=True):
             view.parts[name] = (packed, slice(col, col + shape[0]))

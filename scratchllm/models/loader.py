@@ -12,10 +12,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from scratchllm.dtypes import DTYPES
 from scratchllm.errors import ConfigError, FormatError
 from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats import load_checkpoint
+from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
 from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
@@ -112,6 +115,19 @@ class GGUFAsHF(Mapping):
         q, d, m = four or gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
         return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
 
+    def blocks(self, hf_name: str):
+        """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D Q8_0 / Q4_0 / Q4_1
+        tensor: its blocks as the file stores them (a view of the mapped file, nothing read yet),
+        and for q/k rows the order that undoes llama.cpp's permutation (output row i is stored
+        row order[i]); None for any other type. What packed_gemm.pack_blocks takes."""
+        info = self.ckpt.tensor_info(self.names[hf_name])
+        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
+            return None
+        rows = info.shape[0]
+        raw = self.ckpt.raw(info.name).reshape(rows, -1)
+        order = self._unpermute(hf_name, np.arange(rows))
+        return info.dtype, raw, None if np.array_equal(order, np.arange(rows)) else order
+
     def __iter__(self):
         return iter(self.names)
 
@@ -137,6 +153,13 @@ class _Recorder(Mapping):
     def quantized(self, name):
         """The inner checkpoint's quantized form of `name` (GGUF only), or None."""
         value = self.inner.quantized(name) if hasattr(self.inner, "quantized") else None
+        if value is not None:
+            self.read.add(name)
+        return value
+
+    def blocks(self, name):
+        """The inner checkpoint's raw blocks of `name` (GGUF only; see GGUFAsHF.blocks), or None."""
+        value = self.inner.blocks(name) if hasattr(self.inner, "blocks") else None
         if value is not None:
             self.read.add(name)
         return value
@@ -209,6 +232,10 @@ def load_model(ref="default", dtype: str = "auto"):
     if extra:
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
                                      + ", ".join(extra[:5]))
+    if ckpt.format == "gguf" and dtype == "quantized":
+        # every matrix now lives in panels; what the model still reads of the file (norm vectors,
+        # a few KiB) faults back in from the page cache
+        release_pages(ckpt.raw(next(iter(ckpt))))
     model.path = str(path)
     model.format = ckpt.format
     model.dtype = dtype  # what "auto" resolved to, for every family (Llama sets it too)

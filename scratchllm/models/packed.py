@@ -53,6 +53,21 @@ class PackedWeight:
         self.panels = (packed_gemm.pack_q4 if four_bit else packed_gemm.pack_q8)(q.T, d.T, m.T)
         return self
 
+    @classmethod
+    def from_blocks(cls, parts, shape: tuple[int, int]) -> "PackedWeight | None":
+        """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
+        packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
+        `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
+        -8 d overflows float16): `from_quantized_rows` handles those."""
+        panels = packed_gemm.pack_blocks(parts, shape[0])
+        if panels is None:
+            return None
+        self = cls.__new__(cls)
+        self.shape = tuple(shape)
+        self.dtype = "quantized"
+        self.panels = panels
+        return self
+
     def __rmatmul__(self, x):  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:
             raise ValueError(f"x of shape {x.shape} @ a [{self.shape[0]}, {self.shape[1]}] weight")

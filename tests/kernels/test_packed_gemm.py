@@ -213,3 +213,58 @@ def test_four_bit_packing_refuses_bad_input():
         pg.pack_q4(q[:40], d, m)
     with pytest.raises(ValueError, match="do not fit"):
         pg.matmul(np.ones((1, 32), np.float32), pg.pack_q4(q, d, m), 8)
+
+
+def raw_blocks(kind, rows, K, seed=0, big_scale=False):
+    """Random GGUF blocks of a [rows, K] tensor as the file stores them: uint8 [rows, row bytes]."""
+    from scratchllm.formats import ggml_quants as gq
+
+    rng = np.random.default_rng(seed)
+    blocks = np.zeros((rows, K // 32), dtype=gq.BLOCK_DTYPES[kind])
+    scale = 1e4 if big_scale else 0.02
+    blocks["d"] = (rng.standard_normal(blocks.shape) * scale).astype(np.float16).view(np.uint16).view("<f2")
+    if kind == "Q4_1":
+        blocks["m"] = (rng.standard_normal(blocks.shape) * 0.05).astype(np.float16)
+    blocks["qs"] = rng.integers(0, 256, blocks["qs"].shape).astype(blocks["qs"].dtype)
+    return blocks.view(np.uint8).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kinds", [("Q4_1",), ("Q4_0",), ("Q4_1", "Q4_0", "Q4_1"), ("Q8_0",), ("Q8_0", "Q8_0")])
+def test_panels_straight_from_blocks_equal_the_panels_of_the_decoded_blocks(kinds):
+    """pack_blocks moves a file's bytes; the result must be what decoding the blocks (as_q4 / as_q8,
+    tested against the gguf package) and packing them gives, byte for byte, with fused parts and
+    a row order (the q/k unpermutation) applied."""
+    from scratchllm.formats import ggml_quants as gq
+
+    K, rows = 96, [40, 24, 8][: len(kinds)]
+    parts, decoded = [], []
+    for i, (kind, n) in enumerate(zip(kinds, rows, strict=True)):
+        raw = raw_blocks(kind, n, K, seed=i)
+        order = np.random.default_rng(10 + i).permutation(n) if i != 1 else None
+        parts.append((kind, raw, order))
+        four = kind != "Q8_0"
+        q, d, m = (gq.as_q4 if four else gq.as_q8)(kind, raw.reshape(-1), (n, K))
+        sel = np.arange(n) if order is None else order
+        decoded.append((q[sel], d[sel], m[sel]))
+    got = pg.pack_blocks(parts, K)
+    cat = [np.concatenate([p[j] for p in decoded]).T for j in range(3)]
+    want = (pg.pack_q8 if kinds[0] == "Q8_0" else pg.pack_q4)(*cat)
+    assert type(got) is type(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    x = np.random.default_rng(3).standard_normal((2, K)).astype(np.float32)
+    N = sum(rows)
+    assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, want, N))
+
+
+def test_pack_blocks_refuses_what_it_cannot_keep():
+    K = 64
+    assert pg.pack_blocks([("Q4_0", raw_blocks("Q4_0", 16, K, big_scale=True), None)], K) is None  # -8 d overflows
+    with pytest.raises(ValueError, match="Q4_0/Q4_1 parts or Q8_0 parts"):
+        pg.pack_blocks([("Q8_0", raw_blocks("Q8_0", 16, K), None), ("Q4_1", raw_blocks("Q4_1", 16, K), None)], K)
+    with pytest.raises(ValueError, match="rows must be"):
+        pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K)[:, :-1], None)], K)
+    with pytest.raises(ValueError, match="permutation"):
+        pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K), np.arange(16) + 1)], K)
+    with pytest.raises(ValueError, match="32-weight blocks"):
+        pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K), None)], 40)
