@@ -347,13 +347,14 @@ cdef extern from *:
         *w1 = b + s->m1;
     }
 
-    /* Row k of an 8-bit panel as NR floats. */
+    /* Row k of an 8-bit panel as NR floats. `exact`: the panels' d are float16 values (a GGUF
+       file's), so d * q is exact and one FMA gives d * q + m (see pg_scale_row). */
     static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                               pg_vec *w0, pg_vec *w1) {
+                                                               pg_vec *w0, pg_vec *w1, const int exact) {
         pg_vec a, b;
         pg_int8_to_f32(qrow, &a);
         pg_int8_to_f32(qrow + PG_VL, &b);
-        pg_scale_row(a, b, s, w0, w1, 0);
+        pg_scale_row(a, b, s, w0, w1, exact);
     }
 
     /* Byte row k2 of a 4-bit panel -> rows 2 k2 (w[0], w[1]) and 2 k2 + 1 (w[2], w[3]) as floats:
@@ -396,7 +397,7 @@ cdef extern from *:
     }
 
     /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it. */
-    typedef struct { const void *q, *d, *m; int bits; } pg_qpanel;
+    typedef struct { const void *q, *d, *m; int bits, exact; } pg_qpanel;  /* exact: see pg_q8_row */
 
     static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {
         return a->bits == 8 ? pg_q8_group_at((const float *)a->d, (const float *)a->m, g)
@@ -419,8 +420,8 @@ cdef extern from *:
             for (long k = 32 * g; k < 32 * g + 32; k += 2) {
                 pg_vec w[4];
                 if (a->bits == 8) {
-                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1]);
-                    pg_q8_row((const int8_t *)a->q + (k + 1) * PG_NR, &s, &w[2], &w[3]);
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1], a->exact);
+                    pg_q8_row((const int8_t *)a->q + (k + 1) * PG_NR, &s, &w[2], &w[3], a->exact);
                 } else {
                     pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
                 }
@@ -431,8 +432,9 @@ cdef extern from *:
 
     /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
        at once, so the panel streams from memory without pauses (a block-then-compute loop would
-       let the prefetcher stall between blocks). bits is a constant at every call site. */
-    static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const float *x,
+       let the prefetcher stall between blocks). bits and exact are constants at every call site. */
+    static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int exact,
+                                                                  const float *x,
                                                                   long lda, const pg_qpanel *a, long kc, float *c,
                                                                   long ldc, int cols, int first) {
         pg_vec acc[2 * PG_MAXR];
@@ -443,7 +445,7 @@ cdef extern from *:
             if (bits == 8) {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
                 for (long k = 32 * g; k < 32 * g + 32; k++) {
                     pg_vec w0, w1;
-                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1);
+                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
                     for (int r = 0; r < R; r++) {
                         float xr = x[r * lda + k];
                         acc[2 * r] += xr * w0;
@@ -472,15 +474,21 @@ cdef extern from *:
 
     static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
                            int cols, int first) {
-        if (a->bits == 8) {
+        if (a->bits == 8 && a->exact) {
             switch (R) {
-    #define PG_CASE(n) case n: pg_micro_q_r(n, 8, x, lda, a, kc, c, ldc, cols, first); break;
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 8, 1, x, lda, a, kc, c, ldc, cols, first); break;
+            PG_CASES
+    #undef PG_CASE
+            }
+        } else if (a->bits == 8) {
+            switch (R) {
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 8, 0, x, lda, a, kc, c, ldc, cols, first); break;
             PG_CASES
     #undef PG_CASE
             }
         } else {
             switch (R) {
-    #define PG_CASE(n) case n: pg_micro_q_r(n, 4, x, lda, a, kc, c, ldc, cols, first); break;
+    #define PG_CASE(n) case n: pg_micro_q_r(n, 4, 1, x, lda, a, kc, c, ldc, cols, first); break;
             PG_CASES
     #undef PG_CASE
             }
@@ -493,7 +501,7 @@ cdef extern from *:
         const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit) */
         float *c;                 /* [M, n] */
         long M, K, n, kc, P, chunk, fused_tiles;
-        int bits;
+        int bits, exact;
     } pg_q8_job;
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -511,7 +519,7 @@ cdef extern from *:
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
         long scale = j->bits == 8 ? sizeof(float) : sizeof(uint16_t), groups = p * (j->K / 32) * PG_NR;
         pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
-                           (const char *)j->d + groups * scale, (const char *)j->m + groups * scale, j->bits};
+                           (const char *)j->d + groups * scale, (const char *)j->m + groups * scale, j->bits, j->exact};
         long ntiles = (j->M + PG_MAXR - 1) / PG_MAXR, r0;
         int rows, cols = pg_panel_cols(j->n, p);
         for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
@@ -610,7 +618,7 @@ cdef extern from *:
         const void *m
         float *c
         long M, K, n, kc, P, chunk, fused_tiles
-        int bits
+        int bits, exact
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
     int PG_Q4_0, PG_Q4_1, PG_Q8_0
     ctypedef struct pg_repack_job:
@@ -698,6 +706,7 @@ class Q8Panels(NamedTuple):
     q: np.ndarray  # [P, K, NR] int8
     d: np.ndarray  # [P, K/32, NR] float32
     m: np.ndarray  # [P, K/32, NR] float32
+    exact: bool = False  # every d is a float16 value, so d * q is exact and the kernel may fuse d * q + m
 
     @property
     def nbytes(self) -> int:
@@ -752,7 +761,11 @@ def pack_q8(q, d, m) -> Q8Panels:
     m[k // 32, j] -> its Q8Panels (columns zero-padded to whole panels: q = d = m = 0)."""
     K, N = _check_groups(q, d, m)
     P = -(-N // PG_NR)
-    return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32))
+    d32 = np.asarray(d, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        exact = bool(np.array_equal(d32.astype(np.float16).astype(np.float32), d32))  # 11 bits x 8 bits: exact
+    return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32),
+                    exact)
 
 
 def pack_q4(q, d, m) -> Q4Panels:
@@ -809,7 +822,7 @@ def pack_blocks(parts, Py_ssize_t K):
         pool.run(pg_repack_task, &job, P, pool.num_threads())
     d16 = d.view(np.float16)
     if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), m = 0
-        return Q8Panels(q, d16.astype(np.float32), np.zeros(d.shape, dtype=np.float32))
+        return Q8Panels(q, d16.astype(np.float32), np.zeros(d.shape, dtype=np.float32), True)
     if "Q4_0" in kinds:  # m = -8 d where the row is Q4_0 (exact, as in as_q4), the file's m where Q4_1
         col = np.zeros(P * PG_NR, dtype=bool)
         col[:N] = type_ids == PG_Q4_0
@@ -865,7 +878,7 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
     elif isinstance(panels, Q8Panels):
         if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
             raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
-        _matmul_q8(x, panels.q, panels.d, panels.m, n, out)
+        _matmul_q8(x, panels.q, panels.d, panels.m, panels.exact, n, out)
     elif panels.dtype == np.uint16:
         if panels.ndim != 4 or panels.shape[1] * 2 not in (K, K + 1) or panels.shape[2:] != (PG_NR, 2):
             raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
@@ -895,10 +908,10 @@ cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_s
         pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
 
 
-cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const void *m, int bits, Py_ssize_t P,
-                    Py_ssize_t n, float[:, ::1] c):
+cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const void *m, int bits, int exact,
+                    Py_ssize_t P, Py_ssize_t n, float[:, ::1] c):
     cdef pg_q8_job job
-    job.x, job.q, job.d, job.m, job.c, job.bits = &x[0, 0], q, d, m, &c[0, 0], bits
+    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact = &x[0, 0], q, d, m, &c[0, 0], bits, exact
     job.M, job.K, job.n, job.kc = x.shape[0], x.shape[1], n, KC  # the float32 kernel's blocks: the same sums
     assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit the task's buffer"
     cdef int threads = _threads_for(job.M * job.K * n)
@@ -910,13 +923,13 @@ cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const v
 
 
 cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
-                     const float[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
-    _matmul_q(x, &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 8, q.shape[0], n, c)
+                     const float[:, :, ::1] m, int exact, Py_ssize_t n, float[:, ::1] c):
+    _matmul_q(x, &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 8, exact, q.shape[0], n, c)
 
 
 cdef void _matmul_q4(const float[:, ::1] x, const uint8_t[:, :, ::1] q4, const uint16_t[:, :, ::1] d,
                      const uint16_t[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
-    _matmul_q(x, &q4[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 4, q4.shape[0], n, c)
+    _matmul_q(x, &q4[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 4, 1, q4.shape[0], n, c)
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,

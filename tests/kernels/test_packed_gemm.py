@@ -179,6 +179,18 @@ def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_fo
     assert_quantized_panels_compute_w(panels, w, M)
 
 
+@pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES[:3])
+def test_eight_bit_panels_with_any_float32_scale_round_the_product_first(M, K, N):
+    """Scales that are not float16 values: d * q is rounded before + m (no fused multiply-add), as the
+    dequantized matrix was made."""
+    q, _, m, _ = quantized_operands(K, N, "Q4_1")
+    d = (np.random.default_rng(5).standard_normal((K // 32, N)) * 0.02).astype(np.float32)  # 24-bit mantissas
+    w = (q.astype(np.float32).reshape(K // 32, 32, N) * d[:, None] + m[:, None]).reshape(K, N)
+    panels = pg.pack_q8(q, d, m)
+    assert not panels.exact
+    assert_quantized_panels_compute_w(panels, w, M)
+
+
 def test_quantized_packing_refuses_bad_shapes():
     q, d, m, _ = quantized_operands(64, 8, "Q8_0")
     with pytest.raises(ValueError, match="K % 32"):
@@ -250,8 +262,10 @@ def test_panels_straight_from_blocks_equal_the_panels_of_the_decoded_blocks(kind
     cat = [np.concatenate([p[j] for p in decoded]).T for j in range(3)]
     want = (pg.pack_q8 if kinds[0] == "Q8_0" else pg.pack_q4)(*cat)
     assert type(got) is type(want)
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(got[:3], want[:3], strict=True):  # the arrays (Q8Panels also says whether d * q is exact)
         assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    if kinds[0] == "Q8_0":  # a file's float16 scales: the kernel fuses d * q + m, with the same floats
+        assert got.exact and want.exact
     x = np.random.default_rng(3).standard_normal((2, K)).astype(np.float32)
     N = sum(rows)
     assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, want, N))
