@@ -9,6 +9,7 @@ per request). SIGTERM stops accepting connections, lets every in-flight request 
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import socket
 import sys
@@ -37,6 +38,10 @@ def add_parser(sub):
                    help="engine batching mode: continuous (default) or the static, padded baseline")
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
+    p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
+                   help="memory of the KV-cache pool, e.g. 256MiB, 1GiB or a number of bytes (default: what "
+                        "--max-num-seqs sequences of --max-model-len tokens need, within the machine's memory); "
+                        "the pool is touched only as it fills")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
@@ -84,6 +89,21 @@ def add_parser(sub):
                    help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); default: "
                         "start a local one")
     p.set_defaults(func=run, env_errors=_environment_defaults(p))
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def memory_size(text: str) -> int:
+    """'256MiB', '1.5GiB', '300MB', '1048576' -> bytes (> 0); argparse reports a ValueError as a usage error."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: a number with B, KB, MB, GB, KiB, MiB or GiB")
+    size = int(float(m.group(1)) * SIZE_UNITS[unit])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be more than 0 bytes")
+    return size
 
 
 def _environment_defaults(parser) -> list[str]:
@@ -146,6 +166,8 @@ def build(args):
     for key in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    if args.kv_cache_memory is not None:
+        options["kv_cache_memory_bytes"] = args.kv_cache_memory
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
     model = load_model(args.model, args.served_model_name or args.model, options, trace=trace_writer(args))

@@ -102,3 +102,20 @@ def test_chat_template_override(tmp_path):
         [{"role": "user", "content": "x"}]) == "x!"
     with pytest.raises(ConfigError, match="chat-template"):
         serve_cmd._with_chat_template(tok, "{% for %}")
+
+
+def test_kv_cache_memory_sizes_the_pool():
+    """--kv-cache-memory takes sizes as people write them; the engine's pool gets that many bytes of
+    whole blocks."""
+    assert [serve_cmd.memory_size(t) for t in ("256MiB", "1.5GiB", "300MB", "4096")] == [
+        256 * 2**20, 3 * 2**29, 300 * 10**6, 4096]
+    for bad in ("12XB", "-5MiB", "0", "MiB"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--kv-cache-memory", bad])
+    args = _serve_args(["default", "--kv-cache-memory", "24MiB", "--embedding-model", "none", "--trace", "none"])
+    model, _ = serve_cmd.build(args)
+    try:
+        plan = model.engine.engine.plan
+        assert plan.num_kv_blocks == 24 * 2**20 // plan.kv_block_bytes
+    finally:
+        model.engine.shutdown()
