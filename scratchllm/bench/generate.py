@@ -4,9 +4,10 @@ Decode at batch 1 reads every weight once per token, so it can go no faster than
     memory read bandwidth / bytes of weights read per token.
 Bandwidth is measured here, now, two ways: np.sum over a large array (one thread) and a BLAS
 matrix-vector product over the same bytes (BLAS's threads, the way decode reads weights); the
-bound uses the faster. Beside ours print reference figures of llama.cpp and transformers from
-another machine (an idle 2-core Zen 4), not measured here: `scratchllm bench peers` measures
-llama.cpp on this machine, in the same run. Where the time goes: a decode step split into weight
+bound uses the faster. `--peer llama.cpp` also runs llama.cpp (llama-cpp-python, built for this
+CPU by `make peers`) on the same GGUF file, prompt length and thread count, in child processes
+before and after ours: its figures are measured here, now (`scratchllm bench peers` compares
+more rows, in interleaved rounds). No figure from another machine is printed. Where the time goes: a decode step split into weight
 matmuls, attention, the other array kernels and Python (scratchllm/bench/step_profile.py).
 
 Each figure is measured at every BLAS thread count in --threads (default: 1 and one per core),
@@ -20,13 +21,9 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
-from scratchllm.bench.references import PEERS_REFERENCE
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
-# Reference figures from another machine, not measured here: SmolLM2-135M-Instruct, 2 threads,
-# medians on an idle 2-core Zen 4. Printed only under that label; `bench peers` measures.
-PEERS_REFERENCE_FIGURES = {name: {k: f[k] for k in ("load_s", "prefill_tok_s", "decode_tok_s", "rss_after_load_mb")}
-                           for name, f in PEERS_REFERENCE.items()}  # another machine's: labelled so when printed
+PEER_ROWS = ("load_s", "rss_after_load_mb", "prefill_tok_s", "decode_tok_s")  # what both sides measure
 GOALS = {"decode_fraction_of_bound": 0.5, "prefill_tok_s": 460, "load_s": 1.0}
 
 
@@ -39,6 +36,9 @@ def add_arguments(parser):
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for the bandwidth probe")
     parser.add_argument("--threads", default=None,
                         help="comma-separated BLAS thread counts to measure (default: 1 and one per core)")
+    parser.add_argument("--peer", choices=["llama.cpp"], default=None,
+                        help="also measure llama.cpp (llama-cpp-python; `make peers` builds it) on the same GGUF "
+                             "file, at the most threads measured, in child processes before and after ours")
 
 
 def measure_bandwidth(mb: int, repeat: int) -> dict:
@@ -158,10 +158,28 @@ def _thread_counts(spec) -> list[int]:
     return sorted({1, os.cpu_count() or 1})
 
 
+def _peer_runs(args, path: str, threads: int) -> dict:
+    """The peer's figures, medians of a child process before ours and one after (see bench.peers)."""
+    from scratchllm.bench import peers
+
+    spec = {"side": peers.PEER, "path": path, "threads": threads, "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "batch": 1}
+    runs = [peers._child(spec) for _ in range(2)]
+    return {key: median([r[key] for r in runs]) for key in PEER_ROWS} | {"version": runs[0]["version"],
+                                                                         "runs": len(runs), "threads": threads}
+
+
 def run(args) -> dict:
     from scratchllm.models import load_model
     from scratchllm.models.threads import blas_threads
 
+    if args.peer:
+        from scratchllm.bench import peers
+        from scratchllm.errors import ConfigError
+
+        if not peers.peer_installed():
+            raise ConfigError("--peer llama.cpp needs llama-cpp-python, which is not installed: `make peers` builds "
+                              "it from source for this CPU")
     load_times = []
     for _ in range(args.repeat):
         model = None  # the previous copy is freed before the next load, so RSS counts one model
@@ -174,6 +192,11 @@ def run(args) -> dict:
 
         raise ConfigError(f"{args.model} is an encoder; bench generate needs a decoder")
     bytes_per_token = weight_bytes_per_token(model)
+    if args.peer and model.format != "gguf":
+        from scratchllm.errors import ConfigError
+
+        raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {model.path} is {model.format}")
+    peer_before = _peer_runs(args, model.path, max(_thread_counts(args.threads))) if args.peer else None
     per_threads, bandwidth, cpu_view = {}, {}, None
     for n in _thread_counts(args.threads):
         with blas_threads(n) as actual:
@@ -225,13 +248,15 @@ def run(args) -> dict:
         "one_thread_cpu_time": cpu_view,
         "decode_step_ms": breakdown,  # matmuls / attention / rest / python, at the most threads measured
     }
-    ratios = {
-        "decode_vs_bound": figures["decode_tok_s"] / bound,
-        "decode_vs_llama.cpp": figures["decode_tok_s"] / PEERS_REFERENCE_FIGURES["llama.cpp"]["decode_tok_s"],
-        "decode_vs_transformers": figures["decode_tok_s"] / PEERS_REFERENCE_FIGURES["transformers"]["decode_tok_s"],
-        "prefill_vs_llama.cpp": figures["prefill_tok_s"] / PEERS_REFERENCE_FIGURES["llama.cpp"]["prefill_tok_s"],
-        "prefill_vs_transformers": figures["prefill_tok_s"] / PEERS_REFERENCE_FIGURES["transformers"]["prefill_tok_s"],
-    }
+    ratios = {"decode_vs_bound": figures["decode_tok_s"] / bound}
+    peer = None
+    if peer_before is not None:
+        after = _peer_runs(args, model.path, peer_before["threads"])
+        peer = {k: median([peer_before[k], after[k]]) for k in PEER_ROWS}
+        peer |= {"name": args.peer, "version": after["version"], "threads": after["threads"], "child_runs": 4}
+        for key in PEER_ROWS:  # > 1: ours ahead (throughputs ours / peer, times and memory peer / ours)
+            ahead = figures[key] / peer[key] if key.endswith("tok_s") else peer[key] / figures[key]
+            ratios[f"{key}_vs_{args.peer}"] = ahead
     goals_met = {
         "decode >= 50% of bound": ratios["decode_vs_bound"] >= GOALS["decode_fraction_of_bound"],
         "prefill >= 460 tok/s": figures["prefill_tok_s"] >= GOALS["prefill_tok_s"],
@@ -247,14 +272,13 @@ def run(args) -> dict:
         "figures": figures,
         "ratios": ratios,
         "goals_met": goals_met,
-        "anchors": PEERS_REFERENCE_FIGURES,
-        "anchors_note": "reference figures from another machine (idle 2-core Zen 4), not measured here",
+        "peer": peer,  # measured here, now; None without --peer
         "machine": {**machine_facts(), "loadavg_1min": os.getloadavg()[0]},
     }
 
 
 def render(r: dict) -> str:
-    f, q, a = r["figures"], r["ratios"], r["anchors"]
+    f, q, peer = r["figures"], r["ratios"], r.get("peer")
     bw = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in f["bandwidth_gb_s"].items())
     lines = [
         f"model {r['inputs']['model']} ({r['inputs']['config']['model_type']}, "
@@ -264,22 +288,21 @@ def render(r: dict) -> str:
         f"memory read bandwidth, GB/s: {bw}",
         f"weights read per decoded token {f['weight_mb_per_token']:.0f} MB -> bound {f['bound_tok_s']:.1f} tok/s",
         "",
-        "reference columns: figures from another machine (idle 2-core Zen 4), not measured here; "
-        "`bench peers` measures llama.cpp here",
-        f"{'figure':<34}{'ours':>10}{'llama.cpp*':>12}{'transformers*':>14}",
-        f"{'load, s':<34}{f['load_s']:>10.2f}{a['llama.cpp']['load_s']:>12}{a['transformers']['load_s']:>14}",
-        f"{'RSS after load, MB':<34}{f['rss_after_load_mb'] or float('nan'):>10.0f}"
-        f"{a['llama.cpp']['rss_after_load_mb']:>12}{a['transformers']['rss_after_load_mb']:>14}",
-        f"{'prefill ' + str(r['inputs']['prompt_tokens']) + ' tokens, tok/s':<34}{f['prefill_tok_s']:>10.1f}"
-        f"{a['llama.cpp']['prefill_tok_s']:>12}{a['transformers']['prefill_tok_s']:>14}",
-        f"{'decode ' + str(r['inputs']['new_tokens']) + ' tokens, tok/s':<34}{f['decode_tok_s']:>10.1f}"
-        f"{a['llama.cpp']['decode_tok_s']:>12}{a['transformers']['decode_tok_s']:>14}",
-        "",
-        f"decode vs bound: {q['decode_vs_bound']:.0%}   vs llama.cpp* x{q['decode_vs_llama.cpp']:.2f}   "
-        f"vs transformers* x{q['decode_vs_transformers']:.2f}   (* reference figures, not measured here)",
-        f"prefill vs llama.cpp* x{q['prefill_vs_llama.cpp']:.2f}   vs transformers* "
-        f"x{q['prefill_vs_transformers']:.2f}",
     ]
+    labels = {"load_s": "load, s", "rss_after_load_mb": "RSS after load, MB",
+              "prefill_tok_s": f"prefill {r['inputs']['prompt_tokens']} tokens, tok/s",
+              "decode_tok_s": f"decode {r['inputs']['new_tokens']} tokens, tok/s"}
+    if peer:
+        lines.append(f"{'figure':<34}{'ours':>10}{peer['name']:>12}{'advantage':>11}   (the peer measured here, "
+                     f"now, {peer['threads']} threads, llama-cpp-python {peer['version']})")
+    for key, label in labels.items():
+        row = f"{label:<34}{f[key] or float('nan'):>10.2f}"
+        if peer:
+            row += f"{peer[key]:>12.2f}{q[key + '_vs_' + peer['name']]:>10.2f}x"
+        lines.append(row)
+    lines.append(f"decode vs bound: {q['decode_vs_bound']:.0%}" + (
+        "" if peer else "   (llama.cpp not measured: --peer llama.cpp, or `scratchllm bench peers`, "
+                        "measures it here, now)"))
     if f.get("decode_step_ms"):
         from scratchllm.bench.step_profile import render_breakdown
 
