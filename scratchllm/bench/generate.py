@@ -7,8 +7,9 @@ matrix-vector product over the same bytes (BLAS's threads, the way decode reads 
 bound uses the faster. `--peer llama.cpp` also runs llama.cpp (llama-cpp-python, built for this
 CPU by `make peers`) on the same GGUF file, prompt length and thread count, in child processes
 before and after ours: its figures are measured here, now (`scratchllm bench peers` compares
-more rows, in interleaved rounds). No figure from another machine is printed. Where the time goes: a decode step split into weight
-matmuls, attention, the other array kernels and Python (scratchllm/bench/step_profile.py).
+more rows, in interleaved rounds). No figure from another machine is printed. Where the time
+goes: a decode step split into weight matmuls, attention, the other array kernels and Python
+(scratchllm/bench/step_profile.py).
 
 Each figure is measured at every BLAS thread count in --threads (default: 1 and one per core),
 because on a machine shared with other jobs a second BLAS thread can make decode several times
