@@ -167,7 +167,7 @@ def assert_quantized_panels_compute_w(panels, w, M):
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
-QUANTIZED_SHAPES = [(1, 32, 7), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)]  # M > 12: buffered
+QUANTIZED_SHAPES = [(1, 32, 7), (1, 96, 65), (1, 576, 960), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)]  # M > 12: buffered
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
@@ -179,7 +179,7 @@ def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_fo
     assert_quantized_panels_compute_w(panels, w, M)
 
 
-@pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES[:3])
+@pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES[:5])
 def test_eight_bit_panels_with_any_float32_scale_round_the_product_first(M, K, N):
     """Scales that are not float16 values: d * q is rounded before + m (no fused multiply-add), as the
     dequantized matrix was made."""
