@@ -94,7 +94,7 @@ class LLMEngine:
         self.validate(prompt_token_ids, params)
         req = Request(request_id, list(prompt_token_ids), params, _priority(priority), arrival=self.clock())
         self.requests[request_id] = req
-        self._outputs[request_id] = self._output_processor(request_id, params)
+        self._outputs[request_id] = self._output_processor(request_id, params, req.arrival)
         self.scheduler.add(req)
         if self.tracer is not None:
             self.tracer.arrived(req)
@@ -122,15 +122,17 @@ class LLMEngine:
             child = Request(rid, list(prompt_token_ids), p, leader.priority, arrival=leader.arrival,
                             fork_parent=leader)
             self.requests[rid] = child
-            self._outputs[rid] = self._output_processor(rid, p)
+            self._outputs[rid] = self._output_processor(rid, p, child.arrival)
             leader.fork_children.append(child)
             if self.tracer is not None:
                 self.tracer.arrived(child)
         return [leader, *leader.fork_children]
 
-    def _output_processor(self, request_id: str, params: SamplingParams) -> OutputProcessor:
+    def _output_processor(self, request_id: str, params: SamplingParams, arrival: float) -> OutputProcessor:
         detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
-        return OutputProcessor(request_id, params, detok, self.eos_token_id)
+        if detok is not None and self.tracer is not None:
+            detok = self.tracer.detokenize.timed(detok)  # the step's detokenize span
+        return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
@@ -212,7 +214,8 @@ class LLMEngine:
         token, lp, top = sampled
         req.append_token(token, now)
         self.num_generated += 1
-        event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len)
+        event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len,
+                                                      now=now)
         events.append(event)
         if event.finish_reason is None:
             return False
