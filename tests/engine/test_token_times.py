@@ -2,9 +2,11 @@
 in the order the tokens were made, and on the same clock as the request's metrics, so the first
 token's elapsed is its time to first token and no token comes after the request finished."""
 
+import time
+
 import pytest
 
-from scratchllm.engine import EngineConfig, LLMEngine
+from scratchllm.engine import AsyncEngine, EngineConfig, LLMEngine
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.sampling import SamplingParams
 
@@ -39,3 +41,23 @@ def test_the_output_path_reads_no_clock():
     """`now` comes from the engine's step: the output path subtracts, nothing more."""
     p = OutputProcessor("r", SamplingParams(max_tokens=2), None, None, arrival=100.0)
     assert p.process(5, now=100.25).elapsed == 0.25 and p.process(6, now=101.0).elapsed == 1.0
+
+
+def test_arrival_is_the_submission_not_the_next_step():
+    """A request submitted while a step runs has queued from its submit on: the engine thread
+    takes it in only after the step, but its arrival (and so queue_ms and every elapsed) counts
+    from the submit."""
+    running = AsyncEngine(LLMEngine(tiny_llama(seed=3, layers=4, hidden=64), EngineConfig(num_kv_blocks=256)))
+    try:
+        busy = [running.submit(list(range(1 + i, 90 + i)), SamplingParams(max_tokens=200, ignore_eos=True))
+                for i in range(8)]
+        next(iter(busy[0]))  # the engine is stepping now: 8 sequences a step
+        before = time.monotonic()
+        stream = running.submit([5, 6, 7], greedy(3))
+        after = time.monotonic()
+        events = list(stream)
+        m = events[-1].metrics
+        assert before <= m.arrival <= after
+        assert events[0].elapsed * 1e3 == pytest.approx(m.queue_ms + m.prefill_ms, abs=1e-6)
+    finally:
+        running.shutdown(drain=False)
