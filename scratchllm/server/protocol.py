@@ -49,8 +49,8 @@ _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1000
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
-           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "usage",
-           "MIN_RETRY_AFTER_S"]
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "token_timings",
+           "per_token_timings", "usage", "MIN_RETRY_AFTER_S"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
@@ -114,6 +114,7 @@ class _Sampling(_Request, StructuredFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, no effect: an end-user id for the caller's own records
+    timings_per_token: bool = False  # llama.cpp's option: per-token times in `timings` (token_timings)
 
     def check(self) -> None:
         super().check()
@@ -373,6 +374,25 @@ def timings(metrics: RequestMetrics | None) -> dict[str, Any] | None:
         "ttft_ms": _since(metrics.arrival, metrics.first_token),
         "e2e_ms": _since(metrics.arrival, metrics.finished),
     }
+
+
+def token_timings(index: int, elapsed: float, previous: float | None) -> dict[str, Any]:
+    """A streamed chunk's per-token times (timings_per_token) for the token it carries, the
+    request's `index`-th: tokens so far, when the engine produced it (ms since the request
+    arrived) and its latency since the request's previous token (`previous`, its elapsed; the
+    first token's latency is since arrival, its TTFT)."""
+    return {"completion_tokens": index + 1, "token_ms": round(elapsed * 1e3, 3),
+            "token_latency_ms": _latency_ms(elapsed, previous)}
+
+
+def per_token_timings(elapsed: Sequence[float]) -> dict[str, list[float]]:
+    """A non-streamed reply's per-token times: token_timings' two times, one list entry per token."""
+    return {"token_ms": [round(t * 1e3, 3) for t in elapsed],
+            "token_latency_ms": [_latency_ms(t, p) for t, p in zip(elapsed, [None, *elapsed[:-1]], strict=True)]}
+
+
+def _latency_ms(elapsed: float, previous: float | None) -> float:
+    return round((elapsed - (previous or 0.0)) * 1e3, 3)
 
 
 def _since(start: float, end: float | None) -> float | None:
