@@ -67,3 +67,24 @@ def test_no_ring_no_timing():
     engine = LLMEngine(tiny_llama(seed=1), EngineConfig(num_kv_blocks=16), tokenizer=LetterTokenizer())
     engine.add_request("plain", [1, 2, 3], SamplingParams(max_tokens=2))
     assert not isinstance(engine._outputs["plain"].detok, TimedDetokenizer)
+
+
+def test_bench_trace_times_the_detokenization_it_runs(tmp_path):
+    import argparse
+
+    from scratchllm.bench import trace as bench_trace
+
+    args = argparse.Namespace(requests=3, prompt_len=8, output_len=6, engine_repeat=1, threads=1, seed=0,
+                              model="tiny", ring_mib=1, steps=10, repeat=1, skip_engine=False, max_num_seqs=0,
+                              ring=str(tmp_path / "kept.ring"))
+    e = bench_trace.engine_overhead(tiny_llama(seed=4), args, LetterTokenizer())
+    on = e["on"][0]
+    # all three requests in every step: 6 steps, each with a detokenize span, beside the tokens, steps,
+    # names and the three request spans of each request
+    assert on["steps"] == 6 and on["records"] == 18 + 6 + 3 * (1 + 3) + 6
+    kept = Trace.load(tmp_path / "kept.ring")
+    assert kept.spans[kept.spans["phase"] == Phase.DETOKENIZE]["count"].tolist() == [3] * 6
+    writer = bench_trace.writer_costs(2**20, 200, 1)
+    text = bench_trace.render({"inputs": vars(args), "figures": {"writer": writer, "engine": e}})
+    assert "(detokenized)" in text and "timing a token's detokenization" in text
+    assert writer["detokenize_timing"]["cpu_median_ns"] < 2000  # a fraction of the per-token budget
