@@ -73,7 +73,6 @@ async def completions(request: Request) -> Response | dict[str, Any]:
                       "timings": reply_timings(results[0], req.timings_per_token)})
 
 
-
 def mean_logprob(r: RequestOutput) -> float:
     """The ranking score of a choice: its mean logprob per generated token (-inf without one)."""
     lps = [lp for lp, _ in r.logprobs or [] if lp is not None]

@@ -56,7 +56,7 @@ class ChunkTrace:
         with serialize_ms added: the time encoding the rest of the body. The timings object is
         the body's last field, encoded after that measurement, so it cannot count itself."""
         timings = body.get("timings")
-        rest = {k: v for k, v in body.items() if k != "timings"}
+        rest = body if timings is None else {k: v for k, v in body.items() if k != "timings"}
         start = time.monotonic_ns()
         data = json.dumps(rest, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         self._serialized(start, data)

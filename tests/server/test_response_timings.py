@@ -146,3 +146,15 @@ def test_null_means_the_default(url):
                                                    "timings_per_token": None})
     assert r.status_code == 200 and "token_ms" not in r.json()["timings"]
     assert r.headers["content-type"] == "application/json"
+
+
+def test_a_body_is_encoded_whole_with_its_serialization_last():
+    from scratchllm.server.sse import ChunkTrace
+
+    body = {"id": "x", "choices": [{"text": "café ☕"}], "timings": {"e2e_ms": 1.5}}
+    data = ChunkTrace(None, "x").encode_body(body)
+    out = json.loads(data)
+    assert list(out) == list(body) and out["choices"] == body["choices"] and "café ☕".encode() in data
+    assert out["timings"] == {"e2e_ms": 1.5, "serialize_ms": out["timings"]["serialize_ms"], "send_ms": None}
+    assert out["timings"]["serialize_ms"] >= 0
+    assert json.loads(ChunkTrace(None, "y").encode_body({"id": "y", "timings": None})) == {"id": "y", "timings": None}
