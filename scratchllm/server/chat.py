@@ -28,7 +28,6 @@ from scratchllm.server.generation import (
     origin_of,
     prompt_ids,
     read_request,
-    reply_timings,
     sampling_params,
     token_logprobs,
     token_str,
@@ -37,6 +36,7 @@ from scratchllm.server.generation import (
 from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
 from scratchllm.server.structured_fields import ToolPlan
+from scratchllm.server.timings import reply_timings
 
 
 def template_reads_tools(tok: Any) -> bool:

@@ -24,7 +24,6 @@ from scratchllm.server.generation import (
     origin_of,
     prompt_ids,
     read_request,
-    reply_timings,
     sampling_params,
     token_logprobs,
     token_str,
@@ -32,6 +31,7 @@ from scratchllm.server.generation import (
 )
 from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
+from scratchllm.server.timings import reply_timings
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 

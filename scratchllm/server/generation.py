@@ -33,12 +33,10 @@ from scratchllm.server.protocol import (
     CompletionRequest,
     bad_request,
     parse_body,
-    per_token_timings,
-    timings,
-    token_timings,
     usage,
 )
 from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.timings import timings, token_timings
 from scratchllm.trace.otlp import record_request
 
 # (token id, logprob, top alternatives) of one generated token; the id is None on an abort event
@@ -328,15 +326,6 @@ def usage_of(gen: Generation, completion_tokens: int, metrics: list[RequestMetri
     cached = sum(m.cached_tokens for m in firsts if m is not None)
     return {**usage(sum(len(p) for p in gen.prompts), completion_tokens),
             "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def reply_timings(result: RequestOutput, per_token: bool) -> dict[str, Any] | None:
-    """A non-streamed reply's `timings` (its first choice's), with the per-token lists if asked
-    for; Generation.reply adds the serialization."""
-    t = timings(result.metrics)
-    if t is None or not per_token:
-        return t
-    return {**t, **per_token_timings(result.token_elapsed)}
 
 
 def token_logprobs(r: RequestOutput) -> list[LogprobItem]:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.errors import ConfigError
 from scratchllm.server.body_json import BodyError, load_body
 from scratchllm.server.errors import APIError, bad_request
@@ -49,8 +48,7 @@ _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1000
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
-           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "token_timings",
-           "per_token_timings", "usage", "MIN_RETRY_AFTER_S"]
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
@@ -114,7 +112,7 @@ class _Sampling(_Request, StructuredFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, no effect: an end-user id for the caller's own records
-    timings_per_token: bool = False  # llama.cpp's option: per-token times in `timings` (token_timings)
+    timings_per_token: bool = False  # llama.cpp's option: per-token times in `timings` (server/timings.py)
 
     def check(self) -> None:
         super().check()
@@ -356,51 +354,6 @@ def new_id(prefix: str) -> str:
 
 def now_s() -> int:
     return int(time.time())
-
-
-def timings(metrics: RequestMetrics | None) -> dict[str, Any] | None:
-    """llama.cpp-style per-response timings from the engine's RequestMetrics (None if absent)."""
-    if metrics is None:
-        return None
-    decoded = max(metrics.completion_tokens - 1, 0)  # the first token comes out of prefill
-    return {
-        "queue_ms": round(metrics.queue_ms, 3),
-        "prefill_ms": round(metrics.prefill_ms, 3),
-        "decode_ms": round(metrics.decode_ms, 3),
-        "prompt_tokens": metrics.prompt_tokens,
-        "completion_tokens": metrics.completion_tokens,
-        "prefill_tokens_per_s": _rate(metrics.prompt_tokens, metrics.prefill_ms),
-        "decode_tokens_per_s": _rate(decoded, metrics.decode_ms),
-        "ttft_ms": _since(metrics.arrival, metrics.first_token),
-        "e2e_ms": _since(metrics.arrival, metrics.finished),
-    }
-
-
-def token_timings(index: int, elapsed: float, previous: float | None) -> dict[str, Any]:
-    """A streamed chunk's per-token times (timings_per_token) for the token it carries, the
-    request's `index`-th: tokens so far, when the engine produced it (ms since the request
-    arrived) and its latency since the request's previous token (`previous`, its elapsed; the
-    first token's latency is since arrival, its TTFT)."""
-    return {"completion_tokens": index + 1, "token_ms": round(elapsed * 1e3, 3),
-            "token_latency_ms": _latency_ms(elapsed, previous)}
-
-
-def per_token_timings(elapsed: Sequence[float]) -> dict[str, list[float]]:
-    """A non-streamed reply's per-token times: token_timings' two times, one list entry per token."""
-    return {"token_ms": [round(t * 1e3, 3) for t in elapsed],
-            "token_latency_ms": [_latency_ms(t, p) for t, p in zip(elapsed, [None, *elapsed[:-1]], strict=True)]}
-
-
-def _latency_ms(elapsed: float, previous: float | None) -> float:
-    return round((elapsed - (previous or 0.0)) * 1e3, 3)
-
-
-def _since(start: float, end: float | None) -> float | None:
-    return None if end is None else round((end - start) * 1e3, 3)
-
-
-def _rate(n: int, ms: float) -> float | None:
-    return round(n / (ms / 1e3), 2) if ms > 0 and n > 0 else None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
