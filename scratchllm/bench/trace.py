@@ -6,10 +6,14 @@
 2. Engine: the same offline workload (--requests prompts of --prompt-len random tokens, greedy,
    --output-len new tokens each, all at t=0) run by LLMEngine with tracing off and on,
    interleaved --engine-repeat times (the order alternates, so drifting load on a shared machine
-   hits both alike). "On" = an the engine's own tracer (scratchllm/engine/tracing.py): token, step and span records
-   into a fresh ring. Reports output tokens/s per mode, the paired ratio (goal: >= 0.97, i.e. at
-   most 3% throughput cost), and the tracer's own measured time as a share of the run: the same
-   cost, read without the run-to-run noise of two throughput figures.
+   hits both alike). "On" = the engine's own tracer (scratchllm/engine/tracing.py): token, step and
+   span records into a fresh ring. The model's tokenizer detokenizes every token in both modes,
+   as in a server (--no-tokenizer: not at all); traced, that is timed into one detokenize span
+   per step. Reports output tokens/s per mode, the paired ratio (goal: >= 0.97, i.e. at most 3%
+   throughput cost), and the tracer's own measured time as a share of the run: the same cost,
+   read without the run-to-run noise of two throughput figures.
+3. The detokenization timing alone: ns a traced engine adds per token (a timed push minus a
+   plain one), the part of tracing that happens outside the tracer's own measured time.
 """
 
 import tempfile
@@ -39,6 +43,9 @@ def add_arguments(p):
     p.add_argument("--ring", default=None, help="engine: keep the last traced run's ring here, for `trace watch "
                    "/ heatmap / export` (default: a temporary file)")
     p.add_argument("--skip-engine", action="store_true", help="only the writer figures")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="engine: no detokenization (default: the model's tokenizer turns every token into text, "
+                        "as in a server, and the traced runs time it: one detokenize span per step)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -59,7 +66,27 @@ def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict:
         out["span"] = _per_call(lambda i: w.span(12345, Phase.SERIALIZE, 1, 2, count=100), steps, repeat)
         out["name"] = _per_call(lambda i: w.register(f"cmpl-{i}"), steps, repeat)
         out["records_written"], out["capacity"], out["dropped"] = w.written, w.capacity, w.dropped
+    out.update(detokenize_timing(steps, repeat))
     return out
+
+
+class _Letters:
+    """A detokenizer that costs next to nothing, so timing it shows the timing's own cost."""
+
+    def push(self, token_id: int) -> str:
+        return "a"
+
+
+def detokenize_timing(steps: int, repeat: int) -> dict:
+    """What a traced engine adds per token to time its detokenization (the step's DETOKENIZE
+    span): a timed push minus a plain one, each the median of `repeat` runs of `steps` pushes."""
+    from scratchllm.engine.tracing import DetokenizeTimer
+
+    plain, timed = _Letters(), DetokenizeTimer().timed(_Letters())
+    a = _per_call(lambda i: plain.push(i), steps, repeat)
+    b = _per_call(lambda i: timed.push(i), steps, repeat)
+    return {"detokenize_timing": {"median_ns": b["median_ns"] - a["median_ns"],
+                                  "cpu_median_ns": b["cpu_median_ns"] - a["cpu_median_ns"]}}
 
 
 def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
@@ -77,15 +104,17 @@ def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
             "records_per_call": per}
 
 
-def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0) -> dict:
-    """The workload to completion; with `ring`, the engine traces every token into it."""
+def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0,
+               tokenizer=None) -> dict:
+    """The workload to completion; with `ring`, the engine traces every token into it; with
+    `tokenizer`, it detokenizes every token (as a server's engine does)."""
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
     from scratchllm.trace import TraceWriter
 
     writer = TraceWriter(ring) if ring is not None else None
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs or max(len(prompts), 1), num_threads=threads),
-                       trace=writer)
+                       tokenizer=tokenizer, trace=writer)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
@@ -101,7 +130,7 @@ def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None,
     return result
 
 
-def engine_overhead(model, args) -> dict:
+def engine_overhead(model, args, tokenizer=None) -> dict:
     rng = np.random.default_rng(args.seed)
     lo = min(100, model.config.vocab_size // 4)
     prompts = [rng.integers(lo, model.config.vocab_size - 1, args.prompt_len).tolist() for _ in range(args.requests)]
@@ -111,12 +140,13 @@ def engine_overhead(model, args) -> dict:
         for rep in range(args.engine_repeat):
             for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
                 runs[mode].append(engine_run(model, prompts, args.output_len, args.threads,
-                                             ring if mode == "on" else None, args.max_num_seqs))
+                                             ring if mode == "on" else None, args.max_num_seqs, tokenizer))
     paired = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["off"], runs["on"], strict=True)]
     share = [on["tracing_s"] / on["wall_s"] for on in runs["on"]]
     return {"off": runs["off"], "on": runs["on"], "paired_on_over_off": paired,
             "throughput_on_over_off": median(paired), "tracing_share_of_run": median(share),
-            "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len}
+            "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
+            "detokenized": tokenizer is not None}
 
 
 def run(args) -> dict:
@@ -135,7 +165,12 @@ def run(args) -> dict:
         from scratchllm.models import load_model
 
         model = load_model(args.model)
-        figs["engine"] = engine_overhead(model, args)
+        tokenizer = None
+        if not args.no_tokenizer:
+            from scratchllm.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer.from_pretrained(args.model)
+        figs["engine"] = engine_overhead(model, args, tokenizer)
         result["ratios"]["throughput_on_over_off"] = figs["engine"]["throughput_on_over_off"]
         result["ratios"]["tracing_share_of_run"] = figs["engine"]["tracing_share_of_run"]
     result["machine"] = machine_facts()
@@ -157,13 +192,17 @@ def render(r: dict) -> str:
     verdict = "met" if cpu16 <= GOALS["ns_per_token_record"] else "NOT met"
     out.append(f"per token record, steps of 16: {ns16:.0f} ns wall, {cpu16:.0f} ns CPU (goal <= "
                f"{GOALS['ns_per_token_record']:.0f} ns, judged on CPU time: {verdict}); dropped {w['dropped']}")
+    d = w["detokenize_timing"]
+    out.append(f"timing a token's detokenization (traced engines): +{d['median_ns']:.0f} ns wall, "
+               f"+{d['cpu_median_ns']:.0f} ns CPU per token (a timed push minus a plain one, medians)")
     if "engine" in r["figures"]:
         e = r["figures"]["engine"]
         off, on = median([x["output_tok_s"] for x in e["off"]]), median([x["output_tok_s"] for x in e["on"]])
         ratio = e["throughput_on_over_off"]
         verdict = "met" if ratio >= GOALS["throughput_on_over_off"] else "NOT met"
+        detok = "detokenized" if e.get("detokenized") else "not detokenized"
         out += [f"\nengine, model {inp['model']}: {e['requests']} requests x ({e['prompt_len']} prompt + "
-                f"{e['output_len']} new) tokens, all at t=0, {len(e['off'])} interleaved off/on pairs",
+                f"{e['output_len']} new) tokens ({detok}), all at t=0, {len(e['off'])} interleaved off/on pairs",
                 f"  tracing off  {off:8.1f} output tok/s (median run)",
                 f"  tracing on   {on:8.1f} output tok/s; {e['on'][0]['records']:,} records per run, "
                 f"{e['on'][0]['dropped']} dropped",

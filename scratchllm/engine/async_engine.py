@@ -54,7 +54,9 @@ class AsyncEngine:
                 rid = f"req-{next(self._ids)}"
             stream = RequestStream(rid, self.abort)
             self._streams[rid] = stream
-            self._inbox.append(("add", rid, list(prompt_token_ids), params))
+            # arrival is now, not when the engine thread takes it in: the wait for the step in
+            # flight is queueing too (RequestMetrics.queue_ms)
+            self._inbox.append(("add", rid, list(prompt_token_ids), params, self.engine.clock()))
             self._cv.notify()
         return stream
 
@@ -76,7 +78,8 @@ class AsyncEngine:
                 streams.append(RequestStream(rid, self.abort))
             for stream in streams:
                 self._streams[stream.request_id] = stream
-            self._inbox.append(("group", [s.request_id for s in streams], list(prompt_token_ids), list(params)))
+            self._inbox.append(("group", [s.request_id for s in streams], list(prompt_token_ids), list(params),
+                                self.engine.clock()))
             self._cv.notify()
         return streams
 
@@ -121,13 +124,13 @@ class AsyncEngine:
         inbox, self._inbox = self._inbox, []
         for message in inbox:
             if message[0] in ("add", "group"):
-                _, rid, ids, params = message
+                _, rid, ids, params, arrival = message
                 rids = rid if message[0] == "group" else [rid]
                 try:
                     if message[0] == "group":
-                        self.engine.add_group(rids, ids, params)
+                        self.engine.add_group(rids, ids, params, arrival=arrival)
                     else:
-                        self.engine.add_request(rid, ids, params)
+                        self.engine.add_request(rid, ids, params, arrival=arrival)
                 except Exception as err:  # noqa: BLE001 - validated in submit; never kill the loop
                     logger.warning("request %s refused: %s", rid, err)
                     self._deliver([TokenEvent(r, None, "", 0, "abort") for r in rids])

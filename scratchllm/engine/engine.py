@@ -83,7 +83,9 @@ class LLMEngine:
 
     # --- requests ---
     def add_request(self, request_id: str | None, prompt_token_ids: Sequence[int],
-                    params: SamplingParams | None = None, priority: Priority | str | int | None = None) -> Request:
+                    params: SamplingParams | None = None, priority: Priority | str | int | None = None,
+                    arrival: float | None = None) -> Request:
+        """Queue a request. `arrival`: when it was submitted (this engine's clock; default now)."""
         params = params or SamplingParams()
         if request_id is None:
             self._next_id += 1
@@ -92,16 +94,18 @@ class LLMEngine:
         if request_id in self.requests:
             raise ConfigError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
-        req = Request(request_id, list(prompt_token_ids), params, _priority(priority), arrival=self.clock())
+        req = Request(request_id, list(prompt_token_ids), params, _priority(priority),
+                      arrival=self.clock() if arrival is None else arrival)
         self.requests[request_id] = req
-        self._outputs[request_id] = self._output_processor(request_id, params)
+        self._outputs[request_id] = self._output_processor(request_id, params, req.arrival)
         self.scheduler.add(req)
         if self.tracer is not None:
             self.tracer.arrived(req)
         return req
 
     def add_group(self, request_ids: Sequence[str | None], prompt_token_ids: Sequence[int],
-                  params: Sequence[SamplingParams], priority: Priority | str | int | None = None) -> list[Request]:
+                  params: Sequence[SamplingParams], priority: Priority | str | int | None = None,
+                  arrival: float | None = None) -> list[Request]:
         """Several requests on one prompt (n > 1 sampling, each with its own params and seed).
         The first computes the prompt; when its prefill is done the others fork its KV blocks
         (shared, copied on write) and sample their first token from the same logits, so the
@@ -114,7 +118,7 @@ class LLMEngine:
         taken = [r for r in rids if r is not None and (r in self.requests or rids.count(r) > 1)]
         if taken:
             raise ConfigError(f"request id {taken[0]!r} is already in use")
-        leader = self.add_request(rids[0], prompt_token_ids, params[0], priority)
+        leader = self.add_request(rids[0], prompt_token_ids, params[0], priority, arrival)
         for rid, p in zip(rids[1:], params[1:], strict=True):
             if rid is None:
                 self._next_id += 1
@@ -122,15 +126,17 @@ class LLMEngine:
             child = Request(rid, list(prompt_token_ids), p, leader.priority, arrival=leader.arrival,
                             fork_parent=leader)
             self.requests[rid] = child
-            self._outputs[rid] = self._output_processor(rid, p)
+            self._outputs[rid] = self._output_processor(rid, p, child.arrival)
             leader.fork_children.append(child)
             if self.tracer is not None:
                 self.tracer.arrived(child)
         return [leader, *leader.fork_children]
 
-    def _output_processor(self, request_id: str, params: SamplingParams) -> OutputProcessor:
+    def _output_processor(self, request_id: str, params: SamplingParams, arrival: float) -> OutputProcessor:
         detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
-        return OutputProcessor(request_id, params, detok, self.eos_token_id)
+        if detok is not None and self.tracer is not None:
+            detok = self.tracer.detokenize.timed(detok)  # the step's detokenize span
+        return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
@@ -212,7 +218,8 @@ class LLMEngine:
         token, lp, top = sampled
         req.append_token(token, now)
         self.num_generated += 1
-        event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len)
+        event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len,
+                                                      now=now)
         events.append(event)
         if event.finish_reason is None:
             return False

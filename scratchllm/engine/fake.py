@@ -130,8 +130,9 @@ class FakeEngine:
             rid = str(request_id) if request_id is not None else f"fake-{next(self._ids)}"
             while rid in self._streams:
                 rid = f"fake-{next(self._ids)}"
-            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS)
-            request = _FakeRequest(rid, list(prompt_token_ids), params, output, time.monotonic())
+            arrival = time.monotonic()
+            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS, arrival)
+            request = _FakeRequest(rid, list(prompt_token_ids), params, output, arrival)
             seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
             greedy = params.temperature == 0
             offset = seed % len(PHRASE) if greedy else random.Random(seed).randrange(len(PHRASE))
@@ -246,14 +247,15 @@ class FakeEngine:
         else:
             token = PHRASE[(request.offset + n) % len(PHRASE)] + 3
         request.num_output_tokens += 1
+        now = time.monotonic()
         if n == 0:
-            request.first_token = time.monotonic()
+            request.first_token = now
         logprob, top = None, None
         if params.logprobs is not None:
             logprob = -0.25 if params.temperature == 0 else -1.0
             top = [(token, logprob), ((token - 2) % (BYTE_TOKENS - 3) + 3, logprob - 1.0)][: params.logprobs]
         context_full = len(request.prompt) + request.num_output_tokens >= self.max_model_len
-        event = request.output.process(token, logprob, top, context_full=context_full)
+        event = request.output.process(token, logprob, top, context_full=context_full, now=now)
         if event.finish_reason is None:
             self._streams[request.request_id].put(event)
         else:

@@ -11,6 +11,8 @@ Text: the detokenizer returns only complete UTF-8. Text that could still grow in
 is held back (the longest stop string minus one characters) until it cannot, so streamed deltas
 never show what the final text will not contain; at the end whatever is left is flushed (a
 character cut by the end shows as U+FFFD, as decode does).
+Time: each token's event carries `elapsed`, the engine's `now` (the step's one clock reading,
+passed in: no clock call per token here) minus the request's arrival.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class OutputProcessor:
     """One request's token -> event state machine (see the module doc)."""
 
     def __init__(self, request_id: str, params: SamplingParams, detokenizer: IncrementalDetokenizer | None,
-                 eos_token_id: int | None):
+                 eos_token_id: int | None, arrival: float):
         self.request_id, self.params, self.detok = request_id, params, detokenizer
-        self.eos_token_id = eos_token_id
+        self.eos_token_id, self.arrival = eos_token_id, arrival
         self.num_tokens = 0  # tokens processed so far
         self.text = ""  # the text so far (cut at a stop string once found)
         self.emitted = 0  # characters of `text` already sent as deltas
@@ -41,9 +43,10 @@ class OutputProcessor:
         self.finish_reason: str | None = None
 
     def process(self, token_id: int, logprob: float | None = None, top: TopLogprobs | None = None,
-                context_full: bool = False) -> TokenEvent:
-        """The event for the request's next token. `context_full`: the engine has no room for
-        another token. The event's finish_reason says whether the request ends here."""
+                context_full: bool = False, *, now: float) -> TokenEvent:
+        """The event for the request's next token, produced at `now` (the engine's clock, the one
+        its arrival was read on). `context_full`: the engine has no room for another token. The
+        event's finish_reason says whether the request ends here."""
         assert self.finish_reason is None, f"request {self.request_id}: a token after its end"
         p = self.params
         self.num_tokens += 1
@@ -66,7 +69,8 @@ class OutputProcessor:
             end = len(self.text) if reason else max(len(self.text) - self.holdback, self.emitted)
             text, self.emitted = self.text[self.emitted : end], end
         self.finish_reason = reason
-        return TokenEvent(self.request_id, int(token_id), text, self.num_tokens - 1, reason, logprob, top)
+        return TokenEvent(self.request_id, int(token_id), text, self.num_tokens - 1, reason, logprob, top,
+                          elapsed=now - self.arrival)
 
     def abort(self) -> TokenEvent:
         """The last event of a request stopped from outside: no token, no more text."""
@@ -92,7 +96,9 @@ class OutputCollector:
         out = self.output
         assert out.finish_reason is None, f"request {out.request_id}: an event after its end"
         if event.token_id is not None:
+            assert event.elapsed is not None, f"request {out.request_id}: a token event without its time"
             out.token_ids.append(event.token_id)
+            out.token_elapsed.append(event.elapsed)
             if out.logprobs is not None:
                 out.logprobs.append((event.logprob, event.top_logprobs))
         out.text += event.text

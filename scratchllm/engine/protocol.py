@@ -102,6 +102,11 @@ class TokenEvent:
     logprob: float | None = None
     top_logprobs: TopLogprobs | None = None
     metrics: RequestMetrics | None = None  # on the last event
+    # Seconds from the request's arrival until the engine produced this token, on the engine's
+    # clock (RequestMetrics' clock): set by the output path for every event with a token (None
+    # on an abort event without one). A first token's elapsed is its TTFT; the gap to the
+    # request's previous event is the token's latency.
+    elapsed: float | None = None
 
 
 @dataclass
@@ -116,6 +121,7 @@ class RequestOutput:
     finish_reason: str | None = None  # one of FINISH_REASONS
     metrics: RequestMetrics | None = None  # once finished
     logprobs: list[tuple[float | None, TopLogprobs | None]] | None = None  # per token, when asked for
+    token_elapsed: list[float] = field(default_factory=list)  # per token: TokenEvent.elapsed
 
     @property
     def finished(self) -> bool:

@@ -150,7 +150,7 @@ def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, 
                     tokens[b] = sample_token(logits[b], p, rngs[b])
                 lp, top = top_logprobs(logits[b], int(tokens[b]), p.logprobs) if p.logprobs is not None \
                     else (None, None)
-                event = r.output.process(int(tokens[b]), lp, top)
+                event = r.output.process(int(tokens[b]), lp, top, now=now)
                 r.num_output_tokens += 1
                 if r.first_token is None:
                     r.first_token = now
@@ -195,8 +195,9 @@ def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
             params = SamplingParams(max_tokens=int(max_tokens[i]), temperature=0.0)
             rid = str(i)
             index[rid] = i
-            rows.append(StaticRow(rid, list(prompts[i]), params, OutputProcessor(rid, params, None, eos_token_id),
-                                  arrival=clock()))
+            arrival = clock()
+            rows.append(StaticRow(rid, list(prompts[i]), params,
+                                  OutputProcessor(rid, params, None, eos_token_id, arrival), arrival))
         cost = run_batch(model, rows, on_event, clock, pad_id)
         res.peak_kv_bytes = max(res.peak_kv_bytes, cost.kv_bytes)
         res.padded_tokens += cost.padded_tokens
@@ -243,8 +244,9 @@ class StaticEngine:
             while rid in self._streams:
                 rid = f"static-{next(self._ids)}"
             detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
-            row = StaticRow(rid, list(prompt_token_ids), params, OutputProcessor(rid, params, detok,
-                                                                                  self.eos_token_id), self.clock())
+            arrival = self.clock()
+            row = StaticRow(rid, list(prompt_token_ids), params,
+                            OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival)
             stream = RequestStream(rid, self.abort)
             self._streams[rid] = stream
             self._waiting.append(row)

@@ -8,6 +8,13 @@ calls, and the rest = scheduling, sampling, the output path and Python; batch si
 the step, KV use, queue, preemptions). Per finished request, its queued / prefill / decode
 spans from its own RequestMetrics. The writer never blocks and never allocates per token; this
 module's Python is the cost `scratchllm bench trace` measures.
+
+Per step with text, one DETOKENIZE span (request key STEP_KEY, index = the step): the time the
+step's output path spent in the detokenizers, summed over the step's tokens and drawn from the
+first one's start (a sum, as the step's matmul / attention split is). One span per step, not
+one per request: a span record costs 1.5-3 us, so per request it would cost that per token
+(more than doubling a token's tracing cost); per step a token adds only its timed push, about
+0.4 us (`bench trace` prints both).
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import time
 
 import numpy as np
 
+from scratchllm.engine.output import IncrementalDetokenizer
 from scratchllm.engine.protocol import TokenEvent
 from scratchllm.engine.request import Request
-from scratchllm.trace.format import Phase, StepFlag, TokenFlag
+from scratchllm.trace.format import STEP_KEY, Phase, StepFlag, TokenFlag
 from scratchllm.trace.writer import TraceWriter
 
 _NS = 1e9
@@ -29,9 +37,60 @@ def _ns(seconds: float) -> int:
     return round(seconds * _NS)
 
 
+class DetokenizeTimer:
+    """The current step's detokenization: when it started, how long it took in all, how many
+    tokens. Shared by every request's TimedDetokenizer; StepTracer.step writes it and resets it."""
+
+    __slots__ = ("first_ns", "total_ns", "tokens")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.first_ns = 0  # 0: nothing detokenized in this step yet
+        self.total_ns = 0
+        self.tokens = 0
+
+    def timed(self, detok: IncrementalDetokenizer) -> TimedDetokenizer:
+        return TimedDetokenizer(detok, self)
+
+
+class TimedDetokenizer:
+    """A request's detokenizer, its time added to the step's DetokenizeTimer."""
+
+    __slots__ = ("inner", "timer")
+
+    def __init__(self, inner: IncrementalDetokenizer, timer: DetokenizeTimer):
+        self.inner, self.timer = inner, timer
+
+    def push(self, token_id: int) -> str:
+        start = time.monotonic_ns()
+        text = self.inner.push(token_id)
+        end = time.monotonic_ns()
+        t = self.timer
+        if not t.first_ns:
+            t.first_ns = start
+        t.total_ns += end - start
+        t.tokens += 1
+        return text
+
+    def flush(self) -> str:
+        flush = getattr(self.inner, "flush", None)
+        if flush is None:
+            return ""
+        start = time.monotonic_ns()
+        text: str = flush()
+        t = self.timer
+        if not t.first_ns:
+            t.first_ns = start
+        t.total_ns += time.monotonic_ns() - start
+        return text
+
+
 class StepTracer:
     def __init__(self, writer: TraceWriter):
         self.writer = writer
+        self.detokenize = DetokenizeTimer()
         self._keys: dict[str, int] = {}
         self._last_ns: dict[str, int] = {}  # the request's previous token (or its arrival)
         self._preemptions: dict[str, int] = {}
@@ -80,6 +139,10 @@ class StepTracer:
         w.step(step, start_ns, end_ns, matmul_ns=max(forward_ns - attention_ns, 0), attention_ns=attention_ns,
                batch_size=running, step_tokens=step_tokens, kv_blocks=kv_used, kv_total=kv_total, waiting=waiting,
                preempted=preempted, flags=step_flags)
+        d = self.detokenize
+        if d.first_ns:
+            w.span(STEP_KEY, Phase.DETOKENIZE, d.first_ns, d.first_ns + d.total_ns, count=d.tokens, index=step)
+            d.reset()
         for e in events:
             if e.finish_reason is not None:
                 self.ended(e)

@@ -33,9 +33,10 @@ from scratchllm.server.generation import (
     token_str,
     usage_of,
 )
-from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s, timings
+from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
 from scratchllm.server.structured_fields import ToolPlan
+from scratchllm.server.timings import reply_timings
 
 
 def template_reads_tools(tok: Any) -> bool:
@@ -82,8 +83,8 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
                 "logprobs": {"content": [chat_logprob(tok, *x) for x in token_logprobs(r)]} if req.logprobs else None}
                for k, r in enumerate(results)]
     n_out = sum(len(r.token_ids) for r in results)
-    return {**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
-            "timings": timings(results[0].metrics)}
+    return gen.reply({**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
+                      "timings": reply_timings(results[0], req.timings_per_token)})
 
 
 def chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: TopLogprobs | None) -> dict[str, Any]:
@@ -120,16 +121,19 @@ async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequ
         else:
             chunks = [_delta(head, k, {"content": event.text}, logprobs=lp)] if event.text else []
             if event.finish_reason:
-                chunks.append(_finish(head, k, event, event.finish_reason))
+                chunks.append(_delta(head, k, {}, event.finish_reason))
+        per_token = gen.token_timings(k, event) if req.timings_per_token else None
+        if per_token is not None and not chunks:  # a token that shows nothing yet still gets its times
+            chunks = [_delta(head, k, {})]
         for chunk in chunks:
+            if chunk["choices"][0]["finish_reason"] is not None:  # the choice's last chunk
+                chunk["timings"] = gen.final_timings(event.metrics, per_token)
+            elif per_token is not None:
+                chunk["timings"] = per_token
             yield gen.chunks.encode(chunk)
     if req.stream_options and req.stream_options.include_usage:
         yield gen.chunks.encode({**head, "choices": [], "usage": usage_of(gen, n_out, metrics)})
     yield SSE_DONE
-
-
-def _finish(head: dict[str, Any], k: int, event: TokenEvent, reason: str) -> dict[str, Any]:
-    return {**_delta(head, k, {}, reason), "timings": timings(event.metrics)}
 
 
 def _hermes_deltas(head: dict[str, Any], k: int, event: TokenEvent, calls: tool_calls.HermesStream,
@@ -142,7 +146,7 @@ def _hermes_deltas(head: dict[str, Any], k: int, event: TokenEvent, calls: tool_
     out += [_delta(head, k, {"tool_calls": [d]}) for d in deltas]
     if event.finish_reason is not None:
         called = calls.calls > 0 and event.finish_reason == "stop"
-        out.append(_finish(head, k, event, "tool_calls" if called else event.finish_reason))
+        out.append(_delta(head, k, {}, "tool_calls" if called else event.finish_reason))
     return out
 
 
@@ -160,4 +164,4 @@ def _forced_deltas(head: dict[str, Any], k: int, event: TokenEvent, call: tool_c
             finish = "tool_calls"
         except ConfigError:
             pass  # not a complete call: the client gets what was streamed and the engine's reason
-    return out + [_finish(head, k, event, finish)]
+    return out + [_delta(head, k, {}, finish)]

@@ -29,8 +29,9 @@ from scratchllm.server.generation import (
     token_str,
     usage_of,
 )
-from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s, timings
+from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
+from scratchllm.server.timings import reply_timings
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -68,8 +69,8 @@ async def completions(request: Request) -> Response | dict[str, Any]:
             lp = _logprobs(tok, token_logprobs(r), len(echoed[q]), len(text)) if req.logprobs is not None else None
             choices.append({"index": q * n + j, "text": text, "finish_reason": r.finish_reason, "logprobs": lp})
     n_out = sum(len(r.token_ids) for r in results)  # best_of: every generated token is billed, as OpenAI does
-    return {**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
-            "timings": timings(results[0].metrics)}
+    return gen.reply({**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
+                      "timings": reply_timings(results[0], req.timings_per_token)})
 
 
 def mean_logprob(r: RequestOutput) -> float:
@@ -111,7 +112,8 @@ async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest,
     async for k, event in gen.merged():
         counted = event.finish_reason != "abort"
         n_out += counted
-        if event.text or event.finish_reason:
+        per_token = gen.token_timings(k, event) if req.timings_per_token else None
+        if event.text or event.finish_reason or per_token is not None:  # per-token times: a chunk per token
             choice: dict[str, Any] = {"index": k, "text": event.text, "finish_reason": event.finish_reason,
                                       "logprobs": None}
             if req.logprobs is not None and counted:
@@ -121,8 +123,10 @@ async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest,
             sent[k] += len(event.text)
             chunk = {**head, "choices": [choice]}
             if event.finish_reason:
-                chunk["timings"] = timings(event.metrics)
+                chunk["timings"] = gen.final_timings(event.metrics, per_token)
                 metrics[k] = event.metrics
+            elif per_token is not None:
+                chunk["timings"] = per_token
             yield gen.chunks.encode(chunk)
     if req.stream_options and req.stream_options.include_usage:
         yield gen.chunks.encode({**head, "choices": [], "usage": usage_of(gen, n_out, metrics)})

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from scratchllm.engine.output import OutputCollector
@@ -33,10 +33,10 @@ from scratchllm.server.protocol import (
     CompletionRequest,
     bad_request,
     parse_body,
-    timings,
     usage,
 )
 from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.timings import timings, token_timings
 from scratchllm.trace.otlp import record_request
 
 # (token id, logprob, top alternatives) of one generated token; the id is None on an abort event
@@ -70,7 +70,8 @@ class Generation:
         state.admit(len(self.params))
         self.state, self.prompts, self.closed = state, prompts, False
         self.streams: list[RequestStream] = []
-        self.chunks = ChunkTrace(state.trace, request_id)  # streamed chunks' spans in the trace ring
+        self.chunks = ChunkTrace(state.trace, request_id)  # the reply's serialize / send time (and ring spans)
+        self._previous: list[float | None] = [None] * len(self.params)  # each stream's last token's elapsed
         self.rids = [request_id] if len(self.params) == 1 else [f"{request_id}-{i}" for i in range(len(self.params))]
         self.origin = origin
         # the evaluation loop's sample: the first prompt's tokens, text and end, for the capture file
@@ -167,6 +168,28 @@ class Generation:
         async for event in self.events(k):
             collector.add(event)
         return collector.output
+
+    def token_timings(self, k: int, event: TokenEvent) -> dict[str, Any] | None:
+        """Stream k's per-token times for `event` (timings_per_token); None for an event without
+        a token. Call it once per event of the stream, in order: it remembers the previous one."""
+        if event.elapsed is None:
+            return None
+        t = token_timings(event.index, event.elapsed, self._previous[k])
+        self._previous[k] = event.elapsed
+        return t
+
+    def final_timings(self, metrics: RequestMetrics | None, per_token: dict[str, Any] | None = None
+                      ) -> dict[str, Any] | None:
+        """A streamed choice's last chunk's `timings`: the engine's split, the reply's serialize
+        and send time so far (every chunk before this one), and its token's times if asked for."""
+        t = timings(metrics)
+        if t is None:
+            return per_token
+        return {**t, **self.chunks.server_timings(), **(per_token or {})}
+
+    def reply(self, body: dict[str, Any]) -> Response:
+        """A non-streamed reply, its serialization measured into its own `timings` (sse.ChunkTrace)."""
+        return Response(self.chunks.encode_body(body), media_type="application/json")
 
     def close(self) -> None:
         if self.closed:

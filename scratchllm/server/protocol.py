@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.errors import ConfigError
 from scratchllm.server.body_json import BodyError, load_body
 from scratchllm.server.errors import APIError, bad_request
@@ -49,8 +48,7 @@ _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1000
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
-           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "timings", "usage",
-           "MIN_RETRY_AFTER_S"]
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
@@ -114,6 +112,7 @@ class _Sampling(_Request, StructuredFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, no effect: an end-user id for the caller's own records
+    timings_per_token: bool = False  # llama.cpp's option: per-token times in `timings` (server/timings.py)
 
     def check(self) -> None:
         super().check()
@@ -355,32 +354,6 @@ def new_id(prefix: str) -> str:
 
 def now_s() -> int:
     return int(time.time())
-
-
-def timings(metrics: RequestMetrics | None) -> dict[str, Any] | None:
-    """llama.cpp-style per-response timings from the engine's RequestMetrics (None if absent)."""
-    if metrics is None:
-        return None
-    decoded = max(metrics.completion_tokens - 1, 0)  # the first token comes out of prefill
-    return {
-        "queue_ms": round(metrics.queue_ms, 3),
-        "prefill_ms": round(metrics.prefill_ms, 3),
-        "decode_ms": round(metrics.decode_ms, 3),
-        "prompt_tokens": metrics.prompt_tokens,
-        "completion_tokens": metrics.completion_tokens,
-        "prefill_tokens_per_s": _rate(metrics.prompt_tokens, metrics.prefill_ms),
-        "decode_tokens_per_s": _rate(decoded, metrics.decode_ms),
-        "ttft_ms": _since(metrics.arrival, metrics.first_token),
-        "e2e_ms": _since(metrics.arrival, metrics.finished),
-    }
-
-
-def _since(start: float, end: float | None) -> float | None:
-    return None if end is None else round((end - start) * 1e3, 3)
-
-
-def _rate(n: int, ms: float) -> float | None:
-    return round(n / (ms / 1e3), 2) if ms > 0 and n > 0 else None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

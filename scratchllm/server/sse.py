@@ -1,4 +1,5 @@
-"""Server-Sent Events: one JSON object per event, and the end-of-stream marker.
+"""Server-Sent Events: one JSON object per event, and the end-of-stream marker; and the
+server's timing of the bytes it writes (ChunkTrace).
 
 Streams need no thread of their own: a RequestStream wakes the event loop with
 call_soon_threadsafe when the engine thread puts an event (engine/protocol.py), so a handler
@@ -31,26 +32,54 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 
 class ChunkTrace:
-    """The server's side of the token trace: per streamed chunk, the time spent serializing it
-    (json.dumps) and sending it (from handing it to the ASGI server until it asks for the next:
-    the socket write, or the wait for a slow client's window), as spans in the engine's ring.
-    Without a ring it only encodes."""
+    """The server's own time on one HTTP request's reply: per streamed chunk, the time spent
+    serializing it (json.dumps) and sending it (from handing it to the ASGI server until it asks
+    for the next: the socket write, or the wait for a slow client's window). Each is a span in
+    the engine's ring when there is one, and adds to the totals the reply's `timings` report
+    (`server_timings`), so the ring and the response say the same thing."""
 
     def __init__(self, writer: TraceWriter | None, request_id: str) -> None:
         self.writer = writer
         self.key = request_key(request_id) if writer is not None else 0
         self.chunks = 0
+        self.serialize_ns = 0  # all the chunks serialized so far
+        self.send_ns = 0  # all the chunks sent so far
 
     def encode(self, payload: dict[str, Any]) -> bytes:
-        if self.writer is None:
-            return sse(payload)
         start = time.monotonic_ns()
         data = sse(payload)
-        self.writer.span(self.key, Phase.SERIALIZE, start, time.monotonic_ns(), count=len(data), index=self.chunks)
+        self._serialized(start, data)
         return data
 
-    def sent(self, start_ns: int, nbytes: int) -> None:
+    def encode_body(self, body: dict[str, Any]) -> bytes:
+        """A non-streamed reply's JSON (as Starlette's JSONResponse writes it), its `timings`
+        with serialize_ms added: the time encoding the rest of the body. The timings object is
+        the body's last field, encoded after that measurement, so it cannot count itself."""
+        timings = body.get("timings")
+        rest = body if timings is None else {k: v for k, v in body.items() if k != "timings"}
+        start = time.monotonic_ns()
+        data = json.dumps(rest, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        self._serialized(start, data)
+        if timings is None:
+            return data
+        assert rest and data.endswith(b"}"), "the body is a non-empty JSON object"
+        # send_ms: null, the body is sent after it is written
+        timings = {**timings, **self.server_timings(), "send_ms": None}
+        return data[:-1] + b',"timings":' + json.dumps(timings, allow_nan=False, separators=(",", ":")).encode() + b"}"
+
+    def _serialized(self, start_ns: int, data: bytes) -> None:
+        end = time.monotonic_ns()
+        self.serialize_ns += end - start_ns
         if self.writer is not None:
-            self.writer.span(self.key, Phase.NETWORK_SEND, start_ns, time.monotonic_ns(), count=nbytes,
-                             index=self.chunks)
+            self.writer.span(self.key, Phase.SERIALIZE, start_ns, end, count=len(data), index=self.chunks)
+
+    def sent(self, start_ns: int, nbytes: int) -> None:
+        end = time.monotonic_ns()
+        self.send_ns += end - start_ns
+        if self.writer is not None:
+            self.writer.span(self.key, Phase.NETWORK_SEND, start_ns, end, count=nbytes, index=self.chunks)
         self.chunks += 1
+
+    def server_timings(self) -> dict[str, float]:
+        """The reply's serialize and send time so far, in ms."""
+        return {"serialize_ms": round(self.serialize_ns / 1e6, 3), "send_ms": round(self.send_ns / 1e6, 3)}

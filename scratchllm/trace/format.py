@@ -29,6 +29,10 @@ HEADER_SIZE = 4096  # one page: the records start page-aligned
 DEFAULT_RING_BYTES = 128 * 2**20
 STAMP_OFFSET = 56  # the stamp is the record's last 8 bytes, written after the other 56
 NAME_BYTES = 40  # a NAME record holds this many bytes of UTF-8 of the request's string id
+# The request key of a span that belongs to an engine step, not to one request (DETOKENIZE: the
+# step's detokenization of all its tokens; the span's index is the step). No id hashes to it
+# but with probability 2^-64.
+STEP_KEY = 0
 
 
 class Kind(enum.IntEnum):

@@ -3,13 +3,15 @@
 Tracks:
   * thread "engine steps": one complete ("X") slice per step, args = its split, batch, KV use;
     inside it, three slices laid end to end: matmul, attention, other. They are the step's sums
-    per kind, drawn in that order for their sizes, not the order the work ran in.
+    per kind, drawn in that order for their sizes, not the order the work ran in. Inside "other",
+    a "detokenize" slice: the step's time in the detokenizers (a sum over its tokens, from the
+    first one's start; it runs after the forward, so it falls in "other").
   * counters: batch (requests, tokens per step), KV blocks in use, requests waiting.
   * one async track per request (cat "request", id = the request's key): the request from
     arrival to its last record, nested inside it its phases (queued, prefill, decode) and an
-    instant event per token. The server's per-chunk work (detokenize, serialize, network send)
-    runs alongside decode, so it goes on a second async track of the same request (cat
-    "server"): on one track it would overlap the decode slice without nesting in it.
+    instant event per token. The server's per-chunk work (serialize, network send) runs
+    alongside decode, so it goes on a second async track of the same request (cat "server"): on
+    one track it would overlap the decode slice without nesting in it.
 Timestamps are microseconds since the ring's clock origin.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.trace.analysis import Trace
-from scratchllm.trace.format import Phase
+from scratchllm.trace.format import STEP_KEY, Phase
 
 ENGINE_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
 SERVER_PHASES = (Phase.DETOKENIZE, Phase.SERIALIZE, Phase.NETWORK_SEND)
@@ -52,13 +54,18 @@ def trace_events(trace: Trace) -> list[dict]:
                     "args": {"requests": int(s["batch_size"]), "tokens": int(s["step_tokens"])}},
                    {"ph": "C", "name": "KV blocks", "pid": pid, "ts": end, "args": {"used": int(s["kv_blocks"])}},
                    {"ph": "C", "name": "queue", "pid": pid, "ts": end, "args": {"waiting": int(s["waiting"])}}]
+    detok = trace.spans[(trace.spans["request"] == STEP_KEY) & (trace.spans["phase"] == Phase.DETOKENIZE)]
+    for d in detok:
+        events.append({"ph": "X", "name": "detokenize", "cat": "step.detokenize", "pid": pid, "tid": STEPS_TID,
+                       "ts": us(d["start_ns"]), "dur": (int(d["end_ns"]) - int(d["start_ns"])) / 1e3,
+                       "args": {"step": int(d["index"]), "tokens": int(d["count"])}})
     events += _request_tracks(trace, pid, us)
     return events
 
 
 def _request_tracks(trace: Trace, pid: int, us) -> list[dict]:
     events = []
-    tokens, spans = trace.tokens, trace.spans
+    tokens, spans = trace.tokens, trace.spans[trace.spans["request"] != STEP_KEY]
     by_request: dict[int, dict] = {}
     for key in np.unique(np.concatenate([tokens["request"], spans["request"]])).tolist():
         by_request[key] = {"tokens": tokens[tokens["request"] == key], "spans": spans[spans["request"] == key]}
