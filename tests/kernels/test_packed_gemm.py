@@ -167,7 +167,9 @@ def assert_quantized_panels_compute_w(panels, w, M):
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
-QUANTIZED_SHAPES = [(1, 32, 7), (1, 96, 65), (1, 576, 960), (3, 64, 65), (13, 576, 960), (16, 1536, 576), (40, 288, 31)]  # M > 12: buffered
+# M = 1 with several panels: the two-at-a-time path (and an odd last panel); M > 12: buffered
+QUANTIZED_SHAPES = [(1, 32, 7), (1, 96, 65), (1, 576, 960), (3, 64, 65), (13, 576, 960), (16, 1536, 576),
+                    (40, 288, 31)]
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
