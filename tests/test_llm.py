@@ -175,7 +175,7 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "tie_word_embeddings": True}))
     args = argparse.Namespace(model=str(tmp_path), prompt_tokens=10, new_tokens=5, repeat=1, bandwidth_mb=8,
-                              threads="1,2", dtype="float32")
+                              threads="1,2", dtype="float32", peer=None)
     result = bench.run(args)
     f = result["figures"]
     # tied: the embedding matrix is read once per token, as the LM head
@@ -184,7 +184,14 @@ def test_bench_generate_runs_and_counts_weight_bytes(tmp_path):
     assert f["prefill_tok_s"] > 0 and f["decode_tok_s"] > 0 and f["load_s"] > 0
     assert result["ratios"]["decode_vs_bound"] == pytest.approx(f["decode_tok_s"] / f["bound_tok_s"])
     assert "bound" in bench.render(result)
+    assert result["peer"] is None and "llama.cpp not measured" in bench.render(result)  # no figures from elsewhere
     json.dumps(result, default=str)
+    # --peer llama.cpp: the peer must be installed, and runs on GGUF files only
+    from scratchllm.bench import peers
+    from scratchllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="GGUF file" if peers.peer_installed() else "make peers"):
+        bench.run(argparse.Namespace(**{**vars(args), "peer": "llama.cpp"}))
     assert set(f["by_threads"]) == {1, 2}
     assert all(t["blas_threads"] in (n, None) for n, t in f["by_threads"].items())  # None: no OpenBLAS found
 

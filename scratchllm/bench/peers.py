@@ -118,10 +118,16 @@ def _peer(spec: dict) -> dict:
         llm.eval(ids["prefill"])
         out["prefill_tok_s"] = len(ids["prefill"]) / (time.perf_counter() - t)
 
+    vocab = llm.n_vocab()
+
+    def last_logits():  # the last evaluated token's logits, read from llama.cpp's context: `Llama.scores`
+        # is filled only with logits_all=True (which computes every position's logits) in 0.3.x
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+
     def steps(n):  # n greedy decode steps from the context as it is
         got = []
         for _ in range(n):
-            got.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))  # the last evaluated token's logits
+            got.append(int(np.argmax(last_logits())))
             llm.eval(got[-1:])
         return got
 

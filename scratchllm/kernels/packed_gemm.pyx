@@ -988,6 +988,8 @@ cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const v
     job.P = P
     job.fused_tiles = Q8_FUSED_TILES
     job.chunk = max(1, job.P // (Q8_TASKS_PER_THREAD * threads))  # enough tasks to even out the threads
+    if job.M == 1 and job.chunk % 2:  # a single row takes panels in pairs (pg_gemm_q8_pair): whole pairs per task
+        job.chunk += 1
     with nogil:
         pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
 
