@@ -632,22 +632,51 @@ cdef extern from *:
         const uint8_t *types;
         long N, K;
         uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs; Q8_0: int8 [P, K, NR] */
-        uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (Q8_0 and Q4_0: m untouched) */
+        uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (Q8_0: m untouched) */
+        int overflow;             /* set (atomically) when a Q4_0 scale's -8 d is beyond float16 */
     } pg_repack_job;
+
+    /* -8 d for a float16 d, as float16 bits: exact (a power of two times a half) unless it
+       overflows, which returns 0xFFFF (not a value -8 d can take: that is a NaN pattern). */
+    static inline uint16_t pg_half_times_minus8(uint16_t h) {
+        uint16_t sign = (uint16_t)((h ^ 0x8000) & 0x8000), e = (h >> 10) & 0x1F, mant = h & 0x3FF;
+        if (e == 31)
+            return 0xFFFF;  /* inf or NaN scale: refuse as an overflow */
+        if (e == 0) {  /* zero or subnormal: mant 2^-24, times 8 is mant << 3 units */
+            uint32_t v = (uint32_t)mant << 3;
+            if (v < 0x400)
+                return sign | (uint16_t)v;
+            int shift = 0;  /* normalize: v = 1.f x 2^shift units of 2^-24 */
+            while (v >= 0x800) { v >>= 1; shift++; }  /* v < 0x2000 here: at most 2 steps */
+            return sign | (uint16_t)((1 + shift) << 10) | (uint16_t)(v & 0x3FF);
+        }
+        if (e + 3 >= 31)
+            return 0xFFFF;
+        return sign | (uint16_t)((e + 3) << 10) | mant;
+    }
 
     static void pg_repack_task(void *ctx, long p) {
         const pg_repack_job *j = (const pg_repack_job *)ctx;
-        long G = j->K / 32;
-        for (long jj = 0; jj < PG_NR && p * PG_NR + jj < j->N; jj++) {
-            long o = p * PG_NR + jj;
-            int type = j->types[o];
-            long bs = type == PG_Q8_0 ? 34 : type == PG_Q4_1 ? 20 : 18, head = type == PG_Q4_1 ? 4 : 2;
-            for (long g = 0; g < G; g++) {
+        long G = j->K / 32, rows = j->N - p * PG_NR < PG_NR ? j->N - p * PG_NR : PG_NR;
+        /* group by group, every row of the panel: a group's output (its 16 or 32 byte rows of NR
+           columns) is written whole before the next, while the panel's rows are read as NR
+           sequential streams */
+        for (long g = 0; g < G; g++) {
+            for (long jj = 0; jj < rows; jj++) {
+                long o = p * PG_NR + jj;
+                int type = j->types[o];
+                long bs = type == PG_Q8_0 ? 34 : type == PG_Q4_1 ? 20 : 18, head = type == PG_Q4_1 ? 4 : 2;
                 const uint8_t *blk = j->rows[o] + g * bs, *qs = blk + head;
                 long at = (p * G + g) * PG_NR + jj;
                 memcpy(&j->d[at], blk, 2);
                 if (type == PG_Q4_1)
                     memcpy(&j->m[at], blk + 2, 2);
+                if (type == PG_Q4_0) {
+                    uint16_t m8 = pg_half_times_minus8(j->d[at]);
+                    if (m8 == 0xFFFF)
+                        __atomic_store_n((int *)&j->overflow, 1, __ATOMIC_RELAXED);
+                    j->m[at] = m8;
+                }
                 if (type == PG_Q8_0) {
                     int8_t *q = (int8_t *)j->q + (p * j->K + 32 * g) * PG_NR + jj;
                     for (int i = 0; i < 32; i++)
@@ -698,6 +727,7 @@ cdef extern from *:
         uint8_t *q
         uint16_t *d
         uint16_t *m
+        int overflow
     void pg_repack_task(void *ctx, long p) noexcept nogil
 
 
@@ -887,21 +917,14 @@ def pack_blocks(parts, Py_ssize_t K):
     cdef uint16_t[:, :, ::1] dv = d, mv = m
     cdef pg_repack_job job
     job.rows, job.types, job.N, job.K = <const uint8_t *const *> &addr[0], &kind[0], N, K
-    job.q, job.d, job.m = &qv[0, 0, 0], &dv[0, 0, 0], &mv[0, 0, 0]
+    job.q, job.d, job.m, job.overflow = &qv[0, 0, 0], &dv[0, 0, 0], &mv[0, 0, 0], 0
     with nogil:
         pool.run(pg_repack_task, &job, P, pool.num_threads())
     d16 = d.view(np.float16)
     if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), m = 0
         return Q8Panels(q, d16.astype(np.float32), np.zeros(d.shape, dtype=np.float32), True)
-    if "Q4_0" in kinds:  # m = -8 d where the row is Q4_0 (exact, as in as_q4), the file's m where Q4_1
-        col = np.zeros(P * PG_NR, dtype=bool)
-        col[:N] = type_ids == PG_Q4_0
-        q4_0 = col.reshape(P, 1, PG_NR)  # broadcasts over the groups of each panel column
-        d32 = d16.astype(np.float32)
-        if np.abs(np.where(q4_0, d32, 0)).max(initial=0) * 8 > np.finfo(np.float16).max:
-            return None
-        m = np.where(q4_0, (-8 * d32).astype(np.float16), m.view(np.float16))
-        return Q4Panels(q, d16, np.ascontiguousarray(m))
+    if job.overflow:  # a Q4_0 row's m = -8 d (exact, as in as_q4) does not fit float16
+        return None
     return Q4Panels(q, d16, m.view(np.float16))
 
 

@@ -284,3 +284,21 @@ def test_pack_blocks_refuses_what_it_cannot_keep():
         pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K), np.arange(16) + 1)], K)
     with pytest.raises(ValueError, match="32-weight blocks"):
         pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K), None)], 40)
+
+
+def test_q4_0_offsets_are_minus_eight_scales_for_every_float16_scale():
+    """Q4_0's m = -8 d is made from the scale's float16 bits at load: checked against NumPy for every
+    finite float16 d whose -8 d fits (subnormals, which become normal, included)."""
+    from scratchllm.formats import ggml_quants as gq
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    d = bits.view(np.float16)
+    d = d[np.isfinite(d)]
+    d = d[np.abs(d.astype(np.float32)) * 8 <= np.finfo(np.float16).max]
+    d = np.concatenate([d, np.zeros((-len(d)) % 512, np.float16)])  # whole rows of 32 groups, whole panels
+    rows, groups = len(d) // 32, 32
+    blocks = np.zeros((rows, groups), dtype=gq.BLOCK_DTYPES["Q4_0"])
+    blocks["d"] = d.reshape(rows, groups)
+    panels = pg.pack_blocks([("Q4_0", blocks.view(np.uint8).reshape(rows, -1), None)], 32 * groups)
+    want = (-8 * panels.d.astype(np.float32)).astype(np.float16)
+    assert np.array_equal(panels.m.view(np.uint16), want.view(np.uint16))
