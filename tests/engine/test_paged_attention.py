@@ -181,3 +181,21 @@ def test_thread_count_does_not_change_a_bit():
         attn.set_layout(tables, tseq, tpos)
         outs.append(attn(0, q, k, v))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_the_kv_pool_is_resident_only_where_written():
+    """Writing one block of one layer makes about that block resident, not a 2 MiB huge page
+    around it (NumPy asks for huge pages on large arrays; the pool must not)."""
+    from scratchllm.engine.paged_attention import lazy_zeros
+
+    def rss_kib():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    pool = lazy_zeros((4, 2048, 3, 64, 16))  # 4 layers x 2048 blocks x 12 KiB = 96 MiB of address space
+    assert pool.dtype == np.float32 and not pool.any()
+    before = rss_kib()
+    for layer in range(4):
+        pool[layer, 1000] = 1.0  # one 12 KiB block per layer
+    grown = rss_kib() - before
+    assert grown < 4 * 64, f"writing 48 KiB made {grown} KiB resident"
