@@ -28,14 +28,37 @@ def map_file(path: Path) -> np.ndarray:
 
 
 
+def _mapping_of(view: np.ndarray):
+    """(the mmap behind a `map_file` array or a view of one, the view's byte offset in it), or (None, 0)."""
+    root, mm = view, view
+    while isinstance(mm, (np.ndarray, memoryview)):
+        if isinstance(mm, np.ndarray):
+            root = mm
+        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
+    if not isinstance(mm, mmap.mmap):
+        return None, 0
+    return mm, view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+
+
+def release_range(view: np.ndarray) -> None:
+    """`release_pages` for the whole pages inside one view (a tensor's bytes) only: during loading,
+    a matrix's file pages can go as soon as it is packed, so the file and the panels are not
+    resident together. Pages the view shares with its neighbours stay."""
+    mm, start = _mapping_of(view)
+    if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    first, end = -(-start // page) * page, (start + view.nbytes) // page * page
+    if end > first:
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
 def release_pages(mapped: np.ndarray) -> None:
     """Unmap from this process the pages it has read of the file a `map_file` array (or any view
     of one) maps: MADV_DONTNEED over the whole mapping.
     The file stays mapped and the page cache keeps its pages: a later read faults them back in
     from memory, not from disk. For a model whose weights were moved into panels at load time:
     the file's copy stops counting in the process's resident memory."""
-    mm = mapped
-    while isinstance(mm, (np.ndarray, memoryview)):
-        mm = mm.base if isinstance(mm, np.ndarray) else mm.obj
+    mm, _ = _mapping_of(mapped)
     if isinstance(mm, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
         mm.madvise(mmap.MADV_DONTNEED)

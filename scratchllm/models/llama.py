@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from scratchllm.formats.mapped import release_range
 from scratchllm.kernels import packed_gemm, pointwise
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
@@ -222,7 +223,11 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
             if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
-        return PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)))
+        packed = PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)))
+        if packed is not None:
+            for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
+                release_range(raw)
+        return packed
 
     def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
         packed = from_blocks(names, shapes)  # the fast path: the file's blocks, moved once
