@@ -655,29 +655,91 @@ cdef extern from *:
         return sign | (uint16_t)((e + 3) << 10) | mant;
     }
 
+    /* Row o's block g: its scale (and offset) into the panel's d, m at `at`; returns its quants. */
+    static inline const uint8_t *pg_repack_scales(const pg_repack_job *j, long o, long g, long at) {
+        int type = j->types[o];
+        long bs = type == PG_Q8_0 ? 34 : type == PG_Q4_1 ? 20 : 18;
+        const uint8_t *blk = j->rows[o] + g * bs;
+        memcpy(&j->d[at], blk, 2);
+        if (type == PG_Q4_1)
+            memcpy(&j->m[at], blk + 2, 2);
+        if (type == PG_Q4_0) {
+            uint16_t m8 = pg_half_times_minus8(j->d[at]);
+            if (m8 == 0xFFFF)
+                __atomic_store_n((int *)&j->overflow, 1, __ATOMIC_RELAXED);
+            j->m[at] = m8;
+        }
+        return blk + (type == PG_Q4_1 ? 4 : 2);
+    }
+
+    #if PG_NR == 16 && defined(__AVX2__)
+    /* A Q4 block's 16 bytes (byte i = q[i] | q[16 + i] << 4) -> this column's 16 bytes of the
+       panel's byte rows 16 g .. 16 g + 15: byte t = q[2t] | q[2t + 1] << 4. */
+    static inline __m128i pg_q4_column_bytes(const uint8_t *qs) {
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+        __m128i b = _mm_loadu_si128((const __m128i *)qs);
+        __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        /* the odd bytes' nibbles shifted up within their byte (their high nibbles are 0) */
+        __m128i l = _mm_or_si128(_mm_shuffle_epi8(lo, even), _mm_slli_epi16(_mm_shuffle_epi8(lo, odd), 4));
+        __m128i h = _mm_or_si128(_mm_shuffle_epi8(hi, even), _mm_slli_epi16(_mm_shuffle_epi8(hi, odd), 4));
+        return _mm_unpacklo_epi64(l, h);
+    }
+
+    /* r[i] byte j -> r[j] byte i: 16 x 16 bytes in four rounds of unpacks. */
+    static inline void pg_transpose16(__m128i r[16]) {
+        __m128i a[16], b[16];
+        for (int i = 0; i < 8; i++) {
+            a[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+            a[i + 8] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; i++) {
+            b[i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+            b[i + 4] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+            b[i + 8] = _mm_unpacklo_epi16(a[8 + 2 * i], a[8 + 2 * i + 1]);
+            b[i + 12] = _mm_unpackhi_epi16(a[8 + 2 * i], a[8 + 2 * i + 1]);
+        }
+        for (int i = 0; i < 2; i++)
+            for (int h = 0; h < 4; h++) {
+                a[h * 4 + i] = _mm_unpacklo_epi32(b[h * 4 + 2 * i], b[h * 4 + 2 * i + 1]);
+                a[h * 4 + i + 2] = _mm_unpackhi_epi32(b[h * 4 + 2 * i], b[h * 4 + 2 * i + 1]);
+            }
+        for (int h = 0; h < 8; h++) {
+            r[2 * h] = _mm_unpacklo_epi64(a[2 * h], a[2 * h + 1]);
+            r[2 * h + 1] = _mm_unpackhi_epi64(a[2 * h], a[2 * h + 1]);
+        }
+    }
+    #endif
+
     static void pg_repack_task(void *ctx, long p) {
         const pg_repack_job *j = (const pg_repack_job *)ctx;
         long G = j->K / 32, rows = j->N - p * PG_NR < PG_NR ? j->N - p * PG_NR : PG_NR;
+    #if PG_NR == 16 && defined(__AVX2__)
+        int all_q4 = rows == PG_NR;
+        for (long jj = 0; jj < rows; jj++)
+            all_q4 &= j->types[p * PG_NR + jj] != PG_Q8_0;
+        if (all_q4) {  /* a whole 4-bit panel: each group's 16 x 16 bytes regrouped and transposed in registers */
+            for (long g = 0; g < G; g++) {
+                __m128i r[16];
+                for (long jj = 0; jj < PG_NR; jj++)
+                    r[jj] = pg_q4_column_bytes(pg_repack_scales(j, p * PG_NR + jj, g, (p * G + g) * PG_NR + jj));
+                pg_transpose16(r);
+                uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR;
+                for (int t = 0; t < 16; t++)
+                    _mm_storeu_si128((__m128i *)(q + t * PG_NR), r[t]);
+            }
+            return;
+        }
+    #endif
         /* group by group, every row of the panel: a group's output (its 16 or 32 byte rows of NR
            columns) is written whole before the next, while the panel's rows are read as NR
            sequential streams */
         for (long g = 0; g < G; g++) {
             for (long jj = 0; jj < rows; jj++) {
                 long o = p * PG_NR + jj;
-                int type = j->types[o];
-                long bs = type == PG_Q8_0 ? 34 : type == PG_Q4_1 ? 20 : 18, head = type == PG_Q4_1 ? 4 : 2;
-                const uint8_t *blk = j->rows[o] + g * bs, *qs = blk + head;
-                long at = (p * G + g) * PG_NR + jj;
-                memcpy(&j->d[at], blk, 2);
-                if (type == PG_Q4_1)
-                    memcpy(&j->m[at], blk + 2, 2);
-                if (type == PG_Q4_0) {
-                    uint16_t m8 = pg_half_times_minus8(j->d[at]);
-                    if (m8 == 0xFFFF)
-                        __atomic_store_n((int *)&j->overflow, 1, __ATOMIC_RELAXED);
-                    j->m[at] = m8;
-                }
-                if (type == PG_Q8_0) {
+                const uint8_t *qs = pg_repack_scales(j, o, g, (p * G + g) * PG_NR + jj);
+                if (j->types[o] == PG_Q8_0) {
                     int8_t *q = (int8_t *)j->q + (p * j->K + 32 * g) * PG_NR + jj;
                     for (int i = 0; i < 32; i++)
                         q[i * PG_NR] = (int8_t)qs[i];
