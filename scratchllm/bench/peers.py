@@ -89,12 +89,14 @@ def _ours(spec: dict) -> dict:
     prompt = np.array(ids["decode"])
     cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
-    greedy = []
+    greedy, rows = [], np.empty((spec["new_tokens"], model.config.vocab_size), dtype=np.float32)
     t = time.perf_counter()
-    for _ in range(spec["new_tokens"]):
+    for i in range(spec["new_tokens"]):
+        rows[i] = logits[-1]  # kept for the near-tie check after timing (a 200 KB copy)
         greedy.append(int(np.argmax(logits[-1])))
         logits = model.forward(np.array(greedy[-1:]), np.array([cache.length]), cache)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
+    out["top2_gap"] = top2_gaps(rows)
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
     done = llm.generate(ids["batch"], params)
@@ -124,18 +126,23 @@ def _peer(spec: dict) -> dict:
         # is filled only with logits_all=True (which computes every position's logits) in 0.3.x
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
 
-    def steps(n):  # n greedy decode steps from the context as it is
+    def steps(n, rows=None):  # n greedy decode steps from the context as it is (logits kept in rows)
         got = []
-        for _ in range(n):
-            got.append(int(np.argmax(last_logits())))
+        for i in range(n):
+            logits = last_logits()
+            if rows is not None:
+                rows[i] = logits
+            got.append(int(np.argmax(logits)))
             llm.eval(got[-1:])
         return got
 
     llm.reset()
     llm.eval(ids["decode"])
+    rows = np.empty((spec["new_tokens"], vocab), dtype=np.float32)
     t = time.perf_counter()
-    greedy = steps(spec["new_tokens"])
+    greedy = steps(spec["new_tokens"], rows)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
+    out["top2_gap"] = top2_gaps(rows)
     t = time.perf_counter()
     made = 0
     for prompt in ids["batch"]:
@@ -144,6 +151,12 @@ def _peer(spec: dict) -> dict:
         made += len(steps(spec["new_tokens"]))
     out["aggregate_tok_s"] = made / (time.perf_counter() - t)
     return {**out, "greedy": greedy, "version": llama_cpp.__version__}
+
+
+def top2_gaps(rows) -> list[float]:
+    """Per decode step, the best logit minus the second best: how close the greedy choice was."""
+    top = np.partition(rows, -2, axis=1)[:, -2:]
+    return (top[:, 1] - top[:, 0]).tolist()
 
 
 def child_main():
@@ -203,7 +216,12 @@ def run(args) -> dict:
         result["advantage"] = {key: (figures["ours"][key] / figures[PEER][key] if higher
                                      else figures[PEER][key] / figures["ours"][key]) for key, _, higher in ROWS}
         a, b = rounds["ours"][0]["greedy"], rounds[PEER][0]["greedy"]
-        result["greedy_ids_agree_for"] = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        agree = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        result["greedy_ids_agree_for"] = agree
+        if agree < len(a):  # where they part: a near-tie if either side's two best logits were close there
+            gaps = {side: rounds[side][0]["top2_gap"][agree] for side in sides}
+            result["greedy_parting"] = {"step": agree, "ours_token": a[agree], "peer_token": b[agree],
+                                        "top2_gap": gaps}
         result["inputs"]["peer_version"] = rounds[PEER][0]["version"]
     return result
 
@@ -229,6 +247,11 @@ def render(r: dict) -> str:
     if r["peer_installed"]:
         lines.append(f"greedy ids agree for the first {r['greedy_ids_agree_for']} of {i['new_tokens']} decode steps "
                      f"(llama-cpp-python {i['peer_version']}); advantage > 1: ours ahead")
+        if r.get("greedy_parting"):
+            g = r["greedy_parting"]
+            lines.append(f"  they part at step {g['step']} (ours {g['ours_token']}, {PEER} {g['peer_token']}), "
+                         f"where the two best logits were {g['top2_gap']['ours']:.3g} apart for ours and "
+                         f"{g['top2_gap'][PEER]:.3g} for {PEER}: a near-tie if small beside the logits' spread")
     loads = r["machine"]["loadavg_1min"]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)
