@@ -1,4 +1,5 @@
-"""Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>.
+"""Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>
+(and every scratchllm/formats/*.pyx, the parsers' helpers, scratchllm.formats.<name>).
 
 Flags: -O3 lets GCC vectorize the inner loops. -march defaults to `native` because the
 extension is built on the machine that runs it (make test / make demo build in place): the
@@ -51,6 +52,16 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for path in sorted(glob.glob("scratchllm/kernels/*.pyx"))
+]
+# The parsers' helpers (scratchllm/formats/*.pyx) are plain byte walking: built for any x86-64,
+# so that opening a model file never depends on which CPU the package was built on.
+extensions += [
+    Extension(
+        f"scratchllm.formats.{os.path.splitext(os.path.basename(path))[0]}",
+        [path],
+        extra_compile_args=["-O2"],
+    )
+    for path in sorted(glob.glob("scratchllm/formats/*.pyx"))
 ]
 
 setup(

@@ -25,6 +25,7 @@ import numpy as np
 
 from scratchllm.errors import FormatError
 from scratchllm.formats import ggml_quants as gq
+from scratchllm.formats._gguf_strings import read_strings
 from scratchllm.formats.checkpoint import Checkpoint, TensorInfo, row_major_strides
 from scratchllm.formats.mapped import map_file
 
@@ -120,21 +121,15 @@ class _Cursor:
         raise FormatError(self.path, f"{what}: unknown array element type {etype}")
 
     def _strings(self, count: int, what: str) -> list[str]:
-        # The hot path of a GGUF header (49152 tokens, 48900 merges): locals only, no method calls.
+        # The hot path of a GGUF header (49152 tokens, 48900 merges): one C pass, see _gguf_strings.
         self.need(count * 8, f"{what} ({count} strings)")
-        buf, pos, end, unpack = self.buf, self.pos, self.end, _U64.unpack_from
-        out = []
-        append = out.append
-        for i in range(count):
-            if pos + 8 > end:
-                raise FormatError(self.path, f"truncated: {what}[{i}] at offset {pos}")
-            (n,) = unpack(buf, pos)
-            pos += 8
-            if pos + n > end:
-                raise FormatError(self.path, f"truncated: {what}[{i}] needs {n} bytes at offset {pos}")
-            append(bytes(buf[pos:pos + n]).decode("utf-8", "surrogateescape"))
-            pos += n
-        self.pos = pos
+        try:
+            out, self.pos = read_strings(self.buf, self.pos, count)
+        except ValueError as err:
+            part, i, pos, *n = err.args
+            if part == "length":
+                raise FormatError(self.path, f"truncated: {what}[{i}] at offset {pos}") from None
+            raise FormatError(self.path, f"truncated: {what}[{i}] needs {n[0]} bytes at offset {pos}") from None
         return out
 
 
