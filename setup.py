@@ -1,5 +1,5 @@
 """Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>
-(and every scratchllm/formats/*.pyx, the parsers' helpers, scratchllm.formats.<name>).
+(and the loaders' helpers: scratchllm/formats/*.pyx and scratchllm/tokenizer/*.pyx likewise).
 
 Flags: -O3 lets GCC vectorize the inner loops. -march defaults to `native` because the
 extension is built on the machine that runs it (make test / make demo build in place): the
@@ -53,15 +53,16 @@ extensions = [
     )
     for path in sorted(glob.glob("scratchllm/kernels/*.pyx"))
 ]
-# The parsers' helpers (scratchllm/formats/*.pyx) are plain byte walking: built for any x86-64,
-# so that opening a model file never depends on which CPU the package was built on.
+# The loaders' helpers (scratchllm/formats/*.pyx, scratchllm/tokenizer/*.pyx) walk bytes and build
+# tables: built for any x86-64, so that opening a model never depends on the build machine's CPU.
 extensions += [
     Extension(
-        f"scratchllm.formats.{os.path.splitext(os.path.basename(path))[0]}",
+        f"scratchllm.{package}.{os.path.splitext(os.path.basename(path))[0]}",
         [path],
         extra_compile_args=["-O2"],
     )
-    for path in sorted(glob.glob("scratchllm/formats/*.pyx"))
+    for package in ("formats", "tokenizer")
+    for path in sorted(glob.glob(f"scratchllm/{package}/*.pyx"))
 ]
 
 setup(

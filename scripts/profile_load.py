@@ -18,7 +18,9 @@ import sys
 
 CHILD = r"""
 import cProfile, json, pstats, sys, time
+t = time.perf_counter()
 from scratchllm.llm import LLM
+import_s = time.perf_counter() - t
 from scratchllm.tokenizer import Tokenizer
 
 model, which, top = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -38,10 +40,14 @@ if which == "plain":
 
     llama_module.pack = timed("pack_s", llama_module.pack)
     llm_module.load_model = timed("load_model_s", llm_module.load_model)
+    llm_module.LLMEngine = timed("engine_s", llm_module.LLMEngine)
+    if hasattr(llm_module, "load_checkpoint"):  # LLM opens the file itself (one header parse)
+        llm_module.load_checkpoint = timed("open_s", llm_module.load_checkpoint)
     Tokenizer.from_pretrained = classmethod(timed("tokenizer_s", Tokenizer.from_pretrained.__func__))
     t = time.perf_counter()
     LLM(model, threads=2)
     out["llm_s"] = time.perf_counter() - t
+    out["import_s"] = import_s
 elif which == "profiled":
     prof = cProfile.Profile()
     prof.enable()
@@ -91,8 +97,15 @@ def main() -> None:
     print(f"  load                        {med(plain, lambda r: r['llm_s']):.3f}   runs: {each}")
     print(f"    packing (pack)            {med(plain, lambda r: r.get('pack_s', 0.0)):.3f}")
     print(f"    everything but packing    {med(plain, lambda r: r['llm_s'] - r.get('pack_s', 0.0)):.3f}")
+    print(f"      opening the file        {med(plain, lambda r: r.get('open_s', 0.0)):.3f}")
     print(f"      load_model less packing {med(plain, lambda r: r['load_model_s'] - r.get('pack_s', 0.0)):.3f}")
     print(f"      tokenizer               {med(plain, lambda r: r['tokenizer_s']):.3f}")
+    print(f"      engine                  {med(plain, lambda r: r['engine_s']):.3f}")
+    rest = med(plain, lambda r: r["llm_s"] - sum(r.get(k, 0.0) for k in ("open_s", "load_model_s", "tokenizer_s",
+                                                                        "engine_s")))
+    print(f"      the rest of LLM()       {rest:.3f}")
+    print(f"  import scratchllm.llm (before the timer) {med(plain, lambda r: r['import_s']):.3f}")
+    print(f"  import + load                           {med(plain, lambda r: r['import_s'] + r['llm_s']):.3f}")
     alone = runs["tokenizer"]
     print(f"  Tokenizer.from_pretrained alone {med(alone, lambda r: r['tokenizer_s']):.3f}")
     print(f"  GGUFFile (header parse) alone   {med(alone, lambda r: r['gguf_s']):.3f}")
