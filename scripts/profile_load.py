@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import cProfile, json, pstats, sys, time
+import cProfile, json, pstats, resource, sys, time
 t = time.perf_counter()
 from scratchllm.llm import LLM
 import_s = time.perf_counter() - t
@@ -29,13 +29,17 @@ if which == "plain":
     import scratchllm.llm as llm_module
     import scratchllm.models.llama as llama_module
 
+    def faults():  # minor page faults of every thread so far: first touches of new memory
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     def timed(key, fn):
         def wrapper(*a, **kw):
-            t0 = time.perf_counter()
+            t0, f0 = time.perf_counter(), faults()
             try:
                 return fn(*a, **kw)
             finally:
                 out[key] = out.get(key, 0.0) + time.perf_counter() - t0
+                out[key + "_faults"] = out.get(key + "_faults", 0) + faults() - f0
         return wrapper
 
     llama_module.pack = timed("pack_s", llama_module.pack)
@@ -44,9 +48,10 @@ if which == "plain":
     if hasattr(llm_module, "load_checkpoint"):  # LLM opens the file itself (one header parse)
         llm_module.load_checkpoint = timed("open_s", llm_module.load_checkpoint)
     Tokenizer.from_pretrained = classmethod(timed("tokenizer_s", Tokenizer.from_pretrained.__func__))
-    t = time.perf_counter()
+    t, f0 = time.perf_counter(), faults()
     LLM(model, threads=2)
     out["llm_s"] = time.perf_counter() - t
+    out["llm_s_faults"] = faults() - f0
     out["import_s"] = import_s
 elif which == "profiled":
     prof = cProfile.Profile()
@@ -93,17 +98,23 @@ def main() -> None:
         return statistics.median(value(r) for r in rows)
 
     each = ", ".join(f"{r['llm_s']:.3f}" for r in plain)
-    print(f"LLM({args.model!r}, threads=2), median of {args.runs} fresh processes (s):")
-    print(f"  load                        {med(plain, lambda r: r['llm_s']):.3f}   runs: {each}")
-    print(f"    packing (pack)            {med(plain, lambda r: r.get('pack_s', 0.0)):.3f}")
-    print(f"    everything but packing    {med(plain, lambda r: r['llm_s'] - r.get('pack_s', 0.0)):.3f}")
-    print(f"      opening the file        {med(plain, lambda r: r.get('open_s', 0.0)):.3f}")
-    print(f"      load_model less packing {med(plain, lambda r: r['load_model_s'] - r.get('pack_s', 0.0)):.3f}")
-    print(f"      tokenizer               {med(plain, lambda r: r['tokenizer_s']):.3f}")
-    print(f"      engine                  {med(plain, lambda r: r['engine_s']):.3f}")
-    rest = med(plain, lambda r: r["llm_s"] - sum(r.get(k, 0.0) for k in ("open_s", "load_model_s", "tokenizer_s",
-                                                                        "engine_s")))
-    print(f"      the rest of LLM()       {rest:.3f}")
+    print(f"LLM({args.model!r}, threads=2), median of {args.runs} fresh processes "
+          f"(bytecode cache {'off' if sys.flags.dont_write_bytecode else 'on'}); runs: {each}")
+    print(f"  {'stage':28s} {'seconds':>8s} {'page faults':>12s}")
+
+    def row(label, key, less=()):
+        seconds = med(plain, lambda r: r.get(key, 0.0) - sum(r.get(k, 0.0) for k in less))
+        count = med(plain, lambda r: r.get(key + "_faults", 0) - sum(r.get(k + "_faults", 0) for k in less))
+        print(f"  {label:28s} {seconds:8.3f} {count:12.0f}")
+
+    row("load (LLM())", "llm_s")
+    row("  packing (pack)", "pack_s")
+    row("  everything but packing", "llm_s", ["pack_s"])
+    row("    opening the file", "open_s")
+    row("    load_model less packing", "load_model_s", ["pack_s"])
+    row("    tokenizer", "tokenizer_s")
+    row("    engine", "engine_s")
+    row("    the rest of LLM()", "llm_s", ["open_s", "load_model_s", "tokenizer_s", "engine_s"])
     print(f"  import scratchllm.llm (before the timer) {med(plain, lambda r: r['import_s']):.3f}")
     print(f"  import + load                           {med(plain, lambda r: r['import_s'] + r['llm_s']):.3f}")
     alone = runs["tokenizer"]
