@@ -35,14 +35,14 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         if key not in meta:
             raise FormatError(path, f"{key} is missing: this GGUF carries no complete BPE tokenizer")
-    tokens = _strings(meta, "tokenizer.ggml.tokens", path)
-    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    if not isinstance(types, list) or not all(type(t) is int for t in types):
-        raise FormatError(path, "tokenizer.ggml.token_type must be an array of integers")
+    tokens = _array(meta, "tokenizer.ggml.tokens", str, path)
+    types = _array(meta, "tokenizer.ggml.token_type", int, path) if "tokenizer.ggml.token_type" in meta \
+        else [1] * len(tokens)
     if len(types) != len(tokens):
         raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    vocab = dict(zip(tokens, range(len(tokens)), strict=True))  # a token listed twice keeps its last id
-    ranks = merge_ranks(_strings(meta, "tokenizer.ggml.merges", path), path)
+    ids = list(range(len(tokens)))  # one int object per id, shared by the vocabulary and the merge ranks
+    vocab = dict(zip(tokens, ids, strict=True))  # a token listed twice keeps its last id
+    ranks = merge_ranks(_array(meta, "tokenizer.ggml.merges", str, path), path, ids)
     # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
     # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
@@ -66,19 +66,21 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     )
 
 
-def merge_ranks(merges: list[str], path) -> dict[tuple[str, str], int]:
+def merge_ranks(merges: list[str], path, ids: list[int] | None = None) -> dict[tuple[str, str], int]:
     """'left right' lines -> {(left, right): rank}, cut as llama.cpp cuts: at the first space after
-    the first character; a pair listed twice keeps its first (best) rank. See _merge_ranks.pyx."""
-    ranks, bad = _merge_ranks.merge_ranks(merges)
+    the first character; a pair listed twice keeps its first (best) rank. See _merge_ranks.pyx.
+    ids: list(range(n)) of the vocabulary, whose int objects the ranks reuse (less new memory)."""
+    ranks, bad = _merge_ranks.merge_ranks(merges, ids)
     if ranks is None:
         raise FormatError(path, f"merge {merges[bad]!r} has no space between its two halves")
     return ranks
 
 
-def _strings(meta: dict, key: str, path) -> list[str]:
+def _array(meta: dict, key: str, kind: type, path) -> list:
     values = meta[key]
-    if not isinstance(values, list) or not all(type(v) is str for v in values):
-        raise FormatError(path, f"{key} must be an array of strings")
+    # set(map(type, ...)) runs in C: a third of the time of all(isinstance(...)) over 49k values.
+    if not isinstance(values, list) or not set(map(type, values)) <= {kind}:
+        raise FormatError(path, f"{key} must be an array of {'strings' if kind is str else 'integers'}")
     return values
 
 
