@@ -26,13 +26,14 @@ def read_strings(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t count)
     """(list of `count` str, the position after the last) for the string array at `pos` of `buf`.
 
     Where string i runs past the end, raises ValueError("length", i, offset) when its length
-    field does not fit, ValueError("bytes", i, offset, length) when its bytes do not."""
+    field does not fit, ValueError("bytes", i, offset, length) when its bytes do not (the file's
+    fault); IndexError for a `pos` outside the buffer or a negative `count` (the caller's)."""
     cdef Py_ssize_t end = buf.shape[0]
     cdef Py_ssize_t i
     cdef uint64_t n
     cdef const unsigned char* base = &buf[0] if end else NULL
     if pos < 0 or pos > end or count < 0:
-        raise ValueError("bad arguments", pos, count)
+        raise IndexError(f"read_strings: position {pos} or count {count} outside a buffer of {end} bytes")
     out = [None] * count
     for i in range(count):
         if end - pos < 8:
