@@ -53,6 +53,7 @@ if which == "plain":
     out["llm_s"] = time.perf_counter() - t
     out["llm_s_faults"] = faults() - f0
     out["import_s"] = import_s
+    out["package"] = sys.modules["scratchllm"].__file__
 elif which == "profiled":
     prof = cProfile.Profile()
     prof.enable()
@@ -100,6 +101,7 @@ def main() -> None:
     each = ", ".join(f"{r['llm_s']:.3f}" for r in plain)
     print(f"LLM({args.model!r}, threads=2), median of {args.runs} fresh processes "
           f"(bytecode cache {'off' if sys.flags.dont_write_bytecode else 'on'}); runs: {each}")
+    print(f"  scratchllm from {sorted({r['package'] for r in plain})}")
     print(f"  {'stage':28s} {'seconds':>8s} {'page faults':>12s}")
 
     def row(label, key, less=()):
