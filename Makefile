@@ -51,7 +51,7 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check scratchllm tests
 
 clean:
-	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c *.egg-info
+	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
 
 # The peer of `scratchllm bench peers`: llama-cpp-python (requirements/peers.txt) built from source
 # with this CPU's instruction sets named explicitly, proven by loading the default model.

@@ -1,4 +1,5 @@
-"""Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>.
+"""Builds the Cython kernels: every scratchllm/kernels/*.pyx becomes scratchllm.kernels.<name>
+(and the loaders' helpers: scratchllm/formats/*.pyx and scratchllm/tokenizer/*.pyx likewise).
 
 Flags: -O3 lets GCC vectorize the inner loops. -march defaults to `native` because the
 extension is built on the machine that runs it (make test / make demo build in place): the
@@ -51,6 +52,17 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for path in sorted(glob.glob("scratchllm/kernels/*.pyx"))
+]
+# The loaders' helpers (scratchllm/formats/*.pyx, scratchllm/tokenizer/*.pyx) walk bytes and build
+# tables: built for any x86-64, so that opening a model never depends on the build machine's CPU.
+extensions += [
+    Extension(
+        f"scratchllm.{package}.{os.path.splitext(os.path.basename(path))[0]}",
+        [path],
+        extra_compile_args=["-O2"],
+    )
+    for package in ("formats", "tokenizer")
+    for path in sorted(glob.glob(f"scratchllm/{package}/*.pyx"))
 ]
 
 setup(

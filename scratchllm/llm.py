@@ -24,8 +24,11 @@ from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.engine.output import OutputCollector
 from scratchllm.engine.protocol import RequestOutput, RequestStream
 from scratchllm.errors import ConfigError
+from scratchllm.formats import load_checkpoint
+from scratchllm.formats.refs import resolve_model
 from scratchllm.models import load_model
 from scratchllm.sampling import SamplingParams
+from scratchllm.tokenizer import Tokenizer
 
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)}
 __all__ = ["LLM", "RequestOutput"]
@@ -55,8 +58,6 @@ class LLM:
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             raise ConfigError(f"unknown LLM option(s) {', '.join(unknown)}; known: {', '.join(self.OPTIONS)}")
-        from scratchllm.tokenizer import Tokenizer
-
         threads = options.get("threads")
         if threads is not None:
             from scratchllm.models.threads import set_blas_threads
@@ -65,11 +66,13 @@ class LLM:
                 raise ConfigError(f"threads must be >= 1, got {threads}")
             set_blas_threads(int(threads))
         start = time.perf_counter()
-        self.model = load_model(model, dtype=options.get("dtype") or "auto")
+        # One parse of the file's header for the model and its tokenizer (a GGUF carries both).
+        checkpoint = load_checkpoint(resolve_model(model))
+        self.model = load_model(model, dtype=options.get("dtype") or "auto", checkpoint=checkpoint)
         if not self.model.config.is_decoder:
             kind = self.model.config.model_type
             raise ConfigError(f"'{model}' is an encoder ({kind}): it embeds, it does not generate")
-        self.tokenizer = Tokenizer.from_pretrained(options.get("tokenizer") or model)
+        self.tokenizer = Tokenizer.from_pretrained(options.get("tokenizer") or model, checkpoint=checkpoint)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else self.model.config.eos_token_id
         engine_options = {k: v for k, v in options.items() if k in _ENGINE_OPTIONS}

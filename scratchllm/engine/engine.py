@@ -71,14 +71,17 @@ class LLMEngine:
                         trace: TraceWriter | None = None, **engine_options: Any) -> LLMEngine:
         """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options);
         `trace`: a TraceWriter the engine writes every token into."""
+        from scratchllm.formats import load_checkpoint
+        from scratchllm.formats.refs import resolve_model
         from scratchllm.models import load_model
 
-        model = load_model(ref, dtype=dtype)
+        checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the model and its tokenizer
+        model = load_model(ref, dtype=dtype, checkpoint=checkpoint)
         tok = None
         if tokenizer:
             from scratchllm.tokenizer import Tokenizer
 
-            tok = Tokenizer.from_pretrained(ref)
+            tok = Tokenizer.from_pretrained(ref, checkpoint=checkpoint)
         return cls(model, EngineConfig(**engine_options), tokenizer=tok, trace=trace)
 
     # --- requests ---

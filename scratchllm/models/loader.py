@@ -198,7 +198,7 @@ def auto_dtype(ckpt, config) -> str:
     return "quantized" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
 
 
-def load_model(ref="default", dtype: str = "auto"):
+def load_model(ref="default", dtype: str = "auto", checkpoint=None):
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
     `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is "quantized"
@@ -209,11 +209,16 @@ def load_model(ref="default", dtype: str = "auto"):
     (Llama family, GGUF files) keeps the file's Q8_0 / Q4_0 / Q4_1 matrices quantized in memory
     (one int8 per weight plus a scale and offset per 32) and dequantizes them inside the GEMM
     exactly as the float32 path does: the same logits, bit for bit, from about a third of the
-    bytes. Matrices the file stores unquantized stay float32."""
+    bytes. Matrices the file stores unquantized stay float32.
+
+    `checkpoint`: `ref` already opened with formats.load_checkpoint, for a caller that reads
+    the same file's tokenizer too (the header is then parsed once)."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = resolve_model(ref)
-    ckpt = load_checkpoint(path)
+    if checkpoint is not None and Path(checkpoint.path) != path:
+        raise ConfigError(f"load_model({str(ref)!r}) was handed the checkpoint of {checkpoint.path}, another file")
+    ckpt = checkpoint if checkpoint is not None else load_checkpoint(path)
     config = read_config(path, ckpt)
     if dtype == "auto":
         dtype = auto_dtype(ckpt, config)

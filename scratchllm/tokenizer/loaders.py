@@ -1,4 +1,4 @@
-"""Read a tokenizer from the files a checkpoint ships: GGUF metadata, tokenizer.json (+ its
+"""Read a tokenizer from the files a checkpoint ships: GGUF metadata (gguf_vocab.py), tokenizer.json (+ its
 tokenizer_config.json), a BERT vocab.txt, or a tiktoken rank file. Each returns a TokenizerSpec.
 
 Only what the files declare is used; anything we do not implement is refused with a FormatError
@@ -15,15 +15,16 @@ from scratchllm.formats.refs import resolve_model
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
+from scratchllm.tokenizer.gguf_vocab import from_gguf
 from scratchllm.tokenizer.tokenizer import TokenizerSpec
 from scratchllm.tokenizer.wordpiece import WordPiece, bert_normalize, bert_pre_tokenize
 
-# GGUF token types (llama.cpp's llama_token_type): 3 = control (<|im_start|>), 4 = user-defined.
-GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
 
-
-def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None) -> TokenizerSpec:
-    """pattern and special_tokens apply to tiktoken rank files only, which carry neither."""
+def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None,
+              checkpoint=None) -> TokenizerSpec:
+    """pattern and special_tokens apply to tiktoken rank files only, which carry neither.
+    checkpoint: the model file already opened (formats.load_checkpoint), so that a GGUF's header
+    is parsed once for the model and its tokenizer; ignored unless it is the same file as `ref`."""
     path = resolve_model(ref)
     if path.is_dir():
         if (path / "tokenizer.json").exists():
@@ -32,59 +33,11 @@ def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, 
             return from_vocab_txt(path)
         raise FormatError(path, "no tokenizer here: expected tokenizer.json or vocab.txt")
     if path.suffix == ".gguf":
-        return from_gguf(path)
+        same = checkpoint is not None and checkpoint.format == "gguf" and Path(checkpoint.path) == path
+        return from_gguf(path, checkpoint.metadata if same else None)
     if path.name.endswith(".json"):
         return from_tokenizer_json(path)
     return from_tiktoken(path, pattern=pattern, special_tokens=special_tokens)
-
-
-# ---- GGUF ---------------------------------------------------------------------------------
-def from_gguf(path) -> TokenizerSpec:
-    from scratchllm.formats.gguf import GGUFFile
-
-    meta = GGUFFile(path).metadata
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') only")
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        if key not in meta:
-            raise FormatError(path, f"{key} is missing: this GGUF carries no complete BPE tokenizer")
-    tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
-    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
-    if len(types) != len(tokens):
-        raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    merges = []
-    for m in map(str, meta["tokenizer.ggml.merges"]):
-        cut = m.find(" ", 1)  # as llama.cpp splits: the first space after the first character
-        if cut < 0:
-            raise FormatError(path, f"merge {m!r} has no space between its two halves")
-        merges.append((m[:cut], m[cut + 1:]))
-    # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
-    # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
-    pre = str(meta.get("tokenizer.ggml.pre", "default"))
-    vocab = {t: i for i, t in enumerate(tokens)}
-    # Control and user-defined tokens are matched in raw text before BPE (llama.cpp does the same);
-    # control tokens are the "special" ones that decode(skip_special_tokens=True) drops.
-    added = {t: i for i, t in enumerate(tokens) if types[i] in (GGUF_CONTROL, GGUF_USER_DEFINED)}
-    special = frozenset(i for i, t in enumerate(types) if t == GGUF_CONTROL)
-    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    # Without the key, llama.cpp adds BOS for the Llama 3 family only.
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    model = BPE.from_merges(vocab, merges, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
-    return TokenizerSpec(
-        kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
-        added=added, special_ids=special,
-        prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
-        bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(meta.get("tokenizer.ggml.padding_token_id")),
-        chat_template=meta.get("tokenizer.chat_template"),
-        model_max_length=_int(meta.get(f"{meta.get('general.architecture')}.context_length")),
-        source=str(path),
-    )
-
-
-def _int(v):
-    return None if v is None else int(v)
 
 
 # ---- tiktoken -----------------------------------------------------------------------------

@@ -91,7 +91,8 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, ref, **options) -> "Tokenizer":
         """ref: 'default', 'minilm', a .gguf, a folder with tokenizer.json or vocab.txt, a
-        tokenizer.json, or a tiktoken rank file."""
+        tokenizer.json, or a tiktoken rank file. `checkpoint=`: that model file already opened
+        (formats.load_checkpoint), read instead of parsing its header again; see loaders.load_spec."""
         from scratchllm.tokenizer.loaders import load_spec
 
         return cls(load_spec(ref, **options))

@@ -1,0 +1,89 @@
+"""A byte-level BPE tokenizer from a GGUF file's metadata (`tokenizer.ggml.*`), as llama.cpp reads it.
+
+    tokenizer.ggml.model       "gpt2" (byte-level BPE; the only kind read here)
+    tokenizer.ggml.tokens      [str]  token text by id, in GPT-2's byte-level alphabet
+    tokenizer.ggml.token_type  [int]  1 normal, 3 control (<|im_start|>), 4 user-defined, ...
+    tokenizer.ggml.merges      [str]  "left right", rank = position in the list
+    tokenizer.ggml.pre         str    the pre-tokenizer's name (pretokenize.from_gguf_name)
+
+Cost: building the tables is a large part of loading a small model (49152 tokens and 48900
+merges for SmolLM2), so each is made in one pass in C: the vocabulary by dict(zip(...)), the
+merge ranks by _merge_ranks.pyx.
+"""
+
+from scratchllm.errors import FormatError
+from scratchllm.tokenizer import _merge_ranks
+from scratchllm.tokenizer import pretokenize as pt
+from scratchllm.tokenizer.bpe import BPE
+from scratchllm.tokenizer.tokenizer import TokenizerSpec
+
+# GGUF token types (llama.cpp's llama_token_type): 3 = control (<|im_start|>), 4 = user-defined.
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+
+
+def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
+    """The tokenizer of the GGUF file at `path`. `metadata`: the file's metadata when the caller
+    has parsed it already (LLM opens a GGUF once for the model and its tokenizer)."""
+    if metadata is None:
+        from scratchllm.formats.gguf import GGUFFile
+
+        metadata = GGUFFile(path).metadata
+    meta = metadata
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') only")
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if key not in meta:
+            raise FormatError(path, f"{key} is missing: this GGUF carries no complete BPE tokenizer")
+    tokens = _array(meta, "tokenizer.ggml.tokens", str, path)
+    types = _array(meta, "tokenizer.ggml.token_type", int, path) if "tokenizer.ggml.token_type" in meta \
+        else [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
+    ids = list(range(len(tokens)))  # one int object per id, shared by the vocabulary and the merge ranks
+    vocab = dict(zip(tokens, ids, strict=True))  # a token listed twice keeps its last id
+    ranks = merge_ranks(_array(meta, "tokenizer.ggml.merges", str, path), path, ids)
+    # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
+    # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
+    pre = str(meta.get("tokenizer.ggml.pre", "default"))
+    # Control and user-defined tokens are matched in raw text before BPE (llama.cpp does the same);
+    # control tokens are the "special" ones that decode(skip_special_tokens=True) drops.
+    added = {tokens[i]: i for i, t in enumerate(types) if t == GGUF_CONTROL or t == GGUF_USER_DEFINED}
+    special = frozenset(i for i, t in enumerate(types) if t == GGUF_CONTROL)
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    # Without the key, llama.cpp adds BOS for the Llama 3 family only.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    model = BPE(vocab, ranks, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
+    return TokenizerSpec(
+        kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
+        added=added, special_ids=special,
+        prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
+        bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(meta.get("tokenizer.ggml.padding_token_id")),
+        chat_template=meta.get("tokenizer.chat_template"),
+        model_max_length=_int(meta.get(f"{meta.get('general.architecture')}.context_length")),
+        source=str(path),
+    )
+
+
+def merge_ranks(merges: list[str], path, ids: list[int] | None = None) -> dict[tuple[str, str], int]:
+    """'left right' lines -> {(left, right): rank}, cut as llama.cpp cuts: at the first space after
+    the first character; a pair listed twice keeps its first (best) rank. See _merge_ranks.pyx.
+    ids: list(range(n)) of the vocabulary, whose int objects the ranks reuse (less new memory)."""
+    ranks, bad = _merge_ranks.merge_ranks(merges, ids)
+    if ranks is None:
+        raise FormatError(path, f"merge {merges[bad]!r} has no space between its two halves")
+    return ranks
+
+
+def _array(meta: dict, key: str, kind: type, path) -> list:
+    values = meta[key]
+    # set(map(type, ...)) runs in C: a third of the time of all(isinstance(...)) over 49k values.
+    if not isinstance(values, list) or not set(map(type, values)) <= {kind}:
+        raise FormatError(path, f"{key} must be an array of {'strings' if kind is str else 'integers'}")
+    return values
+
+
+def _int(v):
+    return None if v is None else int(v)
+
