@@ -945,13 +945,14 @@ BLOCK_TYPES = {"Q4_0": PG_Q4_0, "Q4_1": PG_Q4_1, "Q8_0": PG_Q8_0}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 
-def pack_blocks(parts, Py_ssize_t K):
+def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     """Panels straight from a GGUF file's blocks: `parts` is a list of (type name, raw uint8 array
     [rows, K / 32 * block bytes] (a view of the mapped file), row order or None), fused along the
     output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
     parts -> Q4Panels (None if a Q4_0 scale's -8 d overflows float16: see ggml_quants.as_q4);
     Q8_0 parts only -> Q8Panels. The bytes are moved once, by the kernel pool's threads; no
-    temporary as large as the matrix is made."""
+    temporary as large as the matrix is made. `alloc(shape, dtype)` makes the zeroed output arrays
+    (models.arena.PanelArena.zeros puts a model's panels in huge pages)."""
     if K % 32:
         raise ValueError(f"K = {K} is not a whole number of 32-weight blocks")
     kinds = {t for t, _, _ in parts}
@@ -972,9 +973,9 @@ def pack_blocks(parts, Py_ssize_t K):
     cdef const uint8_t[::1] kind = type_ids
     cdef Py_ssize_t N = addr.shape[0], P = (N + PG_NR - 1) // PG_NR  # C division here: no -(-N // NR)
     q8 = "Q8_0" in kinds
-    q = np.zeros((P, K if q8 else K // 2, PG_NR), dtype=np.int8 if q8 else np.uint8)
-    d = np.zeros((P, K // 32, PG_NR), dtype=np.uint16)
-    m = np.zeros((P, K // 32, PG_NR), dtype=np.uint16)
+    q = alloc((P, K if q8 else K // 2, PG_NR), np.int8 if q8 else np.uint8)
+    d = alloc((P, K // 32, PG_NR), np.uint16)
+    m = alloc((P, K // 32, PG_NR), np.uint16)
     cdef uint8_t[:, :, ::1] qv = q.view(np.uint8)
     cdef uint16_t[:, :, ::1] dv = d, mv = m
     cdef pg_repack_job job
@@ -984,7 +985,9 @@ def pack_blocks(parts, Py_ssize_t K):
         pool.run(pg_repack_task, &job, P, pool.num_threads())
     d16 = d.view(np.float16)
     if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), m = 0
-        return Q8Panels(q, d16.astype(np.float32), np.zeros(d.shape, dtype=np.float32), True)
+        d32, m32 = alloc(d.shape, np.float32), alloc(d.shape, np.float32)
+        d32[...] = d16
+        return Q8Panels(q, d32, m32, True)
     if job.overflow:  # a Q4_0 row's m = -8 d (exact, as in as_q4) does not fit float16
         return None
     return Q4Panels(q, d16, m.view(np.float16))

@@ -27,6 +27,7 @@ import numpy as np
 
 from scratchllm.formats.mapped import release_range
 from scratchllm.kernels import packed_gemm, pointwise
+from scratchllm.models.arena import PanelArena
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import DTYPES, PackedWeight
@@ -196,6 +197,7 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
         return a
 
     view = CheckpointView()
+    arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
 
     def quantized(names, shapes):  # the file's quantized blocks of every part, or None
         if dtype != "quantized" or not hasattr(w, "quantized"):
@@ -223,7 +225,7 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
             if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
-        packed = PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)))
+        packed = PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)), arena.zeros)
         if packed is not None:
             for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
                 release_range(raw)

@@ -1,0 +1,49 @@
+"""Zeroed arrays for a model's weight panels, carved out of large anonymous mappings backed by
+transparent huge pages.
+
+Why: packing writes every byte of about 100 MB of new memory for the default model. Allocated
+matrix by matrix, each array is under NumPy's 4 MiB huge-page threshold, so the kernel maps it
+4 KiB at a time: about 23,000 page faults, half of the whole packing time on this machine. One
+64 MiB mapping advised MADV_HUGEPAGE is mapped 2 MiB at a time (96 MB: 10 ms instead of 60-70).
+A fresh anonymous mapping reads as zeros, so nothing is cleared twice. The arrays keep their
+mapping alive (NumPy holds the buffer), so the arena itself can be dropped after loading.
+"""
+
+import mmap
+import threading
+
+import numpy as np
+
+CHUNK = 64 << 20  # bytes per shared mapping; an array of half that or more gets a mapping of its own
+ALIGN = 64  # every array starts on a cache line
+
+
+class PanelArena:
+    def __init__(self, chunk: int = CHUNK):
+        self.chunk = chunk
+        self._lock = threading.Lock()  # the loader packs two matrices at a time
+        self._region: mmap.mmap | None = None
+        self._used = 0
+        self.mapped = 0  # bytes of address space taken so far
+
+    def zeros(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        nbytes = max(count * dtype.itemsize, 1)
+        size = -(-nbytes // ALIGN) * ALIGN
+        with self._lock:
+            if size >= self.chunk // 2:
+                region, offset = self._map(size), 0
+            else:
+                if self._region is None or self._used + size > len(self._region):
+                    self._region, self._used = self._map(self.chunk), 0
+                region, offset = self._region, self._used
+                self._used += size
+        return np.frombuffer(region, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def _map(self, size: int) -> mmap.mmap:
+        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            region.madvise(mmap.MADV_HUGEPAGE)
+        self.mapped += size
+        return region
