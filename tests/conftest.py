@@ -1,10 +1,21 @@
 """Shared fixtures: where the real models lie, and small helpers the test packages share."""
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from scratchllm.formats.refs import resolve_model
+
+# The panel cache of this test session (models/panel_cache.py): not the user's ~/.cache, and gone
+# afterwards. Set before anything loads a model; servers the tests start inherit it.
+if "SCRATCHLLM_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="scratchllm-test-cache-")
+    os.environ["SCRATCHLLM_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

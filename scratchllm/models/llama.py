@@ -138,14 +138,15 @@ def embed(params: dict, input_ids):  # [N] -> [N, C]
 class LlamaModel:
     """A loaded Llama-family model: config, packed params, and the HF-named weight views."""
 
-    def __init__(self, config: ModelConfig, weights, dtype: str = "float32"):
+    def __init__(self, config: ModelConfig, weights, dtype: str = "float32", panel_cache=None):
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
-        `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized"."""
+        `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized".
+        `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
         self.dtype = dtype
-        self.params, self.weights = pack(config, weights, dtype)
+        self.params, self.weights = pack(config, weights, dtype, panel_cache)
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
         context = self.params["rope_cos"].shape[0]
@@ -180,11 +181,12 @@ class CheckpointView(Mapping):
         return name in self.arrays or name in self.parts
 
 
-def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointView]:
+def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple[dict, CheckpointView]:
     """HF-named arrays -> (params for `llama`, a CheckpointView of them). Shapes are asserted.
 
     Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
-    module docstring for why."""
+    module docstring for why. `panel_cache` (models/panel_cache.py): panels packed by an earlier
+    load of the same file, and where this load's go."""
     C, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
 
@@ -225,10 +227,18 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
             if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
-        packed = PackedWeight.from_blocks(parts, (shapes[0][1], sum(s[0] for s in shapes)), arena.zeros)
+        shape = (shapes[0][1], sum(s[0] for s in shapes))
+        rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # Q8_0: a byte per k; Q4: a nibble
+        panel_shape = (-(-shape[1] // packed_gemm.NR), rows, packed_gemm.NR)
+        cached = panel_cache.get("|".join(names), panel_shape) if panel_cache is not None else None
+        if cached is not None:
+            return PackedWeight.from_panels(cached, shape)
+        packed = PackedWeight.from_blocks(parts, shape, arena.zeros)
         if packed is not None:
             for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
                 release_range(raw)
+            if panel_cache is not None:
+                panel_cache.put("|".join(names), packed.panels)
         return packed
 
     def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
@@ -288,4 +298,6 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32") -> tuple[dict, CheckpointV
     cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
     params = {"embed_tokens": embed_tokens, "layers": layers, "norm": vector("model.norm.weight", (C,)),
               "lm_head": lm_head, "rope_cos": cos, "rope_sin": sin}
+    if panel_cache is not None:
+        panel_cache.save()  # writes only when this load packed something
     return params, view

@@ -20,6 +20,7 @@ from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
+from scratchllm.models import panel_cache
 from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
@@ -230,7 +231,10 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
                           f"none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
-        model = FAMILIES[config.family](config, weights, **({"dtype": dtype} if config.family == "llama" else {}))
+        options = {"dtype": dtype} if config.family == "llama" else {}
+        if config.family == "llama" and dtype == "quantized" and ckpt.format == "gguf" and panel_cache.enabled():
+            options["panel_cache"] = panel_cache.PanelCache(ckpt.path)
+        model = FAMILIES[config.family](config, weights, **options)
     except (KeyError, ValueError) as err:
         raise FormatError(ckpt.path, str(err.args[0])) from None
     extra = sorted(n for n in weights if n not in weights.read and not IGNORABLE.fullmatch(n))

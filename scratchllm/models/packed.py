@@ -54,19 +54,22 @@ class PackedWeight:
         return self
 
     @classmethod
+    def from_panels(cls, panels, shape: tuple[int, int]) -> "PackedWeight":
+        """Quantized panels made earlier (models/panel_cache.py), as the [in, out] matrix `shape`."""
+        self = cls.__new__(cls)
+        self.shape = tuple(shape)
+        self.dtype = "quantized"
+        self.panels = panels
+        return self
+
+    @classmethod
     def from_blocks(cls, parts, shape: tuple[int, int], alloc=np.zeros) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
         `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
         -8 d overflows float16): `from_quantized_rows` handles those."""
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
-        if panels is None:
-            return None
-        self = cls.__new__(cls)
-        self.shape = tuple(shape)
-        self.dtype = "quantized"
-        self.panels = panels
-        return self
+        return None if panels is None else cls.from_panels(panels, shape)
 
     def __rmatmul__(self, x):  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:

@@ -1,0 +1,165 @@
+"""A model file's packed panels, kept on disk beside nothing the user owns: packing is done once
+per file and build, and every later load maps the result.
+
+Why: packing moves the bytes of a GGUF file's blocks into the kernel's panel layout in fresh
+memory, and on a virtual machine fresh memory is the expensive part (the kernel zeroes every page
+the host first backs: a third of the default model's load). A cache file of the panels is read
+through the page cache instead: the first load packs and writes it, later loads (and other
+processes serving the same file) map it, pages shared, nothing copied or zeroed.
+
+Where: $SCRATCHLLM_CACHE_DIR, else $XDG_CACHE_HOME/scratchllm, else ~/.cache/scratchllm, in
+`panels/`. SCRATCHLLM_PANEL_CACHE=0 turns it off. The key covers the model file (real path,
+size, modification time, inode), the kernel build (panel width, the compiled extension's size and
+time) and this format's version, so a changed file or a rebuilt kernel never meets stale panels.
+A cache that cannot be written (read-only, full disk) is logged and skipped: loading still works.
+
+Layout: magic, the length of a JSON index, the index (name -> arrays with dtype, shape, offset;
+the panel kind; whether 8-bit products are exact), then the arrays, 64-byte aligned.
+"""
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.kernels import packed_gemm
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"SLLMPNL1"
+SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
+FORMAT = 1
+ALIGN = 64
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SCRATCHLLM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "scratchllm")
+    return Path(base) / "panels"
+
+
+def enabled() -> bool:
+    return os.environ.get("SCRATCHLLM_PANEL_CACHE", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _key(model_path: Path) -> str:
+    st = model_path.stat()
+    so = Path(packed_gemm.__file__).stat()
+    parts = [str(model_path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, packed_gemm.NR, so.st_size,
+             so.st_mtime_ns, FORMAT]
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+class PanelCache:
+    """The cached panels of one model file: `get(name)` before packing a matrix, `put(name, panels)`
+    after, `save()` once the model is packed (writes only if something was packed)."""
+
+    def __init__(self, model_path, directory: Path | None = None):
+        self.model_path = Path(model_path)
+        self.path = (directory or cache_dir()) / f"{_key(self.model_path)}.panels"
+        self.hits: dict = {}
+        self.fresh: dict = {}
+        self._read()
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return  # no cache yet (or an empty file)
+        try:
+            if mm[:8] != MAGIC:
+                raise ValueError("not a panel cache")
+            (n,) = struct.unpack_from("<Q", mm, 8)
+            index = json.loads(bytes(mm[16:16 + n]))
+            index.pop(SOURCE, None)
+            for name, entry in index.items():
+                arrays = []
+                for dtype, shape, offset in entry["arrays"]:
+                    count = int(np.prod(shape))
+                    if offset + count * np.dtype(dtype).itemsize > len(mm):
+                        raise ValueError(f"{name}: array past the end of the file")
+                    arrays.append(np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape))
+                kind = packed_gemm.Q4Panels if entry["kind"] == "q4" else packed_gemm.Q8Panels
+                self.hits[name] = kind(*arrays, entry["exact"]) if kind is packed_gemm.Q8Panels else kind(*arrays)
+            try:  # map every page now (from the page cache), as llama.cpp's loader does with MAP_POPULATE
+                mm.madvise(MADV_POPULATE_READ)
+            except OSError:
+                mm.madvise(mmap.MADV_WILLNEED)
+        except (ValueError, KeyError, TypeError, struct.error, json.JSONDecodeError) as err:
+            logger.warning("ignoring the unreadable panel cache %s (%s); packing instead", self.path, err)
+            self.hits = {}
+
+    def get(self, name: str, shape: tuple) -> object | None:
+        """The cached panels of matrix `name`, if they have the panel shape `shape` [P, rows, NR]."""
+        panels = self.hits.get(name)
+        if panels is None or panels[0].shape != tuple(shape):
+            return None
+        return panels
+
+    def _prune(self) -> None:
+        """Remove the caches of model files that are gone, and older caches of this one (another
+        size or time, another kernel build): the directory holds one cache per live file."""
+        mine = str(self.model_path.resolve())
+        for other in self.path.parent.glob("*.panels"):
+            if other == self.path:
+                continue
+            try:
+                with open(other, "rb") as f:
+                    head = f.read(16)
+                    source = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0])).get(SOURCE)
+                if source == mine or source is None or not os.path.exists(source):
+                    other.unlink()
+            except (OSError, ValueError, struct.error):
+                continue  # another process's file in the middle of a write, or not ours: leave it
+
+    def put(self, name: str, panels) -> None:
+        self.fresh[name] = panels
+
+    def save(self) -> None:
+        if not self.fresh:
+            return
+        everything = {**self.hits, **self.fresh}
+        index, offset, blobs = {}, 0, []
+        for name, panels in everything.items():
+            q8 = isinstance(panels, packed_gemm.Q8Panels)
+            arrays = [panels.q, panels.d, panels.m] if q8 else [panels.q4, panels.d, panels.m]
+            entry = {"kind": "q8" if q8 else "q4", "exact": bool(q8 and panels.exact), "arrays": []}
+            for a in arrays:
+                entry["arrays"].append([a.dtype.str, list(a.shape), offset])  # relative for now
+                blobs.append(a)
+                offset += -(-a.nbytes // ALIGN) * ALIGN
+            index[name] = entry
+        index[SOURCE] = str(self.model_path.resolve())
+        body = json.dumps(index).encode()
+        # the data starts on a page; each offset grows by at most 12 digits when made absolute
+        start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
+        for name, entry in index.items():
+            for arr in entry["arrays"] if name != SOURCE else ():
+                arr[2] += start
+        body = json.dumps(index).encode()
+        assert 16 + len(body) <= start, "the index outgrew its room"
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + struct.pack("<Q", len(body)) + body)
+                f.write(b"\0" * (start - 16 - len(body)))
+                for a in blobs:
+                    f.write(np.ascontiguousarray(a).tobytes())
+                    f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
+            os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one
+            logger.info("packed panels of %s cached in %s", self.model_path, self.path)
+            self._prune()
+        except OSError as err:
+            logger.warning("could not write the panel cache %s (%s); loads will pack again", self.path, err)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # e.g. the directory is not one: nothing was written
+                pass

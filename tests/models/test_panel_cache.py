@@ -1,0 +1,80 @@
+"""The panel cache: the first load of a GGUF file packs and writes it, later loads map it, with
+the same logits bit for bit; a damaged or unwritable cache costs a repack, never a wrong model."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from scratchllm.models import ContiguousKVCache, load_model
+from scratchllm.models import panel_cache as pc
+
+IDS = np.array([1, 500, 9000, 42, 7, 31337])
+
+
+def logits(model):
+    return model.forward(IDS, np.arange(len(IDS)), ContiguousKVCache.for_model(model.config, len(IDS)))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCRATCHLLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SCRATCHLLM_PANEL_CACHE", raising=False)
+    return tmp_path / "cache" / "panels"
+
+
+def test_second_load_maps_the_first_loads_panels_with_the_same_logits(cache_dir, monkeypatch):
+    monkeypatch.setenv("SCRATCHLLM_PANEL_CACHE", "0")
+    reference = logits(load_model("default"))
+    assert not cache_dir.exists()  # off means off
+    monkeypatch.delenv("SCRATCHLLM_PANEL_CACHE")
+    first = load_model("default")
+    files = list(cache_dir.glob("*.panels"))
+    assert len(files) == 1 and files[0].stat().st_size > 90e6  # the default model's ~100 MB of panels
+    assert first.params["lm_head"].panels.q.flags.writeable  # packed now, in memory
+    second = load_model("default")
+    assert not second.params["lm_head"].panels.q.flags.writeable  # mapped from the cache file
+    assert not second.params["layers"][3]["gate_up_proj"].panels.q4.flags.writeable
+    np.testing.assert_array_equal(logits(first), reference)
+    np.testing.assert_array_equal(logits(second), reference)
+    assert list(cache_dir.glob("*.panels")) == files  # nothing rewritten on a hit
+
+
+def test_a_damaged_cache_is_repacked_and_an_unwritable_one_skipped(cache_dir, monkeypatch, caplog):
+    reference = logits(load_model("default"))
+    (path,) = cache_dir.glob("*.panels")
+    path.write_bytes(b"SLLMPNL1" + b"\xff" * 64)  # a truncated, garbled file
+    with caplog.at_level(logging.WARNING, logger="scratchllm.models.panel_cache"):
+        np.testing.assert_array_equal(logits(load_model("default")), reference)
+    assert "unreadable panel cache" in caplog.text
+    assert path.stat().st_size > 90e6  # rewritten whole
+    blocked = cache_dir.parent.parent / "blocked"
+    blocked.write_text("a file where the cache directory would be")
+    monkeypatch.setenv("SCRATCHLLM_CACHE_DIR", str(blocked))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scratchllm.models.panel_cache"):
+        np.testing.assert_array_equal(logits(load_model("default")), reference)
+    assert "could not write the panel cache" in caplog.text
+
+
+def test_the_key_changes_with_the_file(tmp_path, default_gguf):
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(default_gguf.read_bytes()[:4096])
+    before = pc.PanelCache(copy, tmp_path).path
+    copy.write_bytes(copy.read_bytes() + b"\0")  # another size (and time)
+    assert pc.PanelCache(copy, tmp_path).path != before
+
+
+def test_writing_a_cache_prunes_those_of_files_that_are_gone(cache_dir, tmp_path):
+    import json
+    import struct
+
+    cache_dir.mkdir(parents=True)
+    live_source = tmp_path / "still-here.gguf"
+    live_source.write_bytes(b"x")
+    for name, source in (("dead", "/nonexistent/model.gguf"), ("live", str(live_source))):
+        body = json.dumps({pc.SOURCE: source}).encode()
+        (cache_dir / f"{name}.panels").write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
+    load_model("default")  # packs, writes its cache, prunes
+    names = sorted(p.stem for p in cache_dir.glob("*.panels"))
+    assert "dead" not in names and "live" in names and len(names) == 2
