@@ -102,7 +102,7 @@ def _ours(spec: dict) -> dict:
     done = llm.generate(ids["batch"], params)
     out["aggregate_tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
     out["weight_bytes_per_token"] = weight_bytes_per_token(model)
-    return {**out, "greedy": greedy, "dtype": model.dtype}
+    return {**out, "greedy": greedy, "dtype": model.dtype, "panels_from_cache": model.panels_from_cache}
 
 
 def _peer(spec: dict) -> dict:
@@ -241,6 +241,9 @@ def render(r: dict) -> str:
         if r["peer_installed"]:
             line += f"{f[PEER][key]:>12.2f}{r['advantage'][key]:>10.2f}x"
         lines.append(line)
+    cached = sum(bool(x.get("panels_from_cache")) for x in r["rounds"]["ours"])
+    lines.append(f"ours: panels mapped from the panel cache in {cached} of {len(r['rounds']['ours'])} rounds "
+                 "(the others packed them from the file's blocks)")
     for side in f:
         lines.append(f"{side}: {f[side]['weight_mb_per_token']:.0f} MB of weights per decode token -> bound "
                      f"{f[side]['bound_tok_s']:.0f} tok/s; decode reaches {f[side]['decode_vs_bound']:.0%} of it")

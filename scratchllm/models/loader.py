@@ -245,6 +245,8 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
         # every matrix now lives in panels; what the model still reads of the file (norm vectors,
         # a few KiB) faults back in from the page cache
         release_pages(ckpt.raw(next(iter(ckpt))))
+    cache = options.get("panel_cache")
+    model.panels_from_cache = bool(cache is not None and cache.hits and not cache.fresh)  # packed by an earlier load
     model.path = str(path)
     model.format = ckpt.format
     model.dtype = dtype  # what "auto" resolved to, for every family (Llama sets it too)
