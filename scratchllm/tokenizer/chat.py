@@ -5,20 +5,25 @@ so they run in Jinja2's immutable sandbox: no attribute access to Python interna
 the messages passed in. The environment matches what Hugging Face transformers gives templates
 (trim_blocks, lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a `tojson` that
 keeps non-ASCII text), so a template renders here exactly as it does there.
+
+Jinja2 is imported on the first template, not with the package: a process that only generates
+from token ids (or plain text) never pays its ~7 MB.
 """
 
 import json
 from datetime import datetime
 from functools import lru_cache
-
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING
 
 from scratchllm.errors import ConfigError
 
+if TYPE_CHECKING:
+    import jinja2
+
 
 def _raise_exception(message):
+    import jinja2
+
     raise jinja2.exceptions.TemplateError(message)
 
 
@@ -32,7 +37,11 @@ def _strftime_now(fmt):
 
 
 @lru_cache(maxsize=16)
-def compile_template(source: str) -> jinja2.Template:
+def compile_template(source: str) -> "jinja2.Template":
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -52,6 +61,8 @@ def render_chat(source: str, messages: list[dict], *, add_generation_prompt: boo
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise ConfigError(f"a chat message must be a dict with a 'role', got {m!r}")
+    import jinja2
+
     variables = dict(special_tokens or {})
     variables.update(extra)
     try:
