@@ -41,6 +41,8 @@ class PagedAttention:
         # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]
         self.k_cache = np.zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size), dtype=np.float32)
         self.v_cache = np.zeros((num_layers, num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
+        # each layer's pool as a view made once: indexing k_cache[layer] makes two arrays per call
+        self._layer_pools = [(self.k_cache[i], self.v_cache[i]) for i in range(num_layers)]
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
         self.num_threads = num_threads  # 0: the kernel pool's count (scratchllm/kernels/pool.pyx)
@@ -83,8 +85,9 @@ class PagedAttention:
         if q.dtype != np.float32:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         out = np.empty(q.shape, dtype=np.float32)
-        paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
-                        self.token_pos, self.scale, out, self.max_ctx, self.num_threads)
+        k_pool, v_pool = self._layer_pools[layer]
+        paged_attention(q, k, v, k_pool, v_pool, self.block_tables, self.token_seq, self.token_pos, self.scale, out,
+                        self.max_ctx, self.num_threads)
         self.elapsed_ns += time.perf_counter_ns() - start  # the trace's attention share of a step
         return out
 
