@@ -119,3 +119,23 @@ def test_step_buffers_views_share_memory():
     assert np.array_equal(buf.q, buf.qkv[:, :H]) and np.array_equal(buf.v, buf.qkv[:, H + KVH :])
     for a in (buf.h, buf.qkv_rows, buf.qkv, buf.delta, buf.gate_up, buf.act):
         assert a.flags.c_contiguous and a.shape[0] == 3
+
+
+def test_ab_script_runs_and_compares(tmp_path):
+    """scripts/decode_workspace_ab.py on a tiny model: both variants timed, logits compared."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.models.test_loader import tiny_llama_tensors, write
+
+    root = Path(__file__).resolve().parents[2]
+    model = write(tmp_path / "tiny", tiny_llama_tensors())
+    run = subprocess.run([sys.executable, str(root / "scripts" / "decode_workspace_ab.py"), "--model", str(model),
+                          "--chunks", "4", "--chunk-steps", "3", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)
+    assert r["steps_each"] == 12 and r["workspace"]["best_chunk_ms"] > 0 and r["block_by_block"]["mean_ms"] > 0
