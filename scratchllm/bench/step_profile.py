@@ -45,10 +45,10 @@ class _TimedAttention:
     def __init__(self, cache, totals: dict):
         self._cache, self._totals = cache, totals
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         t = time.perf_counter()
         try:
-            return self._cache(*args)
+            return self._cache(*args, **kwargs)
         finally:
             self._totals["attention"] += time.perf_counter() - t
 

@@ -138,6 +138,7 @@ def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: Ste
     assert x.dtype == np.float32 and x.flags.c_contiguous and x.shape[0] == buf.rows
     N, eps = x.shape[0], cfg.norm_eps
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    into = getattr(attention, "accepts_out", False)  # the paged attention writes into buf.attn
     pending = False  # buf.delta holds the last sublayer's output, not yet added into x
     for layer, p in enumerate(params["layers"]):
         if pending:
@@ -146,8 +147,12 @@ def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: Ste
             pointwise.rms_norm(x, p["input_layernorm"], eps, out=buf.h)
         linear_into(buf.h, p["qkv_proj"], p.get("qkv_bias"), buf.qkv_rows)
         pointwise.rope_(buf.qkv, H + KVH, cos, sin)
-        out = attention(layer, buf.q, buf.k, buf.v)  # [N, H, D]
-        linear_into(out.reshape(N, H * D), p["o_proj"], p.get("o_bias"), buf.delta)
+        if into:
+            attention(layer, buf.q, buf.k, buf.v, out=buf.attn)
+            out = buf.attn_rows
+        else:  # any other cache object: its own array
+            out = attention(layer, buf.q, buf.k, buf.v).reshape(N, H * D)
+        linear_into(out, p["o_proj"], p.get("o_bias"), buf.delta)
         pointwise.add_rms_norm(x, buf.delta, p["post_attention_layernorm"], eps, buf.h)
         linear_into(buf.h, p["gate_up_proj"], None, buf.gate_up)
         pointwise.silu_mul(buf.gate_up, out=buf.act)

@@ -25,7 +25,7 @@ CACHED_ROWS = 64  # steps of at most this many tokens reuse the model's buffers
 
 @dataclass(frozen=True)
 class StepBuffers:
-    """Views of N rows. Invariant: qkv_rows, q, k, v are views of qkv (the same memory)."""
+    """Views of N rows. Invariant: qkv_rows, q, k, v are views of qkv, attn_rows of attn (the same memory)."""
 
     h: np.ndarray  # [N, C] a sublayer's normed input
     qkv_rows: np.ndarray  # [N, q + 2 kv] the fused q|k|v product
@@ -33,6 +33,8 @@ class StepBuffers:
     q: np.ndarray  # [N, H, D]
     k: np.ndarray  # [N, KVH, D]
     v: np.ndarray  # [N, KVH, D]
+    attn: np.ndarray  # [N, H, D] attention's output, for an attention that writes into it (accepts_out)
+    attn_rows: np.ndarray  # [N, H D] the same, as the o projection's input
     delta: np.ndarray  # [N, C] a sublayer's output, added into the residual stream by the next norm
     gate_up: np.ndarray  # [N, 2 I]
     act: np.ndarray  # [N, I] silu(gate) * up
@@ -42,8 +44,10 @@ class StepBuffers:
         H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         C, I = cfg.hidden_size, cfg.intermediate_size
         qkv = np.empty((rows, H + 2 * KVH, D), dtype=np.float32)
+        attn = np.empty((rows, H, D), dtype=np.float32)
         return cls(h=np.empty((rows, C), np.float32), qkv_rows=qkv.reshape(rows, -1), qkv=qkv,
-                   q=qkv[:, :H], k=qkv[:, H : H + KVH], v=qkv[:, H + KVH :], delta=np.empty((rows, C), np.float32),
+                   q=qkv[:, :H], k=qkv[:, H : H + KVH], v=qkv[:, H + KVH :], attn=attn,
+                   attn_rows=attn.reshape(rows, -1), delta=np.empty((rows, C), np.float32),
                    gate_up=np.empty((rows, 2 * I), np.float32), act=np.empty((rows, I), np.float32))
 
     @property
@@ -57,7 +61,8 @@ class StepBuffers:
             return self
         qkv = self.qkv[:n]
         return StepBuffers(h=self.h[:n], qkv_rows=self.qkv_rows[:n], qkv=qkv, q=self.q[:n], k=self.k[:n],
-                           v=self.v[:n], delta=self.delta[:n], gate_up=self.gate_up[:n], act=self.act[:n])
+                           v=self.v[:n], attn=self.attn[:n], attn_rows=self.attn_rows[:n], delta=self.delta[:n],
+                           gate_up=self.gate_up[:n], act=self.act[:n])
 
 
 class Workspace:

@@ -117,7 +117,9 @@ def test_step_buffers_views_share_memory():
     buf.qkv_rows[:] = np.arange(buf.qkv_rows.size, dtype=np.float32).reshape(buf.qkv_rows.shape)
     H, KVH = cfg.num_heads, cfg.num_kv_heads
     assert np.array_equal(buf.q, buf.qkv[:, :H]) and np.array_equal(buf.v, buf.qkv[:, H + KVH :])
-    for a in (buf.h, buf.qkv_rows, buf.qkv, buf.delta, buf.gate_up, buf.act):
+    buf.attn[:] = 1.0
+    assert np.array_equal(buf.attn_rows, np.ones((3, cfg.num_heads * cfg.head_dim), np.float32))
+    for a in (buf.h, buf.qkv_rows, buf.qkv, buf.attn, buf.attn_rows, buf.delta, buf.gate_up, buf.act):
         assert a.flags.c_contiguous and a.shape[0] == 3
 
 
