@@ -1,7 +1,8 @@
 """The paged KV pool and the attention call the model makes into it.
 
 The model calls `attention(layer, q [N, H, D], k [N, KVH, D], v [N, KVH, D]) -> [N, H, D]` for
-the N packed tokens of a step. Before the forward the model runner tells this object the
+the N packed tokens of a step (with `out=`, into the model's buffer: `accepts_out` says this
+object takes one, so a decode step makes no array per layer). Before the forward the model runner tells this object the
 layout of those tokens (`set_layout`): which sequence each belongs to (a row of the block
 table array) and its position. The Cython kernel writes k/v into the pool and attends through
 the block tables (scratchllm/kernels/paged_attention.pyx).
@@ -50,11 +51,15 @@ def lazy_zeros(shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
 
 
 class PagedAttention:
+    accepts_out = True  # __call__ writes into a buffer the model passes (its step workspace)
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  num_threads: int = 0) -> None:
         # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]
         self.k_cache = lazy_zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size))
         self.v_cache = lazy_zeros((num_layers, num_blocks, block_size, num_kv_heads, head_dim))
+        # each layer's pool as a view made once: indexing k_cache[layer] makes two arrays per call
+        self._layer_pools = [(self.k_cache[i], self.v_cache[i]) for i in range(num_layers)]
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
         self.num_threads = num_threads  # 0: the kernel pool's count (scratchllm/kernels/pool.pyx)
@@ -91,14 +96,17 @@ class PagedAttention:
             copy_blocks(self.k_cache[layer], pairs)
             copy_blocks(self.v_cache[layer], pairs)
 
-    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> npt.NDArray[np.float32]:
-        # [N, H, D], [N, KVH, D], [N, KVH, D] -> [N, H, D]
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats,
+                 out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
+        # [N, H, D], [N, KVH, D], [N, KVH, D] -> out [N, H, D] (new unless given; the kernel checks its shape)
         start = time.perf_counter_ns()
         if q.dtype != np.float32:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
-        out = np.empty(q.shape, dtype=np.float32)
-        paged_attention(q, k, v, self.k_cache[layer], self.v_cache[layer], self.block_tables, self.token_seq,
-                        self.token_pos, self.scale, out, self.max_ctx, self.num_threads)
+        if out is None:
+            out = np.empty(q.shape, dtype=np.float32)
+        k_pool, v_pool = self._layer_pools[layer]
+        paged_attention(q, k, v, k_pool, v_pool, self.block_tables, self.token_seq, self.token_pos, self.scale, out,
+                        self.max_ctx, self.num_threads)
         self.elapsed_ns += time.perf_counter_ns() - start  # the trace's attention share of a step
         return out
 
@@ -109,6 +117,8 @@ class PagedSequence:
     request gets. The single-stream benches run on it, so that they time that attention rather
     than the NumPy reference one."""
 
+    accepts_out = True
+
     def __init__(self, config: ModelConfig, max_len: int, block_size: int = 16, num_threads: int = 0) -> None:
         blocks = -(-max_len // block_size)
         self.attention = PagedAttention.for_model(config, blocks, block_size, num_threads)
@@ -117,14 +127,15 @@ class PagedSequence:
         self.num_layers = config.num_layers
         self.length = 0  # positions every layer holds (between forward passes)
 
-    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> npt.NDArray[np.float32]:
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats,
+                 out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
         n = q.shape[0]
         if layer == 0:  # a forward pass begins: its n tokens take the next positions
             if self.length + n > self.capacity:
                 raise ValueError(f"this sequence holds {self.capacity} positions; the step needs {self.length + n}")
             pos = np.arange(self.length, self.length + n, dtype=np.int32)
             self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos)
-        out = self.attention(layer, q, k, v)
+        out = self.attention(layer, q, k, v, out)
         if layer == self.num_layers - 1:
             self.length += n
         return out

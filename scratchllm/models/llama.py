@@ -5,6 +5,11 @@
                      x += down( silu(gate(rms_norm(x))) * up(rms_norm(x)) )
     logits = rms_norm(x) @ lm_head.T
 
+`block` says it in those words, one expression per step; `blocks_into` runs the same float
+operations in the same order (the same logits, bit for bit) with every intermediate written into
+the step's preallocated buffers (scratchllm/models/workspace.py) and each residual add fused into
+the RMSNorm after it. The model runs the second; the first is its definition and its test.
+
 How the weights are stored, for speed (`pack`):
 - Every matrix is a PackedWeight ([in, out], so a layer is `x @ w`): packed once into the panel
   layout of our GEMM kernel (scratchllm/kernels/packed_gemm.pyx). NumPy's `x @ w` would have
@@ -32,6 +37,7 @@ from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import DTYPES, PackedWeight
 from scratchllm.models.threads import single_blas_thread
+from scratchllm.models.workspace import StepBuffers, Workspace
 
 LOAD_THREADS = min(2, os.cpu_count() or 1)
 
@@ -117,12 +123,60 @@ def block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N,
     return x
 
 
-def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logits_rows=None):
-    """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]."""
-    x = embed(params, input_ids)  # [N, C]
-    cos, sin = params["rope_cos"][positions], params["rope_sin"][positions]  # [N, D/2]
+def linear_into(x, w, b, out):  # [N, in], [in, out], [out] or None, [N, out] -> out
+    if isinstance(w, PackedWeight):  # straight to the kernel: no __rmatmul__ dispatch, no new array
+        packed_gemm.matmul(x, w.panels, w.shape[1], out=out)
+    else:
+        np.matmul(x, w, out=out)
+    if b is not None:
+        out += b
+    return out
+
+
+def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: StepBuffers):  # [N, C], in place
+    """Every `block` over x, the residual stream, updated in place; the intermediates live in buf.
+    The order of float operations is block's: `x = x + attn; h = rms_norm(x)` is add_rms_norm,
+    and the MLP's `x += mlp` waits in buf.delta to be added by the next layer's first norm."""
+    assert x.dtype == np.float32 and x.flags.c_contiguous and x.shape[0] == buf.rows
+    N, eps = x.shape[0], cfg.norm_eps
+    H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    into = getattr(attention, "accepts_out", False)  # the paged attention writes into buf.attn
+    pending = False  # buf.delta holds the last sublayer's output, not yet added into x
     for layer, p in enumerate(params["layers"]):
-        x = block(x, layer, p, cfg, cos, sin, attention)
+        if pending:
+            pointwise.add_rms_norm(x, buf.delta, p["input_layernorm"], eps, buf.h)
+        else:
+            pointwise.rms_norm(x, p["input_layernorm"], eps, out=buf.h)
+        linear_into(buf.h, p["qkv_proj"], p.get("qkv_bias"), buf.qkv_rows)
+        pointwise.rope_(buf.qkv, H + KVH, cos, sin)
+        if into:
+            attention(layer, buf.q, buf.k, buf.v, out=buf.attn)
+            out = buf.attn_rows
+        else:  # any other cache object: its own array
+            out = attention(layer, buf.q, buf.k, buf.v).reshape(N, H * D)
+        linear_into(out, p["o_proj"], p.get("o_bias"), buf.delta)
+        pointwise.add_rms_norm(x, buf.delta, p["post_attention_layernorm"], eps, buf.h)
+        linear_into(buf.h, p["gate_up_proj"], None, buf.gate_up)
+        pointwise.silu_mul(buf.gate_up, out=buf.act)
+        linear_into(buf.act, p["down_proj"], None, buf.delta)
+        pending = True
+    if pending:
+        x += buf.delta
+    return x
+
+
+def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logits_rows=None,
+          workspace: Workspace | None = None):
+    """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]. With a workspace the blocks
+    run in its buffers (blocks_into); without, as the expressions of `block`: the same logits."""
+    x = embed(params, input_ids)  # [N, C], a new array: the residual stream
+    cos, sin = params["rope_cos"][positions], params["rope_sin"][positions]  # [N, D/2]
+    if workspace is not None and isinstance(x, np.ndarray):
+        with workspace.rows(x.shape[0]) as buf:
+            x = blocks_into(x, params, cfg, cos, sin, attention, buf)
+    else:
+        for layer, p in enumerate(params["layers"]):
+            x = block(x, layer, p, cfg, cos, sin, attention)
     if logits_rows is not None:
         x = x[logits_rows]  # the LM head is the biggest matmul: only rows that need logits pay it
     return rms_norm(x, params["norm"], cfg.norm_eps) @ params["lm_head"]  # [rows, C] @ [C, V]
@@ -147,13 +201,14 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.params, self.weights = pack(config, weights, dtype, panel_cache)
+        self.workspace = Workspace(config)  # a step's buffers, reused across layers and steps
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
         context = self.params["rope_cos"].shape[0]
         if positions.max() >= context:  # packed sequences: positions need not be sorted
             raise ValueError(f"position {positions.max()} exceeds the model's context of {context}")
         with single_blas_thread():  # the matmuls run on our pool; see threads.single_blas_thread
-            return llama(input_ids, positions, attention, self.params, self.config, logits_rows)
+            return llama(input_ids, positions, attention, self.params, self.config, logits_rows, self.workspace)
 
 
 class CheckpointView(Mapping):

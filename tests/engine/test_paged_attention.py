@@ -71,6 +71,22 @@ def test_kernel_reads_strided_query_views():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_out_buffer_is_written_and_returned():
+    """The model's workspace passes the output buffer: the same values as a new array, in it."""
+    rng = np.random.default_rng(2)
+    H, KVH, D, BS = 4, 2, 8, 4
+    tables, tseq, tpos = layout(rng, [(0, 5), (0, 3)], BS, 8)
+    q, k, v = (rng.standard_normal((8, h, D)).astype(np.float32) for h in (H, KVH, KVH))
+    runs = []
+    for out in (None, np.full((8, H, D), np.nan, np.float32)):
+        attn = PagedAttention(1, 8, BS, KVH, D)
+        attn.set_layout(tables, tseq, tpos)
+        got = attn(0, q, k, v, out=out)
+        assert out is None or got is out
+        runs.append(got)
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 def test_reference_is_per_sequence_causal_attention():
     rng = np.random.default_rng(1)
     H, KVH, D, BS = 4, 2, 8, 4

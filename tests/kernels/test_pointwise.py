@@ -56,3 +56,45 @@ def test_shape_errors():
         pw.rms_norm(np.zeros((2, 4), np.float32), np.zeros(5, np.float32), 1e-5)
     with pytest.raises(ValueError):
         pw.rope_(np.zeros((2, 3, 8), np.float32), 4, np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32))
+
+
+def test_add_rms_norm_equals_add_then_norm_bit_for_bit():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 576)) * 3).astype(np.float32)
+    h = rng.standard_normal((5, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    want_x = x + h
+    want = pw.rms_norm(want_x, w, 1e-5)
+    out = np.empty_like(x)
+    pw.add_rms_norm(x, h, w, 1e-5, out)
+    assert np.array_equal(x, want_x) and np.array_equal(out, want)
+    np.testing.assert_allclose(out, want_x / np.sqrt((want_x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+                               * w, rtol=1e-5, atol=1e-5)  # NumPy's statement of the rule, in float64
+
+
+def test_out_buffers_hold_the_same_values():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    out = np.full((3, 64), np.nan, np.float32)
+    assert pw.rms_norm(x, w, 1e-6, out=out) is out and np.array_equal(out, pw.rms_norm(x, w, 1e-6))
+    gu = rng.standard_normal((3, 128)).astype(np.float32)
+    assert pw.silu_mul(gu, out=out) is out and np.array_equal(out, pw.silu_mul(gu))
+
+
+@pytest.mark.parametrize("bad", [np.zeros((3, 63), np.float32), np.zeros((3, 64), np.float64),
+                                 np.zeros((64, 3), np.float32).T])
+def test_bad_out_buffers_are_refused(bad):
+    x, w = np.zeros((3, 64), np.float32), np.ones(64, np.float32)
+    with pytest.raises(ValueError, match="out must be"):
+        pw.rms_norm(x, w, 1e-6, out=bad)
+    with pytest.raises(ValueError, match="out must be"):
+        pw.silu_mul(np.zeros((3, 128), np.float32), out=bad)
+
+
+def test_add_rms_norm_shape_errors():
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="do not fit"):
+        pw.add_rms_norm(x, np.zeros((2, 7), np.float32), np.ones(8, np.float32), 1e-5, np.zeros((2, 8), np.float32))
+    with pytest.raises(ValueError, match="do not fit"):
+        pw.add_rms_norm(x, x.copy(), np.ones(8, np.float32), 1e-5, np.zeros((1, 8), np.float32))
