@@ -21,7 +21,6 @@ agree over the decode run. Rows are medians of the rounds; `advantage` > 1 means
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -64,9 +63,12 @@ def workload(vocab_size: int, spec: dict) -> dict:
             "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory (VmRSS), or its peak (VmHWM), in MB. Not getrusage's
+    ru_maxrss for the peak: on Linux a child starts with its parent's peak at fork, and the parent
+    here has just held the bandwidth probe's array, so every child would report at least that."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
 
 
 def _ours(spec: dict) -> dict:
@@ -163,7 +165,7 @@ def child_main():
     """Entry of a child process: argv[1] is the JSON spec; prints one JSON object."""
     spec = json.loads(sys.argv[1])
     out = (_ours if spec["side"] == "ours" else _peer)(spec)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    out["peak_rss_mb"] = _rss_mb("VmHWM")
     print(json.dumps(out))
 
 
