@@ -55,11 +55,19 @@ def rms_norm(x, w, eps: float):  # [N, C], [C] -> [N, C]
     return x * (1.0 / xp.sqrt(ms, out=ms)) * w
 
 
-def rope_tables(head_dim: int, theta: float, max_pos: int):  # -> cos, sin [max_pos, D/2] float32
-    """Angles pos * theta^(-2i/D), computed in float64 (exact at long positions) and stored float32."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # [D/2]
-    angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]  # [P, D/2]
+def rope_frequencies(head_dim: int, theta: float):  # -> [D/2] float64
+    return theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+
+def rope_angles(positions, inv_freq):  # [N] ints, [D/2] -> cos, sin [N, D/2] float32
+    """Angles pos * theta^(-2i/D), computed in float64 (exact at long positions), rounded to float32."""
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope_tables(head_dim: int, theta: float, max_pos: int):  # -> cos, sin [max_pos, D/2] float32
+    """rope_angles of every position 0..max_pos-1: the same floats, tabulated."""
+    return rope_angles(np.arange(max_pos), rope_frequencies(head_dim, theta))
 
 
 def rope(x, cos, sin):  # [N, h, D], [N, D/2], [N, D/2] -> [N, h, D]
@@ -170,7 +178,9 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
     """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]. With a workspace the blocks
     run in its buffers (blocks_into); without, as the expressions of `block`: the same logits."""
     x = embed(params, input_ids)  # [N, C], a new array: the residual stream
-    cos, sin = params["rope_cos"][positions], params["rope_sin"][positions]  # [N, D/2]
+    # computed per step for its positions, not tabulated for the whole context (2 MB for 8192
+    # positions): the same float64 products and roundings, a few microseconds per decode step
+    cos, sin = rope_angles(positions, params["rope_inv_freq"])  # [N, D/2]
     if workspace is not None and isinstance(x, np.ndarray):
         with workspace.rows(x.shape[0]) as buf:
             x = blocks_into(x, params, cfg, cos, sin, attention, buf)
@@ -204,7 +214,7 @@ class LlamaModel:
         self.workspace = Workspace(config)  # a step's buffers, reused across layers and steps
 
     def forward(self, input_ids, positions, attention, logits_rows=None):
-        context = self.params["rope_cos"].shape[0]
+        context = self.params["context"]
         if positions.max() >= context:  # packed sequences: positions need not be sorted
             raise ValueError(f"position {positions.max()} exceeds the model's context of {context}")
         with single_blas_thread():  # the matmuls run on our pool; see threads.single_blas_thread
@@ -350,9 +360,9 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple
         head = pool.submit(pack_head)
         layers = list(pool.map(pack_layer, range(cfg.num_layers)))
         lm_head, embed_tokens = head.result()
-    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+    inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)
     params = {"embed_tokens": embed_tokens, "layers": layers, "norm": vector("model.norm.weight", (C,)),
-              "lm_head": lm_head, "rope_cos": cos, "rope_sin": sin}
+              "lm_head": lm_head, "rope_inv_freq": inv_freq, "context": cfg.max_position_embeddings}
     if panel_cache is not None:
         panel_cache.save()  # writes only when this load packed something
     return params, view
