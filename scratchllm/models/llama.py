@@ -133,7 +133,7 @@ def block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N,
 
 def linear_into(x, w, b, out):  # [N, in], [in, out], [out] or None, [N, out] -> out
     if isinstance(w, PackedWeight):  # straight to the kernel: no __rmatmul__ dispatch, no new array
-        packed_gemm.matmul(x, w.panels, w.shape[1], out=out)
+        w.matmul_into(x, out)
     else:
         np.matmul(x, w, out=out)
     if b is not None:

@@ -71,6 +71,15 @@ class PackedWeight:
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
         return None if panels is None else cls.from_panels(panels, shape)
 
+    def matmul_into(self, x, out):
+        """out = x @ self, x and out C-contiguous float32 (the decode step's buffers)."""
+        if self.dtype != "quantized":
+            return packed_gemm.matmul(x, self.panels, self.shape[1], out=out)
+        gemm = getattr(self, "_gemm", None)
+        if gemm is None:  # checked and bound once (packed_gemm.QuantizedGemm)
+            gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1])
+        return gemm(x, out)
+
     def __rmatmul__(self, x):  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:
             raise ValueError(f"x of shape {x.shape} @ a [{self.shape[0]}, {self.shape[1]}] weight")

@@ -302,3 +302,28 @@ def test_q4_0_offsets_are_minus_eight_scales_for_every_float16_scale():
     panels = pg.pack_blocks([("Q4_0", blocks.view(np.uint8).reshape(rows, -1), None)], 32 * groups)
     want = (-8 * panels.d.astype(np.float32)).astype(np.float16)
     assert np.array_equal(panels.m.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q8 inexact"])
+@pytest.mark.parametrize("M,K,N", [(1, 96, 65), (1, 576, 960), (3, 64, 40), (16, 288, 31)])
+def test_prepared_quantized_gemm_equals_matmul(kind, M, K, N):
+    """QuantizedGemm (checks and buffers bound once) computes exactly what matmul does."""
+    if kind == "Q4_1":
+        panels = pg.pack_q4(*four_bit_operands(K, N, "Q4_1")[:3])
+    else:
+        q, d, m, _ = quantized_operands(K, N, "Q8_0")
+        if kind == "Q8 inexact":
+            d = d + np.float32(1e-9)  # not float16 values: the unfused path
+        panels = pg.pack_q8(q, d, m)
+        assert panels.exact == (kind == "Q8_0")
+    gemm = pg.QuantizedGemm(panels, N)
+    x = np.random.default_rng(2).standard_normal((M, K), dtype=np.float32)
+    out = np.full((M, N), np.nan, np.float32)
+    gemm(x, out)
+    np.testing.assert_array_equal(out, pg.matmul(x, panels, N))
+    with pytest.raises(ValueError, match="do not fit"):
+        gemm(np.ones((M, K + 32), np.float32), out)
+    with pytest.raises(ValueError, match="do not fit"):
+        gemm(x, np.empty((M, N + 1), np.float32))
+    with pytest.raises(TypeError):
+        pg.QuantizedGemm(pg.pack(np.ones((K, N), np.float32)), N)
