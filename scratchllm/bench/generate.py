@@ -165,7 +165,7 @@ def _peer_runs(args, path: str, threads: int) -> dict:
 
     spec = {"side": peers.PEER, "path": path, "threads": threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "batch": 1}
-    runs = [peers._child(spec) for _ in range(2)]
+    runs = [peers.run_side(spec) for _ in range(2)]
     return {key: median([r[key] for r in runs]) for key in PEER_ROWS} | {"version": runs[0]["version"],
                                                                          "runs": len(runs), "threads": threads}
 

@@ -169,7 +169,8 @@ def child_main():
     print(json.dumps(out))
 
 
-def _child(spec: dict) -> dict:
+def run_side(spec: dict) -> dict:
+    """One side's figures (spec['side'] is 'ours' or the peer), measured in a child process of its own."""
     code = "from scratchllm.bench.peers import child_main; child_main()"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -198,7 +199,7 @@ def run(args) -> dict:
     bandwidth, loads = [], []
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
-            rounds[side].append(_child({**spec, "side": side}))
+            rounds[side].append(run_side({**spec, "side": side}))
             loads.append(os.getloadavg()[0])
         bw = measure_bandwidth(args.bandwidth_mb, 3)
         bandwidth.append(max(bw["sum_1thread"], bw["gemv_blas"]))

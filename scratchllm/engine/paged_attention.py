@@ -18,7 +18,6 @@ through its block table into a padded batch and use the 3-D mask generator.
 from __future__ import annotations
 
 import math
-import mmap
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ import numpy.typing as npt
 
 from scratchllm.engine.masks import varlen_causal_mask
 from scratchllm.kernels.paged_attention import copy_blocks, layout_context, paged_attention
+from scratchllm.models.arena import anonymous_mapping
 
 if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
@@ -44,9 +44,7 @@ def lazy_zeros(shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
     size = int(np.prod(shape)) * 4
     if size == 0:
         return np.zeros(shape, dtype=np.float32)
-    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        region.madvise(mmap.MADV_NOHUGEPAGE)
+    region = anonymous_mapping(size, huge_pages=False)
     return np.frombuffer(region, dtype=np.float32).reshape(shape)  # the array keeps the mapping alive
 
 

@@ -18,13 +18,22 @@ CHUNK = 64 << 20  # bytes per shared mapping; an array of half that or more gets
 ALIGN = 64  # every array starts on a cache line
 
 
+def anonymous_mapping(size: int, huge_pages: bool) -> mmap.mmap:
+    """`size` bytes of a private anonymous mapping: zeros, mapped by the kernel on first write,
+    advised into transparent huge pages or out of them (where the platform has the advice)."""
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        region.madvise(advice)
+    return region
+
+
 class PanelArena:
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
         self._lock = threading.Lock()  # the loader packs two matrices at a time
         self._region: mmap.mmap | None = None
         self._used = 0
-        self.mapped = 0  # bytes of address space taken so far
 
     def zeros(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -42,8 +51,4 @@ class PanelArena:
         return np.frombuffer(region, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def _map(self, size: int) -> mmap.mmap:
-        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            region.madvise(mmap.MADV_HUGEPAGE)
-        self.mapped += size
-        return region
+        return anonymous_mapping(size, huge_pages=True)
