@@ -1033,11 +1033,11 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
     if isinstance(panels, Q4Panels):
         if panels.q4.ndim != 3 or 2 * panels.q4.shape[1] != K or panels.q4.shape[2] != PG_NR or K % 32:
             raise ValueError(f"4-bit panels {panels.q4.shape} do not fit x of shape {x.shape}")
-        _matmul_q4(x, panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16), n, out)
+        _matmul(panels, x, n, out)
     elif isinstance(panels, Q8Panels):
         if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
             raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
-        _matmul_q8(x, panels.q, panels.d, panels.m, panels.exact, n, out)
+        _matmul(panels, x, n, out)
     elif panels.dtype == np.uint16:
         if panels.ndim != 4 or panels.shape[1] * 2 not in (K, K + 1) or panels.shape[2:] != (PG_NR, 2):
             raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
@@ -1045,13 +1045,16 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
     else:
         if panels.ndim != 3 or panels.shape[1] != K or panels.shape[2] != PG_NR:
             raise ValueError(f"float32 panels {panels.shape} do not fit x of shape {x.shape}")
-        _matmul_f32(x, panels, n, out)
+        _matmul(panels, x, n, out)
     return out
 
 
-Q8_TASKS_PER_THREAD = 8  # quantized GEMM: tasks per thread (each a run of adjacent panels)
-Q8_FUSED_TILES = 2  # up to 2 row tiles dequantize in registers (tile 2 re-reads q from L1); more use the buffer
-KC = 256  # rows (bfloat16: pairs) of K per block of a panel: 256 x 32 x 4 B = 32 KiB, L1's size
+cdef enum:
+    _Q8_TASKS_PER_THREAD = 8  # quantized GEMM: tasks per thread (each a run of adjacent panels)
+    _Q8_FUSED_TILES = 2  # up to 2 row tiles dequantize in registers (tile 2 re-reads q from L1); more use the buffer
+    _KC = 256  # rows (bfloat16: pairs) of K per block of a panel: 256 x 32 x 4 B = 32 KiB, L1's size
+Q8_TASKS_PER_THREAD, Q8_FUSED_TILES, KC = _Q8_TASKS_PER_THREAD, _Q8_FUSED_TILES, _KC
+assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit a task's buffer"
 
 
 cdef inline int _threads_for(long work) noexcept nogil:
@@ -1059,38 +1062,62 @@ cdef inline int _threads_for(long work) noexcept nogil:
     return 1 if work < (1 << 18) else pool.num_threads()
 
 
-cdef void _matmul_f32(const float[:, ::1] x, const float[:, :, ::1] panels, Py_ssize_t n, float[:, ::1] c):
-    cdef pg_gemm_job job
-    job.x, job.x2, job.panels, job.c = &x[0, 0], NULL, &panels[0, 0, 0], &c[0, 0]
-    job.M, job.K, job.K2, job.n, job.kc = x.shape[0], x.shape[1], 0, n, KC
-    with nogil:
-        pool.run(pg_gemm_f32_task, &job, panels.shape[0], _threads_for(job.M * job.K * n))
+cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
+    cdef const float[:, :, ::1] f32
+    cdef const uint8_t[:, :, ::1] q4
+    cdef const int8_t[:, :, ::1] q8
+    cdef const uint16_t[:, :, ::1] d16, m16
+    cdef const float[:, :, ::1] d32, m32
+    if isinstance(panels, Q4Panels):
+        q4, d16, m16 = panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16)
+        w.q, w.d, w.m, w.kind, w.exact = &q4[0, 0, 0], &d16[0, 0, 0], &m16[0, 0, 0], 4, 1
+        w.P, w.K = q4.shape[0], 2 * q4.shape[1]
+    elif isinstance(panels, Q8Panels):
+        q8, d32, m32 = panels.q, panels.d, panels.m
+        w.q, w.d, w.m, w.kind, w.exact = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact
+        w.P, w.K = q8.shape[0], q8.shape[1]
+    elif isinstance(panels, np.ndarray) and panels.dtype == np.float32:
+        f32 = panels
+        w.q, w.d, w.m, w.kind, w.exact = &f32[0, 0, 0], NULL, NULL, 32, 0
+        w.P, w.K = f32.shape[0], f32.shape[1]
+    else:
+        raise TypeError(f"float32, Q8Panels or Q4Panels panels, not {type(panels).__name__} "
+                        f"{getattr(panels, 'dtype', '')}")
+    if (w.kind != 32 and w.K % 32) or not (0 < n <= w.P * PG_NR):
+        raise ValueError(f"panels of {w.P} x {w.K} do not hold {n} columns" +
+                         ("" if w.kind == 32 else " of whole 32-row groups"))
+    w.n = n
+    return 0
 
 
-cdef void _matmul_q(const float[:, ::1] x, const void *q, const void *d, const void *m, int bits, int exact,
-                    Py_ssize_t P, Py_ssize_t n, float[:, ::1] c):
+cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noexcept nogil:
+    cdef pg_gemm_job fjob
     cdef pg_q8_job job
-    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact = &x[0, 0], q, d, m, &c[0, 0], bits, exact
-    job.M, job.K, job.n, job.kc = x.shape[0], x.shape[1], n, KC  # the float32 kernel's blocks: the same sums
-    assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit the task's buffer"
-    cdef int threads = _threads_for(job.M * job.K * n)
-    job.P = P
-    job.fused_tiles = Q8_FUSED_TILES
-    job.chunk = max(1, job.P // (Q8_TASKS_PER_THREAD * threads))  # enough tasks to even out the threads
+    cdef int threads = _threads_for(M * w.K * w.n)
+    if M == 0:
+        return
+    if w.kind == 32:
+        fjob.x, fjob.x2, fjob.panels, fjob.c = x, NULL, w.q, c
+        fjob.M, fjob.K, fjob.K2, fjob.n, fjob.kc = M, w.K, 0, w.n, _KC
+        pool.run(pg_gemm_f32_task, &fjob, w.P, threads)
+        return
+    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact = x, w.q, w.d, w.m, c, w.kind, w.exact
+    job.M, job.K, job.n, job.kc = M, w.K, w.n, _KC  # the float32 kernel's blocks: the same sums
+    job.P = w.P
+    job.fused_tiles = _Q8_FUSED_TILES
+    job.chunk = job.P // (_Q8_TASKS_PER_THREAD * threads)
+    if job.chunk < 1:
+        job.chunk = 1  # enough tasks to even out the threads
     if job.M == 1 and job.chunk % 2:  # a single row takes panels in pairs (pg_gemm_q8_pair): whole pairs per task
         job.chunk += 1
+    pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
+
+
+cdef void _matmul(panels, const float[:, ::1] x, Py_ssize_t n, float[:, ::1] c) except *:
+    cdef GemmWeight w
+    bind_weight(panels, n, &w)
     with nogil:
-        pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
-
-
-cdef void _matmul_q8(const float[:, ::1] x, const int8_t[:, :, ::1] q, const float[:, :, ::1] d,
-                     const float[:, :, ::1] m, int exact, Py_ssize_t n, float[:, ::1] c):
-    _matmul_q(x, &q[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 8, exact, q.shape[0], n, c)
-
-
-cdef void _matmul_q4(const float[:, ::1] x, const uint8_t[:, :, ::1] q4, const uint16_t[:, :, ::1] d,
-                     const uint16_t[:, :, ::1] m, Py_ssize_t n, float[:, ::1] c):
-    _matmul_q(x, &q4[0, 0, 0], &d[0, 0, 0], &m[0, 0, 0], 4, 1, q4.shape[0], n, c)
+        gemm(&w, &x[0, 0], x.shape[0], &c[0, 0])
 
 
 cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panels, Py_ssize_t n,
@@ -1101,7 +1128,7 @@ cdef void _matmul_bf16(const float[:, ::1] x, const uint16_t[:, :, :, ::1] panel
     if x2 == NULL:
         raise MemoryError()
     job.x, job.x2, job.panels, job.c = &x[0, 0], x2, &panels[0, 0, 0, 0], &c[0, 0]
-    job.M, job.K, job.K2, job.n, job.kc = M, x.shape[1], K2, n, KC
+    job.M, job.K, job.K2, job.n, job.kc = M, x.shape[1], K2, n, _KC
     try:
         with nogil:
             pg_round_x(&x[0, 0], x2, M, x.shape[1], K2)
@@ -1115,37 +1142,33 @@ cdef class QuantizedGemm:
     product: a call then acquires only x and out. At decode sizes the general `matmul` spent about
     5 us per 4-bit call before any arithmetic (121 calls a token), most of it in acquiring the
     three panel arrays and viewing the float16 scales as integers."""
-    cdef object panels  # keeps the arrays alive: the pointers below point into them
-    cdef const void *q
-    cdef const void *d
-    cdef const void *m
-    cdef int bits, exact
-    cdef readonly Py_ssize_t K, n, P
+    cdef object panels  # keeps the arrays alive: the pointers in w point into them
+    cdef GemmWeight w
 
     def __init__(self, panels, Py_ssize_t n):
-        cdef const uint8_t[:, :, ::1] q4
-        cdef const int8_t[:, :, ::1] q8
-        cdef const uint16_t[:, :, ::1] d16, m16
-        cdef const float[:, :, ::1] d32, m32
-        self.panels, self.n = panels, n
-        if isinstance(panels, Q4Panels):
-            q4, d16, m16 = panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16)
-            self.q, self.d, self.m, self.bits, self.exact = &q4[0, 0, 0], &d16[0, 0, 0], &m16[0, 0, 0], 4, 1
-            self.P, self.K = q4.shape[0], 2 * q4.shape[1]
-        elif isinstance(panels, Q8Panels):
-            q8, d32, m32 = panels.q, panels.d, panels.m
-            self.q, self.d, self.m, self.bits, self.exact = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact
-            self.P, self.K = q8.shape[0], q8.shape[1]
-        else:
+        if not isinstance(panels, (Q4Panels, Q8Panels)):
             raise TypeError(f"QuantizedGemm takes Q4Panels or Q8Panels, not {type(panels).__name__}")
-        if self.K % 32 or not (0 < n <= self.P * PG_NR):
-            raise ValueError(f"panels of {self.P} x {self.K} do not hold {n} columns of whole 32-row groups")
+        bind_weight(panels, n, &self.w)
+        self.panels = panels
+
+    @property
+    def K(self):
+        return self.w.K
+
+    @property
+    def n(self):
+        return self.w.n
+
+    @property
+    def P(self):
+        return self.w.P
 
     def __call__(self, const float[:, ::1] x, float[:, ::1] out):
         """out [M, n] = x [M, K] @ the matrix (x C-contiguous float32, as the model's buffers are)."""
-        if x.shape[1] != self.K or out.shape[0] != x.shape[0] or out.shape[1] != self.n:
+        if x.shape[1] != self.w.K or out.shape[0] != x.shape[0] or out.shape[1] != self.w.n:
             raise ValueError(f"x {tuple(x.shape)[:2]} and out {tuple(out.shape)[:2]} do not fit a "
-                             f"[{self.K}, {self.n}] matrix")
+                             f"[{self.w.K}, {self.w.n}] matrix")
         if x.shape[0]:
-            _matmul_q(x, self.q, self.d, self.m, self.bits, self.exact, self.P, self.n, out)
+            with nogil:
+                gemm(&self.w, &x[0, 0], x.shape[0], &out[0, 0])
         return out.base if out.base is not None else out

@@ -304,7 +304,6 @@ def paged_attention(
     cdef Py_ssize_t N = q.shape[0], H = q.shape[1], D = q.shape[2]
     cdef Py_ssize_t KVH = k.shape[1], BS = v_cache.shape[1]
     cdef Py_ssize_t G = H // KVH
-    cdef Py_ssize_t i, g, p, blk, off, d, ctx_pad
 
     assert H == KVH * G, "query heads must group evenly over kv heads"
     assert k.shape[0] == N and v.shape[0] == N and out.shape[0] == N and token_pos.shape[0] == N
@@ -313,31 +312,47 @@ def paged_attention(
     assert v_cache.shape[2] == KVH and v_cache.shape[3] == D
     assert k_cache.shape[1] == KVH and k_cache.shape[2] == D and k_cache.shape[3] == BS
     assert k_cache.shape[0] == v_cache.shape[0]
-    # whole blocks (the last one is scored in full) and whole 16-lane vectors for the softmax
-    ctx_pad = (max_ctx + BS - 1) // BS * BS
-    ctx_pad = (ctx_pad + 15) // 16 * 16
+    if N == 0:
+        return
+    cdef PagedLayout layout
+    layout.block_tables, layout.token_seq, layout.token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
+    layout.N, layout.MB, layout.max_ctx = N, block_tables.shape[1], max_ctx
+    with nogil:
+        attend(&q[0, 0, 0], q.strides[0] // 4, q.strides[1] // 4, q.strides[2] // 4,
+               &k[0, 0, 0], k.strides[0] // 4, k.strides[1] // 4, k.strides[2] // 4,
+               &v[0, 0, 0], v.strides[0] // 4, v.strides[1] // 4, v.strides[2] // 4,
+               &k_cache[0, 0, 0, 0], &v_cache[0, 0, 0, 0], &layout, H, KVH, D, BS, scale, &out[0, 0, 0],
+               num_threads)
 
+
+cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
+                 const float *k, Py_ssize_t ks0, Py_ssize_t ks1, Py_ssize_t ks2,
+                 const float *v, Py_ssize_t vs0, Py_ssize_t vs1, Py_ssize_t vs2,
+                 float *k_cache, float *v_cache, const PagedLayout *layout,
+                 Py_ssize_t H, Py_ssize_t KVH, Py_ssize_t D, Py_ssize_t BS, float scale, float *out,
+                 int num_threads) noexcept nogil:
+    cdef Py_ssize_t N = layout.N, i, g, d, p, blk, off, ctx_pad
+    cdef Py_ssize_t kblock = KVH * D * BS, vrow = KVH * D
     # 1. this step's keys and values into their slots
     for i in range(N):
-        p = token_pos[i]
-        blk = block_tables[token_seq[i], p // BS]
+        p = layout.token_pos[i]
+        blk = layout.block_tables[layout.token_seq[i] * layout.MB + p // BS]
         off = p % BS
         for g in range(KVH):
             for d in range(D):
-                k_cache[blk, g, d, off] = k[i, g, d]
-                v_cache[blk, off, g, d] = v[i, g, d]
-
-    if N == 0:
-        return
+                k_cache[blk * kblock + (g * D + d) * BS + off] = k[i * ks0 + g * ks1 + d * ks2]
+                v_cache[(blk * BS + off) * vrow + g * D + d] = v[i * vs0 + g * vs1 + d * vs2]
+    # whole blocks (the last one is scored in full) and whole 16-lane vectors for the softmax
+    ctx_pad = (layout.max_ctx + BS - 1) // BS * BS
+    ctx_pad = (ctx_pad + 15) // 16 * 16
     # 2. attention, one (token, kv head) per pool task
     cdef AttentionJob job
-    job.q, job.qs0, job.qs1, job.qs2 = &q[0, 0, 0], q.strides[0] // 4, q.strides[1] // 4, q.strides[2] // 4
-    job.k_cache, job.v_cache, job.out = &k_cache[0, 0, 0, 0], &v_cache[0, 0, 0, 0], &out[0, 0, 0]
-    job.block_tables, job.token_seq, job.token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
-    job.MB, job.H, job.KVH, job.G, job.D, job.BS = block_tables.shape[1], H, KVH, G, D, BS
+    job.q, job.qs0, job.qs1, job.qs2 = q, qs0, qs1, qs2
+    job.k_cache, job.v_cache, job.out = k_cache, v_cache, out
+    job.block_tables, job.token_seq, job.token_pos = layout.block_tables, layout.token_seq, layout.token_pos
+    job.MB, job.H, job.KVH, job.G, job.D, job.BS = layout.MB, H, KVH, H // KVH, D, BS
     job.ctx_pad, job.scale = ctx_pad, scale
-    with nogil:
-        pool.run(attend_item, &job, N * KVH, num_threads if num_threads > 0 else pool.num_threads())
+    pool.run(attend_item, &job, N * KVH, num_threads if num_threads > 0 else pool.num_threads())
 
 
 def copy_blocks(float[:, :, :, ::1] cache, const long[:, ::1] pairs):

@@ -1,0 +1,19 @@
+"""The packed GEMM's C entry points for other kernels (scratchllm/kernels/packed_gemm.pyx)."""
+
+# One packed matrix as the kernels read it: float32 panels (kind 32: q is the panels), or
+# quantized ones (kind 8: Q8Panels; kind 4: Q4Panels, d and m as float16 bits; exact as
+# Q8Panels.exact). K rows in, n columns out, P panels of NR columns.
+cdef struct GemmWeight:
+    int kind
+    int exact
+    const void *q
+    const void *d
+    const void *m
+    Py_ssize_t K, n, P
+
+# w's fields from a PackedWeight's panels of n columns (float32, Q8Panels or Q4Panels); raises
+# TypeError for other panels (bfloat16) and ValueError where the panels cannot hold n columns.
+cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1
+
+# c [M, n] = x [M, K] @ w, both C-contiguous: `matmul`'s arithmetic (the same bits), on the pool.
+cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noexcept nogil
