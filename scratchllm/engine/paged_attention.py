@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -85,6 +86,15 @@ class PagedAttention:
                                       self.k_cache.shape[1])
         self.elapsed_ns = 0  # attention time of this step's forward, summed over layers
 
+    @contextmanager
+    def paged_step(self, n: int) -> Iterator[PagedAttention]:
+        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks) on this
+        pool and the layout set_layout gave it."""
+        if self.token_pos is None or len(self.token_pos) != n:
+            have = None if self.token_pos is None else len(self.token_pos)
+            raise ValueError(f"the layout holds {have} tokens, the step {n}: call set_layout first")
+        yield self
+
     def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
         if not pairs:
@@ -125,14 +135,24 @@ class PagedSequence:
         self.num_layers = config.num_layers
         self.length = 0  # positions every layer holds (between forward passes)
 
+    def _lay_out(self, n: int) -> None:  # a forward pass begins: its n tokens take the next positions
+        if self.length + n > self.capacity:
+            raise ValueError(f"this sequence holds {self.capacity} positions; the step needs {self.length + n}")
+        pos = np.arange(self.length, self.length + n, dtype=np.int32)
+        self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos)
+
+    @contextmanager
+    def paged_step(self, n: int) -> Iterator[PagedAttention]:
+        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks)."""
+        self._lay_out(n)
+        yield self.attention
+        self.length += n
+
     def __call__(self, layer: int, q: Floats, k: Floats, v: Floats,
                  out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
         n = q.shape[0]
-        if layer == 0:  # a forward pass begins: its n tokens take the next positions
-            if self.length + n > self.capacity:
-                raise ValueError(f"this sequence holds {self.capacity} positions; the step needs {self.length + n}")
-            pos = np.arange(self.length, self.length + n, dtype=np.int32)
-            self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos)
+        if layer == 0:
+            self._lay_out(n)
         out = self.attention(layer, q, k, v, out)
         if layer == self.num_layers - 1:
             self.length += n

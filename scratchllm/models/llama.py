@@ -32,6 +32,7 @@ import numpy as np
 
 from scratchllm.formats.mapped import release_range
 from scratchllm.kernels import packed_gemm, pointwise
+from scratchllm.kernels.llama_blocks import LlamaBlocks
 from scratchllm.models.arena import PanelArena
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig
@@ -173,6 +174,17 @@ def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: Ste
     return x
 
 
+def fused_blocks(x, blocks: LlamaBlocks, cos, sin, attention, buf: StepBuffers) -> None:
+    """blocks_into's arithmetic in one C call (kernels/llama_blocks.pyx): the same bits, without
+    Python between the kernels. `attention` is the engine's paged attention (or a sequence of its
+    own, engine/paged_attention.PagedSequence): `paged_step(n)` lays out this step's n tokens and
+    yields the PagedAttention that holds the pools."""
+    with attention.paged_step(x.shape[0]) as paged:
+        blocks.run(x, buf, cos, sin, paged.k_cache, paged.v_cache, paged.block_tables, paged.token_seq,
+                   paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads)
+        paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
+
+
 def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logits_rows=None,
           workspace: Workspace | None = None):
     """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]. With a workspace the blocks
@@ -183,7 +195,10 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
     cos, sin = rope_angles(positions, params["rope_inv_freq"])  # [N, D/2]
     if workspace is not None and isinstance(x, np.ndarray):
         with workspace.rows(x.shape[0]) as buf:
-            x = blocks_into(x, params, cfg, cos, sin, attention, buf)
+            if params.get("blocks") is not None and hasattr(attention, "paged_step"):
+                fused_blocks(x, params["blocks"], cos, sin, attention, buf)
+            else:
+                x = blocks_into(x, params, cfg, cos, sin, attention, buf)
     else:
         for layer, p in enumerate(params["layers"]):
             x = block(x, layer, p, cfg, cos, sin, attention)
@@ -363,6 +378,10 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple
     inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)
     params = {"embed_tokens": embed_tokens, "layers": layers, "norm": vector("model.norm.weight", (C,)),
               "lm_head": lm_head, "rope_inv_freq": inv_freq, "context": cfg.max_position_embeddings}
+    try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
+        params["blocks"] = LlamaBlocks(layers, cfg)
+    except TypeError:
+        params["blocks"] = None
     if panel_cache is not None:
         panel_cache.save()  # writes only when this load packed something
     return params, view
