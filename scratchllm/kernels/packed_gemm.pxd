@@ -2,10 +2,12 @@
 
 # One packed matrix as the kernels read it: float32 panels (kind 32: q is the panels), or
 # quantized ones (kind 8: Q8Panels; kind 4: Q4Panels, d and m as float16 bits; exact as
-# Q8Panels.exact). K rows in, n columns out, P panels of NR columns.
+# Q8Panels.exact; half: Q8Panels with float16 d and no m, m NULL). K rows in, n columns out,
+# P panels of NR columns.
 cdef struct GemmWeight:
     int kind
     int exact
+    int half
     const void *q
     const void *d
     const void *m

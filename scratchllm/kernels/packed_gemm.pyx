@@ -396,20 +396,37 @@ cdef extern from *:
         pg_scale_row(v[2], v[3], s, &w[2], &w[3], 1);
     }
 
-    /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it. */
-    typedef struct { const void *q, *d, *m; int bits, exact; } pg_qpanel;  /* exact: see pg_q8_row */
+    /* 8-bit panels with float16 scales and no offset (a GGUF file's Q8_0: w = d * q): the group's
+       d widened, m zero, so the arithmetic is that of float32 scales with m = 0. */
+    static inline __attribute__((always_inline)) pg_q8_group pg_q8h_group_at(const uint16_t *d, long g) {
+        pg_q8_group s;
+        pg_f16_to_f32(d + g * PG_NR, &s.d0);
+        pg_f16_to_f32(d + g * PG_NR + PG_VL, &s.d1);
+        s.m0 = s.m1 = (pg_vec){0};
+        return s;
+    }
+
+    /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it.
+       half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). */
+    typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;  /* exact: see pg_q8_row */
 
     static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {
-        return a->bits == 8 ? pg_q8_group_at((const float *)a->d, (const float *)a->m, g)
-                            : pg_q4_group_at((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+        if (a->bits == 8)
+            return a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
+                           : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
+        return pg_q4_group_at((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+    }
+
+    static inline long pg_scale_size(int bits, int half) {  /* bytes of one d (or m) */
+        return bits == 8 && !half ? sizeof(float) : sizeof(uint16_t);
     }
 
     static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the panel from row k0 on */
         pg_qpanel b = *a;
-        long scale = a->bits == 8 ? sizeof(float) : sizeof(uint16_t);
+        long scale = pg_scale_size(a->bits, a->half);
         b.q = (const char *)a->q + (a->bits == 8 ? k0 : k0 / 2) * PG_NR;
         b.d = (const char *)a->d + (k0 / 32) * PG_NR * scale;
-        b.m = (const char *)a->m + (k0 / 32) * PG_NR * scale;
+        b.m = a->m ? (const char *)a->m + (k0 / 32) * PG_NR * scale : NULL;
         return b;
     }
 
@@ -498,10 +515,10 @@ cdef extern from *:
     typedef struct {
         const float *x;           /* [M, K] */
         const void *q;            /* 8-bit: int8 [P, K, NR]; 4-bit: uint8 [P, K/2, NR] */
-        const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit) */
+        const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
         float *c;                 /* [M, n] */
         long M, K, n, kc, P, chunk, fused_tiles;
-        int bits, exact;
+        int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL) */
     } pg_q8_job;
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -522,9 +539,10 @@ cdef extern from *:
     }
 
     static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p, from row 0 */
-        long scale = j->bits == 8 ? sizeof(float) : sizeof(uint16_t), groups = p * (j->K / 32) * PG_NR;
+        long scale = pg_scale_size(j->bits, j->half), groups = p * (j->K / 32) * PG_NR;
         pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
-                           (const char *)j->d + groups * scale, (const char *)j->m + groups * scale, j->bits, j->exact};
+                           (const char *)j->d + groups * scale, j->m ? (const char *)j->m + groups * scale : NULL,
+                           j->bits, j->exact, j->half};
         return whole;
     }
 
@@ -779,7 +797,7 @@ cdef extern from *:
         const void *m
         float *c
         long M, K, n, kc, P, chunk, fused_tiles
-        int bits, exact
+        int bits, exact, half
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
     int PG_Q4_0, PG_Q4_1, PG_Q8_0
     ctypedef struct pg_repack_job:
@@ -838,11 +856,15 @@ def pack(w, str dtype="float32") -> np.ndarray:
 
 def _scaled(q, d, m) -> np.ndarray:
     """q [A, K, C] (any integer type), d and m [A, K/32, C] -> float32 d * q + m, d and m holding one
-    value per 32 consecutive k: the kernel's (and ggml's) operations, the product rounded first."""
+    value per 32 consecutive k: the kernel's (and ggml's) operations, the product rounded first.
+    m None: no offset (the kernel adds a zero, which only turns a -0 into +0)."""
     A, K, C = q.shape
     w = q.astype(np.float32).reshape(A, K // 32, 32, C)
     w *= d.astype(np.float32)[:, :, None, :]
-    w += m.astype(np.float32)[:, :, None, :]
+    if m is not None:
+        w += m.astype(np.float32)[:, :, None, :]
+    else:
+        w += np.float32(0)
     return w.reshape(A, K, C)
 
 
@@ -866,13 +888,13 @@ class Q8Panels(NamedTuple):
     all fit, value for value: see `pack_q8`."""
 
     q: np.ndarray  # [P, K, NR] int8
-    d: np.ndarray  # [P, K/32, NR] float32
-    m: np.ndarray  # [P, K/32, NR] float32
+    d: np.ndarray  # [P, K/32, NR] float32, or float16 where m is None
+    m: np.ndarray | None  # [P, K/32, NR] float32, or None: no offset (GGUF's Q8_0, as pack_blocks keeps it)
     exact: bool = False  # every d is a float16 value, so d * q is exact and the kernel may fuse d * q + m
 
     @property
     def nbytes(self) -> int:
-        return self.q.nbytes + self.d.nbytes + self.m.nbytes
+        return self.q.nbytes + self.d.nbytes + (0 if self.m is None else self.m.nbytes)
 
     @property
     def dtype(self):
@@ -884,7 +906,8 @@ class Q8Panels(NamedTuple):
 
     def columns(self, p, j) -> np.ndarray:
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
-        return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
+        m = None if self.m is None else self.m[p, :, j][..., None]
+        return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], m)[..., 0]
 
 
 class Q4Panels(NamedTuple):
@@ -976,7 +999,8 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     q8 = "Q8_0" in kinds
     q = alloc((P, K if q8 else K // 2, PG_NR), np.int8 if q8 else np.uint8)
     d = alloc((P, K // 32, PG_NR), np.uint16)
-    m = alloc((P, K // 32, PG_NR), np.uint16)
+    cdef Py_ssize_t m_panels = 1 if q8 else P, m_groups = 1 if q8 else K // 32  # Q8_0 has no offsets
+    m = alloc((m_panels, m_groups, PG_NR), np.uint16)
     cdef uint8_t[:, :, ::1] qv = q.view(np.uint8)
     cdef uint16_t[:, :, ::1] dv = d, mv = m
     cdef pg_repack_job job
@@ -985,10 +1009,8 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     with nogil:
         pool.run(pg_repack_task, &job, P, pool.num_threads())
     d16 = d.view(np.float16)
-    if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), m = 0
-        d32, m32 = alloc(d.shape, np.float32), alloc(d.shape, np.float32)
-        d32[...] = d16
-        return Q8Panels(q, d32, m32, True)
+    if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), no offset: the file's bytes
+        return Q8Panels(q, d16, None, True)
     if job.overflow:  # a Q4_0 row's m = -8 d (exact, as in as_q4) does not fit float16
         return None
     return Q4Panels(q, d16, m.view(np.float16))
@@ -1070,15 +1092,21 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     cdef const float[:, :, ::1] d32, m32
     if isinstance(panels, Q4Panels):
         q4, d16, m16 = panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16)
-        w.q, w.d, w.m, w.kind, w.exact = &q4[0, 0, 0], &d16[0, 0, 0], &m16[0, 0, 0], 4, 1
+        w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], &m16[0, 0, 0], 4, 1, 0
         w.P, w.K = q4.shape[0], 2 * q4.shape[1]
+    elif isinstance(panels, Q8Panels) and panels.m is None:  # float16 d, no offset (Q8_0)
+        if panels.d.dtype != np.float16 or not panels.exact:
+            raise ValueError("8-bit panels without offsets take float16 scales")
+        q8, d16 = panels.q, panels.d.view(np.uint16)
+        w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d16[0, 0, 0], NULL, 8, 1, 1
+        w.P, w.K = q8.shape[0], q8.shape[1]
     elif isinstance(panels, Q8Panels):
         q8, d32, m32 = panels.q, panels.d, panels.m
-        w.q, w.d, w.m, w.kind, w.exact = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact
+        w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact, 0
         w.P, w.K = q8.shape[0], q8.shape[1]
     elif isinstance(panels, np.ndarray) and panels.dtype == np.float32:
         f32 = panels
-        w.q, w.d, w.m, w.kind, w.exact = &f32[0, 0, 0], NULL, NULL, 32, 0
+        w.q, w.d, w.m, w.kind, w.exact, w.half = &f32[0, 0, 0], NULL, NULL, 32, 0, 0
         w.P, w.K = f32.shape[0], f32.shape[1]
     else:
         raise TypeError(f"float32, Q8Panels or Q4Panels panels, not {type(panels).__name__} "
@@ -1101,7 +1129,7 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
         fjob.M, fjob.K, fjob.K2, fjob.n, fjob.kc = M, w.K, 0, w.n, _KC
         pool.run(pg_gemm_f32_task, &fjob, w.P, threads)
         return
-    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact = x, w.q, w.d, w.m, c, w.kind, w.exact
+    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact, job.half = x, w.q, w.d, w.m, c, w.kind, w.exact, w.half
     job.M, job.K, job.n, job.kc = M, w.K, w.n, _KC  # the float32 kernel's blocks: the same sums
     job.P = w.P
     job.fused_tiles = _Q8_FUSED_TILES

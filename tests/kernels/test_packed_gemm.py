@@ -264,13 +264,23 @@ def test_panels_straight_from_blocks_equal_the_panels_of_the_decoded_blocks(kind
     cat = [np.concatenate([p[j] for p in decoded]).T for j in range(3)]
     want = (pg.pack_q8 if kinds[0] == "Q8_0" else pg.pack_q4)(*cat)
     assert type(got) is type(want)
-    for a, b in zip(got[:3], want[:3], strict=True):  # the arrays (Q8Panels also says whether d * q is exact)
-        assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    if kinds[0] == "Q8_0":  # a file's float16 scales: the kernel fuses d * q + m, with the same floats
-        assert got.exact and want.exact
-    x = np.random.default_rng(3).standard_normal((2, K)).astype(np.float32)
+    if kinds[0] == "Q8_0":  # the file's bytes: int8 q and its float16 d, no offset (the decoded m is 0)
+        assert got.m is None and not want.m.any() and got.d.dtype == np.float16
+        assert np.array_equal(got.d.astype(np.float32), want.d) and np.array_equal(got.q, want.q)
+        assert got.exact and want.exact  # a file's float16 scales: the kernel fuses d * q + m, with the same floats
+        assert got.nbytes == want.q.nbytes + want.d.nbytes // 2
+        assert np.array_equal(got.dequantize(), want.dequantize())
+        P = got.q.shape[0]
+        cols = np.arange(P * pg.NR) % pg.NR
+        assert np.array_equal(got.columns(np.arange(P * pg.NR) // pg.NR, cols),
+                              want.columns(np.arange(P * pg.NR) // pg.NR, cols))
+    else:
+        for a, b in zip(got[:3], want[:3], strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
     N = sum(rows)
-    assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, want, N))
+    for M in (1, 2, 16):  # one row (panels in pairs), fused tiles, the dequantized-block path
+        x = np.random.default_rng(3).standard_normal((M, K)).astype(np.float32)
+        assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, want, N))
 
 
 def test_pack_blocks_refuses_what_it_cannot_keep():
