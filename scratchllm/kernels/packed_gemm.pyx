@@ -530,6 +530,7 @@ cdef extern from *:
 
     static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
     static void pg_gemm_q8_pair(const pg_q8_job *j, long p);
+    static void pg_gemm_q8h_quad(const pg_q8_job *j, long p);
 
     /* Task t: panels t*chunk .. (t+1)*chunk - 1, which lie one after another in memory: a thread
        streams them as one run instead of a short one per panel. One row of x (single-stream
@@ -538,6 +539,9 @@ cdef extern from *:
         const pg_q8_job *j = (const pg_q8_job *)ctx;
         static __thread float buf[256 * PG_NR] __attribute__((aligned(64)));  /* one block, in L1 */
         long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P, p = t * j->chunk;
+        if (j->M == 1 && j->half)
+            for (; p + 3 < end; p += 4)
+                pg_gemm_q8h_quad(j, p);
         if (j->M == 1)
             for (; p + 1 < end; p += 2)
                 pg_gemm_q8_pair(j, p);
@@ -610,6 +614,57 @@ cdef extern from *:
                 pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0);
             else
                 pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0);
+        }
+    }
+
+    /* One row of x against four 8-bit panels without offsets (a file's Q8_0, w = d * q, exact):
+       eight accumulator chains, so that neither the FMA latency nor the register file binds (two
+       panels at a time left 4 chains for 8 FMAs per k, and their scales spilled). The group's
+       scales are widened once into ds, in L1, and read by the multiplies from there. w = d * q
+       is one rounding-free multiply (d * q + 0 would only turn a -0 weight into +0, which adds
+       the same to every sum), then the float32 kernel's FMA: every output is one chain over k in
+       order, block by block, the same sums as pg_gemm_q8_panel. */
+    static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
+        const long K = j->K, G = K / 32;
+        const int8_t *q[4];
+        const uint16_t *d[4];
+        float ds[8][PG_VL] __attribute__((aligned(64)));
+        for (int i = 0; i < 4; i++) {
+            q[i] = (const int8_t *)j->q + (p + i) * K * PG_NR;
+            d[i] = (const uint16_t *)j->d + (p + i) * G * PG_NR;
+        }
+        float *c = j->c + p * PG_NR;
+        int cols_last = pg_panel_cols(j->n, p + 3);
+        for (long k0 = 0; k0 < K; k0 += j->kc) {
+            long kend = K - k0 < j->kc ? K : k0 + j->kc;
+            pg_vec acc[8];
+            for (int r = 0; r < 8; r++)
+                acc[r] = (pg_vec){0};
+            for (long g = k0 / 32; g < kend / 32; g++) {
+                for (int i = 0; i < 4; i++) {
+                    pg_vec h0, h1;
+                    pg_f16_to_f32(d[i] + g * PG_NR, &h0);
+                    pg_f16_to_f32(d[i] + g * PG_NR + PG_VL, &h1);
+                    memcpy(ds[2 * i], &h0, sizeof h0);
+                    memcpy(ds[2 * i + 1], &h1, sizeof h1);
+                }
+                for (long k = 32 * g; k < 32 * g + 32; k++) {
+                    float xk = j->x[k];
+                    for (int i = 0; i < 4; i++) {
+                        pg_vec a, b, da, db;
+                        pg_int8_to_f32(q[i] + k * PG_NR, &a);
+                        pg_int8_to_f32(q[i] + k * PG_NR + PG_VL, &b);
+                        memcpy(&da, ds[2 * i], sizeof da);
+                        memcpy(&db, ds[2 * i + 1], sizeof db);
+                        a *= da;
+                        b *= db;
+                        acc[2 * i] += xk * a;
+                        acc[2 * i + 1] += xk * b;
+                    }
+                }
+            }
+            for (int i = 0; i < 4; i++)
+                pg_store(1, acc + 2 * i, c + i * PG_NR, 0, i == 3 ? cols_last : PG_NR, k0 == 0);
         }
     }
 
@@ -1129,6 +1184,7 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
     cdef pg_gemm_job fjob
     cdef pg_q8_job job
     cdef int threads = _threads_for(M * w.K * w.n)
+    cdef long step
     if M == 0:
         return
     if w.kind == 32:
@@ -1143,8 +1199,9 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
     job.chunk = job.P // (_Q8_TASKS_PER_THREAD * threads)
     if job.chunk < 1:
         job.chunk = 1  # enough tasks to even out the threads
-    if job.M == 1 and job.chunk % 2:  # a single row takes panels in pairs (pg_gemm_q8_pair): whole pairs per task
-        job.chunk += 1
+    if job.M == 1:  # a single row takes panels in pairs (pg_gemm_q8_pair), or fours (pg_gemm_q8h_quad)
+        step = 4 if w.half else 2
+        job.chunk = (job.chunk + step - 1) // step * step
     pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
 
 

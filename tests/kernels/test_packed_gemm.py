@@ -337,3 +337,27 @@ def test_prepared_quantized_gemm_equals_matmul(kind, M, K, N):
         gemm(x, np.empty((M, N + 1), np.float32))
     with pytest.raises(TypeError):
         pg.QuantizedGemm(pg.pack(np.ones((K, N), np.float32)), N)
+
+
+@pytest.mark.parametrize("N", [64, 69, 115, 144, 16 * 13 + 1])  # whole fours of panels, and fours + pairs + one
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_row_of_q8_0_blocks_takes_four_panels_at_a_time_with_the_same_sums(N, threads):
+    """A single row over Q8_0 panels (float16 d, no m: pg_gemm_q8h_quad) against the same values as
+    float32-scale panels with m = 0 (the two-panel path), bit for bit, with a ragged right edge."""
+    from scratchllm.formats import ggml_quants as gq
+    from scratchllm.kernels import pool
+
+    K = 288  # a block of 256 and a block of 32
+    raw = raw_blocks("Q8_0", N, K, seed=N)
+    got = pg.pack_blocks([("Q8_0", raw, None)], K)
+    q, d, m = gq.as_q8("Q8_0", raw.reshape(-1), (N, K))
+    want = pg.pack_q8(q.T, d.T, m.T)
+    assert got.m is None and want.exact
+    x = np.random.default_rng(N).standard_normal((1, K)).astype(np.float32)
+    previous = pool.set_num_threads(threads)
+    try:
+        assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, want, N))
+        f32 = pg.pack(want.dequantize().transpose(1, 0, 2).reshape(K, -1)[:, :N])  # the float32 kernel's panels
+        assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, f32, N))
+    finally:
+        pool.set_num_threads(previous)
