@@ -121,3 +121,20 @@ def test_no_workspace_path_is_unchanged():
     a = llama(ids, pos, PagedSequence(model.config, 16), model.params, model.config)
     b = model.forward(ids, pos, PagedSequence(model.config, 16))
     assert np.array_equal(a, b)
+
+
+def test_check_bit_equal_script_on_the_default_model():
+    """scripts/check_bit_equal.py: the default dtype's logits against float32's, through the C blocks."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "scripts" / "check_bit_equal.py"), "default", "--steps", "3",
+                          "--json"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)},
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["equal"] and report["dtype"] == "quantized" and report["rows_compared"] == 40 + 3
