@@ -71,7 +71,13 @@ def _rss_mb(field: str = "VmRSS") -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
 
 
-def _ours(spec: dict) -> dict:
+def _no_probe(phase: str, llm) -> None:
+    """The phase probe of a plain run: nothing."""
+
+
+def _ours(spec: dict, probe=_no_probe) -> dict:
+    """Our side's round. `probe(phase, llm)` is called as each phase ends ("load", "prefill",
+    "decode", "generate"): scripts/rss_phases.py samples memory there."""
     from scratchllm.bench.generate import weight_bytes_per_token
     from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.llm import LLM
@@ -80,6 +86,7 @@ def _ours(spec: dict) -> dict:
     t = time.perf_counter()
     llm = LLM(spec["path"], threads=spec["threads"])
     out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+    probe("load", llm)
     model = llm.model
     ids = workload(model.config.vocab_size, spec)
     prefill = np.array(ids["prefill"])
@@ -88,6 +95,7 @@ def _ours(spec: dict) -> dict:
         t = time.perf_counter()
         model.forward(prefill, np.arange(len(prefill)), cache, logits_rows=[len(prefill) - 1])
         out["prefill_tok_s"] = len(prefill) / (time.perf_counter() - t)
+    probe("prefill", llm)
     prompt = np.array(ids["decode"])
     cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
@@ -99,10 +107,15 @@ def _ours(spec: dict) -> dict:
         logits = model.forward(np.array(greedy[-1:]), np.array([cache.length]), cache)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
     out["top2_gap"] = top2_gaps(rows)
+    # the decode run's logits rows (25 MB) and KV cache are the bench's, not the batched run's:
+    # gone before it, so that its peak RSS counts what generating takes (the peer's side alike)
+    del rows, cache, logits
+    probe("decode", llm)
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
     done = llm.generate(ids["batch"], params)
     out["aggregate_tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
+    probe("generate", llm)
     out["weight_bytes_per_token"] = weight_bytes_per_token(model)
     return {**out, "greedy": greedy, "dtype": model.dtype, "panels_from_cache": model.panels_from_cache}
 
@@ -145,6 +158,7 @@ def _peer(spec: dict) -> dict:
     greedy = steps(spec["new_tokens"], rows)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
     out["top2_gap"] = top2_gaps(rows)
+    del rows  # as on our side: the peak RSS of the batched run is not the decode run's logits
     t = time.perf_counter()
     made = 0
     for prompt in ids["batch"]:
