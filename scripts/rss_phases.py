@@ -17,12 +17,11 @@ Usage: python scripts/rss_phases.py [--model default] [--threads 2] [--tracemall
 """
 
 import argparse
-import ctypes
 import json
-import os
 import tracemalloc
 
 from scratchllm.bench import peers
+from scratchllm.models.arena import resident_bytes
 
 MB = 1 << 20
 
@@ -40,22 +39,6 @@ def reset_peak() -> None:
         f.write("5")
 
 
-def resident_mb(arrays) -> float:
-    """Resident MB of these arrays' buffers, page by page (mincore). Not smaps: the kernel merges
-    neighbouring anonymous mappings into one area, so an area can hold more than the pool."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    for a in arrays:
-        start = a.ctypes.data // page * page
-        pages = -(-(a.ctypes.data + a.nbytes - start) // page)
-        vec = (ctypes.c_ubyte * pages)()
-        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec):
-            raise OSError(ctypes.get_errno(), "mincore failed")
-        total += sum(b & 1 for b in vec) * page
-    return total / MB
-
-
 class Probe:
     def __init__(self, use_tracemalloc: bool):
         self.rows: list[dict] = []
@@ -70,7 +53,7 @@ class Probe:
         if self.engine is None:
             return 0.0
         a = self.engine.runner.attention
-        return resident_mb([a.k_cache, a.v_cache])
+        return (resident_bytes(a.k_cache) + resident_bytes(a.v_cache)) / MB
 
     def row(self, phase: str) -> None:
         s = status()
@@ -126,7 +109,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"phases": probe.rows, "generate_steps": steps, "peak_rss_mb": final["VmHWM"],
                           "bench_peak_rss_mb": max(r["peak"] for r in probe.rows), "kv_block_mb": block_mb,
-                          "aggregate_tok_s": out["aggregate_tok_s"], "pid": os.getpid()}))
+                          "aggregate_tok_s": out["aggregate_tok_s"]}))
         return
     cols = "rss", "peak", "anon", "file", "kv_pool", *(("py_now", "py_peak") if args.tracemalloc else ())
     print(f"{'phase (MB)':<34}" + "".join(f"{c:>9}" for c in cols))
