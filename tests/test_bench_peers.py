@@ -66,3 +66,15 @@ def test_step_breakdown_times_the_matmuls_the_model_calls(default_gguf):
     ms = step_breakdown(load_model(default_gguf), steps=8)
     assert ms["matmuls"] > 0.4 * ms["total"], ms
     assert ms["layer_matmuls"] > ms["lm_head"] > 0  # 30 layers of 7 matrices against one [576, 49152] head
+
+
+def test_greedy_and_gap_equals_a_sort():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((50, 300)).astype(np.float32)
+    rows[1, 0] = rows[2, -1] = 10.0  # the best at either end
+    rows[3, [7, 8]] = 10.0  # a tie: a gap of 0
+    for row in rows:
+        top = np.sort(row)[-2:]
+        assert peers.greedy_and_gap(row) == (int(np.argmax(row)), float(top[1] - top[0]))

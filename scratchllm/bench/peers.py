@@ -99,17 +99,16 @@ def _ours(spec: dict, probe=_no_probe) -> dict:
     prompt = np.array(ids["decode"])
     cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
-    greedy, rows = [], np.empty((spec["new_tokens"], model.config.vocab_size), dtype=np.float32)
+    greedy, gaps = [], []
     t = time.perf_counter()
-    for i in range(spec["new_tokens"]):
-        rows[i] = logits[-1]  # kept for the near-tie check after timing (a 200 KB copy)
-        greedy.append(int(np.argmax(logits[-1])))
+    for _ in range(spec["new_tokens"]):
+        token, gap = greedy_and_gap(logits[-1])
+        greedy.append(token)
+        gaps.append(gap)
         logits = model.forward(np.array(greedy[-1:]), np.array([cache.length]), cache)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
-    out["top2_gap"] = top2_gaps(rows)
-    # the decode run's logits rows (25 MB) and KV cache are the bench's, not the batched run's:
-    # gone before it, so that its peak RSS counts what generating takes (the peer's side alike)
-    del rows, cache, logits
+    out["top2_gap"] = gaps
+    del cache, logits  # the decode run's KV cache is not the batched run's: its peak RSS counts what generating takes
     probe("decode", llm)
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
@@ -141,24 +140,22 @@ def _peer(spec: dict) -> dict:
         # is filled only with logits_all=True (which computes every position's logits) in 0.3.x
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
 
-    def steps(n, rows=None):  # n greedy decode steps from the context as it is (logits kept in rows)
+    def steps(n, gaps=None):  # n greedy decode steps from the context as it is (top-2 gaps appended to gaps)
         got = []
-        for i in range(n):
-            logits = last_logits()
-            if rows is not None:
-                rows[i] = logits
-            got.append(int(np.argmax(logits)))
+        for _ in range(n):
+            token, gap = greedy_and_gap(last_logits())
+            got.append(token)
+            if gaps is not None:
+                gaps.append(gap)
             llm.eval(got[-1:])
         return got
 
     llm.reset()
     llm.eval(ids["decode"])
-    rows = np.empty((spec["new_tokens"], vocab), dtype=np.float32)
+    out["top2_gap"] = []
     t = time.perf_counter()
-    greedy = steps(spec["new_tokens"], rows)
+    greedy = steps(spec["new_tokens"], out["top2_gap"])
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
-    out["top2_gap"] = top2_gaps(rows)
-    del rows  # as on our side: the peak RSS of the batched run is not the decode run's logits
     t = time.perf_counter()
     made = 0
     for prompt in ids["batch"]:
@@ -169,10 +166,13 @@ def _peer(spec: dict) -> dict:
     return {**out, "greedy": greedy, "version": llama_cpp.__version__}
 
 
-def top2_gaps(rows) -> list[float]:
-    """Per decode step, the best logit minus the second best: how close the greedy choice was."""
-    top = np.partition(rows, -2, axis=1)[:, -2:]
-    return (top[:, 1] - top[:, 0]).tolist()
+def greedy_and_gap(row) -> tuple[int, float]:
+    """A logits row's greedy id and its best logit minus the second best (how close the choice
+    was), read in place: the decode run keeps no rows (128 x the vocabulary is 25 MB, which
+    would count in the peak RSS of either side)."""
+    best = int(np.argmax(row))
+    second = max(row[:best].max(initial=-np.inf), row[best + 1 :].max(initial=-np.inf))
+    return best, float(row[best] - second)
 
 
 def child_main():
