@@ -1,6 +1,8 @@
-"""A large step's buffers leave malloc as they found it: freeing them does not make later
-allocations come from (and stay in) the heap. Measured with glibc's own counters (mallinfo2), in
-a fresh process, since a test process's malloc has been shaped by every test before."""
+"""What a loaded model keeps resident besides its weights, measured in fresh processes (a test
+process's malloc and mappings have been shaped by every test before):
+- a large step's buffers leave malloc as they found it: freeing them does not make later
+  allocations come from (and stay in) the heap (glibc's own counters, mallinfo2);
+- the model's forward does not read the weights' file again (its norms are copied at load)."""
 
 import json
 import platform
@@ -70,3 +72,31 @@ def test_carved_buffers_are_aligned_and_do_not_overlap():
         assert a.ctypes.data % 64 == 0
         for b in own[i + 1 :]:
             assert not np.shares_memory(a, b)
+
+
+FILE_RSS_CHILD = r"""
+import sys
+import numpy as np
+from scratchllm.engine.paged_attention import PagedSequence
+from scratchllm.models import load_model
+
+model = load_model(sys.argv[1])
+model.forward(np.arange(100, 164), np.arange(64), PagedSequence(model.config, 64), logits_rows=[63])
+kib, here = 0, False
+with open("/proc/self/smaps") as f:
+    for line in f:
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            here = head[-1] == sys.argv[1]
+        elif head[0] == "Rss:" and here:
+            kib += int(head[1])
+print(kib)
+"""
+
+
+def test_the_forward_does_not_fault_the_file_back_in(default_gguf):
+    """Every matrix lives in panels after a quantized load; norms read through views of the file
+    faulted 64 KiB around each of them back in (4 MB of the default model's file)."""
+    done = subprocess.run([sys.executable, "-c", FILE_RSS_CHILD, str(default_gguf.resolve())], capture_output=True,
+                          text=True, timeout=120, check=True, cwd=Path(__file__).parents[2])
+    assert int(done.stdout) < 512, f"{done.stdout.strip()} KiB of the model file resident after a forward"
