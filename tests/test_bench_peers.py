@@ -78,3 +78,34 @@ def test_greedy_and_gap_equals_a_sort():
     for row in rows:
         top = np.sort(row)[-2:]
         assert peers.greedy_and_gap(row) == (int(np.argmax(row)), float(top[1] - top[0]))
+
+
+def test_step_breakdown_takes_a_fused_kernels_own_split():
+    """A model whose blocks run in one C call reports the kernel's counters of each forward."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from scratchllm.bench.step_profile import step_breakdown
+    from tests.engine.tiny import tiny_llama
+
+    config = tiny_llama().config
+    kernel = SimpleNamespace(matmul_ns=0, attention_ns=0, other_ns=0)
+
+    class Fused:  # the shape of a model with params["blocks"]: no layer leaf is called
+        params = {"blocks": kernel}
+
+        def __init__(self):
+            self.config = config
+
+        def forward(self, ids, positions, attention, logits_rows=None):
+            time.sleep(0.002)
+            kernel.matmul_ns, kernel.attention_ns, kernel.other_ns = 1_200_000, 300_000, 100_000
+            return np.zeros((1, config.vocab_size), np.float32)
+
+    ms = step_breakdown(Fused(), steps=5, prompt_len=2)
+    assert ms["layer_matmuls"] == pytest.approx(1.2) and ms["attention"] == pytest.approx(0.3)
+    assert ms["rest"] == pytest.approx(0.1) and ms["lm_head"] == 0
+    assert ms["total"] >= 2.0 and ms["python"] == pytest.approx(ms["total"] - 1.6)
