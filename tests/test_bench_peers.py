@@ -40,15 +40,72 @@ def test_the_peer_runs_the_same_file():
 
 def test_step_breakdown_splits_a_decode_step(tmp_path):
     from scratchllm.bench.step_profile import render_breakdown, step_breakdown
-    from scratchllm.kernels import packed_gemm, pointwise
-    from scratchllm.models import load_model
+    from scratchllm.kernels import pointwise
+    from scratchllm.models import llama, load_model
+    from scratchllm.models.packed import PackedWeight
     from tests.models.test_loader import tiny_llama_tensors, write
 
     model = load_model(write(tmp_path / "tiny", tiny_llama_tensors()))
-    original = packed_gemm.matmul, pointwise.add_rms_norm
+    original = llama.linear_into, PackedWeight.__rmatmul__, pointwise.add_rms_norm
     ms = step_breakdown(model, steps=4, prompt_len=3)
-    assert (packed_gemm.matmul, pointwise.add_rms_norm) == original  # the timers are gone afterwards
-    assert ms["matmuls"] > 0 and ms["attention"] > 0 and ms["rest"] > 0
+    # the timers are gone afterwards
+    assert (llama.linear_into, PackedWeight.__rmatmul__, pointwise.add_rms_norm) == original
+    assert ms["layer_matmuls"] > 0 and ms["lm_head"] > 0 and ms["attention"] > 0 and ms["rest"] > 0
+    assert ms["matmuls"] == ms["layer_matmuls"] + ms["lm_head"]
     assert abs(ms["matmuls"] + ms["attention"] + ms["rest"] + ms["python"] - ms["total"]) < 1e-9
     assert ms["python"] >= 0  # the timed parts happen inside the step's wall time
     assert "matmuls" in render_breakdown(ms)
+
+
+def test_step_breakdown_times_the_matmuls_the_model_calls(default_gguf):
+    """A decode step of the default model reads ~80 MB of weights in its matmuls: they are most of
+    the step. (Timing only packed_gemm.matmul, which the layers no longer call, put them at a sixth.)"""
+    from scratchllm.bench.step_profile import step_breakdown
+    from scratchllm.models import load_model
+
+    ms = step_breakdown(load_model(default_gguf), steps=8)
+    assert ms["matmuls"] > 0.4 * ms["total"], ms
+    assert ms["layer_matmuls"] > ms["lm_head"] > 0  # 30 layers of 7 matrices against one [576, 49152] head
+
+
+def test_greedy_and_gap_equals_a_sort():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((50, 300)).astype(np.float32)
+    rows[1, 0] = rows[2, -1] = 10.0  # the best at either end
+    rows[3, [7, 8]] = 10.0  # a tie: a gap of 0
+    for row in rows:
+        top = np.sort(row)[-2:]
+        assert peers.greedy_and_gap(row) == (int(np.argmax(row)), float(top[1] - top[0]))
+
+
+def test_step_breakdown_takes_a_fused_kernels_own_split():
+    """A model whose blocks run in one C call reports the kernel's counters of each forward."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from scratchllm.bench.step_profile import step_breakdown
+    from tests.engine.tiny import tiny_llama
+
+    config = tiny_llama().config
+    kernel = SimpleNamespace(matmul_ns=0, attention_ns=0, other_ns=0)
+
+    class Fused:  # the shape of a model with params["blocks"]: no layer leaf is called
+        params = {"blocks": kernel}
+
+        def __init__(self):
+            self.config = config
+
+        def forward(self, ids, positions, attention, logits_rows=None):
+            time.sleep(0.002)
+            kernel.matmul_ns, kernel.attention_ns, kernel.other_ns = 1_200_000, 300_000, 100_000
+            return np.zeros((1, config.vocab_size), np.float32)
+
+    ms = step_breakdown(Fused(), steps=5, prompt_len=2)
+    assert ms["layer_matmuls"] == pytest.approx(1.2) and ms["attention"] == pytest.approx(0.3)
+    assert ms["rest"] == pytest.approx(0.1) and ms["lm_head"] == 0
+    assert ms["total"] >= 2.0 and ms["python"] == pytest.approx(ms["total"] - 1.6)

@@ -52,3 +52,32 @@ def test_a_tokenizer_from_another_file_does_not_read_the_checkpoint(default_gguf
 def test_load_model_refuses_the_checkpoint_of_another_file(default_gguf, minilm_dir):
     with pytest.raises(ConfigError, match="another file"):
         load_model(minilm_dir, checkpoint=load_checkpoint(default_gguf))
+
+
+def test_the_static_backend_parses_the_file_once(parses, default_gguf):
+    from scratchllm.server.backend import _load_static
+
+    served = _load_static("default", "m", {"max_num_seqs": 2, "max_model_len": 64}, "auto")
+    assert parses == [str(default_gguf)]
+    assert served.tokenizer.encode("Hello") == Tokenizer.from_pretrained("default").encode("Hello")
+
+
+def test_the_cluster_ingress_parses_the_file_once(parses, default_gguf):
+    pytest.importorskip("ray")
+    from scratchllm.cluster.app import ClusterSpec, _served_model
+    from scratchllm.cluster.replica import ReplicaSpec
+
+    served = _served_model(ClusterSpec(replica=ReplicaSpec(model="default")), engine=None)
+    assert parses == [str(default_gguf)] and served.tokenizer.eos_token_id is not None
+
+
+def test_bench_engine_parses_the_file_once(parses, default_gguf):
+    import argparse
+
+    from scratchllm.bench import engine as bench_engine
+
+    parser = argparse.ArgumentParser()
+    bench_engine.add_arguments(parser)
+    args = parser.parse_args(["--model", "default", "--skip", "mixed,decode", "--chat-new-tokens", "1"])
+    result = bench_engine.run(args)
+    assert parses == [str(default_gguf)] and result["figures"]["chat"]["sequences"] == 16

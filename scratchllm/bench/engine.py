@@ -267,12 +267,14 @@ def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int, thre
     return n_seqs / median(times)
 
 
-def run_chat(model, ref: str, new_tokens: int, threads: int = 0) -> dict:
+def run_chat(model, ref: str, new_tokens: int, threads: int = 0, checkpoint=None) -> dict:
+    """`checkpoint`: `ref` already opened (formats.load_checkpoint), so that its tokenizer is read
+    without parsing the file again."""
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
     from scratchllm.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_pretrained(ref)
+    tok = Tokenizer.from_pretrained(ref, checkpoint=checkpoint)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
     engine = LLMEngine(model, EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_threads=threads))
     t0 = time.perf_counter()
@@ -292,6 +294,8 @@ def run(args) -> dict:
 
 
 def _run(args) -> dict:
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
     from scratchllm.models import load_model
 
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -313,7 +317,8 @@ def _run(args) -> dict:
     if not policies or any(p not in POLICIES for p in policies):
         raise ConfigError(f"--policies takes a comma list of {', '.join(POLICIES)}, got {args.policies!r}")
     t = time.perf_counter()
-    model = load_model(args.model, dtype=args.dtype)
+    checkpoint = load_checkpoint(resolve_model(args.model))  # one header parse for the model and its tokenizer
+    model = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
     result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
               "figures": {}, "ratios": {}, "published": PUBLISHED, "peers_reference": PEERS,
               "peers_reference_machine": REFERENCE_MACHINE, "goals": GOALS}
@@ -388,7 +393,7 @@ def _run(args) -> dict:
                           "prompt_tokens": 64, "steps": decode_steps}
         ratios["decode_batched_over_single"] = many / one
     if "chat" not in skip:
-        figs["chat"] = run_chat(model, args.model, args.chat_new_tokens, args.threads)
+        figs["chat"] = run_chat(model, args.model, args.chat_new_tokens, args.threads, checkpoint)
         ratios["chat_over_llama_cpp_reference"] = figs["chat"]["aggregate_tok_s"] / PEERS["llama.cpp"]
     result["machine"] = machine_facts()
     return result

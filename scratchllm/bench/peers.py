@@ -71,7 +71,13 @@ def _rss_mb(field: str = "VmRSS") -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
 
 
-def _ours(spec: dict) -> dict:
+def _no_probe(phase: str, llm) -> None:
+    """The phase probe of a plain run: nothing."""
+
+
+def _ours(spec: dict, probe=_no_probe) -> dict:
+    """Our side's round. `probe(phase, llm)` is called as each phase ends ("load", "prefill",
+    "decode", "generate"): scripts/rss_phases.py samples memory there."""
     from scratchllm.bench.generate import weight_bytes_per_token
     from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.llm import LLM
@@ -80,6 +86,7 @@ def _ours(spec: dict) -> dict:
     t = time.perf_counter()
     llm = LLM(spec["path"], threads=spec["threads"])
     out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+    probe("load", llm)
     model = llm.model
     ids = workload(model.config.vocab_size, spec)
     prefill = np.array(ids["prefill"])
@@ -88,21 +95,26 @@ def _ours(spec: dict) -> dict:
         t = time.perf_counter()
         model.forward(prefill, np.arange(len(prefill)), cache, logits_rows=[len(prefill) - 1])
         out["prefill_tok_s"] = len(prefill) / (time.perf_counter() - t)
+    probe("prefill", llm)
     prompt = np.array(ids["decode"])
     cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
-    greedy, rows = [], np.empty((spec["new_tokens"], model.config.vocab_size), dtype=np.float32)
+    greedy, gaps = [], []
     t = time.perf_counter()
-    for i in range(spec["new_tokens"]):
-        rows[i] = logits[-1]  # kept for the near-tie check after timing (a 200 KB copy)
-        greedy.append(int(np.argmax(logits[-1])))
+    for _ in range(spec["new_tokens"]):
+        token, gap = greedy_and_gap(logits[-1])
+        greedy.append(token)
+        gaps.append(gap)
         logits = model.forward(np.array(greedy[-1:]), np.array([cache.length]), cache)
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
-    out["top2_gap"] = top2_gaps(rows)
+    out["top2_gap"] = gaps
+    del cache, logits  # the decode run's KV cache is not the batched run's: its peak RSS counts what generating takes
+    probe("decode", llm)
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
     done = llm.generate(ids["batch"], params)
     out["aggregate_tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
+    probe("generate", llm)
     out["weight_bytes_per_token"] = weight_bytes_per_token(model)
     return {**out, "greedy": greedy, "dtype": model.dtype, "panels_from_cache": model.panels_from_cache}
 
@@ -128,23 +140,22 @@ def _peer(spec: dict) -> dict:
         # is filled only with logits_all=True (which computes every position's logits) in 0.3.x
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
 
-    def steps(n, rows=None):  # n greedy decode steps from the context as it is (logits kept in rows)
+    def steps(n, gaps=None):  # n greedy decode steps from the context as it is (top-2 gaps appended to gaps)
         got = []
-        for i in range(n):
-            logits = last_logits()
-            if rows is not None:
-                rows[i] = logits
-            got.append(int(np.argmax(logits)))
+        for _ in range(n):
+            token, gap = greedy_and_gap(last_logits())
+            got.append(token)
+            if gaps is not None:
+                gaps.append(gap)
             llm.eval(got[-1:])
         return got
 
     llm.reset()
     llm.eval(ids["decode"])
-    rows = np.empty((spec["new_tokens"], vocab), dtype=np.float32)
+    out["top2_gap"] = []
     t = time.perf_counter()
-    greedy = steps(spec["new_tokens"], rows)
+    greedy = steps(spec["new_tokens"], out["top2_gap"])
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
-    out["top2_gap"] = top2_gaps(rows)
     t = time.perf_counter()
     made = 0
     for prompt in ids["batch"]:
@@ -155,10 +166,13 @@ def _peer(spec: dict) -> dict:
     return {**out, "greedy": greedy, "version": llama_cpp.__version__}
 
 
-def top2_gaps(rows) -> list[float]:
-    """Per decode step, the best logit minus the second best: how close the greedy choice was."""
-    top = np.partition(rows, -2, axis=1)[:, -2:]
-    return (top[:, 1] - top[:, 0]).tolist()
+def greedy_and_gap(row) -> tuple[int, float]:
+    """A logits row's greedy id and its best logit minus the second best (how close the choice
+    was), read in place: the decode run keeps no rows (128 x the vocabulary is 25 MB, which
+    would count in the peak RSS of either side)."""
+    best = int(np.argmax(row))
+    second = max(row[:best].max(initial=-np.inf), row[best + 1 :].max(initial=-np.inf))
+    return best, float(row[best] - second)
 
 
 def child_main():

@@ -1,12 +1,17 @@
 """Where a decode step's time goes: weight matmuls, attention, the other array operations, Python.
 
-A few greedy decode steps run with timers around the leaf operations of a Llama step: every
-weight matrix product (packed_gemm.matmul: the packed GEMM), the attention call (the KV cache
-object the model calls per layer), and the remaining array kernels (RMSNorm and the residual
-add fused into it, rotary embedding, the SwiGLU gate, the embedding lookup). What the timers do
-not cover is the Python between them: the layer loop, argument passing, the interpreter's calls. The timers themselves
-cost about a microsecond each, ~150 per step: that lands in "Python", which is therefore an upper
-bound. Wall-clock time: on a machine shared with other jobs every part grows alike.
+A few greedy decode steps run with timers around the leaf operations of a Llama step, timed
+where the model calls them: every weight matrix product of a layer (`linear_into` of
+scratchllm/models/llama.py: the packed or quantized GEMM, bias included) and the LM head's
+(`x @ lm_head`, PackedWeight.__rmatmul__), the attention call (the KV cache object the model
+calls per layer), and the remaining array kernels (RMSNorm and the residual add fused into it,
+rotary embedding, the SwiGLU gate, the embedding lookup). What the timers do not cover is the
+Python between them: the layer loop, argument passing, the interpreter's calls. A model whose
+blocks run in one C call (`params["blocks"]`, a kernel object with matmul_ns, attention_ns and
+other_ns counters of its last run) calls none of the layer leaves: a forward in which no layer
+matmul was timed takes that kernel's own split instead. The timers
+themselves cost about a microsecond each, ~250 per step: that lands in "Python", which is
+therefore an upper bound. Wall-clock time: on a machine shared with other jobs every part grows alike.
 """
 
 import time
@@ -14,9 +19,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
-# leaf functions of a Llama step (other than matmuls and attention), by module attribute: the
-# model calls each through its module, so replacing the attribute times every call
-MATMUL = ("scratchllm.kernels.packed_gemm", "matmul")
+# each leaf by the attribute the model looks it up through at every call, so that replacing the
+# attribute times every call: the layers' matmuls, the LM head's, the other array kernels
+LAYER_MATMUL = ("scratchllm.models.llama", "linear_into")
+HEAD_MATMUL = ("scratchllm.models.packed", "PackedWeight", "__rmatmul__")  # `x @ w`: looked up on the class
 REST = {"scratchllm.models.llama": ("embed",),
         "scratchllm.kernels.pointwise": ("rms_norm", "add_rms_norm", "rope_", "silu_mul")}
 
@@ -57,17 +63,22 @@ class _TimedAttention:
 
 
 def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
-    """ms per decode step: total, matmuls, attention, rest (array kernels), python (the remainder)."""
+    """ms per decode step: total, matmuls (layer_matmuls + lm_head), attention, rest (array
+    kernels), python (the remainder)."""
     import importlib
 
     from scratchllm.engine.paged_attention import PagedSequence
 
+    params = getattr(model, "params", None)
+    fused = params.get("blocks") if isinstance(params, dict) else None  # every block in one C call, if the model has it
     cache = PagedSequence(model.config, prompt_len + steps + 1)
     ids = np.arange(prompt_len) % model.config.vocab_size
     logits = model.forward(ids, np.arange(prompt_len), cache, logits_rows=[-1])
-    totals = {"matmuls": 0.0, "attention": 0.0, "rest": 0.0}
+    totals = {"layer_matmuls": 0.0, "lm_head": 0.0, "attention": 0.0, "rest": 0.0}
     timed_cache = _TimedAttention(cache, totals)
-    patches = [_timed(importlib.import_module(MATMUL[0]), MATMUL[1], totals, "matmuls")]
+    head_owner = getattr(importlib.import_module(HEAD_MATMUL[0]), HEAD_MATMUL[1])
+    patches = [_timed(importlib.import_module(LAYER_MATMUL[0]), LAYER_MATMUL[1], totals, "layer_matmuls"),
+               _timed(head_owner, HEAD_MATMUL[2], totals, "lm_head")]
     patches += [_timed(importlib.import_module(mod), name, totals, "rest") for mod, names in REST.items()
                 for name in names]
     for p in patches:
@@ -76,17 +87,24 @@ def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
         t = time.perf_counter()
         for _ in range(steps):
             token = int(np.argmax(logits[-1]))
+            timed_before = totals["layer_matmuls"]
             logits = model.forward(np.array([token]), np.array([cache.length]), timed_cache)
+            if fused is not None and totals["layer_matmuls"] == timed_before:  # the blocks ran in the kernel
+                totals["layer_matmuls"] += fused.matmul_ns * 1e-9
+                totals["attention"] += fused.attention_ns * 1e-9
+                totals["rest"] += fused.other_ns * 1e-9
         total = time.perf_counter() - t
     finally:
         for p in reversed(patches):
             p.__exit__(None, None, None)
     ms = {k: 1e3 * v / steps for k, v in totals.items()}
+    ms["matmuls"] = ms["layer_matmuls"] + ms["lm_head"]
     ms["total"] = 1e3 * total / steps
     ms["python"] = ms["total"] - ms["matmuls"] - ms["attention"] - ms["rest"]
     return ms
 
 
 def render_breakdown(ms: dict) -> str:
-    return (f"a decode step takes {ms['total']:.2f} ms: matmuls {ms['matmuls']:.2f}, attention {ms['attention']:.2f}, "
+    return (f"a decode step takes {ms['total']:.2f} ms: matmuls {ms['matmuls']:.2f} (the LM head's "
+            f"{ms['lm_head']:.2f}), attention {ms['attention']:.2f}, "
             f"the rest (norms, RoPE, SwiGLU, embedding) {ms['rest']:.2f}, Python {ms['python']:.2f}")

@@ -69,12 +69,14 @@ def _served_model(spec: ClusterSpec, engine: RemoteEngine) -> ServedModel:
     from scratchllm.tokenizer import Tokenizer
 
     path = resolve_model(replica.model)  # the config only: the ingress holds no weights
-    ctx = read_config(path, load_checkpoint(path)).max_position_embeddings
+    checkpoint = load_checkpoint(path)  # one header parse for the config and the tokenizer
+    ctx = read_config(path, checkpoint).max_position_embeddings
     opts = replica.engine_options
     limit = min(ctx, spec.max_model_len or opts.get("max_model_len") or ctx)
     if opts.get("num_kv_blocks"):  # the engine's own bound: a sequence fits the pool
         limit = min(limit, int(opts["num_kv_blocks"]) * 16)
-    return ServedModel(spec.served_model_name or replica.model, engine, Tokenizer.from_pretrained(replica.model), limit)
+    tokenizer = Tokenizer.from_pretrained(replica.model, checkpoint=checkpoint)
+    return ServedModel(spec.served_model_name or replica.model, engine, tokenizer, limit)
 
 
 class Ingress:

@@ -9,7 +9,9 @@ A fresh anonymous mapping reads as zeros, so nothing is cleared twice. The array
 mapping alive (NumPy holds the buffer), so the arena itself can be dropped after loading.
 """
 
+import ctypes
 import mmap
+import os
 import threading
 
 import numpy as np
@@ -26,6 +28,21 @@ def anonymous_mapping(size: int, huge_pages: bool) -> mmap.mmap:
     if advice is not None:
         region.madvise(advice)
     return region
+
+
+def resident_bytes(array: np.ndarray) -> int:
+    """Bytes of the pages under `array`'s buffer that are resident now (Linux mincore): how much
+    of a lazily mapped pool its writes have made real. Pages the array only partly covers count whole."""
+    page = mmap.PAGESIZE
+    start = array.ctypes.data // page * page
+    pages = -(-(array.ctypes.data + array.nbytes - start) // page)
+    if pages == 0:
+        return 0
+    vec = np.zeros(pages, dtype=np.uint8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec.ctypes.data_as(ctypes.c_void_p)):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return int(np.count_nonzero(vec & 1)) * page
 
 
 class PanelArena:

@@ -242,8 +242,8 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
                                      + ", ".join(extra[:5]))
     if ckpt.format == "gguf" and dtype == "quantized":
-        # every matrix now lives in panels; what the model still reads of the file (norm vectors,
-        # a few KiB) faults back in from the page cache
+        # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the
+        # forward reads nothing of the file but the rows of an untied float32 embedding table
         release_pages(ckpt.raw(next(iter(ckpt))))
     cache = options.get("panel_cache")
     model.panels_from_cache = bool(cache is not None and cache.hits and not cache.fresh)  # packed by an earlier load

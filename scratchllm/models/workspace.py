@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scratchllm.models.arena import anonymous_mapping
 from scratchllm.models.config import ModelConfig
 
 CACHED_ROWS = 64  # steps of at most this many tokens reuse the model's buffers
@@ -43,12 +44,11 @@ class StepBuffers:
     def allocate(cls, cfg: ModelConfig, rows: int) -> "StepBuffers":
         H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         C, I = cfg.hidden_size, cfg.intermediate_size
-        qkv = np.empty((rows, H + 2 * KVH, D), dtype=np.float32)
-        attn = np.empty((rows, H, D), dtype=np.float32)
-        return cls(h=np.empty((rows, C), np.float32), qkv_rows=qkv.reshape(rows, -1), qkv=qkv,
-                   q=qkv[:, :H], k=qkv[:, H : H + KVH], v=qkv[:, H + KVH :], attn=attn,
-                   attn_rows=attn.reshape(rows, -1), delta=np.empty((rows, C), np.float32),
-                   gate_up=np.empty((rows, 2 * I), np.float32), act=np.empty((rows, I), np.float32))
+        h, qkv, attn, delta, gate_up, act = _carve([(rows, C), (rows, H + 2 * KVH, D), (rows, H, D), (rows, C),
+                                                     (rows, 2 * I), (rows, I)])
+        return cls(h=h, qkv_rows=qkv.reshape(rows, -1), qkv=qkv, q=qkv[:, :H], k=qkv[:, H : H + KVH],
+                   v=qkv[:, H + KVH :], attn=attn, attn_rows=attn.reshape(rows, -1), delta=delta, gate_up=gate_up,
+                   act=act)
 
     @property
     def rows(self) -> int:
@@ -63,6 +63,24 @@ class StepBuffers:
         return StepBuffers(h=self.h[:n], qkv_rows=self.qkv_rows[:n], qkv=qkv, q=self.q[:n], k=self.k[:n],
                            v=self.v[:n], attn=self.attn[:n], attn_rows=self.attn_rows[:n], delta=self.delta[:n],
                            gate_up=self.gate_up[:n], act=self.act[:n])
+
+
+def _carve(shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """float32 arrays of these shapes, each 64-byte aligned, in one anonymous mapping of their own
+    (the arrays keep it alive; it is unmapped when the last of them goes).
+
+    Why not np.empty: a prefill step's buffers are megabytes, which glibc's malloc serves by mmap,
+    and freeing such a block raises malloc's mmap threshold to its size. Every later allocation
+    under that size (the next step's buffers, logits, embeddings) then comes from the heap,
+    which keeps its high-water mark: 15 MB of the 16-prompt batched run stayed resident that way
+    (docs/memory.md). A mapping of our own goes back to the kernel whole and leaves malloc as it was."""
+    sizes = [-(-int(np.prod(s)) * 4 // 64) * 64 for s in shapes]
+    region = anonymous_mapping(max(sum(sizes), 1), huge_pages=True)  # every byte is written by the step
+    out, offset = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        out.append(np.frombuffer(region, np.float32, int(np.prod(shape)), offset).reshape(shape))
+        offset += size
+    return out
 
 
 class Workspace:

@@ -41,13 +41,17 @@ def load_model(ref: str, name: str, engine_options: dict[str, Any], trace: Trace
 
 def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "float32") -> ServedModel:
     from scratchllm.engine.static import StaticEngine
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
     from scratchllm.models import load_model as load
     from scratchllm.tokenizer import Tokenizer
 
     unknown = set(options) - STATIC_OPTIONS
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
-    engine = StaticEngine(load(ref, dtype=dtype), Tokenizer.from_pretrained(ref),
+    checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the model and its tokenizer
+    model = load(ref, dtype=dtype, checkpoint=checkpoint)
+    engine = StaticEngine(model, Tokenizer.from_pretrained(ref, checkpoint=checkpoint),
                           batch_size=options.get("max_num_seqs") or 8, max_model_len=options.get("max_model_len"))
     return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
 
