@@ -156,7 +156,7 @@ class PanelCache:
                 f.write(MAGIC + struct.pack("<Q", len(body)) + body)
                 f.write(b"\0" * (start - 16 - len(body)))
                 for a in blobs:
-                    f.write(np.ascontiguousarray(a).tobytes())
+                    f.write(memoryview(np.ascontiguousarray(a)).cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one
             logger.info("packed panels of %s cached in %s", self.model_path, self.path)
