@@ -326,13 +326,20 @@ cdef extern from *:
     #endif
     }
 
+    /* m NULL: Q4_0 panels, whose offset -8 d is made here (exact in float32: a power of two times
+       a half), the same float that a stored m would widen to. */
     static inline __attribute__((always_inline)) pg_q8_group pg_q4_group_at(const uint16_t *d, const uint16_t *m,
                                                                            long g) {
         pg_q8_group s;
         pg_f16_to_f32(d + g * PG_NR, &s.d0);
         pg_f16_to_f32(d + g * PG_NR + PG_VL, &s.d1);
-        pg_f16_to_f32(m + g * PG_NR, &s.m0);
-        pg_f16_to_f32(m + g * PG_NR + PG_VL, &s.m1);
+        if (m) {
+            pg_f16_to_f32(m + g * PG_NR, &s.m0);
+            pg_f16_to_f32(m + g * PG_NR + PG_VL, &s.m1);
+        } else {
+            s.m0 = s.d0 * -8.0f;
+            s.m1 = s.d1 * -8.0f;
+        }
         return s;
     }
 
@@ -712,7 +719,7 @@ cdef extern from *:
         const uint8_t *types;
         long N, K;
         uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs; Q8_0: int8 [P, K, NR] */
-        uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (Q8_0: m untouched) */
+        uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (m NULL: Q8_0, or Q4_0 only) */
         int overflow;             /* set (atomically) when a Q4_0 scale's -8 d is beyond float16 */
     } pg_repack_job;
 
@@ -743,7 +750,7 @@ cdef extern from *:
         memcpy(&j->d[at], blk, 2);
         if (type == PG_Q4_1)
             memcpy(&j->m[at], blk + 2, 2);
-        if (type == PG_Q4_0) {
+        if (type == PG_Q4_0 && j->m) {  /* beside Q4_1 parts: its m = -8 d stored like theirs */
             uint16_t m8 = pg_half_times_minus8(j->d[at]);
             if (m8 == 0xFFFF)
                 __atomic_store_n((int *)&j->overflow, 1, __ATOMIC_RELAXED);
@@ -976,15 +983,20 @@ class Q4Panels(NamedTuple):
     """4-bit panels: w[k, j] = d * q + m, q in 0..15 two to a byte (rows 2 k2 and 2 k2 + 1 of a column
     share byte k2), d and m float16 per 32 rows of k and per column. GGUF's Q4_1 value for value, and
     Q4_0 with m = -8 d (exact: d * q and d * (q - 8) are exact in float32, so d * q + m rounds to
-    the same float). Half a byte per weight in memory, as in the file: see `pack_q4`."""
+    the same float). Half a byte per weight in memory, as in the file: see `pack_q4`. m None: Q4_0
+    panels (pack_blocks), whose m = -8 d the kernel makes instead of reading it."""
 
     q4: np.ndarray  # [P, K/2, NR] uint8
     d: np.ndarray  # [P, K/32, NR] float16
-    m: np.ndarray  # [P, K/32, NR] float16
+    m: np.ndarray | None  # [P, K/32, NR] float16, or None: -8 d (Q4_0)
 
     @property
     def nbytes(self) -> int:
-        return self.q4.nbytes + self.d.nbytes + self.m.nbytes
+        return self.q4.nbytes + self.d.nbytes + (0 if self.m is None else self.m.nbytes)
+
+    def offsets(self) -> np.ndarray:
+        """m as float32, made from d where the panels store none (-8 d is exact)."""
+        return self.d.astype(np.float32) * np.float32(-8) if self.m is None else self.m.astype(np.float32)
 
     @property
     def dtype(self):
@@ -994,13 +1006,14 @@ class Q4Panels(NamedTuple):
         """[P, K, NR] float32."""
         P, K2, _ = self.q4.shape
         nibbles = np.stack([self.q4 & 0x0F, self.q4 >> 4], axis=2).reshape(P, 2 * K2, PG_NR)
-        return _scaled(nibbles, self.d, self.m)
+        return _scaled(nibbles, self.d, self.offsets())
 
     def columns(self, p, j) -> np.ndarray:
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
         b = self.q4[p, :, j]  # [L, K/2]
         nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(len(b), -1)
-        return _scaled(nibbles[..., None], self.d[p, :, j][..., None], self.m[p, :, j][..., None])[..., 0]
+        m = self.d[p, :, j].astype(np.float32) * np.float32(-8) if self.m is None else self.m[p, :, j]
+        return _scaled(nibbles[..., None], self.d[p, :, j][..., None], m[..., None])[..., 0]
 
 
 def pack_q8(q, d, m) -> Q8Panels:
@@ -1035,8 +1048,9 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     """Panels straight from a GGUF file's blocks: `parts` is a list of (type name, raw uint8 array
     [rows, K / 32 * block bytes] (a view of the mapped file), row order or None), fused along the
     output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
-    parts -> Q4Panels (None if a Q4_0 scale's -8 d overflows float16: see ggml_quants.as_q4);
-    Q8_0 parts only -> Q8Panels. The bytes are moved once, by the kernel pool's threads; no
+    parts -> Q4Panels (Q4_0 parts only: no offsets stored, the kernel makes -8 d; Q4_0 beside Q4_1:
+    None if a Q4_0 scale's -8 d overflows float16, see ggml_quants.as_q4); Q8_0 parts only ->
+    Q8Panels (no offsets). The bytes are moved once, by the kernel pool's threads; no
     temporary as large as the matrix is made. `alloc(shape, dtype)` makes the zeroed output arrays
     (models.arena.PanelArena.zeros puts a model's panels in huge pages)."""
     if K % 32:
@@ -1061,18 +1075,21 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     q8 = "Q8_0" in kinds
     q = alloc((P, K if q8 else K // 2, PG_NR), np.int8 if q8 else np.uint8)
     d = alloc((P, K // 32, PG_NR), np.uint16)
-    cdef Py_ssize_t m_panels = 1 if q8 else P, m_groups = 1 if q8 else K // 32  # Q8_0 has no offsets
+    offsets = "Q4_1" in kinds  # Q8_0 has none and Q4_0's are -8 d: stored only beside Q4_1's
+    cdef Py_ssize_t m_panels = P if offsets else 1, m_groups = K // 32 if offsets else 1
     m = alloc((m_panels, m_groups, PG_NR), np.uint16)
     cdef uint8_t[:, :, ::1] qv = q.view(np.uint8)
     cdef uint16_t[:, :, ::1] dv = d, mv = m
     cdef pg_repack_job job
     job.rows, job.types, job.N, job.K = <const uint8_t *const *> &addr[0], &kind[0], N, K
-    job.q, job.d, job.m, job.overflow = &qv[0, 0, 0], &dv[0, 0, 0], &mv[0, 0, 0], 0
+    job.q, job.d, job.m, job.overflow = &qv[0, 0, 0], &dv[0, 0, 0], &mv[0, 0, 0] if offsets else NULL, 0
     with nogil:
         pool.run(pg_repack_task, &job, P, pool.num_threads())
     d16 = d.view(np.float16)
     if q8:  # Q8_0: value = d * q exactly (an 11-bit d times an 8-bit q), no offset: the file's bytes
         return Q8Panels(q, d16, None, True)
+    if not offsets:  # Q4_0 only
+        return Q4Panels(q, d16, None)
     if job.overflow:  # a Q4_0 row's m = -8 d (exact, as in as_q4) does not fit float16
         return None
     return Q4Panels(q, d16, m.view(np.float16))
@@ -1153,8 +1170,11 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     cdef const uint16_t[:, :, ::1] d16, m16
     cdef const float[:, :, ::1] d32, m32
     if isinstance(panels, Q4Panels):
-        q4, d16, m16 = panels.q4, panels.d.view(np.uint16), panels.m.view(np.uint16)
-        w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], &m16[0, 0, 0], 4, 1, 0
+        q4, d16 = panels.q4, panels.d.view(np.uint16)
+        w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], NULL, 4, 1, 0
+        if panels.m is not None:
+            m16 = panels.m.view(np.uint16)
+            w.m = &m16[0, 0, 0]
         w.P, w.K = q4.shape[0], 2 * q4.shape[1]
     elif isinstance(panels, Q8Panels) and panels.m is None:  # float16 d, no offset (Q8_0)
         if panels.d.dtype != np.float16 or not panels.exact:

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
-FORMAT = 2  # 2: Q8_0 panels keep float16 scales and no offsets
+FORMAT = 3  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 
@@ -86,8 +86,8 @@ class PanelCache:
                     if offset + count * np.dtype(dtype).itemsize > len(mm):
                         raise ValueError(f"{name}: array past the end of the file")
                     arrays.append(np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape))
-                if entry["kind"] == "q4":
-                    self.hits[name] = packed_gemm.Q4Panels(*arrays)
+                if entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
+                    self.hits[name] = packed_gemm.Q4Panels(*arrays, *([None] if len(arrays) == 2 else []))
                 else:  # q, d (float16 and no m: a file's Q8_0) or q, d, m
                     self.hits[name] = packed_gemm.Q8Panels(*arrays, None, entry["exact"]) if len(arrays) == 2 \
                         else packed_gemm.Q8Panels(*arrays, entry["exact"])
@@ -133,7 +133,7 @@ class PanelCache:
         for name, panels in everything.items():
             q8 = isinstance(panels, packed_gemm.Q8Panels)
             arrays = [panels.q, panels.d, panels.m] if q8 else [panels.q4, panels.d, panels.m]
-            arrays = [a for a in arrays if a is not None]  # Q8_0 panels have no offsets
+            arrays = [a for a in arrays if a is not None]  # Q8_0 and Q4_0 panels have no offsets
             entry = {"kind": "q8" if q8 else "q4", "exact": bool(q8 and panels.exact), "arrays": []}
             for a in arrays:
                 entry["arrays"].append([a.dtype.str, list(a.shape), offset])  # relative for now

@@ -274,9 +274,17 @@ def test_panels_straight_from_blocks_equal_the_panels_of_the_decoded_blocks(kind
         cols = np.arange(P * pg.NR) % pg.NR
         assert np.array_equal(got.columns(np.arange(P * pg.NR) // pg.NR, cols),
                               want.columns(np.arange(P * pg.NR) // pg.NR, cols))
-    else:
+    else:  # Q4_0 alone stores no offsets (the kernel makes -8 d); beside Q4_1 its m is stored like theirs
+        assert (got.m is None) == (set(kinds) == {"Q4_0"})
         for a, b in zip(got[:3], want[:3], strict=True):
+            if a is None:
+                assert np.array_equal(b.astype(np.float32), -8 * want.d.astype(np.float32))
+                continue
             assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert np.array_equal(got.dequantize(), want.dequantize())
+        P = got.q4.shape[0]
+        cols = np.arange(P * pg.NR)
+        assert np.array_equal(got.columns(cols // pg.NR, cols % pg.NR), want.columns(cols // pg.NR, cols % pg.NR))
     N = sum(rows)
     for M in (1, 2, 16):  # one row (panels in pairs), fused tiles, the dequantized-block path
         x = np.random.default_rng(3).standard_normal((M, K)).astype(np.float32)
@@ -285,7 +293,12 @@ def test_panels_straight_from_blocks_equal_the_panels_of_the_decoded_blocks(kind
 
 def test_pack_blocks_refuses_what_it_cannot_keep():
     K = 64
-    assert pg.pack_blocks([("Q4_0", raw_blocks("Q4_0", 16, K, big_scale=True), None)], K) is None  # -8 d overflows
+    big = raw_blocks("Q4_0", 16, K, big_scale=True)  # -8 d overflows float16
+    assert pg.pack_blocks([("Q4_0", big, None), ("Q4_1", raw_blocks("Q4_1", 16, K), None)], K) is None  # m stored
+    alone = pg.pack_blocks([("Q4_0", big, None)], K)  # no m stored: the kernel's -8 d is a float32
+    x = np.random.default_rng(0).standard_normal((1, K)).astype(np.float32)
+    w = alone.dequantize().transpose(1, 0, 2).reshape(K, -1)
+    assert np.isfinite(w).all() and np.array_equal(pg.matmul(x, alone, 16), pg.matmul(x, pg.pack(w), 16))
     with pytest.raises(ValueError, match="Q4_0/Q4_1 parts or Q8_0 parts"):
         pg.pack_blocks([("Q8_0", raw_blocks("Q8_0", 16, K), None), ("Q4_1", raw_blocks("Q4_1", 16, K), None)], K)
     with pytest.raises(ValueError, match="rows must be"):
@@ -309,9 +322,16 @@ def test_q4_0_offsets_are_minus_eight_scales_for_every_float16_scale():
     rows, groups = len(d) // 32, 32
     blocks = np.zeros((rows, groups), dtype=gq.BLOCK_DTYPES["Q4_0"])
     blocks["d"] = d.reshape(rows, groups)
-    panels = pg.pack_blocks([("Q4_0", blocks.view(np.uint8).reshape(rows, -1), None)], 32 * groups)
-    want = (-8 * panels.d.astype(np.float32)).astype(np.float16)
-    assert np.array_equal(panels.m.view(np.uint16), want.view(np.uint16))
+    raw = blocks.view(np.uint8).reshape(rows, -1)
+    q4_1 = raw_blocks("Q4_1", pg.NR, 32 * groups)  # beside Q4_1 parts, Q4_0's m is stored
+    panels = pg.pack_blocks([("Q4_0", raw, None), ("Q4_1", q4_1, None)], 32 * groups)
+    first = rows // pg.NR  # the Q4_0 rows' panels
+    want = (-8 * panels.d[:first].astype(np.float32)).astype(np.float16)
+    assert np.array_equal(panels.m[:first].view(np.uint16), want.view(np.uint16))
+    alone = pg.pack_blocks([("Q4_0", raw, None)], 32 * groups)  # no m: the kernel's -8 d, the same floats
+    assert alone.m is None
+    x = np.random.default_rng(1).standard_normal((2, 32 * groups)).astype(np.float32)
+    assert np.array_equal(pg.matmul(x, alone, rows), pg.matmul(x, panels, rows + pg.NR)[:, :rows])
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q8 inexact"])
