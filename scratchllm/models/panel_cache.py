@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
+SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
 FORMAT = 3  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
@@ -46,6 +47,11 @@ def cache_dir() -> Path:
 
 def enabled() -> bool:
     return os.environ.get("SCRATCHLLM_PANEL_CACHE", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _source_stat(model_path: Path) -> list[int]:
+    st = model_path.stat()
+    return [st.st_size, st.st_mtime_ns]
 
 
 def _key(model_path: Path) -> str:
@@ -79,6 +85,7 @@ class PanelCache:
             (n,) = struct.unpack_from("<Q", mm, 8)
             index = json.loads(bytes(mm[16:16 + n]))
             index.pop(SOURCE, None)
+            index.pop(SOURCE_STAT, None)
             for name, entry in index.items():
                 arrays = []
                 for dtype, shape, offset in entry["arrays"]:
@@ -107,20 +114,33 @@ class PanelCache:
         return panels
 
     def _prune(self) -> None:
-        """Remove the caches of model files that are gone, and older caches of this one (another
-        size or time, another kernel build): the directory holds one cache per live file."""
-        mine = str(self.model_path.resolve())
+        """Remove the caches of model files that are gone or have changed since, and of this file
+        all but the newest cache of another kernel build: two installs (two checkouts, two
+        environments) that load the same file keep one cache each instead of deleting each
+        other's and packing at every load. So a live file has at most two caches."""
+        mine, stat = str(self.model_path.resolve()), _source_stat(self.model_path)
+        other_builds = []
         for other in self.path.parent.glob("*.panels"):
             if other == self.path:
                 continue
             try:
                 with open(other, "rb") as f:
                     head = f.read(16)
-                    source = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0])).get(SOURCE)
-                if source == mine or source is None or not os.path.exists(source):
+                    index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+                source = index.get(SOURCE)
+                if source is None or not os.path.exists(source):
                     other.unlink()
+                elif source == mine and index.get(SOURCE_STAT) != stat:  # this file, as it was before
+                    other.unlink()
+                elif source == mine:
+                    other_builds.append((other.stat().st_mtime_ns, other))
             except (OSError, ValueError, struct.error):
                 continue  # another process's file in the middle of a write, or not ours: leave it
+        for _, older in sorted(other_builds)[:-1]:
+            try:
+                older.unlink()
+            except OSError:
+                continue
 
     def put(self, name: str, panels) -> None:
         self.fresh[name] = panels
@@ -141,11 +161,12 @@ class PanelCache:
                 offset += -(-a.nbytes // ALIGN) * ALIGN
             index[name] = entry
         index[SOURCE] = str(self.model_path.resolve())
+        index[SOURCE_STAT] = _source_stat(self.model_path)
         body = json.dumps(index).encode()
         # the data starts on a page; each offset grows by at most 12 digits when made absolute
         start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
         for name, entry in index.items():
-            for arr in entry["arrays"] if name != SOURCE else ():
+            for arr in entry["arrays"] if name not in (SOURCE, SOURCE_STAT) else ():
                 arr[2] += start
         body = json.dumps(index).encode()
         assert 16 + len(body) <= start, "the index outgrew its room"

@@ -78,3 +78,22 @@ def test_writing_a_cache_prunes_those_of_files_that_are_gone(cache_dir, tmp_path
     load_model("default")  # packs, writes its cache, prunes
     names = sorted(p.stem for p in cache_dir.glob("*.panels"))
     assert "dead" not in names and "live" in names and len(names) == 2
+
+
+def test_another_builds_newest_cache_of_the_same_file_is_kept(cache_dir, default_gguf):
+    """Two installs loading one file keep a cache each (the newest other build's), not packing at every
+    load; older builds' caches and caches of the file as it was before are removed."""
+    import json
+    import os
+    import struct
+
+    cache_dir.mkdir(parents=True)
+    source, stat = str(default_gguf.resolve()), pc._source_stat(default_gguf)
+    for i, (name, recorded) in enumerate((("build-old", stat), ("build-new", stat), ("file-before", [1, 2]))):
+        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded}).encode()
+        path = cache_dir / f"{name}.panels"
+        path.write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
+        os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # build-new is the newer
+    load_model("default")  # packs, writes this build's cache, prunes
+    names = sorted(p.stem for p in cache_dir.glob("*.panels"))
+    assert "build-new" in names and "build-old" not in names and "file-before" not in names and len(names) == 2
