@@ -141,3 +141,4 @@ def test_ab_script_runs_and_compares(tmp_path):
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
     assert r["steps_each"] == 12 and r["workspace"]["best_chunk_ms"] > 0 and r["block_by_block"]["mean_ms"] > 0
+    assert r["python_loop"]["mean_ms"] > 0 and "c_blocks_saved_ms_median_of_pairs" in r
