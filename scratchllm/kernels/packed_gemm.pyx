@@ -926,14 +926,12 @@ def pack(w, str dtype="float32") -> np.ndarray:
 def _scaled(q, d, m) -> np.ndarray:
     """q [A, K, C] (any integer type), d and m [A, K/32, C] -> float32 d * q + m, d and m holding one
     value per 32 consecutive k: the kernel's (and ggml's) operations, the product rounded first.
-    m None: no offset (the kernel adds a zero, which only turns a -0 into +0)."""
+    m None: no offset."""
     A, K, C = q.shape
     w = q.astype(np.float32).reshape(A, K // 32, 32, C)
     w *= d.astype(np.float32)[:, :, None, :]
     if m is not None:
         w += m.astype(np.float32)[:, :, None, :]
-    else:
-        w += np.float32(0)
     return w.reshape(A, K, C)
 
 
@@ -979,6 +977,11 @@ class Q8Panels(NamedTuple):
         return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], m)[..., 0]
 
 
+def _q4_offsets(d, m) -> np.ndarray:
+    """4-bit panels' offsets m as float32; m None (Q4_0 panels): -8 d, exact, as the kernel makes it."""
+    return d.astype(np.float32) * np.float32(-8) if m is None else m.astype(np.float32)
+
+
 class Q4Panels(NamedTuple):
     """4-bit panels: w[k, j] = d * q + m, q in 0..15 two to a byte (rows 2 k2 and 2 k2 + 1 of a column
     share byte k2), d and m float16 per 32 rows of k and per column. GGUF's Q4_1 value for value, and
@@ -996,7 +999,7 @@ class Q4Panels(NamedTuple):
 
     def offsets(self) -> np.ndarray:
         """m as float32, made from d where the panels store none (-8 d is exact)."""
-        return self.d.astype(np.float32) * np.float32(-8) if self.m is None else self.m.astype(np.float32)
+        return _q4_offsets(self.d, self.m)
 
     @property
     def dtype(self):
@@ -1012,7 +1015,7 @@ class Q4Panels(NamedTuple):
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
         b = self.q4[p, :, j]  # [L, K/2]
         nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(len(b), -1)
-        m = self.d[p, :, j].astype(np.float32) * np.float32(-8) if self.m is None else self.m[p, :, j]
+        m = _q4_offsets(self.d[p, :, j], None if self.m is None else self.m[p, :, j])
         return _scaled(nibbles[..., None], self.d[p, :, j][..., None], m[..., None])[..., 0]
 
 
@@ -1022,7 +1025,6 @@ def pack_q8(q, d, m) -> Q8Panels:
     K, N = _check_groups(q, d, m)
     P = -(-N // PG_NR)
     d32 = np.asarray(d, dtype=np.float32)
-    exact = False
     with np.errstate(over="ignore"):
         exact = bool(np.array_equal(d32.astype(np.float16).astype(np.float32), d32))  # 11 bits x 8 bits: exact
     return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32),
@@ -1131,21 +1133,11 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
         raise ValueError(f"out must be a C-contiguous float32 [{M}, {n}] array")
     if M == 0:
         return out
-    if isinstance(panels, Q4Panels):
-        if panels.q4.ndim != 3 or 2 * panels.q4.shape[1] != K or panels.q4.shape[2] != PG_NR or K % 32:
-            raise ValueError(f"4-bit panels {panels.q4.shape} do not fit x of shape {x.shape}")
-        _matmul(panels, x, n, out)
-    elif isinstance(panels, Q8Panels):
-        if panels.q.ndim != 3 or panels.q.shape[1] != K or panels.q.shape[2] != PG_NR or K % 32:
-            raise ValueError(f"quantized panels {panels.q.shape} do not fit x of shape {x.shape}")
-        _matmul(panels, x, n, out)
-    elif panels.dtype == np.uint16:
+    if isinstance(panels, np.ndarray) and panels.dtype == np.uint16:
         if panels.ndim != 4 or panels.shape[1] * 2 not in (K, K + 1) or panels.shape[2:] != (PG_NR, 2):
             raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
         _matmul_bf16(x, panels, n, out)
     else:
-        if panels.ndim != 3 or panels.shape[1] != K or panels.shape[2] != PG_NR:
-            raise ValueError(f"float32 panels {panels.shape} do not fit x of shape {x.shape}")
         _matmul(panels, x, n, out)
     return out
 
@@ -1165,6 +1157,7 @@ cdef inline int _threads_for(long work) noexcept nogil:
 
 cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     cdef const float[:, :, ::1] f32
+    cdef Py_ssize_t width  # NR of the build that made the panels: it must be this build's
     cdef const uint8_t[:, :, ::1] q4
     cdef const int8_t[:, :, ::1] q8
     cdef const uint16_t[:, :, ::1] d16, m16
@@ -1175,27 +1168,27 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
         if panels.m is not None:
             m16 = panels.m.view(np.uint16)
             w.m = &m16[0, 0, 0]
-        w.P, w.K = q4.shape[0], 2 * q4.shape[1]
+        w.P, w.K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
     elif isinstance(panels, Q8Panels) and panels.m is None:  # float16 d, no offset (Q8_0)
         if panels.d.dtype != np.float16 or not panels.exact:
             raise ValueError("8-bit panels without offsets take float16 scales")
         q8, d16 = panels.q, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d16[0, 0, 0], NULL, 8, 1, 1
-        w.P, w.K = q8.shape[0], q8.shape[1]
+        w.P, w.K, width = q8.shape[0], q8.shape[1], q8.shape[2]
     elif isinstance(panels, Q8Panels):
         q8, d32, m32 = panels.q, panels.d, panels.m
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact, 0
-        w.P, w.K = q8.shape[0], q8.shape[1]
+        w.P, w.K, width = q8.shape[0], q8.shape[1], q8.shape[2]
     elif isinstance(panels, np.ndarray) and panels.dtype == np.float32:
         f32 = panels
         w.q, w.d, w.m, w.kind, w.exact, w.half = &f32[0, 0, 0], NULL, NULL, 32, 0, 0
-        w.P, w.K = f32.shape[0], f32.shape[1]
+        w.P, w.K, width = f32.shape[0], f32.shape[1], f32.shape[2]
     else:
         raise TypeError(f"float32, Q8Panels or Q4Panels panels, not {type(panels).__name__} "
                         f"{getattr(panels, 'dtype', '')}")
-    if (w.kind != 32 and w.K % 32) or not (0 < n <= w.P * PG_NR):
-        raise ValueError(f"panels of {w.P} x {w.K} do not hold {n} columns" +
-                         ("" if w.kind == 32 else " of whole 32-row groups"))
+    if width != PG_NR or (w.kind != 32 and w.K % 32) or not (0 < n <= w.P * PG_NR):
+        raise ValueError(f"panels of {w.P} x {w.K} x {width} do not fit {n} columns of this build's "
+                         f"{PG_NR}-wide panels" + ("" if w.kind == 32 else " in whole 32-row groups"))
     w.n = n
     return 0
 
@@ -1228,6 +1221,8 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
 cdef void _matmul(panels, const float[:, ::1] x, Py_ssize_t n, float[:, ::1] c) except *:
     cdef GemmWeight w
     bind_weight(panels, n, &w)
+    if w.K != x.shape[1]:
+        raise ValueError(f"panels of {w.P} x {w.K} do not fit x of shape {tuple(x.shape)[:2]}")
     with nogil:
         gemm(&w, &x[0, 0], x.shape[0], &c[0, 0])
 

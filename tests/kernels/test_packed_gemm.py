@@ -381,3 +381,16 @@ def test_one_row_of_q8_0_blocks_takes_four_panels_at_a_time_with_the_same_sums(N
         assert np.array_equal(pg.matmul(x, got, N), pg.matmul(x, f32, N))
     finally:
         pool.set_num_threads(previous)
+
+
+def test_panels_of_another_panel_width_are_refused_everywhere_they_are_bound():
+    """bind_weight (matmul, QuantizedGemm, the C blocks) checks the panels' width against this build's NR:
+    panels made by a build of another width would otherwise be read with the wrong stride."""
+    q, d, m, _ = four_bit_operands(64, 2 * pg.NR, "Q4_1")
+    good = pg.pack_q4(q, d, m)
+    other = pg.Q4Panels(*(np.ascontiguousarray(a.reshape(a.shape[0] // 2 or 1, a.shape[1], -1)) for a in good))
+    x = np.ones((1, 64), np.float32)
+    with pytest.raises(ValueError, match="wide panels"):
+        pg.matmul(x, other, 2 * pg.NR)
+    with pytest.raises(ValueError, match="wide panels"):
+        pg.QuantizedGemm(other, 2 * pg.NR)
