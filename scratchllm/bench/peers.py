@@ -119,51 +119,77 @@ def _ours(spec: dict, probe=_no_probe) -> dict:
     return {**out, "greedy": greedy, "dtype": model.dtype, "panels_from_cache": model.panels_from_cache}
 
 
-def _peer(spec: dict) -> dict:
+def _peer_open(spec: dict, n_ctx: int):
+    """llama.cpp's model and context on spec's file and threads; (llm, load seconds, RSS after load)."""
     import llama_cpp
 
     t = time.perf_counter()
     llm = llama_cpp.Llama(model_path=spec["path"], n_threads=spec["threads"], n_threads_batch=spec["threads"],
-                          n_ctx=max(spec["prompt_tokens"], 16 + spec["new_tokens"], 32 + spec["new_tokens"]) + 8,
-                          n_batch=512, verbose=False)
-    out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+                          n_ctx=n_ctx, n_batch=512, verbose=False)
+    return llm, time.perf_counter() - t, _rss_mb()
+
+
+def _peer_steps(llm, n: int, gaps: list | None = None) -> list[int]:
+    """n greedy decode steps from llama.cpp's context as it is (top-2 gaps appended to gaps)."""
+    import llama_cpp
+
+    vocab, got = llm.n_vocab(), []
+    for _ in range(n):
+        # the last evaluated token's logits, read from llama.cpp's context: `Llama.scores` is
+        # filled only with logits_all=True (which computes every position's logits) in 0.3.x
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+        token, gap = greedy_and_gap(row)
+        got.append(token)
+        if gaps is not None:
+            gaps.append(gap)
+        llm.eval(got[-1:])
+    return got
+
+
+def _peer_batch(llm, prompts: list[list[int]], new_tokens: int) -> float:
+    """Aggregate tok/s of greedy generation over prompts, prefill included. llama-cpp-python's
+    high-level API serves one sequence at a time, so they run in turn."""
+    t = time.perf_counter()
+    made = 0
+    for prompt in prompts:
+        llm.reset()
+        llm.eval(prompt)
+        made += len(_peer_steps(llm, new_tokens))
+    return made / (time.perf_counter() - t)
+
+
+def _peer(spec: dict) -> dict:
+    import llama_cpp
+
+    if "batch_ids" in spec:  # the batch alone, on the caller's prompts (bench engine's chat batch)
+        prompts = spec["batch_ids"]
+        llm, load_s, rss = _peer_open(spec, max(map(len, prompts)) + spec["new_tokens"] + 8)
+        return {"load_s": load_s, "rss_after_load_mb": rss, "version": llama_cpp.__version__,
+                "aggregate_tok_s": _peer_batch(llm, prompts, spec["new_tokens"])}
+    n_ctx = max(spec["prompt_tokens"], 16 + spec["new_tokens"], 32 + spec["new_tokens"]) + 8
+    llm, load_s, rss = _peer_open(spec, n_ctx)
+    out = {"load_s": load_s, "rss_after_load_mb": rss}
     ids = workload(llm.n_vocab(), spec)
     for _ in range(2):
         llm.reset()
         t = time.perf_counter()
         llm.eval(ids["prefill"])
         out["prefill_tok_s"] = len(ids["prefill"]) / (time.perf_counter() - t)
-
-    vocab = llm.n_vocab()
-
-    def last_logits():  # the last evaluated token's logits, read from llama.cpp's context: `Llama.scores`
-        # is filled only with logits_all=True (which computes every position's logits) in 0.3.x
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
-
-    def steps(n, gaps=None):  # n greedy decode steps from the context as it is (top-2 gaps appended to gaps)
-        got = []
-        for _ in range(n):
-            token, gap = greedy_and_gap(last_logits())
-            got.append(token)
-            if gaps is not None:
-                gaps.append(gap)
-            llm.eval(got[-1:])
-        return got
-
     llm.reset()
     llm.eval(ids["decode"])
     out["top2_gap"] = []
     t = time.perf_counter()
-    greedy = steps(spec["new_tokens"], out["top2_gap"])
+    greedy = _peer_steps(llm, spec["new_tokens"], out["top2_gap"])
     out["decode_tok_s"] = spec["new_tokens"] / (time.perf_counter() - t)
-    t = time.perf_counter()
-    made = 0
-    for prompt in ids["batch"]:
-        llm.reset()
-        llm.eval(prompt)
-        made += len(steps(spec["new_tokens"]))
-    out["aggregate_tok_s"] = made / (time.perf_counter() - t)
+    out["aggregate_tok_s"] = _peer_batch(llm, ids["batch"], spec["new_tokens"])
     return {**out, "greedy": greedy, "version": llama_cpp.__version__}
+
+
+def peer_batch(path: str, threads: int, prompts: list[list[int]], new_tokens: int) -> dict:
+    """llama.cpp on `prompts` (token ids) x new_tokens greedy, in a child process of its own:
+    {"aggregate_tok_s", "load_s", "rss_after_load_mb", "peak_rss_mb", "version"}."""
+    return run_side({"side": PEER, "path": path, "threads": threads, "new_tokens": new_tokens,
+                     "batch_ids": [list(map(int, p)) for p in prompts]})
 
 
 def greedy_and_gap(row) -> tuple[int, float]:

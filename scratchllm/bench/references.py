@@ -16,15 +16,3 @@ ARTICLE_TILE = 24  # the article's advice: 24 x 24 tiles of float64 keep A, B an
 # Continuous vs static batching as served, from the design article.
 ARTICLE_SERVING = {"static": {"qps": 89.0, "p99_ms": 113.0}, "continuous": {"qps": 127.0, "p99_ms": 42.0},
                    "kv_memory_less": 0.37}
-
-# Peer figures on the default model (SmolLM2-135M-Instruct, Q4_1 GGUF), 2 threads, measured by
-# this project on a 2-core AMD EPYC Zen 4 machine (2026-11): llama-cpp-python 0.3.36 and
-# transformers 5.24 on torch 2.13 (CPU, float32). Another machine's figures: `scratchllm bench
-# peers` measures llama.cpp on yours.
-REFERENCE_MACHINE = "2-core AMD EPYC Zen 4 (AVX-512), 2026-11"
-PEERS_REFERENCE = {
-    "llama.cpp": {"load_s": 0.13, "prefill_tok_s": 313.0, "decode_tok_s": 124.0, "batch16_tok_s": 176.0,
-                  "rss_after_load_mb": 202.0},
-    "transformers": {"load_s": 16.5, "prefill_tok_s": 460.0, "decode_tok_s": 17.1, "batch16_tok_s": 109.0,
-                     "rss_after_load_mb": 902.0},
-}

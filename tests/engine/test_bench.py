@@ -121,3 +121,35 @@ def test_bench_engine_prints_the_policies_side_by_side(tiny_folder, tmp_path):
     assert "admission policies" in bench_engine.render(result)
     with pytest.raises(ConfigError):
         bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), "--policies", "lottery"]))
+
+
+def test_bench_engine_chat_prints_no_peer_figure_it_did_not_measure():
+    result = bench_engine.run(parse(bench_engine, ["--skip", "mixed,decode", "--chat-new-tokens", "2"]))
+    chat = result["figures"]["chat"]
+    assert chat["sequences"] == 16 and chat["aggregate_tok_s"] > 0
+    assert result["peer"] is None and not any("llama" in key for key in result["ratios"])
+    assert "llama.cpp not measured" in bench_engine.render(result)
+
+
+def test_bench_engine_peer_refuses_what_it_cannot_compare(tiny_folder):
+    from scratchllm.bench import peers
+
+    with pytest.raises(ConfigError, match="drop chat from --skip"):
+        bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), "--skip", "chat", "--peer", "llama.cpp"]))
+    with pytest.raises(ConfigError, match="GGUF file" if peers.peer_installed() else "make peers"):
+        bench_engine.run(parse(bench_engine, ["--model", str(tiny_folder), "--peer", "llama.cpp"]))
+
+
+@pytest.mark.slow
+def test_bench_engine_measures_the_peer_on_the_same_chat_ids():
+    from scratchllm.bench import peers
+
+    if not peers.peer_installed():
+        pytest.skip("llama-cpp-python not installed (make peers)")
+    result = bench_engine.run(parse(bench_engine, ["--skip", "mixed,decode", "--chat-new-tokens", "2", "--threads",
+                                                   "2", "--peer", "llama.cpp"]))
+    peer = result["peer"]
+    assert peer["child_runs"] == 2 and peer["threads"] == 2 and peer["chat_aggregate_tok_s"] > 0
+    assert result["ratios"]["chat_over_llama_cpp"] == pytest.approx(
+        result["figures"]["chat"]["aggregate_tok_s"] / peer["chat_aggregate_tok_s"])
+    assert "measured here, now" in bench_engine.render(result)
