@@ -46,7 +46,7 @@ Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correct
 Quantized panels (Q4Panels, Q8Panels: a GGUF file's blocks) are widened in registers to exactly
 the float32 values the float32 path holds, and then multiplied by the float32 kernel's FMAs, in
 its order. So a weight costs two FMAs (d * q + m, then the product's), plus the unpacking: about
-6-8 cycles per 32 weights of one row on Zen 3, where an integer dot product on x quantized to
+6 cycles per 32 weights of one row on Zen 3 (4-bit), where an integer dot product on x quantized to
 8 bits (llama.cpp's way) costs less than half of that. The price of logits equal to float32's
 bit for bit; at one row the product is bound by this arithmetic more than by memory.
 """
