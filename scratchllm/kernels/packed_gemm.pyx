@@ -46,7 +46,7 @@ Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correct
 Quantized panels (Q4Panels, Q8Panels: a GGUF file's blocks) are widened in registers to exactly
 the float32 values the float32 path holds, and then multiplied by the float32 kernel's FMAs, in
 its order. So a weight costs two FMAs (d * q + m, then the product's), plus the unpacking: about
-6-8 cycles per 32 weights of one row on Zen 3, where an integer dot product on x quantized to
+6 cycles per 32 weights of one row on Zen 3 (4-bit), where an integer dot product on x quantized to
 8 bits (llama.cpp's way) costs less than half of that. The price of logits equal to float32's
 bit for bit; at one row the product is bound by this arithmetic more than by memory.
 """
@@ -286,9 +286,14 @@ cdef extern from *:
 
     /* ---- quantized panels, w = d * q + m per quantization group of 32 rows and column ----
        8-bit: q int8 [P, K, NR], d and m float32 [P, K/32, NR].
-       4-bit: q4 uint8 [P, K/2, NR], byte (k2, j) = q[2 k2, j] | q[2 k2 + 1, j] << 4 with q in 0..15,
-              d and m float16 [P, K/32, NR] (the file's own half-precision scales; Q4_0's offset of
-              -8 is m = -8 d, exact). Per 32 weights of a column: 16 + 4 bytes, Q4_1's 20. */
+       4-bit: q4 uint8 [P, K/2, NR] in words: for each run of 8 rows of k (k = 8 r .. 8 r + 7) the
+              NR columns' 32-bit words lie one after another, word (r, j) = sum over t of
+              q[8 r + t, j] << 4 t, q in 0..15 (so its byte s holds rows 8 r + 2 s and 8 r + 2 s + 1,
+              low nibble first). d and m float16 [P, K/32, NR] (the file's own half-precision scales;
+              Q4_0's offset of -8 is m = -8 d, exact). Per 32 weights of a column: 16 + 4 bytes, Q4_1's
+              20. Why words: row t of a word is one AND away (after one shift by 16 for t >= 4), where
+              a byte per column needed a byte shuffle per 8 columns, and shuffles and shifts take the
+              ports the FMAs need (docs/kernels.md). */
     /* The scales and offsets of quantization group g (rows 32g..32g+31) for the panel's NR columns. */
     typedef struct { pg_vec d0, d1, m0, m1; } pg_q8_group;
 
@@ -371,44 +376,237 @@ cdef extern from *:
         pg_scale_row(a, b, s, w0, w1, exact);
     }
 
-    /* Byte row k2 of a 4-bit panel -> rows 2 k2 (w[0], w[1]) and 2 k2 + 1 (w[2], w[3]) as floats:
-       the nibbles are split and widened in registers; memory holds half a byte per weight. */
-    static inline __attribute__((always_inline)) void pg_q4_rows(const uint8_t *b, const pg_q8_group *s,
-                                                                pg_vec *w) {
-        pg_vec v[4];  /* low nibbles (row 2 k2): v[0], v[1]; high (row 2 k2 + 1): v[2], v[3] */
-    #if PG_VL == 16
-        __m256i all = _mm256_loadu_si256((const __m256i *)b), mask = _mm256_set1_epi8(0x0F);
-        __m256i lo = _mm256_and_si256(all, mask), hi = _mm256_and_si256(_mm256_srli_epi16(all, 4), mask);
-        __m512 f[4] = {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))),
-                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))),
-                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))),
-                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)))};
-        memcpy(v, f, sizeof v);
-    #elif PG_VL == 8 && defined(__AVX2__)
-        /* The 16 bytes in both 128-bit lanes; one in-lane byte shuffle then puts bytes 0..3 (lane 0)
-           and 4..7 (lane 1) into the low byte of eight 32-bit lanes: columns 0..7, both nibbles.
-           Two shuffles per 32 weights, where zero-extending each nibble half took six. */
-        __m256i all = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b));
-        const __m256i cols_0_7 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
-                                                  4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
-        const __m256i cols_8_15 = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
-                                                   12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
-        const __m256i mask = _mm256_set1_epi32(0x0F);
-        __m256i b0 = _mm256_shuffle_epi8(all, cols_0_7), b1 = _mm256_shuffle_epi8(all, cols_8_15);
-        __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, mask)),
-                       _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
-        memcpy(v, f, sizeof v);
-    #else
-        float f[4][PG_VL];
-        for (int i = 0; i < PG_NR; i++) {
-            f[i / PG_VL][i % PG_VL] = (float)(b[i] & 0x0F);
-            f[2 + i / PG_VL][i % PG_VL] = (float)(b[i] >> 4);
+    /* A 4-bit group's scales for the word rows: d 16^-u for u = 0..3 (exact: a power of two times
+       a float16 value stays a normal float), and m. Row 8 r + t of a column is
+       q 16^(t % 4) = (word >> (t < 4 ? 0 : 16)) & (0xF << 4 (t % 4)), converted exactly (< 2^16),
+       times d 16^-(t % 4): d q exactly; plus m, rounded once: ggml's d * q + m, bit for bit. */
+    typedef struct { pg_vec s0[4], s1[4], m0, m1; } pg_q4_group;
+    typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in one instruction */
+
+    static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
+                                                                         long g) {
+        pg_q8_group b = pg_q4_group_at(d, m, g);
+        pg_q4_group s;
+        float u = 1.0f;
+        for (int i = 0; i < 4; i++, u *= 0.0625f) {
+            s.s0[i] = b.d0 * u;
+            s.s1[i] = b.d1 * u;
         }
-        memcpy(v, f, sizeof v);
-    #endif
-        pg_scale_row(v[0], v[1], s, &w[0], &w[1], 1);
-        pg_scale_row(v[2], v[3], s, &w[2], &w[3], 1);
+        s.m0 = b.m0;
+        s.m1 = b.m1;
+        return s;
     }
+
+    /* The words of word row r (NR columns: two native vectors); hi: the same shifted right by 16
+       (an arithmetic shift: the sign bits it brings in lie above every mask). */
+    typedef struct { pg_vi lo0, lo1, hi0, hi1; } pg_q4_words;
+
+    static inline __attribute__((always_inline)) pg_q4_words pg_q4_words_at(const uint8_t *q, long r) {
+        pg_q4_words v;
+        memcpy(&v.lo0, q + r * 4 * PG_NR, sizeof v.lo0);
+        memcpy(&v.lo1, q + r * 4 * PG_NR + 4 * PG_VL, sizeof v.lo1);
+        v.hi0 = v.lo0 >> 16;
+        v.hi1 = v.lo1 >> 16;
+        return v;
+    }
+
+    /* Row 8 r + t of the panel as NR floats (t a constant at every call site). */
+    static inline __attribute__((always_inline)) void pg_q4_row(const pg_q4_words *v, const int t,
+                                                               const pg_q4_group *s, pg_vec *w0, pg_vec *w1) {
+        const int u = t % 4;
+        const pg_vi mask = (pg_vi){0} + (0xF << (4 * u));
+        pg_vec f0 = __builtin_convertvector((t < 4 ? v->lo0 : v->hi0) & mask, pg_vec);
+        pg_vec f1 = __builtin_convertvector((t < 4 ? v->lo1 : v->hi1) & mask, pg_vec);
+        *w0 = f0 * s->s0[u] + s->m0;  /* d q is exact: one FMA, or a product and a sum, give the same */
+        *w1 = f1 * s->s1[u] + s->m1;
+    }
+
+    /* PG_Q4_ROWS(BODY): BODY once per row t = 0..7 of word row r, with w0, w1 that row's weights
+       (v and s in scope: the row's words and the group's scales). */
+    #define PG_Q4_ROW(t, BODY) { pg_vec w0, w1; const int tt = (t); pg_q4_row(&v, tt, &s, &w0, &w1); BODY }
+    #define PG_Q4_ROWS(BODY) PG_Q4_ROW(0, BODY) PG_Q4_ROW(1, BODY) PG_Q4_ROW(2, BODY) PG_Q4_ROW(3, BODY) \
+                             PG_Q4_ROW(4, BODY) PG_Q4_ROW(5, BODY) PG_Q4_ROW(6, BODY) PG_Q4_ROW(7, BODY)
+
+    #if PG_VL == 8 && defined(__AVX2__) && defined(__FMA__)
+    /* pg_q4_pair_words in AVX2 assembly: the two panels' 4 words in registers for all 8 rows (the
+       C below reads them once per row: about 2 loads of 32 bytes per cycle is the limit here, see
+       docs/kernels.md), 4 accumulators, 4 offsets, the mask, x and 2 temporaries: all 16 ymm.
+       The same operations in the same order as the C: one AND, one conversion, one FMA for
+       d 16^-u q 16^u + m, one FMA into the column's chain, per 8 columns and row. */
+    static const int32_t pg_q4_masks[4][8] __attribute__((aligned(32))) = {
+        {0xF, 0xF, 0xF, 0xF, 0xF, 0xF, 0xF, 0xF}, {0xF0, 0xF0, 0xF0, 0xF0, 0xF0, 0xF0, 0xF0, 0xF0},
+        {0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00},
+        {0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000}};
+    #define PG_Q4_PAIR_ASM 1
+    static inline __attribute__((always_inline)) void pg_q4_pair_words(const uint8_t *qa, const uint8_t *qb,
+                                                                      const float *x, const pg_q4_group *sa,
+                                                                      const pg_q4_group *sb, pg_vec *acc) {
+        pg_vec a00 = acc[0], a01 = acc[1], a10 = acc[2], a11 = acc[3];
+        __asm__("\\n\\t"
+                    "vmovdqu 0(%[q0]), %%ymm8\\n\\t"
+                    "vmovdqu 32(%[q0]), %%ymm9\\n\\t"
+                    "vmovdqu 0(%[q1]), %%ymm10\\n\\t"
+                    "vmovdqu 32(%[q1]), %%ymm11\\n\\t"
+                    "vbroadcastss 0(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 0(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 0(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 128(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 0(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 128(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 4(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 32(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 32(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 160(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 32(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 160(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 8(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 64(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 64(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 192(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 64(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 192(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 12(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 96(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 96(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 224(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 96(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 224(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vpsrld $16, %%ymm8, %%ymm8\\n\\t"
+                    "vpsrld $16, %%ymm9, %%ymm9\\n\\t"
+                    "vpsrld $16, %%ymm10, %%ymm10\\n\\t"
+                    "vpsrld $16, %%ymm11, %%ymm11\\n\\t"
+                    "vbroadcastss 16(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 0(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 0(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 128(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 0(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 128(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 20(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 32(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 32(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 160(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 32(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 160(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 24(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 64(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 64(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 192(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 64(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 192(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                    "vbroadcastss 28(%[x]), %%ymm13\\n\\t"
+                    "vmovdqa 96(%[masks]), %%ymm12\\n\\t"
+                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 96(%[s0]), %[m00], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
+                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 224(%[s0]), %[m01], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
+                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
+                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
+                    "vfmadd132ps 96(%[s1]), %[m10], %%ymm14\\n\\t"
+                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
+                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
+                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
+                    "vfmadd132ps 224(%[s1]), %[m11], %%ymm15\\n\\t"
+                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+                : [a00] "+x"(a00), [a01] "+x"(a01), [a10] "+x"(a10), [a11] "+x"(a11)
+                : [m00] "x"(sa->m0), [m01] "x"(sa->m1), [m10] "x"(sb->m0), [m11] "x"(sb->m1), [q0] "r"(qa),
+                  [q1] "r"(qb), [x] "r"(x), [s0] "r"(sa->s0), [s1] "r"(sb->s0), [masks] "r"(pg_q4_masks),
+                  "m"(*(const char (*)[64])qa), "m"(*(const char (*)[64])qb), "m"(*(const float (*)[8])x),
+                  "m"(*sa), "m"(*sb)
+                : "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+        acc[0] = a00;
+        acc[1] = a01;
+        acc[2] = a10;
+        acc[3] = a11;
+    }
+    #endif
 
     /* 8-bit panels with float16 scales and no offset (a GGUF file's Q8_0: w = d * q): the group's
        d widened, m zero, so the arithmetic is that of float32 scales with m = 0. */
@@ -447,16 +645,20 @@ cdef extern from *:
     /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
     static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group s = pg_group(a, g);
-            for (long k = 32 * g; k < 32 * g + 32; k += 2) {
-                pg_vec w[4];
-                if (a->bits == 8) {
-                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1], a->exact);
-                    pg_q8_row((const int8_t *)a->q + (k + 1) * PG_NR, &s, &w[2], &w[3], a->exact);
-                } else {
-                    pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
+            if (a->bits == 4) {
+                pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+                for (long r = 4 * g; r < 4 * g + 4; r++) {
+                    pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r);
+                    float *row = buf + 8 * r * PG_NR;
+                    PG_Q4_ROWS(memcpy(row + tt * PG_NR, &w0, sizeof w0); memcpy(row + tt * PG_NR + PG_VL, &w1, sizeof w1);)
                 }
-                memcpy(buf + k * PG_NR, w, sizeof w);  /* rows k and k + 1, NR floats each */
+                continue;
+            }
+            pg_q8_group s = pg_group(a, g);
+            for (long k = 32 * g; k < 32 * g + 32; k++) {
+                pg_vec w[2];
+                pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1], a->exact);
+                memcpy(buf + k * PG_NR, w, sizeof w);  /* row k, NR floats */
             }
         }
     }
@@ -472,8 +674,20 @@ cdef extern from *:
         for (int r = 0; r < 2 * R; r++)
             acc[r] = (pg_vec){0};
         for (long g = 0; g < kc / 32; g++) {
+            if (bits == 4) {  /* a word row is eight rows of k, in order */
+                pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+                for (long r8 = 4 * g; r8 < 4 * g + 4; r8++) {
+                    pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r8);
+                    PG_Q4_ROWS(for (int r = 0; r < R; r++) {
+                                   float xr = x[r * lda + 8 * r8 + tt];
+                                   acc[2 * r] += xr * w0;
+                                   acc[2 * r + 1] += xr * w1;
+                               })
+                }
+                continue;
+            }
             pg_q8_group s = pg_group(a, g);
-            if (bits == 8) {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
+            {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
                 for (long k = 32 * g; k < 32 * g + 32; k++) {
                     pg_vec w0, w1;
                     pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
@@ -482,21 +696,6 @@ cdef extern from *:
                         acc[2 * r] += xr * w0;
                         acc[2 * r + 1] += xr * w1;
                     }
-                }
-                continue;
-            }
-            for (long k = 32 * g; k < 32 * g + 32; k += 2) {  /* a byte row is two rows of k, in order */
-                pg_vec w[4];
-                pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &s, w);
-                for (int r = 0; r < R; r++) {
-                    float xr = x[r * lda + k];
-                    acc[2 * r] += xr * w[0];
-                    acc[2 * r + 1] += xr * w[1];
-                }
-                for (int r = 0; r < R; r++) {
-                    float xr = x[r * lda + k + 1];
-                    acc[2 * r] += xr * w[2];
-                    acc[2 * r + 1] += xr * w[3];
                 }
             }
         }
@@ -576,31 +775,35 @@ cdef extern from *:
         for (int r = 0; r < 4; r++)
             acc[r] = (pg_vec){0};
         for (long g = 0; g < kc / 32; g++) {
-            pg_q8_group sa = pg_group(a, g), sb = pg_group(b, g);
-            if (bits == 8) {
-                for (long k = 32 * g; k < 32 * g + 32; k++) {
-                    pg_vec w0, w1, w2, w3;
-                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &sa, &w0, &w1, exact);
-                    pg_q8_row((const int8_t *)b->q + k * PG_NR, &sb, &w2, &w3, exact);
-                    acc[0] += x[k] * w0;
-                    acc[1] += x[k] * w1;
-                    acc[2] += x[k] * w2;
-                    acc[3] += x[k] * w3;
+            if (bits == 4) {
+                pg_q4_group sa = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g),
+                            sb = pg_q4_scales((const uint16_t *)b->d, (const uint16_t *)b->m, g);
+                for (long r = 4 * g; r < 4 * g + 4; r++) {
+    #ifdef PG_Q4_PAIR_ASM
+                    pg_q4_pair_words((const uint8_t *)a->q + r * 4 * PG_NR, (const uint8_t *)b->q + r * 4 * PG_NR,
+                                     x + 8 * r, &sa, &sb, acc);
+                    continue;
+    #endif
+                    pg_q4_words va = pg_q4_words_at((const uint8_t *)a->q, r),
+                                vb = pg_q4_words_at((const uint8_t *)b->q, r);
+    #define PG_PAIR_ROW(t) { pg_vec wa0, wa1, wb0, wb1; float xk = x[8 * r + (t)]; \
+                    pg_q4_row(&va, (t), &sa, &wa0, &wa1); pg_q4_row(&vb, (t), &sb, &wb0, &wb1); \
+                    acc[0] += xk * wa0; acc[1] += xk * wa1; acc[2] += xk * wb0; acc[3] += xk * wb1; }
+                    PG_PAIR_ROW(0) PG_PAIR_ROW(1) PG_PAIR_ROW(2) PG_PAIR_ROW(3)
+                    PG_PAIR_ROW(4) PG_PAIR_ROW(5) PG_PAIR_ROW(6) PG_PAIR_ROW(7)
+    #undef PG_PAIR_ROW
                 }
                 continue;
             }
-            for (long k = 32 * g; k < 32 * g + 32; k += 2) {
-                pg_vec wa[4], wb[4];
-                pg_q4_rows((const uint8_t *)a->q + k / 2 * PG_NR, &sa, wa);
-                pg_q4_rows((const uint8_t *)b->q + k / 2 * PG_NR, &sb, wb);
-                acc[0] += x[k] * wa[0];
-                acc[1] += x[k] * wa[1];
-                acc[2] += x[k] * wb[0];
-                acc[3] += x[k] * wb[1];
-                acc[0] += x[k + 1] * wa[2];
-                acc[1] += x[k + 1] * wa[3];
-                acc[2] += x[k + 1] * wb[2];
-                acc[3] += x[k + 1] * wb[3];
+            pg_q8_group sa = pg_group(a, g), sb = pg_group(b, g);
+            for (long k = 32 * g; k < 32 * g + 32; k++) {
+                pg_vec w0, w1, w2, w3;
+                pg_q8_row((const int8_t *)a->q + k * PG_NR, &sa, &w0, &w1, exact);
+                pg_q8_row((const int8_t *)b->q + k * PG_NR, &sb, &w2, &w3, exact);
+                acc[0] += x[k] * w0;
+                acc[1] += x[k] * w1;
+                acc[2] += x[k] * w2;
+                acc[3] += x[k] * w3;
             }
         }
         pg_store(1, acc, c, 0, PG_NR, first);  /* panel p is whole: another one follows it */
@@ -723,6 +926,10 @@ cdef extern from *:
         int overflow;             /* set (atomically) when a Q4_0 scale's -8 d is beyond float16 */
     } pg_repack_job;
 
+    /* Where byte row k2 (rows 2 k2, 2 k2 + 1 of k) of column j lies in a 4-bit panel's words: byte
+       k2 % 4 of word (k2 / 4, j). */
+    #define PG_Q4_AT(k2, j) (((k2) / 4 * PG_NR + (j)) * 4 + (k2) % 4)
+
     /* -8 d for a float16 d, as float16 bits: exact (a power of two times a half) unless it
        overflows, which returns 0xFFFF (not a value -8 d can take: that is a NaN pattern). */
     static inline uint16_t pg_half_times_minus8(uint16_t h) {
@@ -811,10 +1018,17 @@ cdef extern from *:
                 __m128i r[16];
                 for (long jj = 0; jj < PG_NR; jj++)
                     r[jj] = pg_q4_column_bytes(pg_repack_scales(j, p * PG_NR + jj, g, (p * G + g) * PG_NR + jj));
-                pg_transpose16(r);
+                pg_transpose16(r);  /* r[t]: byte row t of the group, then as words of four byte rows */
                 uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR;
-                for (int t = 0; t < 16; t++)
-                    _mm_storeu_si128((__m128i *)(q + t * PG_NR), r[t]);
+                for (int w = 0; w < 4; w++) {
+                    __m128i ab0 = _mm_unpacklo_epi8(r[4 * w], r[4 * w + 1]), ab1 = _mm_unpackhi_epi8(r[4 * w], r[4 * w + 1]);
+                    __m128i cd0 = _mm_unpacklo_epi8(r[4 * w + 2], r[4 * w + 3]),
+                            cd1 = _mm_unpackhi_epi8(r[4 * w + 2], r[4 * w + 3]);
+                    _mm_storeu_si128((__m128i *)(q + w * 64), _mm_unpacklo_epi16(ab0, cd0));       /* columns 0..3 */
+                    _mm_storeu_si128((__m128i *)(q + w * 64 + 16), _mm_unpackhi_epi16(ab0, cd0));  /* 4..7 */
+                    _mm_storeu_si128((__m128i *)(q + w * 64 + 32), _mm_unpacklo_epi16(ab1, cd1));  /* 8..11 */
+                    _mm_storeu_si128((__m128i *)(q + w * 64 + 48), _mm_unpackhi_epi16(ab1, cd1));  /* 12..15 */
+                }
             }
             return;
         }
@@ -832,11 +1046,11 @@ cdef extern from *:
                         q[i * PG_NR] = (int8_t)qs[i];
                     continue;
                 }
-                uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR + jj;
+                uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR;  /* byte row t, column jj: PG_Q4_AT */
                 for (int t = 0; t < 8; t++)  /* k = 2t, 2t + 1 < 16: low nibbles */
-                    q[t * PG_NR] = (uint8_t)((qs[2 * t] & 0x0F) | (qs[2 * t + 1] & 0x0F) << 4);
+                    q[PG_Q4_AT(t, jj)] = (uint8_t)((qs[2 * t] & 0x0F) | (qs[2 * t + 1] & 0x0F) << 4);
                 for (int t = 8; t < 16; t++)  /* k = 2t, 2t + 1 >= 16: high nibbles of bytes k - 16 */
-                    q[t * PG_NR] = (uint8_t)((qs[2 * t - 16] >> 4) | (qs[2 * t - 15] >> 4) << 4);
+                    q[PG_Q4_AT(t, jj)] = (uint8_t)((qs[2 * t - 16] >> 4) | (qs[2 * t - 15] >> 4) << 4);
             }
         }
     }
@@ -987,9 +1201,13 @@ class Q4Panels(NamedTuple):
     share byte k2), d and m float16 per 32 rows of k and per column. GGUF's Q4_1 value for value, and
     Q4_0 with m = -8 d (exact: d * q and d * (q - 8) are exact in float32, so d * q + m rounds to
     the same float). Half a byte per weight in memory, as in the file: see `pack_q4`. m None: Q4_0
-    panels (pack_blocks), whose m = -8 d the kernel makes instead of reading it."""
+    panels (pack_blocks), whose m = -8 d the kernel makes instead of reading it.
 
-    q4: np.ndarray  # [P, K/2, NR] uint8
+    Byte order: in words. Each run of 4 byte rows (8 rows of k) holds NR 32-bit words, one per
+    column, the 4 bytes of column j's word being its byte rows in order; `byte_rows` gives the
+    plain [P, K/2, NR] order. The kernel reads a row of k from a word with one AND."""
+
+    q4: np.ndarray  # [P, K/2, NR] uint8, in words (see above)
     d: np.ndarray  # [P, K/32, NR] float16
     m: np.ndarray | None  # [P, K/32, NR] float16, or None: -8 d (Q4_0)
 
@@ -1005,15 +1223,21 @@ class Q4Panels(NamedTuple):
     def dtype(self):
         return self.q4.dtype
 
+    def byte_rows(self) -> np.ndarray:
+        """[P, K/2, NR] uint8: byte (k2, j) = q[2 k2, j] | q[2 k2 + 1, j] << 4 (a copy)."""
+        return _byte_rows(self.q4)
+
     def dequantize(self) -> np.ndarray:
         """[P, K, NR] float32."""
         P, K2, _ = self.q4.shape
-        nibbles = np.stack([self.q4 & 0x0F, self.q4 >> 4], axis=2).reshape(P, 2 * K2, PG_NR)
+        b = self.byte_rows()
+        nibbles = np.stack([b & 0x0F, b >> 4], axis=2).reshape(P, 2 * K2, PG_NR)
         return _scaled(nibbles, self.d, self.offsets())
 
     def columns(self, p, j) -> np.ndarray:
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
-        b = self.q4[p, :, j]  # [L, K/2]
+        P, K2, _ = self.q4.shape
+        b = self.q4.reshape(P, K2 // 4, PG_NR, 4)[p, :, j].reshape(len(p), K2)  # [L, K/2] in byte-row order
         nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(len(b), -1)
         m = _q4_offsets(self.d[p, :, j], None if self.m is None else self.m[p, :, j])
         return _scaled(nibbles[..., None], self.d[p, :, j][..., None], m[..., None])[..., 0]
@@ -1031,6 +1255,18 @@ def pack_q8(q, d, m) -> Q8Panels:
                     exact)
 
 
+def _byte_rows(q4) -> np.ndarray:
+    """4-bit panels' bytes in words -> [P, K/2, NR] in byte-row order (a copy)."""
+    P, K2, NR = q4.shape
+    return np.ascontiguousarray(q4.reshape(P, K2 // 4, NR, 4).transpose(0, 1, 3, 2)).reshape(P, K2, NR)
+
+
+def _words(rows) -> np.ndarray:
+    """[P, K/2, NR] bytes in byte-row order -> the same bytes in words (Q4Panels' order)."""
+    P, K2, NR = rows.shape
+    return np.ascontiguousarray(rows.reshape(P, K2 // 4, 4, NR).transpose(0, 1, 3, 2)).reshape(P, K2, NR)
+
+
 def pack_q4(q, d, m) -> Q4Panels:
     """q uint8 in 0..15 [K, N] (any strides), d and m float16 [K/32, N]: w = d * q + m -> its
     Q4Panels (columns zero-padded to whole panels)."""
@@ -1038,7 +1274,7 @@ def pack_q4(q, d, m) -> Q4Panels:
     P = -(-N // PG_NR)
     qp = _column_panels(q, P, np.uint8)  # [P, K, NR]
     assert qp.max(initial=0) < 16, "4-bit values"
-    return Q4Panels(np.ascontiguousarray(qp[:, 0::2] | (qp[:, 1::2] << 4)), _column_panels(d, P, np.float16),
+    return Q4Panels(_words(qp[:, 0::2] | (qp[:, 1::2] << 4)), _column_panels(d, P, np.float16),
                     _column_panels(m, P, np.float16))
 
 

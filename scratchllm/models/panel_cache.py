@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
-FORMAT = 3  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets
+FORMAT = 4  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 
