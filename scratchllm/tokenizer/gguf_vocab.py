@@ -8,7 +8,8 @@
 
 Cost: building the tables is a large part of loading a small model (49152 tokens and 48900
 merges for SmolLM2), so each is made in one pass in C: the vocabulary by dict(zip(...)), the
-merge ranks by _merge_ranks.pyx.
+merge table over token ids by _merge_ranks.pyx. What each table holds in memory:
+docs/tokenizer-memory.md.
 """
 
 from scratchllm.errors import FormatError
@@ -42,7 +43,9 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
         raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
     ids = list(range(len(tokens)))  # one int object per id, shared by the vocabulary and the merge ranks
     vocab = dict(zip(tokens, ids, strict=True))  # a token listed twice keeps its last id
-    ranks = merge_ranks(_array(meta, "tokenizer.ggml.merges", str, path), path, ids)
+    # A text listed twice has its last id: guessing ids from positions then would be wrong.
+    unique = tokens if len(vocab) == len(tokens) else None
+    table = merge_table(_array(meta, "tokenizer.ggml.merges", str, path), path, vocab, len(tokens), ids, unique)
     # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
     # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
@@ -54,7 +57,8 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     # Without the key, llama.cpp adds BOS for the Llama 3 family only.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    model = BPE(vocab, ranks, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
+    # dict(zip) gives each text one id, and distinct texts distinct ids: what the id table needs.
+    model = BPE(vocab, table, len(tokens), ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
     return TokenizerSpec(
         kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
         added=added, special_ids=special,
@@ -66,14 +70,17 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     )
 
 
-def merge_ranks(merges: list[str], path, ids: list[int] | None = None) -> dict[tuple[str, str], int]:
-    """'left right' lines -> {(left, right): rank}, cut as llama.cpp cuts: at the first space after
-    the first character; a pair listed twice keeps its first (best) rank. See _merge_ranks.pyx.
-    ids: list(range(n)) of the vocabulary, whose int objects the ranks reuse (less new memory)."""
-    ranks, bad = _merge_ranks.merge_ranks(merges, ids)
-    if ranks is None:
+def merge_table(merges: list[str], path, vocab: dict[str, int], first_extra: int, ids: list[int] | None = None,
+                tokens: list[str] | None = None):
+    """'left right' lines -> BPE's id table (pairs, merged, extra), cut as llama.cpp cuts: at the
+    first space after the first character; a pair listed twice keeps its first (best) rank. See
+    _merge_ranks.pyx. first_extra: a number past every id of vocab. ids: list(range(n)) of the
+    vocabulary, whose int objects the ranks reuse (less new memory). tokens: the texts by id,
+    where none is listed twice (faster: most products' ids are guessed and checked)."""
+    table, bad = _merge_ranks.table_from_lines(merges, vocab, first_extra, ids, tokens)
+    if table is None:
         raise FormatError(path, f"merge {merges[bad]!r} has no space between its two halves")
-    return ranks
+    return table
 
 
 def _array(meta: dict, key: str, kind: type, path) -> list:

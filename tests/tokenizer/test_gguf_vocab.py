@@ -1,15 +1,26 @@
 """The GGUF tokenizer tables (tokenizer/gguf_vocab.py, tokenizer/_merge_ranks.pyx): the merge
 ranks equal llama.cpp's rule written out plainly here, on SmolLM2's 48900 merges and on the lines
-where a shortcut would go wrong; a caller's already parsed metadata gives the same tokenizer as
-the file; malformed vocabularies are refused with a FormatError."""
-
-import gc
+where a shortcut would go wrong; each pair's id merges to the id of its two texts joined; a
+caller's already parsed metadata gives the same tokenizer as the file; malformed vocabularies are
+refused with a FormatError."""
 
 import pytest
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.gguf import GGUFFile
-from scratchllm.tokenizer.gguf_vocab import from_gguf, merge_ranks
+from scratchllm.tokenizer.bpe import BPE
+from scratchllm.tokenizer.gguf_vocab import from_gguf, merge_table
+
+
+def merge_ranks(lines: list[str], path, vocab: dict[str, int] | None = None) -> dict[tuple[str, str], int]:
+    """Our table for `lines`, written back as {(left, right): rank}; every pair's product is the
+    symbol of left + right."""
+    vocab = {} if vocab is None else vocab
+    model = BPE(vocab, merge_table(lines, path, vocab, len(vocab)), len(vocab))
+    ranks = model.ranks()
+    text = {i: t for t, i in vocab.items()} | {i: t for t, i in model.extra.items()}
+    assert all(text[model.merged[rank]] == left + right for (left, right), rank in ranks.items())
+    return ranks
 
 
 def rule(merges: list[str]) -> dict[tuple[str, str], int]:
@@ -29,13 +40,24 @@ def smollm_meta(default_gguf):
 
 
 def test_merge_ranks_of_the_default_model_follow_the_rule(smollm_meta):
-    merges = smollm_meta["tokenizer.ggml.merges"]
-    ours = merge_ranks(merges, "x")
+    merges, tokens = smollm_meta["tokenizer.ggml.merges"], smollm_meta["tokenizer.ggml.tokens"]
+    ours = merge_ranks(merges, "x", {t: i for i, t in enumerate(tokens)})
     assert ours == rule(merges) and len(ours) == 48900
     assert list(ours.items())[:2] == [(("Ġ", "t"), 0), (("Ġ", "a"), 1)]
-    # The pairs are untracked by the cyclic GC (strings only, no cycle possible): collections
-    # during the rest of loading do not walk them.
-    assert not any(gc.is_tracked(pair) for pair in list(ours)[:1000])
+    # Every half and product of this file is a token: no extra symbols.
+    assert not from_gguf("x", smollm_meta).model.extra
+
+
+def test_products_guessed_from_positions_are_checked():
+    """The builder guesses each product's id from the one before (GPT-2 style order); a file in
+    another order gets the ids its texts have."""
+    tokens = ["a", "b", "c", "bc", "ab", "abc"]  # products of the lines below: 4, 3, 5 (no +1 run)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    lines = ["a b", "b c", "ab c"]
+    ids = list(range(len(tokens)))
+    for listed in (None, tokens):
+        pairs, merged, extra = merge_table(lines, "x", vocab, len(tokens), ids, listed)
+        assert merged == [4, 3, 5] and not extra
 
 
 @pytest.mark.parametrize("lines", [
@@ -59,7 +81,8 @@ def test_a_merge_without_its_space_is_refused(line):
 
 def test_parsed_metadata_gives_the_same_tokenizer_as_the_file(default_gguf, smollm_meta):
     a, b = from_gguf(default_gguf), from_gguf(default_gguf, smollm_meta)
-    assert a.id_to_token == b.id_to_token and a.model.vocab == b.model.vocab and a.model.ranks == b.model.ranks
+    assert a.id_to_token == b.id_to_token and a.model.vocab == b.model.vocab
+    assert (a.model.pairs, a.model.merged, a.model.extra) == (b.model.pairs, b.model.merged, b.model.extra)
     assert (a.added, a.special_ids, a.prefix_ids, a.bos_token_id, a.eos_token_id, a.chat_template) == \
         (b.added, b.special_ids, b.prefix_ids, b.bos_token_id, b.eos_token_id, b.chat_template)
 
@@ -86,5 +109,5 @@ def test_malformed_vocabularies_are_refused(changes, message):
 
 def test_a_small_vocabulary_reads_as_written():
     spec = from_gguf("small.gguf", _meta(**{"tokenizer.ggml.token_type": [1, 1, 3]}))
-    assert spec.model.vocab == {"a": 0, "b": 1, "ab": 2} and spec.model.ranks == {("a", "b"): 0}
+    assert spec.model.vocab == {"a": 0, "b": 1, "ab": 2} and spec.model.ranks() == {("a", "b"): 0}
     assert spec.added == {"ab": 2} and spec.special_ids == {2}
