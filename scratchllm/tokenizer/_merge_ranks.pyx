@@ -1,22 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The BPE merge table over token ids, built in one C loop.
+"""The BPE merge table over token ids (PairTable), its merge loop, and its builders.
 
-A pair of symbols (left, right) is keyed by one int, left * PAIR_KEY + right (bpe.pair_key),
-whose value is the pair's rank; merged[rank] is the symbol the pair becomes. A symbol is the
-vocabulary id of its text, or, for a text that is no token (a merge half or product missing from
-the vocabulary: legal in a file, never seen in the ones we test), an extra number from
-`first_extra` up, kept in `extra` (text -> number) so that such merges still happen as they
-would over strings.
+A symbol is the vocabulary id of its text, or, for a text that is no token (a merge half or
+product missing from the vocabulary: legal in a file, never seen in the ones we test), an extra
+number from `first_extra` up, kept in `extra` (text -> number) so that such merges still happen
+as they would over strings. The table maps a pair of symbols to its rank, in open addressing
+over C arrays, and a rank to the symbol its pair becomes.
 
-Why ids and not {(left, right): rank} over str: the strings version held 97800 new half strings
-and 48900 tuples for SmolLM2's merges (10.3 MiB traced); the id table holds 48900 int keys and
-a list (4.5 MiB), and every int value is the vocabulary's own id object (`numbers`).
+Why C arrays and not {(left, right): rank} over str: that dict held 97800 new half strings,
+48900 tuples and the dict itself for SmolLM2's merges (10.3 MiB traced); an int-keyed dict
+still took 4.5 MiB (48900 int keys, 2.6 MB of dict); this table takes 1.7 MB.
 
 GGUF lines follow llama.cpp's rule: "left right" is cut at the first space after its first
 character, and a pair listed twice keeps its first (best) rank, as tokenizers does.
 """
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
+from libc.stdint cimport int32_t, uint64_t
+from libc.string cimport memmove
 
 
 cdef extern from "Python.h":
@@ -25,45 +27,169 @@ cdef extern from "Python.h":
     object PyUnicode_Substring(object s, Py_ssize_t start, Py_ssize_t end)
     object PyUnicode_Concat(object left, object right)
     Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t index)
-    # Borrowed references (NULL: missing or error), declared as raw pointers so that Cython does
-    # not release references it never owned.
-    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
+    # A borrowed reference (NULL: missing or error), declared as a raw pointer so that Cython does
+    # not release a reference it never owned.
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
-    dict _PyDict_NewPresized(Py_ssize_t minused)
 
-# Must equal bpe.PAIR_KEY: odd, so that keys of consecutive lefts spread over the dict's low
-# bits (an int hashes to itself); larger than any symbol, so that a key names one pair.
-cdef long long PAIR_KEY = 0x9E3779B1
-# Symbols stay below this: left * PAIR_KEY + right then fits a signed 64-bit integer.
-cdef long long MAX_SYMBOL = 1 << 31
-
-
+# Symbols and ranks stay below this: a pair packs into 62 bits, a rank into an int32.
+cdef long long LIMIT = (1 << 31) - 1
+cdef uint64_t EMPTY = <uint64_t>-1  # a slot no pair fills (both halves < LIMIT)
+cdef int32_t NO_RANK = 0x7FFFFFFF
 # Single characters below this code point get their symbol from an array, not the vocabulary
 # (GPT-2's byte alphabet ends at U+0143).
 cdef Py_ssize_t CHARS = 512
 
 
-cdef class _Table:
+cdef inline uint64_t _code(long long left, long long right):
+    return (<uint64_t>left << 32) | <uint64_t>right
+
+
+cdef class PairTable:
+    """(left, right) -> rank, and rank -> the symbol the pair becomes. `numbers`: the int
+    objects of the ids by id (the vocabulary's own), so that the lists merge() returns, which
+    the Tokenizer caches per word, share them instead of holding new ones."""
+    cdef uint64_t* codes  # [capacity]: _code(left, right), or EMPTY
+    cdef int32_t* ranks  # [capacity]
+    cdef int32_t* products  # [n_ranks]: the symbol a pair of that rank becomes, or -1
+    cdef Py_ssize_t capacity, count, n_ranks
+    cdef int shift  # 64 - log2(capacity), for Fibonacci hashing
+    cdef list numbers
+
+    def __cinit__(self, Py_ssize_t pairs, Py_ssize_t n_ranks, list numbers):
+        self.capacity, self.shift = 16, 60
+        while self.capacity < 2 * pairs:  # at most half full: short probes for absent pairs
+            self.capacity *= 2
+            self.shift -= 1
+        self.n_ranks = n_ranks
+        self.count = 0
+        self.numbers = numbers
+        self.codes = <uint64_t*>PyMem_Malloc(self.capacity * sizeof(uint64_t))
+        self.ranks = <int32_t*>PyMem_Malloc(self.capacity * sizeof(int32_t))
+        self.products = <int32_t*>PyMem_Malloc(max(n_ranks, 1) * sizeof(int32_t))
+        if not self.codes or not self.ranks or not self.products:
+            raise MemoryError()
+        cdef Py_ssize_t i
+        for i in range(self.capacity):
+            self.codes[i] = EMPTY
+        for i in range(n_ranks):
+            self.products[i] = -1
+
+    def __dealloc__(self):
+        PyMem_Free(self.codes)
+        PyMem_Free(self.ranks)
+        PyMem_Free(self.products)
+
+    cdef inline Py_ssize_t _slot(self, uint64_t code):
+        cdef Py_ssize_t slot = <Py_ssize_t>((code * <uint64_t>0x9E3779B97F4A7C15) >> self.shift)
+        while self.codes[slot] != EMPTY and self.codes[slot] != code:
+            slot = (slot + 1) & (self.capacity - 1)
+        return slot
+
+    cdef inline int32_t _rank(self, long long left, long long right):
+        if left < 0 or right < 0:
+            return NO_RANK  # a character that is neither a token nor a merge half
+        cdef Py_ssize_t slot = self._slot(_code(left, right))
+        return NO_RANK if self.codes[slot] == EMPTY else self.ranks[slot]
+
+    cdef add(self, long long left, long long right, long long rank, long long product):
+        """One merge; a pair already in the table keeps its first rank."""
+        if not (0 <= left < LIMIT and 0 <= right < LIMIT and 0 <= product < LIMIT and 0 <= rank < self.n_ranks):
+            raise OverflowError(f"merge symbols ({left}, {right}) -> {product} or rank {rank} out of range")
+        cdef Py_ssize_t slot = self._slot(_code(left, right))
+        if self.codes[slot] == EMPTY:
+            assert self.count < self.capacity // 2
+            self.codes[slot] = _code(left, right)
+            self.ranks[slot] = <int32_t>rank
+            self.count += 1
+        # Pairs that share a rank (tiktoken: every split of one token) must merge to one text.
+        if self.products[rank] != -1 and self.products[rank] != product:
+            raise ValueError(f"pairs of rank {rank} merge to different texts")
+        self.products[rank] = <int32_t>product
+
+    cdef object _number(self, long long symbol):
+        if 0 <= symbol < len(self.numbers) and self.numbers[symbol] is not None:
+            return self.numbers[symbol]
+        return symbol
+
+    def rank(self, long long left, long long right):
+        """The pair's rank, or None."""
+        cdef int32_t r = self._rank(left, right)
+        return None if r == NO_RANK else r
+
+    def product(self, long long rank):
+        """The symbol a pair of this rank becomes."""
+        assert 0 <= rank < self.n_ranks and self.products[rank] >= 0, rank
+        return self._number(self.products[rank])
+
+    def merge(self, list symbols):
+        """Merge the leftmost lowest-ranked adjacent pair until none merges; a new list. The
+        scan is O(n^2): for short pieces (bpe.HEAP_ABOVE), where it beats a heap."""
+        cdef Py_ssize_t n = len(symbols), m, i, best_at
+        cdef int32_t best
+        cdef long long* sym = <long long*>PyMem_Malloc(max(n, 1) * sizeof(long long))
+        cdef int32_t* pair = <int32_t*>PyMem_Malloc(max(n, 1) * sizeof(int32_t))
+        if not sym or not pair:
+            PyMem_Free(sym)
+            PyMem_Free(pair)
+            raise MemoryError()
+        try:
+            for i in range(n):
+                sym[i] = symbols[i]
+            # pair[i] is the rank of (sym[i], sym[i + 1]): kept in step with sym, so each merge
+            # recomputes two entries instead of the whole row.
+            for i in range(n - 1):
+                pair[i] = self._rank(sym[i], sym[i + 1])
+            m = n
+            while m > 1:
+                best, best_at = NO_RANK, -1
+                for i in range(m - 1):
+                    if pair[i] < best:  # strict: the leftmost of the lowest rank
+                        best, best_at = pair[i], i
+                if best_at < 0:
+                    break
+                sym[best_at] = self.products[best]
+                memmove(&sym[best_at + 1], &sym[best_at + 2], (m - best_at - 2) * sizeof(long long))
+                if m - best_at - 3 > 0:
+                    memmove(&pair[best_at + 1], &pair[best_at + 2], (m - best_at - 3) * sizeof(int32_t))
+                m -= 1
+                if best_at > 0:
+                    pair[best_at - 1] = self._rank(sym[best_at - 1], sym[best_at])
+                if best_at < m - 1:
+                    pair[best_at] = self._rank(sym[best_at], sym[best_at + 1])
+            return [self._number(sym[i]) for i in range(m)]
+        finally:
+            PyMem_Free(sym)
+            PyMem_Free(pair)
+
+    def items(self):
+        """[(left, right, rank)] in slot order: for tests and inspection."""
+        cdef Py_ssize_t i
+        return [(<long long>(self.codes[i] >> 32), <long long>(self.codes[i] & 0xFFFFFFFF), self.ranks[i])
+                for i in range(self.capacity) if self.codes[i] != EMPTY]
+
+    def products_list(self):
+        return [self.products[i] for i in range(self.n_ranks)]
+
+    def __len__(self):
+        return self.count
+
+    def nbytes(self):
+        return self.capacity * (sizeof(uint64_t) + sizeof(int32_t)) + self.n_ranks * sizeof(int32_t)
+
+
+cdef class _Symbols:
+    """Text -> symbol while a table is built: the vocabulary's id, or a new extra number."""
     cdef dict vocab, extra
-    cdef list keys, ranks  # the pairs' keys and ranks in merge order, until result() makes the table
-    cdef list merged, tokens, numbers
     cdef list chars  # [CHARS]: the symbol of a one-character text, once looked up
     cdef long long next_extra
 
-    def __init__(self, dict vocab, long long first_extra, Py_ssize_t size, list tokens=None, list numbers=None):
+    def __init__(self, dict vocab, long long first_extra):
         self.vocab = vocab
         self.extra = {}
-        self.keys, self.ranks = [], []
-        self.merged = [None] * size
-        self.next_extra = first_extra
         self.chars = [None] * CHARS
-        # tokens: the vocabulary as a list without duplicates (a text at position i has id i), for
-        # guessing a product's id; numbers: the int objects of those ids.
-        self.tokens = tokens
-        self.numbers = numbers
-        assert tokens is None or (numbers is not None and len(numbers) >= len(tokens))
+        self.next_extra = first_extra
 
-    cdef object symbol(self, str text):
+    cdef long long of(self, str text) except -1:
         # Why the shortcut: a lookup in the 49k-entry vocabulary is a cache miss or more, and
         # 13164 of SmolLM2's 97800 halves are single characters.
         cdef Py_ssize_t c
@@ -75,7 +201,7 @@ cdef class _Table:
                 return self.chars[c]
         return self.lookup(text)
 
-    cdef object lookup(self, text):
+    cdef long long lookup(self, text) except -1:
         cdef PyObject* got = PyDict_GetItemWithError(self.vocab, text)
         if got != NULL:
             return <object>got
@@ -87,50 +213,19 @@ cdef class _Table:
         self.extra[text] = number
         return number
 
-    cdef object product(self, text, Py_ssize_t guess):
-        """The symbol of a pair's product. guess: the id it likely has (GPT-2 style files number
-        each merge's product after the one before), checked by comparing its text: one look at
-        the token list, in order, instead of a lookup."""
-        if self.tokens is not None and 0 <= guess < len(self.tokens) and self.tokens[guess] == text:
-            return self.numbers[guess]
-        return self.symbol(text)
-
-    cdef Py_ssize_t add(self, left, right, rank, Py_ssize_t index, Py_ssize_t guess=-1) except -2:
-        """One merge of rank `rank` at merged[index]; returns the product's symbol."""
-        cdef long long a = self.symbol(left), b = self.symbol(right)
-        merged = self.product(PyUnicode_Concat(left, right), guess)
-        if not (0 <= a < MAX_SYMBOL and 0 <= b < MAX_SYMBOL):
-            raise OverflowError(f"token id of {left!r} or {right!r} is outside 0..{MAX_SYMBOL - 1}")
-        self.keys.append(a * PAIR_KEY + b)
-        self.ranks.append(rank)
-        previous = self.merged[index]
-        # Pairs that share a rank (tiktoken: every split of one token) must merge to one text.
-        if previous is not None and previous != merged:
-            raise ValueError(f"pairs of rank {rank} merge to different texts (one is {left + right!r})")
-        self.merged[index] = merged
-        return merged
-
-    def result(self):
-        """(pairs, merged, extra). The pairs go into their dict in a second pass: interleaved
-        with the vocabulary lookups, the two tables' cache misses doubled the build time."""
-        cdef Py_ssize_t i, n = len(self.keys)
-        cdef dict pairs = _PyDict_NewPresized(n)  # sized once: no growth through 5 larger tables
-        for i in range(n):
-            PyDict_SetDefault(pairs, self.keys[i], self.ranks[i])
-        self.keys = self.ranks = None
-        return pairs, self.merged, self.extra
-
 
 def table_from_lines(list merges, dict vocab, long long first_extra, list numbers=None, list tokens=None):
-    """GGUF merge lines -> ((pairs, merged, extra), -1), or (None, i) where line i has no space
-    after its first character. numbers: int objects to use as the ranks where long enough
-    (numbers[i] == i), the vocabulary's own ids instead of 48900 new ones. tokens: the
-    vocabulary's texts by id, given only where no text is listed twice. Raises TypeError where a
-    line is not a str."""
-    cdef Py_ssize_t n = len(merges)
-    cdef Py_ssize_t shared = min(n, len(numbers)) if numbers is not None else 0
-    cdef _Table table = _Table(vocab, first_extra, n, tokens, numbers)
-    cdef Py_ssize_t i, cut, length, offset = -1
+    """GGUF merge lines -> ((PairTable, extra), -1), or (None, i) where line i has no space after
+    its first character. numbers: the vocabulary's int objects by id. tokens: its texts by id,
+    given only where no text is listed twice (then each product's id is guessed from the one
+    before, GPT-2 style files number them in merge order, and checked by comparing texts: one
+    look at the token list, in order, instead of a lookup). Raises TypeError where a line is
+    not a str."""
+    cdef Py_ssize_t n = len(merges), i, cut, length, guess
+    cdef long long product, offset = -1
+    cdef PairTable table = PairTable(n, n, numbers if numbers is not None else [])
+    cdef _Symbols symbols = _Symbols(vocab, first_extra)
+    cdef Py_ssize_t n_tokens = len(tokens) if tokens is not None else 0
     for i in range(n):
         line = merges[i]
         if type(line) is not str:
@@ -139,18 +234,29 @@ def table_from_lines(list merges, dict vocab, long long first_extra, list number
         cut = PyUnicode_FindChar(line, 32, 1, length, 1) if length > 1 else -1  # 32: ' '
         if cut < 0:
             return None, i
-        # The guess: this line's product has the id of the last one's plus one.
-        offset = table.add(PyUnicode_Substring(line, 0, cut), PyUnicode_Substring(line, cut + 1, length),
-                           numbers[i] if i < shared else i, i, i + offset) - i
-    return table.result(), -1
+        left, right = PyUnicode_Substring(line, 0, cut), PyUnicode_Substring(line, cut + 1, length)
+        text = PyUnicode_Concat(left, right)
+        guess = i + offset  # this line's product has the id of the last one's plus one
+        if 0 <= guess < n_tokens and tokens[guess] == text:
+            product = guess
+        else:
+            product = symbols.of(text)
+        offset = product - i
+        table.add(symbols.of(left), symbols.of(right), i, product)
+    return (table, symbols.extra), -1
 
 
 def table_from_ranks(dict ranks, dict vocab, long long first_extra):
-    """{(left, right): rank} (ranks >= 0) -> (pairs, merged, extra); merged is indexed by rank."""
+    """{(left, right): rank} (ranks >= 0) -> (PairTable, extra)."""
     cdef Py_ssize_t size = max(ranks.values(), default=-1) + 1
-    cdef _Table table = _Table(vocab, first_extra, size)
+    numbers = [None] * first_extra
+    for i in vocab.values():
+        if 0 <= i < first_extra:
+            numbers[i] = i
+    cdef PairTable table = PairTable(len(ranks), size, numbers)
+    cdef _Symbols symbols = _Symbols(vocab, first_extra)
     for (left, right), rank in ranks.items():
         if not 0 <= rank < size:
             raise ValueError(f"merge {(left, right)!r} has rank {rank!r}; ranks are ints >= 0")
-        table.add(left, right, rank, rank)
-    return table.result()
+        table.add(symbols.of(left), symbols.of(right), rank, symbols.of(left + right))
+    return table, symbols.extra

@@ -4,15 +4,15 @@
 rule of Hugging Face `tokenizers` (rank = line of the merges list) and of tiktoken (rank of the
 concatenated bytes); both reduce to a table (left, right) -> rank, built once here.
 
-The table is over token ids, not text (see _merge_ranks.pyx): a pair is one int key,
-pair_key(left, right), its value the rank, and merged[rank] the id the pair becomes. Merging
-ids gives the ids of merging strings, because a text and its id name each other one to one
-(distinct ids are checked where a vocabulary comes from outside) and texts that are no token
-get numbers of their own past the last id.
+The table is over token ids, not text (_merge_ranks.PairTable, in C arrays): (left, right) ->
+rank, and rank -> the id the pair becomes. Merging ids gives the ids of merging strings,
+because a text and its id name each other one to one (distinct ids are checked where a
+vocabulary comes from outside) and texts that are no token get numbers of their own past the
+last id.
 
-Cost: almost all encode time is spent in `_merge`, once per distinct pre-token, because the
-Tokenizer caches the ids of every pre-token (prose repeats its words; the cache turns BPE into a
-dict lookup).
+Cost: almost all encode time is spent in the merge loop (PairTable.merge, in C), once per
+distinct pre-token, because the Tokenizer caches the ids of every pre-token (prose repeats its
+words; the cache turns BPE into a dict lookup).
 """
 
 import heapq
@@ -21,30 +21,17 @@ from collections.abc import Iterable
 from scratchllm.errors import ConfigError
 from scratchllm.tokenizer import _merge_ranks
 
-# Pieces longer than this (in symbols) merge through a heap: the list loop below rescans every
+# Pieces longer than this (in symbols) merge through a heap: PairTable.merge rescans every
 # pair per merge, O(n^2), which a 100 kB run of letters in a prompt would turn into minutes.
 HEAP_ABOVE = 64
 
-# Rank of a pair that cannot merge: larger than any real rank, and still a plain int so that
-# min() over the pair ranks compares ints only.
-NO_MERGE = 1 << 62
-
-# The pair key's multiplier; must equal PAIR_KEY in _merge_ranks.pyx.
-PAIR_KEY = 0x9E3779B1
-
-# The symbol of a character that is neither a token nor a merge half: it merges with nothing
-# (every key holding it is negative or has a right part past any symbol).
+# The symbol of a character that is neither a token nor a merge half: it merges with nothing.
 NO_SYMBOL = -1
 
 
-def pair_key(left: int, right: int) -> int:
-    return left * PAIR_KEY + right
-
-
 class BPE:
-    """vocab: token text -> id; table: (pairs, merged, extra) from _merge_ranks, with pairs
-    {pair_key(left, right): rank}, merged[rank] the symbol a pair of that rank becomes, and extra
-    the symbols (numbers >= first_extra) of merge texts that are no token. The constructors
+    """vocab: token text -> id; table: (PairTable, extra) from _merge_ranks, extra the symbols
+    (numbers >= first_extra) of merge texts that are no token. The constructors from_ranks /
     from_merges / from_ranked_tokens / gguf_vocab.from_gguf build it.
 
     ignore_merges: look the whole pre-token up in the vocabulary first (tiktoken and Llama 3 do;
@@ -55,14 +42,14 @@ class BPE:
     def __init__(
         self,
         vocab: dict[str, int],
-        table: tuple[dict[int, int], list, dict[str, int]],
+        table: tuple[_merge_ranks.PairTable, dict[str, int]],
         first_extra: int,
         *,
         ignore_merges: bool = False,
         unk_id: int | None = None,
     ):
         self.vocab = vocab
-        self.pairs, self.merged, self.extra = table
+        self.table, self.extra = table
         # Symbols below first_extra are ids of the vocabulary; at and above, texts that are no token.
         self.first_extra = first_extra
         self.ignore_merges = ignore_merges
@@ -103,7 +90,7 @@ class BPE:
         """The table written as text, {(left, right): rank}: for tests and inspection (it costs
         what the id table saves)."""
         text = {i: t for t, i in self.vocab.items()} | {i: t for t, i in self.extra.items()}
-        return {(text[k // PAIR_KEY], text[k % PAIR_KEY]): rank for k, rank in self.pairs.items()}
+        return {(text[a], text[b]): rank for a, b, rank in sorted(self.table.items(), key=lambda item: item[2])}
 
     def encode_uncached(self, word: str) -> list[int]:
         """One pre-token, already in the vocabulary's alphabet (byte-level text for GPT-2 style),
@@ -113,7 +100,7 @@ class BPE:
         if self.ignore_merges and word in vocab:
             return [vocab[word]]
         symbols = self.symbols(word)
-        symbols = self._merge_heap(symbols) if len(symbols) > HEAP_ABOVE else self._merge(symbols)
+        symbols = self._merge_heap(symbols) if len(symbols) > HEAP_ABOVE else self.table.merge(symbols)
         first_extra = self.first_extra
         if min(symbols, default=0) >= 0 and max(symbols, default=0) < first_extra:
             return symbols  # the common case: every symbol is a token
@@ -130,33 +117,12 @@ class BPE:
             return [get(c, extra(c, NO_SYMBOL)) for c in word]
         return [get(c, NO_SYMBOL) for c in word]
 
-    def _merge(self, symbols: list[int]) -> list[int]:
-        get = self.pairs.get
-        merged = self.merged
-        # pair_ranks[i] is the rank of (symbols[i], symbols[i + 1]): kept in step with symbols,
-        # so each merge recomputes two entries instead of the whole row.
-        pair_ranks = [get(a * PAIR_KEY + b, NO_MERGE) for a, b in zip(symbols, symbols[1:], strict=False)]
-        while pair_ranks:
-            best = min(pair_ranks)
-            if best == NO_MERGE:
-                break
-            i = pair_ranks.index(best)  # leftmost of the lowest rank
-            new = merged[best]
-            symbols[i : i + 2] = [new]
-            del pair_ranks[i]
-            if i > 0:
-                pair_ranks[i - 1] = get(symbols[i - 1] * PAIR_KEY + new, NO_MERGE)
-            if i < len(pair_ranks):
-                pair_ranks[i] = get(new * PAIR_KEY + symbols[i + 1], NO_MERGE)
-        assert len(pair_ranks) == max(len(symbols) - 1, 0)
-        return symbols
-
     def _merge_heap(self, symbols: list[int]) -> list[int]:
-        """The same merges as _merge in O(n log n): a heap of candidate pairs (rank, position)
-        over a linked list of symbols. Entries go stale when a neighbour merges; each is checked
-        against the current symbols when popped instead of being removed."""
-        get = self.pairs.get
-        merged_of = self.merged
+        """The same merges as PairTable.merge in O(n log n): a heap of candidate pairs (rank,
+        position) over a linked list of symbols. Entries go stale when a neighbour merges; each
+        is checked against the current symbols when popped instead of being removed."""
+        get = self.table.rank
+        merged_of = self.table.product
         symbols: list[int | None] = list(symbols)  # None: merged into the symbol on its left
         n = len(symbols)
         nxt = list(range(1, n + 1))  # n: no right neighbour
@@ -165,7 +131,7 @@ class BPE:
         # merges, so ties on rank pop leftmost first, as in the list loop.
         heap = []
         for i in range(n - 1):
-            rank = get(symbols[i] * PAIR_KEY + symbols[i + 1])
+            rank = get(symbols[i], symbols[i + 1])
             if rank is not None:
                 heap.append((rank, i, symbols[i], symbols[i + 1]))
         heapq.heapify(heap)
@@ -174,18 +140,18 @@ class BPE:
             j = nxt[i]
             if symbols[i] != left or j >= n or symbols[j] != right:
                 continue  # stale: one side has merged since this entry was pushed
-            merged = merged_of[rank]
+            merged = merged_of(rank)
             symbols[i], symbols[j] = merged, None
             nxt[i] = nxt[j]
             if nxt[j] < n:
                 prv[nxt[j]] = i
             if prv[i] >= 0:
                 p = prv[i]
-                r = get(symbols[p] * PAIR_KEY + merged)
+                r = get(symbols[p], merged)
                 if r is not None:
                     heapq.heappush(heap, (r, p, symbols[p], merged))
             if nxt[i] < n:
-                r = get(merged * PAIR_KEY + symbols[nxt[i]])
+                r = get(merged, symbols[nxt[i]])
                 if r is not None:
                     heapq.heappush(heap, (r, i, merged, symbols[nxt[i]]))
         return [s for s in symbols if s is not None]

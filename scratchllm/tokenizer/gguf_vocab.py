@@ -72,10 +72,10 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
 
 def merge_table(merges: list[str], path, vocab: dict[str, int], first_extra: int, ids: list[int] | None = None,
                 tokens: list[str] | None = None):
-    """'left right' lines -> BPE's id table (pairs, merged, extra), cut as llama.cpp cuts: at the
+    """'left right' lines -> BPE's id table (PairTable, extra), cut as llama.cpp cuts: at the
     first space after the first character; a pair listed twice keeps its first (best) rank. See
     _merge_ranks.pyx. first_extra: a number past every id of vocab. ids: list(range(n)) of the
-    vocabulary, whose int objects the ranks reuse (less new memory). tokens: the texts by id,
+    vocabulary, whose int objects encoded ids reuse (less new memory). tokens: the texts by id,
     where none is listed twice (faster: most products' ids are guessed and checked)."""
     table, bad = _merge_ranks.table_from_lines(merges, vocab, first_extra, ids, tokens)
     if table is None:

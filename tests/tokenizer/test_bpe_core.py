@@ -23,7 +23,7 @@ def model():
 @given(st.text(alphabet="aeinrst Ġ你好12", min_size=0, max_size=120))
 def test_heap_merges_equal_list_merges(model, text):
     word = text_to_bytelevel(text)
-    expected = model._merge(model.symbols(word))
+    expected = model.table.merge(model.symbols(word))
     assert model._merge_heap(model.symbols(word)) == expected
     # Every symbol here is a token: the merged ids spell the word.
     text_of = {i: t for t, i in model.vocab.items()}
@@ -63,7 +63,7 @@ def test_ids_follow_the_string_rule_with_texts_that_are_no_token(word, unk):
     model = BPE.from_ranks(VOCAB, RANKS, unk_id=unk)
     expected = [VOCAB.get(s, unk) for s in merge_texts(RANKS, word)]
     assert model.encode_uncached(word) == [i for i in expected if i is not None]
-    assert model._merge_heap(model.symbols(word)) == model._merge(model.symbols(word))
+    assert model._merge_heap(model.symbols(word)) == model.table.merge(model.symbols(word))
 
 
 def test_ranks_written_back_as_text():

@@ -19,7 +19,7 @@ def merge_ranks(lines: list[str], path, vocab: dict[str, int] | None = None) -> 
     model = BPE(vocab, merge_table(lines, path, vocab, len(vocab)), len(vocab))
     ranks = model.ranks()
     text = {i: t for t, i in vocab.items()} | {i: t for t, i in model.extra.items()}
-    assert all(text[model.merged[rank]] == left + right for (left, right), rank in ranks.items())
+    assert all(text[model.table.product(rank)] == left + right for (left, right), rank in ranks.items())
     return ranks
 
 
@@ -56,8 +56,8 @@ def test_products_guessed_from_positions_are_checked():
     lines = ["a b", "b c", "ab c"]
     ids = list(range(len(tokens)))
     for listed in (None, tokens):
-        pairs, merged, extra = merge_table(lines, "x", vocab, len(tokens), ids, listed)
-        assert merged == [4, 3, 5] and not extra
+        table, extra = merge_table(lines, "x", vocab, len(tokens), ids, listed)
+        assert table.products_list() == [4, 3, 5] and not extra
 
 
 @pytest.mark.parametrize("lines", [
@@ -82,7 +82,8 @@ def test_a_merge_without_its_space_is_refused(line):
 def test_parsed_metadata_gives_the_same_tokenizer_as_the_file(default_gguf, smollm_meta):
     a, b = from_gguf(default_gguf), from_gguf(default_gguf, smollm_meta)
     assert a.id_to_token == b.id_to_token and a.model.vocab == b.model.vocab
-    assert (a.model.pairs, a.model.merged, a.model.extra) == (b.model.pairs, b.model.merged, b.model.extra)
+    assert a.model.table.items() == b.model.table.items() and a.model.extra == b.model.extra
+    assert a.model.table.products_list() == b.model.table.products_list()
     assert (a.added, a.special_ids, a.prefix_ids, a.bos_token_id, a.eos_token_id, a.chat_template) == \
         (b.added, b.special_ids, b.prefix_ids, b.bos_token_id, b.eos_token_id, b.chat_template)
 
