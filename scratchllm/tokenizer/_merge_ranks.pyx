@@ -18,7 +18,7 @@ character, and a pair listed twice keeps its first (best) rank, as tokenizers do
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, uint64_t
-from libc.string cimport memmove
+from libc.string cimport memcmp, memmove
 
 
 cdef extern from "Python.h":
@@ -27,6 +27,8 @@ cdef extern from "Python.h":
     object PyUnicode_Substring(object s, Py_ssize_t start, Py_ssize_t end)
     object PyUnicode_Concat(object left, object right)
     Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t index)
+    int PyUnicode_KIND(object s)
+    char* PyUnicode_DATA(object s)
     # A borrowed reference (NULL: missing or error), declared as a raw pointer so that Cython does
     # not release a reference it never owned.
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
@@ -190,16 +192,20 @@ cdef class _Symbols:
         self.next_extra = first_extra
 
     cdef long long of(self, str text) except -1:
-        # Why the shortcut: a lookup in the 49k-entry vocabulary is a cache miss or more, and
-        # 13164 of SmolLM2's 97800 halves are single characters.
-        cdef Py_ssize_t c
         if PyUnicode_GET_LENGTH(text) == 1:
-            c = <Py_ssize_t>PyUnicode_READ_CHAR(text, 0)
-            if c < CHARS:
-                if self.chars[c] is None:
-                    self.chars[c] = self.lookup(text)
-                return self.chars[c]
+            return self.one(text, 0)
         return self.lookup(text)
+
+    cdef long long one(self, str text, Py_ssize_t at) except -1:
+        """The symbol of the one character text[at]. Why an array: a lookup in the 49k-entry
+        vocabulary is a cache miss or more, and 13164 of SmolLM2's 97800 halves are single
+        characters."""
+        cdef Py_ssize_t c = <Py_ssize_t>PyUnicode_READ_CHAR(text, at)
+        if c >= CHARS:
+            return self.lookup(PyUnicode_Substring(text, at, at + 1))
+        if self.chars[c] is None:
+            self.chars[c] = self.lookup(PyUnicode_Substring(text, at, at + 1))
+        return self.chars[c]
 
     cdef long long lookup(self, text) except -1:
         cdef PyObject* got = PyDict_GetItemWithError(self.vocab, text)
@@ -226,6 +232,7 @@ def table_from_lines(list merges, dict vocab, long long first_extra, list number
     cdef PairTable table = PairTable(n, n, numbers if numbers is not None else [])
     cdef _Symbols symbols = _Symbols(vocab, first_extra)
     cdef Py_ssize_t n_tokens = len(tokens) if tokens is not None else 0
+    cdef long long left, right
     for i in range(n):
         line = merges[i]
         if type(line) is not str:
@@ -234,16 +241,31 @@ def table_from_lines(list merges, dict vocab, long long first_extra, list number
         cut = PyUnicode_FindChar(line, 32, 1, length, 1) if length > 1 else -1  # 32: ' '
         if cut < 0:
             return None, i
-        left, right = PyUnicode_Substring(line, 0, cut), PyUnicode_Substring(line, cut + 1, length)
-        text = PyUnicode_Concat(left, right)
+        left = symbols.one(line, 0) if cut == 1 else symbols.lookup(PyUnicode_Substring(line, 0, cut))
+        right = symbols.one(line, cut + 1) if cut + 2 == length else \
+            symbols.of(PyUnicode_Substring(line, cut + 1, length))
         guess = i + offset  # this line's product has the id of the last one's plus one
-        if 0 <= guess < n_tokens and tokens[guess] == text:
+        if 0 <= guess < n_tokens and _is_joined(tokens[guess], line, cut):
             product = guess
         else:
-            product = symbols.of(text)
+            product = symbols.of(PyUnicode_Concat(PyUnicode_Substring(line, 0, cut),
+                                                  PyUnicode_Substring(line, cut + 1, length)))
         offset = product - i
-        table.add(symbols.of(left), symbols.of(right), i, product)
+        table.add(left, right, i, product)
     return (table, symbols.extra), -1
+
+
+cdef bint _is_joined(str token, str line, Py_ssize_t cut):
+    """token == line without its character at `cut`, compared in place. Equal strings have equal
+    kinds (a str is stored in the narrowest width that holds its widest character, and the space
+    is narrow), so unequal kinds mean unequal texts."""
+    cdef Py_ssize_t length = PyUnicode_GET_LENGTH(line)
+    cdef int kind = PyUnicode_KIND(line)
+    if PyUnicode_GET_LENGTH(token) != length - 1 or PyUnicode_KIND(token) != kind:
+        return False
+    cdef char* a = PyUnicode_DATA(token)
+    cdef char* b = PyUnicode_DATA(line)
+    return memcmp(a, b, cut * kind) == 0 and memcmp(a + cut * kind, b + (cut + 1) * kind, (length - cut - 1) * kind) == 0
 
 
 def table_from_ranks(dict ranks, dict vocab, long long first_extra):

@@ -12,11 +12,14 @@ from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.gguf_vocab import from_gguf, merge_table
 
 
-def merge_ranks(lines: list[str], path, vocab: dict[str, int] | None = None) -> dict[tuple[str, str], int]:
-    """Our table for `lines`, written back as {(left, right): rank}; every pair's product is the
-    symbol of left + right."""
-    vocab = {} if vocab is None else vocab
-    model = BPE(vocab, merge_table(lines, path, vocab, len(vocab)), len(vocab))
+def merge_ranks(lines: list[str], path, tokens: list[str] | None = None) -> dict[tuple[str, str], int]:
+    """Our table for `lines` over the vocabulary `tokens` (none: every text is an extra symbol),
+    written back as {(left, right): rank}; every pair's product is the symbol of left + right."""
+    tokens = tokens or []
+    vocab = {t: i for i, t in enumerate(tokens)}
+    unique = tokens if len(vocab) == len(tokens) else None
+    table = merge_table(lines, path, vocab, len(tokens), list(range(len(tokens))), unique)
+    model = BPE(vocab, table, len(tokens))
     ranks = model.ranks()
     text = {i: t for t, i in vocab.items()} | {i: t for t, i in model.extra.items()}
     assert all(text[model.table.product(rank)] == left + right for (left, right), rank in ranks.items())
@@ -41,7 +44,7 @@ def smollm_meta(default_gguf):
 
 def test_merge_ranks_of_the_default_model_follow_the_rule(smollm_meta):
     merges, tokens = smollm_meta["tokenizer.ggml.merges"], smollm_meta["tokenizer.ggml.tokens"]
-    ours = merge_ranks(merges, "x", {t: i for i, t in enumerate(tokens)})
+    ours = merge_ranks(merges, "x", tokens)
     assert ours == rule(merges) and len(ours) == 48900
     assert list(ours.items())[:2] == [(("Ġ", "t"), 0), (("Ġ", "a"), 1)]
     # Every half and product of this file is a token: no extra symbols.
@@ -71,6 +74,16 @@ def test_products_guessed_from_positions_are_checked():
 ])
 def test_merge_ranks_edge_lines(lines):
     assert merge_ranks(lines, "x") == rule(lines)
+    # Over vocabularies where the builder guesses each product's id (the one after the last
+    # product's) and checks the guess in place: products in a row (the guesses hold), and each
+    # product led by a near miss of its length (every guess fails): one character off, stored
+    # narrower ('~'), or wider (U+0301, U+1F917).
+    halves = list(dict.fromkeys(h for pair in rule(lines) for h in pair))
+    products = [p for p in dict.fromkeys(left + right for left, right in rule(lines)) if p not in halves]
+    assert merge_ranks(lines, "x", halves + products) == rule(lines)
+    for last in ("~", "\u0301", "\U0001F917"):
+        led = [t for p in products for t in (p[:-1] + last, p) if t not in halves]
+        assert merge_ranks(lines, "x", halves + list(dict.fromkeys(led))) == rule(lines)
 
 
 @pytest.mark.parametrize("line", ["ab", "", " ", "a"])
