@@ -18,7 +18,9 @@ character, and a pair listed twice keeps its first (best) rank, as tokenizers do
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, uint64_t
-from libc.string cimport memcmp, memmove
+from libc.string cimport memmove
+
+from scratchllm.tokenizer._vocabulary cimport Vocabulary
 
 
 cdef extern from "Python.h":
@@ -27,8 +29,6 @@ cdef extern from "Python.h":
     object PyUnicode_Substring(object s, Py_ssize_t start, Py_ssize_t end)
     object PyUnicode_Concat(object left, object right)
     Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t index)
-    int PyUnicode_KIND(object s)
-    char* PyUnicode_DATA(object s)
     # A borrowed reference (NULL: missing or error), declared as a raw pointer so that Cython does
     # not release a reference it never owned.
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
@@ -48,8 +48,9 @@ cdef inline uint64_t _code(long long left, long long right):
 
 cdef class PairTable:
     """(left, right) -> rank, and rank -> the symbol the pair becomes. `numbers`: the int
-    objects of the ids by id (the vocabulary's own), so that the lists merge() returns, which
-    the Tokenizer caches per word, share them instead of holding new ones."""
+    objects of the ids by id (the vocabulary's own; None where not made yet, then made and kept),
+    so that the lists merge() returns, which the Tokenizer caches per word, share them instead
+    of holding new ones."""
     cdef uint64_t* codes  # [capacity]: _code(left, right), or EMPTY
     cdef int32_t* ranks  # [capacity]
     cdef int32_t* products  # [n_ranks]: the symbol a pair of that rank becomes, or -1
@@ -109,9 +110,12 @@ cdef class PairTable:
         self.products[rank] = <int32_t>product
 
     cdef object _number(self, long long symbol):
-        if 0 <= symbol < len(self.numbers) and self.numbers[symbol] is not None:
-            return self.numbers[symbol]
-        return symbol
+        if not 0 <= symbol < len(self.numbers):
+            return symbol  # an extra symbol (never an id encode returns)
+        got = self.numbers[symbol]
+        if got is None:  # made on first use, then shared (Vocabulary.numbers)
+            got = self.numbers[symbol] = symbol
+        return got
 
     def rank(self, long long left, long long right):
         """The pair's rank, or None."""
@@ -180,13 +184,18 @@ cdef class PairTable:
 
 
 cdef class _Symbols:
-    """Text -> symbol while a table is built: the vocabulary's id, or a new extra number."""
+    """Text -> symbol while a table is built: the vocabulary's id, or a new extra number.
+    vocab: a dict, or a Vocabulary (compact)."""
     cdef dict vocab, extra
+    cdef Vocabulary compact
     cdef list chars  # [CHARS]: the symbol of a one-character text, once looked up
     cdef long long next_extra
 
-    def __init__(self, dict vocab, long long first_extra):
-        self.vocab = vocab
+    def __init__(self, vocab, long long first_extra):
+        if isinstance(vocab, Vocabulary):
+            self.compact = vocab
+        else:
+            self.vocab = vocab
         self.extra = {}
         self.chars = [None] * CHARS
         self.next_extra = first_extra
@@ -208,9 +217,16 @@ cdef class _Symbols:
         return self.chars[c]
 
     cdef long long lookup(self, text) except -1:
-        cdef PyObject* got = PyDict_GetItemWithError(self.vocab, text)
-        if got != NULL:
-            return <object>got
+        cdef PyObject* got
+        cdef Py_ssize_t j
+        if self.compact is not None:
+            j = self.compact.find(text)
+            if j >= 0:
+                return j
+        else:
+            got = PyDict_GetItemWithError(self.vocab, text)
+            if got != NULL:
+                return <object>got
         got = PyDict_GetItemWithError(self.extra, text)
         if got != NULL:
             return <object>got
@@ -220,18 +236,16 @@ cdef class _Symbols:
         return number
 
 
-def table_from_lines(list merges, dict vocab, long long first_extra, list numbers=None, list tokens=None):
+def table_from_lines(list merges, Vocabulary vocab):
     """GGUF merge lines -> ((PairTable, extra), -1), or (None, i) where line i has no space after
-    its first character. numbers: the vocabulary's int objects by id. tokens: its texts by id,
-    given only where no text is listed twice (then each product's id is guessed from the one
-    before, GPT-2 style files number them in merge order, and checked by comparing texts: one
-    look at the token list, in order, instead of a lookup). Raises TypeError where a line is
-    not a str."""
+    its first character. Where no text of the vocabulary is listed twice, each product's id is
+    guessed from the one before (GPT-2 style files number them in merge order) and checked by
+    comparing texts in place, instead of a lookup. Raises TypeError where a line is not a str."""
     cdef Py_ssize_t n = len(merges), i, cut, length, guess
     cdef long long product, offset = -1
-    cdef PairTable table = PairTable(n, n, numbers if numbers is not None else [])
-    cdef _Symbols symbols = _Symbols(vocab, first_extra)
-    cdef Py_ssize_t n_tokens = len(tokens) if tokens is not None else 0
+    cdef PairTable table = PairTable(n, n, vocab.numbers)
+    cdef _Symbols symbols = _Symbols(vocab, vocab.n)
+    cdef bint guessing = vocab.distinct == vocab.n  # then a text at position i has the id i
     cdef long long left, right
     for i in range(n):
         line = merges[i]
@@ -245,7 +259,7 @@ def table_from_lines(list merges, dict vocab, long long first_extra, list number
         right = symbols.one(line, cut + 1) if cut + 2 == length else \
             symbols.of(PyUnicode_Substring(line, cut + 1, length))
         guess = i + offset  # this line's product has the id of the last one's plus one
-        if 0 <= guess < n_tokens and _is_joined(tokens[guess], line, cut):
+        if guessing and vocab.is_joined(guess, line, cut):
             product = guess
         else:
             product = symbols.of(PyUnicode_Concat(PyUnicode_Substring(line, 0, cut),
@@ -253,19 +267,6 @@ def table_from_lines(list merges, dict vocab, long long first_extra, list number
         offset = product - i
         table.add(left, right, i, product)
     return (table, symbols.extra), -1
-
-
-cdef bint _is_joined(str token, str line, Py_ssize_t cut):
-    """token == line without its character at `cut`, compared in place. Equal strings have equal
-    kinds (a str is stored in the narrowest width that holds its widest character, and the space
-    is narrow), so unequal kinds mean unequal texts."""
-    cdef Py_ssize_t length = PyUnicode_GET_LENGTH(line)
-    cdef int kind = PyUnicode_KIND(line)
-    if PyUnicode_GET_LENGTH(token) != length - 1 or PyUnicode_KIND(token) != kind:
-        return False
-    cdef char* a = PyUnicode_DATA(token)
-    cdef char* b = PyUnicode_DATA(line)
-    return memcmp(a, b, cut * kind) == 0 and memcmp(a + cut * kind, b + (cut + 1) * kind, (length - cut - 1) * kind) == 0
 
 
 def table_from_ranks(dict ranks, dict vocab, long long first_extra):

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from scratchllm.errors import ConfigError
 from scratchllm.tokenizer import _merge_ranks
+from scratchllm.tokenizer._vocabulary import Vocabulary
 
 # Pieces longer than this (in symbols) merge through a heap: PairTable.merge rescans every
 # pair per merge, O(n^2), which a 100 kB run of letters in a prompt would turn into minutes.
@@ -30,9 +31,10 @@ NO_SYMBOL = -1
 
 
 class BPE:
-    """vocab: token text -> id; table: (PairTable, extra) from _merge_ranks, extra the symbols
-    (numbers >= first_extra) of merge texts that are no token. The constructors from_ranks /
-    from_merges / from_ranked_tokens / gguf_vocab.from_gguf build it.
+    """vocab: token text -> id (a dict, or a compact Vocabulary); table: (PairTable, extra) from
+    _merge_ranks, extra the symbols (numbers >= first_extra) of merge texts that are no token.
+    The constructors from_ranks / from_merges / from_ranked_tokens / gguf_vocab.from_gguf build
+    it.
 
     ignore_merges: look the whole pre-token up in the vocabulary first (tiktoken and Llama 3 do;
     GPT-2 style tokenizers do not, and the two can differ when a token is in the vocabulary but
@@ -41,7 +43,7 @@ class BPE:
 
     def __init__(
         self,
-        vocab: dict[str, int],
+        vocab: dict[str, int] | Vocabulary,
         table: tuple[_merge_ranks.PairTable, dict[str, int]],
         first_extra: int,
         *,
@@ -111,6 +113,8 @@ class BPE:
 
     def symbols(self, word: str) -> list[int]:
         """The symbol of each character of `word`, before any merge."""
+        if not self.extra and isinstance(self.vocab, Vocabulary):
+            return self.vocab.symbols(word)  # in C
         get = self.vocab.get
         if self.extra:
             extra = self.extra.get

@@ -7,9 +7,9 @@
     tokenizer.ggml.pre         str    the pre-tokenizer's name (pretokenize.from_gguf_name)
 
 Cost: building the tables is a large part of loading a small model (49152 tokens and 48900
-merges for SmolLM2), so each is made in one pass in C: the vocabulary by dict(zip(...)), the
-merge table over token ids by _merge_ranks.pyx. What each table holds in memory:
-docs/tokenizer-memory.md.
+merges for SmolLM2), so each is made in one pass in C, into C arrays rather than Python objects:
+the vocabulary by _vocabulary.pyx, the merge table over token ids by _merge_ranks.pyx. What each
+holds in memory: docs/tokenizer-memory.md.
 """
 
 from itertools import compress, count
@@ -17,6 +17,7 @@ from itertools import compress, count
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer import _merge_ranks
 from scratchllm.tokenizer import pretokenize as pt
+from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.tokenizer import TokenizerSpec
 
@@ -44,11 +45,9 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
         else [1] * len(tokens)
     if len(types) != len(tokens):
         raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    ids = list(range(len(tokens)))  # one int object per id, shared by the vocabulary and the merge ranks
-    vocab = dict(zip(tokens, ids, strict=True))  # a token listed twice keeps its last id
-    # A text listed twice has its last id: guessing ids from positions then would be wrong.
-    unique = tokens if len(vocab) == len(tokens) else None
-    table = merge_table(meta["tokenizer.ggml.merges"], path, vocab, len(tokens), ids, unique)
+    # A token listed twice keeps its last id (as dict(zip(...)) would).
+    vocab = Vocabulary(tokens)
+    table = merge_table(meta["tokenizer.ggml.merges"], path, vocab)
     # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
     # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
@@ -63,10 +62,12 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     # Without the key, llama.cpp adds BOS for the Llama 3 family only.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    # dict(zip) gives each text one id, and distinct texts distinct ids: what the id table needs.
+    # The vocabulary gives each text one id, and distinct texts distinct ids: what the id table needs.
     model = BPE(vocab, table, len(tokens), ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
     return TokenizerSpec(
-        kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
+        # The texts by id from the compact vocabulary: the metadata's 49152 str objects (4 MiB)
+        # are not kept.
+        kind="bpe", model=model, id_to_token=TokenTexts(vocab), pre_tokenizer=pt.from_gguf_name(pre, path),
         added=added, special_ids=special,
         prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
         bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(meta.get("tokenizer.ggml.padding_token_id")),
@@ -76,15 +77,12 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     )
 
 
-def merge_table(merges: list[str], path, vocab: dict[str, int], first_extra: int, ids: list[int] | None = None,
-                tokens: list[str] | None = None):
+def merge_table(merges: list[str], path, vocab: Vocabulary):
     """'left right' lines -> BPE's id table (PairTable, extra), cut as llama.cpp cuts: at the
     first space after the first character; a pair listed twice keeps its first (best) rank. See
-    _merge_ranks.pyx. first_extra: a number past every id of vocab. ids: list(range(n)) of the
-    vocabulary, whose int objects encoded ids reuse (less new memory). tokens: the texts by id,
-    where none is listed twice (faster: most products' ids are guessed and checked)."""
+    _merge_ranks.pyx."""
     try:  # the C loop checks each line's type: no separate pass over the 48900 lines
-        table, bad = _merge_ranks.table_from_lines(merges, vocab, first_extra, ids, tokens)
+        table, bad = _merge_ranks.table_from_lines(merges, vocab)
     except TypeError:
         raise FormatError(path, "tokenizer.ggml.merges must be an array of strings") from None
     if table is None:

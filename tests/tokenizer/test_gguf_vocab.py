@@ -5,6 +5,7 @@ caller's already parsed metadata gives the same tokenizer as the file; malformed
 refused with a FormatError."""
 
 import pytest
+from scratchllm.tokenizer._vocabulary import Vocabulary
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.gguf import GGUFFile
@@ -16,10 +17,8 @@ def merge_ranks(lines: list[str], path, tokens: list[str] | None = None) -> dict
     """Our table for `lines` over the vocabulary `tokens` (none: every text is an extra symbol),
     written back as {(left, right): rank}; every pair's product is the symbol of left + right."""
     tokens = tokens or []
-    vocab = {t: i for i, t in enumerate(tokens)}
-    unique = tokens if len(vocab) == len(tokens) else None
-    table = merge_table(lines, path, vocab, len(tokens), list(range(len(tokens))), unique)
-    model = BPE(vocab, table, len(tokens))
+    vocab = Vocabulary(tokens)
+    model = BPE(vocab, merge_table(lines, path, vocab), len(tokens))
     ranks = model.ranks()
     text = {i: t for t, i in vocab.items()} | {i: t for t, i in model.extra.items()}
     assert all(text[model.table.product(rank)] == left + right for (left, right), rank in ranks.items())
@@ -55,11 +54,9 @@ def test_products_guessed_from_positions_are_checked():
     """The builder guesses each product's id from the one before (GPT-2 style order); a file in
     another order gets the ids its texts have."""
     tokens = ["a", "b", "c", "bc", "ab", "abc"]  # products of the lines below: 4, 3, 5 (no +1 run)
-    vocab = {t: i for i, t in enumerate(tokens)}
     lines = ["a b", "b c", "ab c"]
-    ids = list(range(len(tokens)))
-    for listed in (None, tokens):
-        table, extra = merge_table(lines, "x", vocab, len(tokens), ids, listed)
+    for listed in (tokens, [*tokens, "a"]):  # the second lists a text twice: no guessing
+        table, extra = merge_table(lines, "x", Vocabulary(listed))
         assert table.products_list() == [4, 3, 5] and not extra
 
 
@@ -94,7 +91,7 @@ def test_a_merge_without_its_space_is_refused(line):
 
 def test_parsed_metadata_gives_the_same_tokenizer_as_the_file(default_gguf, smollm_meta):
     a, b = from_gguf(default_gguf), from_gguf(default_gguf, smollm_meta)
-    assert a.id_to_token == b.id_to_token and a.model.vocab == b.model.vocab
+    assert a.id_to_token == b.id_to_token and a.model.vocab.items() == b.model.vocab.items()
     assert a.model.table.items() == b.model.table.items() and a.model.extra == b.model.extra
     assert a.model.table.products_list() == b.model.table.products_list()
     assert (a.added, a.special_ids, a.prefix_ids, a.bos_token_id, a.eos_token_id, a.chat_template) == \
@@ -123,5 +120,5 @@ def test_malformed_vocabularies_are_refused(changes, message):
 
 def test_a_small_vocabulary_reads_as_written():
     spec = from_gguf("small.gguf", _meta(**{"tokenizer.ggml.token_type": [1, 1, 3]}))
-    assert spec.model.vocab == {"a": 0, "b": 1, "ab": 2} and spec.model.ranks() == {("a", "b"): 0}
+    assert dict(spec.model.vocab.items()) == {"a": 0, "b": 1, "ab": 2} and spec.model.ranks() == {("a", "b"): 0}
     assert spec.added == {"ab": 2} and spec.special_ids == {2}
