@@ -7,18 +7,23 @@
     tokenizer.ggml.pre         str    the pre-tokenizer's name (pretokenize.from_gguf_name)
 
 Cost: building the tables is a large part of loading a small model (49152 tokens and 48900
-merges for SmolLM2), so each is made in one pass in C: the vocabulary by dict(zip(...)), the
-merge ranks by _merge_ranks.pyx.
+merges for SmolLM2), so each is made in one pass in C, into C arrays rather than Python objects:
+the vocabulary by _vocabulary.pyx, the merge table over token ids by _merge_ranks.pyx. What each
+holds in memory: docs/tokenizer-memory.md.
 """
+
+from itertools import compress, count
 
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer import _merge_ranks
 from scratchllm.tokenizer import pretokenize as pt
+from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.tokenizer import TokenizerSpec
 
-# GGUF token types (llama.cpp's llama_token_type): 3 = control (<|im_start|>), 4 = user-defined.
-GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+# GGUF token types (llama.cpp's llama_token_type): 1 = normal, 3 = control (<|im_start|>),
+# 4 = user-defined.
+GGUF_NORMAL, GGUF_CONTROL, GGUF_USER_DEFINED = 1, 3, 4
 
 
 def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
@@ -40,23 +45,29 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
         else [1] * len(tokens)
     if len(types) != len(tokens):
         raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    ids = list(range(len(tokens)))  # one int object per id, shared by the vocabulary and the merge ranks
-    vocab = dict(zip(tokens, ids, strict=True))  # a token listed twice keeps its last id
-    ranks = merge_ranks(_array(meta, "tokenizer.ggml.merges", str, path), path, ids)
+    # A token listed twice keeps its last id (as dict(zip(...)) would).
+    vocab = Vocabulary(tokens)
+    table = merge_table(meta["tokenizer.ggml.merges"], path, vocab)
     # The file's own declaration decides (llama.cpp reads it too). transformers' GGUF loader ignores
     # it and applies GPT-2's rule, which differs for 'smollm' where digits follow spaces or letters.
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
     # Control and user-defined tokens are matched in raw text before BPE (llama.cpp does the same);
     # control tokens are the "special" ones that decode(skip_special_tokens=True) drops.
-    added = {tokens[i]: i for i, t in enumerate(types) if t == GGUF_CONTROL or t == GGUF_USER_DEFINED}
-    special = frozenset(i for i, t in enumerate(types) if t == GGUF_CONTROL)
+    # The few ids that are no plain token are found in C (compress over map): a Python loop over
+    # all 49152 types took 3.5 ms.
+    odd = list(compress(count(), map(GGUF_NORMAL.__ne__, types)))
+    added = {tokens[i]: i for i in odd if types[i] == GGUF_CONTROL or types[i] == GGUF_USER_DEFINED}
+    special = frozenset(i for i in odd if types[i] == GGUF_CONTROL)
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     # Without the key, llama.cpp adds BOS for the Llama 3 family only.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    model = BPE(vocab, ranks, ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
+    # The vocabulary gives each text one id, and distinct texts distinct ids: what the id table needs.
+    model = BPE(vocab, table, len(tokens), ignore_merges=pre in pt.GGUF_IGNORE_MERGES)
     return TokenizerSpec(
-        kind="bpe", model=model, id_to_token=tokens, pre_tokenizer=pt.from_gguf_name(pre, path),
+        # The texts by id from the compact vocabulary: the metadata's 49152 str objects (4 MiB)
+        # are not kept.
+        kind="bpe", model=model, id_to_token=TokenTexts(vocab), pre_tokenizer=pt.from_gguf_name(pre, path),
         added=added, special_ids=special,
         prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
         bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(meta.get("tokenizer.ggml.padding_token_id")),
@@ -66,14 +77,17 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     )
 
 
-def merge_ranks(merges: list[str], path, ids: list[int] | None = None) -> dict[tuple[str, str], int]:
-    """'left right' lines -> {(left, right): rank}, cut as llama.cpp cuts: at the first space after
-    the first character; a pair listed twice keeps its first (best) rank. See _merge_ranks.pyx.
-    ids: list(range(n)) of the vocabulary, whose int objects the ranks reuse (less new memory)."""
-    ranks, bad = _merge_ranks.merge_ranks(merges, ids)
-    if ranks is None:
+def merge_table(merges: list[str], path, vocab: Vocabulary):
+    """'left right' lines -> BPE's id table (PairTable, extra), cut as llama.cpp cuts: at the
+    first space after the first character; a pair listed twice keeps its first (best) rank. See
+    _merge_ranks.pyx."""
+    try:  # the C loop checks each line's type: no separate pass over the 48900 lines
+        table, bad = _merge_ranks.table_from_lines(merges, vocab)
+    except TypeError:
+        raise FormatError(path, "tokenizer.ggml.merges must be an array of strings") from None
+    if table is None:
         raise FormatError(path, f"merge {merges[bad]!r} has no space between its two halves")
-    return ranks
+    return table
 
 
 def _array(meta: dict, key: str, kind: type, path) -> list:

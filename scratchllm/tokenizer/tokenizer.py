@@ -8,6 +8,7 @@ Which normalizer, pre-tokenizer and model a checkpoint uses is read from its fil
 scratchllm.tokenizer.loaders; this module only runs the pipeline.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import regex
@@ -32,7 +33,7 @@ class TokenizerSpec:
 
     kind: str  # "bpe" (byte-level) or "wordpiece"
     model: object
-    id_to_token: list[str]
+    id_to_token: Sequence[str]  # a list, or a compact vocabulary's TokenTexts (GGUF)
     pre_tokenizer: object  # text -> list[str]
     normalizer: object = None  # text -> text, or None
     added: dict[str, int] = field(default_factory=dict)
