@@ -622,11 +622,9 @@ cdef extern from *:
        half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). */
     typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;  /* exact: see pg_q8_row */
 
-    static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {
-        if (a->bits == 8)
-            return a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
-                           : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
-        return pg_q4_group_at((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+    static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
+        return a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
+                       : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
     }
 
     static inline long pg_scale_size(int bits, int half) {  /* bytes of one d (or m) */
@@ -687,15 +685,13 @@ cdef extern from *:
                 continue;
             }
             pg_q8_group s = pg_group(a, g);
-            {  /* one row at a time: 2 R + 2 + 1 live vectors, as the float32 kernel */
-                for (long k = 32 * g; k < 32 * g + 32; k++) {
-                    pg_vec w0, w1;
-                    pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
-                    for (int r = 0; r < R; r++) {
-                        float xr = x[r * lda + k];
-                        acc[2 * r] += xr * w0;
-                        acc[2 * r + 1] += xr * w1;
-                    }
+            for (long k = 32 * g; k < 32 * g + 32; k++) {  /* one row at a time: 2 R + 2 + 1 live vectors */
+                pg_vec w0, w1;
+                pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
+                for (int r = 0; r < R; r++) {
+                    float xr = x[r * lda + k];
+                    acc[2 * r] += xr * w0;
+                    acc[2 * r + 1] += xr * w1;
                 }
             }
         }
