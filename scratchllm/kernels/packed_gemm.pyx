@@ -65,6 +65,7 @@ from libc.stdlib cimport free, malloc
 cdef extern from *:
     """
     #include <stdint.h>
+    #include <stddef.h>
     #include <string.h>
     #if defined(__AVX512F__) || defined(__AVX2__)
     #include <immintrin.h>
@@ -438,163 +439,40 @@ cdef extern from *:
         {0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00, 0xF00},
         {0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000, 0xF000}};
     #define PG_Q4_PAIR_ASM 1
+    _Static_assert(sizeof(pg_vec) == 32 && offsetof(pg_q4_group, s1) == 128, "the assembly's scale offsets");
+    /* One vector of 8 columns of one row: word register Q masked (ymm12), converted, times its
+       scale at S_OFF(%[S]) plus offset M, then into accumulator A; T a temporary. */
+    #define PG_Q4_ASM_VEC(Q, T, S_OFF, S, M, A) \\
+        "vpand %%ymm" #Q ", %%ymm12, %%ymm" #T "\\n\\t" \\
+        "vcvtdq2ps %%ymm" #T ", %%ymm" #T "\\n\\t" \\
+        "vfmadd132ps " #S_OFF "(%[" #S "]), %[" #M "], %%ymm" #T "\\n\\t" \\
+        "vfmadd231ps %%ymm" #T ", %%ymm13, %[" #A "]\\n\\t"
+    /* Row t of the word row: x[t] at X_OFF, mask u = t % 4 at MASK_OFF, the halves' scales
+       d 16^-u at S_OFF0 and S_OFF1 of each panel's pg_q4_group. */
+    #define PG_Q4_ASM_ROW(X_OFF, MASK_OFF, S_OFF0, S_OFF1) \\
+        "vbroadcastss " #X_OFF "(%[x]), %%ymm13\\n\\t" \\
+        "vmovdqa " #MASK_OFF "(%[masks]), %%ymm12\\n\\t" \\
+        PG_Q4_ASM_VEC(8, 14, S_OFF0, s0, m00, a00) PG_Q4_ASM_VEC(9, 15, S_OFF1, s0, m01, a01) \\
+        PG_Q4_ASM_VEC(10, 14, S_OFF0, s1, m10, a10) PG_Q4_ASM_VEC(11, 15, S_OFF1, s1, m11, a11)
+    /* Rows 4..7: the same masks on the words shifted right by 16. */
+    #define PG_Q4_ASM_SHIFT16 \\
+        "vpsrld $16, %%ymm8, %%ymm8\\n\\t" "vpsrld $16, %%ymm9, %%ymm9\\n\\t" \\
+        "vpsrld $16, %%ymm10, %%ymm10\\n\\t" "vpsrld $16, %%ymm11, %%ymm11\\n\\t"
     static inline __attribute__((always_inline)) void pg_q4_pair_words(const uint8_t *qa, const uint8_t *qb,
                                                                       const float *x, const pg_q4_group *sa,
                                                                       const pg_q4_group *sb, pg_vec *acc) {
         pg_vec a00 = acc[0], a01 = acc[1], a10 = acc[2], a11 = acc[3];
-        __asm__("\\n\\t"
-                    "vmovdqu 0(%[q0]), %%ymm8\\n\\t"
-                    "vmovdqu 32(%[q0]), %%ymm9\\n\\t"
-                    "vmovdqu 0(%[q1]), %%ymm10\\n\\t"
-                    "vmovdqu 32(%[q1]), %%ymm11\\n\\t"
-                    "vbroadcastss 0(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 0(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 0(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 128(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 0(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 128(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 4(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 32(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 32(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 160(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 32(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 160(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 8(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 64(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 64(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 192(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 64(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 192(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 12(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 96(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 96(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 224(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 96(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 224(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vpsrld $16, %%ymm8, %%ymm8\\n\\t"
-                    "vpsrld $16, %%ymm9, %%ymm9\\n\\t"
-                    "vpsrld $16, %%ymm10, %%ymm10\\n\\t"
-                    "vpsrld $16, %%ymm11, %%ymm11\\n\\t"
-                    "vbroadcastss 16(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 0(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 0(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 128(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 0(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 128(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 20(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 32(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 32(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 160(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 32(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 160(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 24(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 64(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 64(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 192(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 64(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 192(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
-                    "vbroadcastss 28(%[x]), %%ymm13\\n\\t"
-                    "vmovdqa 96(%[masks]), %%ymm12\\n\\t"
-                    "vpand %%ymm8, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 96(%[s0]), %[m00], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a00]\\n\\t"
-                    "vpand %%ymm9, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 224(%[s0]), %[m01], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a01]\\n\\t"
-                    "vpand %%ymm10, %%ymm12, %%ymm14\\n\\t"
-                    "vcvtdq2ps %%ymm14, %%ymm14\\n\\t"
-                    "vfmadd132ps 96(%[s1]), %[m10], %%ymm14\\n\\t"
-                    "vfmadd231ps %%ymm14, %%ymm13, %[a10]\\n\\t"
-                    "vpand %%ymm11, %%ymm12, %%ymm15\\n\\t"
-                    "vcvtdq2ps %%ymm15, %%ymm15\\n\\t"
-                    "vfmadd132ps 224(%[s1]), %[m11], %%ymm15\\n\\t"
-                    "vfmadd231ps %%ymm15, %%ymm13, %[a11]\\n\\t"
+        __asm__("vmovdqu 0(%[q0]), %%ymm8\\n\\t" "vmovdqu 32(%[q0]), %%ymm9\\n\\t"
+                "vmovdqu 0(%[q1]), %%ymm10\\n\\t" "vmovdqu 32(%[q1]), %%ymm11\\n\\t"
+                PG_Q4_ASM_ROW(0, 0, 0, 128)
+                PG_Q4_ASM_ROW(4, 32, 32, 160)
+                PG_Q4_ASM_ROW(8, 64, 64, 192)
+                PG_Q4_ASM_ROW(12, 96, 96, 224)
+                PG_Q4_ASM_SHIFT16
+                PG_Q4_ASM_ROW(16, 0, 0, 128)
+                PG_Q4_ASM_ROW(20, 32, 32, 160)
+                PG_Q4_ASM_ROW(24, 64, 64, 192)
+                PG_Q4_ASM_ROW(28, 96, 96, 224)
                 : [a00] "+x"(a00), [a01] "+x"(a01), [a10] "+x"(a10), [a11] "+x"(a11)
                 : [m00] "x"(sa->m0), [m01] "x"(sa->m1), [m10] "x"(sb->m0), [m11] "x"(sb->m1), [q0] "r"(qa),
                   [q1] "r"(qb), [x] "r"(x), [s0] "r"(sa->s0), [s1] "r"(sb->s0), [masks] "r"(pg_q4_masks),
