@@ -644,7 +644,7 @@ cdef extern from *:
     static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int exact,
                                                                       const float *x, const pg_qpanel *a,
                                                                       const pg_qpanel *b, long kc, float *c,
-                                                                      int cols_b, int first) {
+                                                                      int cols_b, int first, long ahead) {
         pg_vec acc[4];
         for (int r = 0; r < 4; r++)
             acc[r] = (pg_vec){0};
@@ -653,6 +653,9 @@ cdef extern from *:
                 pg_q4_group sa = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g),
                             sb = pg_q4_scales((const uint16_t *)b->d, (const uint16_t *)b->m, g);
                 for (long r = 4 * g; r < 4 * g + 4; r++) {
+                    /* the next pair's row r, a pair's time ahead: see pg_gemm_q8_pair */
+                    __builtin_prefetch((const char *)a->q + r * 4 * PG_NR + ahead);
+                    __builtin_prefetch((const char *)b->q + r * 4 * PG_NR + ahead);
     #ifdef PG_Q4_PAIR_ASM
                     pg_q4_pair_words((const uint8_t *)a->q + r * 4 * PG_NR, (const uint8_t *)b->q + r * 4 * PG_NR,
                                      x + 8 * r, &sa, &sb, acc);
@@ -684,6 +687,12 @@ cdef extern from *:
         pg_store(1, acc + 2, c + PG_NR, 0, cols_b, first);
     }
 
+    /* A task streams its panels in order, but a pair reads two of them at once, so the pair after
+       it starts one stream where the hardware prefetcher was following none: each row of the pair
+       prefetches the same row of the next pair (4-bit; the quad loop below does the same for the
+       next four panels). Measured on Zen 3, from memory, alternating in one process: the 4-bit
+       matrices of a decode step 12-16% faster on one thread, 2-4% on two; the Q8_0 LM head 5-15%
+       faster on two; a default-model decode step 5-9% faster on two threads. */
     static void pg_gemm_q8_pair(const pg_q8_job *j, long p) {
         pg_qpanel wa = pg_whole_panel(j, p), wb = pg_whole_panel(j, p + 1);
         int cols_b = pg_panel_cols(j->n, p + 1);
@@ -693,11 +702,11 @@ cdef extern from *:
             const float *x = j->x + k0;
             float *c = j->c + p * PG_NR;
             if (j->bits == 4)
-                pg_micro_q1x2_r(4, 1, x, &a, &b, kcur, c, cols_b, k0 == 0);
+                pg_micro_q1x2_r(4, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 2 * (j->K / 2) * PG_NR);
             else if (j->exact)
-                pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0);
+                pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
             else
-                pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0);
+                pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
         }
     }
 
@@ -734,6 +743,9 @@ cdef extern from *:
                 }
                 for (long k = 32 * g; k < 32 * g + 32; k++) {
                     float xk = j->x[k];
+                    if (!(k & 3))  /* the next four panels' line of rows k..k+3: see pg_gemm_q8_pair */
+                        for (int i = 0; i < 4; i++)
+                            __builtin_prefetch(q[i] + k * PG_NR + 4 * K * PG_NR);
                     for (int i = 0; i < 4; i++) {
                         pg_vec a, b, da, db;
                         pg_int8_to_f32(q[i] + k * PG_NR, &a);
