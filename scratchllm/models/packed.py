@@ -83,6 +83,9 @@ class PackedWeight:
     def __rmatmul__(self, x):  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:
             raise ValueError(f"x of shape {x.shape} @ a [{self.shape[0]}, {self.shape[1]}] weight")
+        if self.dtype == "quantized" and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32 \
+                and x.flags.c_contiguous:  # the LM head of a decode step: the product bound once (matmul_into)
+            return self.matmul_into(x, np.empty((x.shape[0], self.shape[1]), dtype=np.float32))
         return packed_gemm.matmul(x, self.panels, self.shape[1])
 
     @property
