@@ -34,9 +34,44 @@ logger = logging.getLogger(__name__)
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
-FORMAT = 4  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words
+FORMAT = 5  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
+# 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
+# cache written before is written once more instead of being read in small pages for ever
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
+
+
+def _advise_huge_pages(mm: mmap.mmap) -> None:
+    """Ask for the cache's pages in 2 MiB page-cache folios, mapped whole (one TLB entry per 2 MiB).
+    Pages read from disk after this advice come in as such folios (on a file system with large
+    folios, Linux 6.x: ext4, xfs); pages already cached stay as they are, hence the write path's
+    `_drop_from_page_cache`. Measured on this machine (2 threads, one process alternating the
+    two): a default-model decode step mapped in 4 KiB pages was 4-8% slower than the same panels
+    in huge anonymous pages; mapped through this advice, the same (0.98-1.0)."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            mm.madvise(advice)
+        except OSError:  # a kernel without transparent huge pages
+            pass
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    """Write the new cache file out and drop its pages from the page cache. The writes left it
+    there in small folios, which no later mapping could map in huge pages; read back after
+    `_advise_huge_pages`, it comes in whole 2 MiB folios. Costs the first load a disk sync (10-60
+    ms for the default model's 96 MB here); the load itself uses the panels it just packed."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fdatasync(fd)  # only clean pages can be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):  # no such call here: the cache still works, in small pages
+        pass
+    finally:
+        os.close(fd)
 
 
 def cache_dir() -> Path:
@@ -79,6 +114,7 @@ class PanelCache:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):
             return  # no cache yet (or an empty file)
+        _advise_huge_pages(mm)  # before the first read: the header's fault reads ahead megabytes
         try:
             if mm[:8] != MAGIC:
                 raise ValueError("not a panel cache")
@@ -180,6 +216,7 @@ class PanelCache:
                     f.write(memoryview(np.ascontiguousarray(a)).cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one
+            _drop_from_page_cache(self.path)
             logger.info("packed panels of %s cached in %s", self.model_path, self.path)
             self._prune()
         except OSError as err:

@@ -97,3 +97,53 @@ def test_another_builds_newest_cache_of_the_same_file_is_kept(cache_dir, default
     load_model("default")  # packs, writes this build's cache, prunes
     names = sorted(p.stem for p in cache_dir.glob("*.panels"))
     assert "build-new" in names and "build-old" not in names and "file-before" not in names and len(names) == 2
+
+
+def _fs_type(path) -> str:
+    """The file system type of the mount holding `path` (/proc/mounts, longest matching mount point)."""
+    best, kind = "", ""
+    with open("/proc/mounts") as f:
+        mounts = [line.split()[1:3] for line in f]
+    for point, fstype in mounts:
+        if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def _vma_fields(path) -> dict:
+    """/proc/self/smaps fields of this process's mapping of `path`."""
+    import re
+
+    with open("/proc/self/smaps") as f:
+        smaps = f.read()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
+        if block.split("\n", 1)[0].endswith(str(path)):
+            return dict(line.split(":", 1) for line in block.split("\n")[1:] if ":" in line)
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="no posix_fadvise here")
+def test_a_new_cache_leaves_the_page_cache_and_is_mapped_with_huge_page_advice(cache_dir):
+    """save() writes the file out and drops it from the page cache (its written pages are small
+    folios, which no mapping can map in huge pages); a load maps it advised MADV_HUGEPAGE, so
+    that the pages read back come in 2 MiB folios."""
+    import mmap
+
+    from scratchllm.models.arena import resident_bytes
+
+    load_model("default")  # packs and writes
+    (path,) = cache_dir.glob("*.panels")
+    if _fs_type(path) in ("tmpfs", "ramfs"):
+        pytest.skip("a memory file system keeps its pages")
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint8)
+    assert resident_bytes(view) < 0.05 * view.nbytes  # the ~96 MB are not in the page cache
+    del view
+    mm.close()
+    model = load_model("default")  # maps it
+    fields = _vma_fields(path)
+    if hasattr(mmap, "MADV_HUGEPAGE") and __import__("os").path.exists("/sys/kernel/mm/transparent_hugepage"):
+        assert "hg" in fields["VmFlags"].split()
+    assert int(fields["Rss"].split()[0]) * 1024 > 0.9 * path.stat().st_size  # populated at load
+    np.testing.assert_array_equal(logits(model), logits(load_model("default")))
