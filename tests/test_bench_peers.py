@@ -14,8 +14,9 @@ def test_a_short_round_measures_every_row(monkeypatch):
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     args = parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
-                              "--bandwidth-mb", "64"])
+                              "--bandwidth-mb", "64", "--decode-context", "40"])
     r = peers.run(args)
+    assert r["inputs"]["decode_context"] == 40
     ours = r["figures"]["ours"]
     for key, _, _ in peers.ROWS:
         assert ours[key] > 0, key
@@ -24,6 +25,7 @@ def test_a_short_round_measures_every_row(monkeypatch):
     assert len(r["rounds"]["ours"][0]["greedy"]) == 3
     text = peers.render(r)
     assert "not installed" in text and "make peers" in text and "llama.cpp" not in text.split("\n", 3)[3]
+    assert "3 steps after a 40-token prompt" in text
 
 
 @pytest.mark.slow
@@ -109,3 +111,23 @@ def test_step_breakdown_takes_a_fused_kernels_own_split():
     assert ms["layer_matmuls"] == pytest.approx(1.2) and ms["attention"] == pytest.approx(0.3)
     assert ms["rest"] == pytest.approx(0.1) and ms["lm_head"] == 0
     assert ms["total"] >= 2.0 and ms["python"] == pytest.approx(ms["total"] - 1.6)
+
+
+def test_decode_context_lengthens_the_decode_prompt_only():
+    base = peers.workload(5000, {"prompt_tokens": 7, "batch": 3})
+    deep = peers.workload(5000, {"prompt_tokens": 7, "batch": 3, "decode_context": 40})
+    short = peers.workload(5000, {"prompt_tokens": 7, "batch": 3, "decode_context": 5})
+    assert len(base["decode"]) == 16 and len(deep["decode"]) == 40 and short["decode"] == base["decode"][:5]
+    assert deep["decode"][:16] == base["decode"] and len(set(deep["decode"][16:])) > 1
+    for other in ("prefill", "batch"):  # the other rows measure what they always did
+        assert deep[other] == base[other] == short[other]
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--new-tokens", "--decode-context", "--batch"])
+def test_a_count_below_one_is_refused_before_anything_runs(flag):
+    from scratchllm.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    with pytest.raises(ConfigError, match=f"{flag} must be >= 1"):
+        peers.run(parser.parse_args([flag, "0"]))

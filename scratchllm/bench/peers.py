@@ -7,7 +7,9 @@ ours, ... A round of either measures, in this order:
                               default dtype; the peer: `llama_cpp.Llama`)
   RSS after load, MB          the child's resident memory right after
   prefill tok/s               one prompt of --prompt-tokens ids, after one warm-up run
-  decode tok/s                --new-tokens greedy steps after a 16-token prompt, one stream
+  decode tok/s                --new-tokens greedy steps after a prompt of --decode-context ids
+                              (default 16; a longer one measures decode deep in a context, where
+                              attention reads more of the KV cache per step), one stream
   aggregate tok/s             --batch prompts of 32 ids x --new-tokens each, prefill included
                               (ours: one batched `LLM.generate`; llama-cpp-python's high-level
                               API serves one sequence at a time, so the peer runs them in turn)
@@ -46,6 +48,8 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
     parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
+    parser.add_argument("--decode-context", type=int, default=16,
+                        help="prompt ids before the decode row's steps (default 16)")
     parser.add_argument("--batch", type=int, default=16, help="prompts of the aggregate row (default 16)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="array size for the bandwidth probe")
 
@@ -58,9 +62,13 @@ def workload(vocab_size: int, spec: dict) -> dict:
     """The token ids both sides get: fixed, so rounds and sides compute the same thing."""
     rng = np.random.default_rng(0)
     lo = min(100, vocab_size // 2)
-    return {"prefill": rng.integers(lo, vocab_size, spec["prompt_tokens"]).tolist(),
-            "decode": rng.integers(lo, vocab_size, 16).tolist(),
-            "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
+    ids = {"prefill": rng.integers(lo, vocab_size, spec["prompt_tokens"]).tolist(),
+           "decode": rng.integers(lo, vocab_size, 16).tolist(),
+           "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
+    n = spec.get("decode_context", 16)  # longer: more ids after the 16 (the other rows' ids stay as they were)
+    more = np.random.default_rng(1).integers(lo, vocab_size, max(n - 16, 0)).tolist()
+    ids["decode"] = (ids["decode"] + more)[:n]
+    return ids
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
@@ -166,7 +174,7 @@ def _peer(spec: dict) -> dict:
         llm, load_s, rss = _peer_open(spec, max(map(len, prompts)) + spec["new_tokens"] + 8)
         return {"load_s": load_s, "rss_after_load_mb": rss, "version": llama_cpp.__version__,
                 "aggregate_tok_s": _peer_batch(llm, prompts, spec["new_tokens"])}
-    n_ctx = max(spec["prompt_tokens"], 16 + spec["new_tokens"], 32 + spec["new_tokens"]) + 8
+    n_ctx = max(spec["prompt_tokens"], spec.get("decode_context", 16) + spec["new_tokens"], 32 + spec["new_tokens"]) + 8
     llm, load_s, rss = _peer_open(spec, n_ctx)
     out = {"load_s": load_s, "rss_after_load_mb": rss}
     ids = workload(llm.n_vocab(), spec)
@@ -227,13 +235,16 @@ def run(args) -> dict:
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
 
+    for name in ("rounds", "threads", "prompt_tokens", "new_tokens", "decode_context", "batch", "bandwidth_mb"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     path = resolve_model(args.model)
     ckpt = load_checkpoint(path)
     if ckpt.format != "gguf":
         raise ConfigError(f"bench peers compares both sides on one GGUF file; {path} is {ckpt.format}")
     file_weight_bytes = sum(i.nbytes for i in ckpt.infos.values())
     spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
-            "new_tokens": args.new_tokens, "batch": args.batch}
+            "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch}
     sides = ["ours", PEER] if peer_installed() else ["ours"]
     rounds = {side: [] for side in sides}
     bandwidth, loads = [], []
@@ -284,6 +295,7 @@ def render(r: dict) -> str:
         if r["peer_installed"]:
             line += f"{f[PEER][key]:>12.2f}{r['advantage'][key]:>10.2f}x"
         lines.append(line)
+    lines.append(f"decode: {i['new_tokens']} steps after a {i.get('decode_context', 16)}-token prompt")
     cached = sum(bool(x.get("panels_from_cache")) for x in r["rounds"]["ours"])
     lines.append(f"ours: panels mapped from the panel cache in {cached} of {len(r['rounds']['ours'])} rounds "
                  "(the others packed them from the file's blocks)")
