@@ -131,3 +131,12 @@ def test_a_count_below_one_is_refused_before_anything_runs(flag):
     peers.add_arguments(parser)
     with pytest.raises(ConfigError, match=f"{flag} must be >= 1"):
         peers.run(parser.parse_args([flag, "0"]))
+
+
+def test_rows_longer_than_the_models_context_are_refused_before_anything_runs():
+    from scratchllm.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    with pytest.raises(ConfigError, match="9010 positions .* model's context of 8192"):
+        peers.run(parser.parse_args(["--decode-context", "9000", "--new-tokens", "10"]))

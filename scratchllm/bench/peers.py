@@ -40,6 +40,7 @@ ROWS = [  # (key, label, higher is better)
     ("peak_rss_mb", "peak RSS, MB", False),
 ]
 PEER = "llama.cpp"
+DECODE_CONTEXT = 16  # the decode row's prompt ids unless --decode-context says otherwise
 
 
 def add_arguments(parser):
@@ -48,8 +49,8 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
     parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode length (default 128)")
-    parser.add_argument("--decode-context", type=int, default=16,
-                        help="prompt ids before the decode row's steps (default 16)")
+    parser.add_argument("--decode-context", type=int, default=DECODE_CONTEXT,
+                        help=f"prompt ids before the decode row's steps (default {DECODE_CONTEXT})")
     parser.add_argument("--batch", type=int, default=16, help="prompts of the aggregate row (default 16)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="array size for the bandwidth probe")
 
@@ -63,12 +64,19 @@ def workload(vocab_size: int, spec: dict) -> dict:
     rng = np.random.default_rng(0)
     lo = min(100, vocab_size // 2)
     ids = {"prefill": rng.integers(lo, vocab_size, spec["prompt_tokens"]).tolist(),
-           "decode": rng.integers(lo, vocab_size, 16).tolist(),
+           "decode": rng.integers(lo, vocab_size, DECODE_CONTEXT).tolist(),
            "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
-    n = spec.get("decode_context", 16)  # longer: more ids after the 16 (the other rows' ids stay as they were)
-    more = np.random.default_rng(1).integers(lo, vocab_size, max(n - 16, 0)).tolist()
+    n = spec.get("decode_context", DECODE_CONTEXT)  # longer: more ids after these (the other rows' ids stay)
+    more = np.random.default_rng(1).integers(lo, vocab_size, max(n - DECODE_CONTEXT, 0)).tolist()
     ids["decode"] = (ids["decode"] + more)[:n]
     return ids
+
+
+def _positions_needed(spec: dict) -> int:
+    """The longest sequence a round makes: the prefill prompt, the decode prompt and its steps, or a
+    32-id batch prompt and its steps."""
+    new = spec["new_tokens"]
+    return max(spec["prompt_tokens"], spec.get("decode_context", DECODE_CONTEXT) + new, 32 + new)
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
@@ -174,7 +182,7 @@ def _peer(spec: dict) -> dict:
         llm, load_s, rss = _peer_open(spec, max(map(len, prompts)) + spec["new_tokens"] + 8)
         return {"load_s": load_s, "rss_after_load_mb": rss, "version": llama_cpp.__version__,
                 "aggregate_tok_s": _peer_batch(llm, prompts, spec["new_tokens"])}
-    n_ctx = max(spec["prompt_tokens"], spec.get("decode_context", 16) + spec["new_tokens"], 32 + spec["new_tokens"]) + 8
+    n_ctx = _positions_needed(spec) + 8
     llm, load_s, rss = _peer_open(spec, n_ctx)
     out = {"load_s": load_s, "rss_after_load_mb": rss}
     ids = workload(llm.n_vocab(), spec)
@@ -245,6 +253,10 @@ def run(args) -> dict:
     file_weight_bytes = sum(i.nbytes for i in ckpt.infos.values())
     spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch}
+    context = ckpt.metadata.get(f"{ckpt.metadata.get('general.architecture')}.context_length")
+    if context is not None and _positions_needed(spec) > context:
+        raise ConfigError(f"the rows need {_positions_needed(spec)} positions (--prompt-tokens, --decode-context + "
+                          f"--new-tokens, 32 + --new-tokens), more than the model's context of {context}")
     sides = ["ours", PEER] if peer_installed() else ["ours"]
     rounds = {side: [] for side in sides}
     bandwidth, loads = [], []
@@ -295,7 +307,7 @@ def render(r: dict) -> str:
         if r["peer_installed"]:
             line += f"{f[PEER][key]:>12.2f}{r['advantage'][key]:>10.2f}x"
         lines.append(line)
-    lines.append(f"decode: {i['new_tokens']} steps after a {i.get('decode_context', 16)}-token prompt")
+    lines.append(f"decode: {i['new_tokens']} steps after a {i.get('decode_context', DECODE_CONTEXT)}-token prompt")
     cached = sum(bool(x.get("panels_from_cache")) for x in r["rounds"]["ours"])
     lines.append(f"ours: panels mapped from the panel cache in {cached} of {len(r['rounds']['ours'])} rounds "
                  "(the others packed them from the file's blocks)")

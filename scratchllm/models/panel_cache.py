@@ -56,22 +56,17 @@ def _advise_huge_pages(mm: mmap.mmap) -> None:
             pass
 
 
-def _drop_from_page_cache(path: Path) -> None:
-    """Write the new cache file out and drop its pages from the page cache. The writes left it
-    there in small folios, which no later mapping could map in huge pages; read back after
-    `_advise_huge_pages`, it comes in whole 2 MiB folios. Costs the first load a disk sync (10-60
-    ms for the default model's 96 MB here); the load itself uses the panels it just packed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+def _drop_from_page_cache(fd: int) -> None:
+    """Write the new cache file (open as `fd`, all of it written) out and drop its pages from the
+    page cache. The writes left it there in small folios, which no later mapping could map in huge
+    pages; read back after `_advise_huge_pages`, it comes in whole 2 MiB folios. Costs the first
+    load a disk sync (10-60 ms for the default model's 96 MB here); the load itself uses the panels
+    it just packed. Synced before the rename, a crash never leaves a renamed file half written."""
     try:
         os.fdatasync(fd)  # only clean pages can be dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # no such call here: the cache still works, in small pages
         pass
-    finally:
-        os.close(fd)
 
 
 def cache_dir() -> Path:
@@ -215,8 +210,9 @@ class PanelCache:
                 for a in blobs:
                     f.write(memoryview(np.ascontiguousarray(a)).cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
+                f.flush()
+                _drop_from_page_cache(f.fileno())
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one
-            _drop_from_page_cache(self.path)
             logger.info("packed panels of %s cached in %s", self.model_path, self.path)
             self._prune()
         except OSError as err:

@@ -2,6 +2,9 @@
 the same logits bit for bit; a damaged or unwritable cache costs a repack, never a wrong model."""
 
 import logging
+import mmap
+import os
+import re
 
 import numpy as np
 import pytest
@@ -112,8 +115,6 @@ def _fs_type(path) -> str:
 
 def _vma_fields(path) -> dict:
     """/proc/self/smaps fields of this process's mapping of `path`."""
-    import re
-
     with open("/proc/self/smaps") as f:
         smaps = f.read()
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
@@ -122,13 +123,11 @@ def _vma_fields(path) -> dict:
     raise AssertionError(f"{path} is not mapped")
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="no posix_fadvise here")
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
 def test_a_new_cache_leaves_the_page_cache_and_is_mapped_with_huge_page_advice(cache_dir):
     """save() writes the file out and drops it from the page cache (its written pages are small
     folios, which no mapping can map in huge pages); a load maps it advised MADV_HUGEPAGE, so
     that the pages read back come in 2 MiB folios."""
-    import mmap
-
     from scratchllm.models.arena import resident_bytes
 
     load_model("default")  # packs and writes
@@ -143,7 +142,7 @@ def test_a_new_cache_leaves_the_page_cache_and_is_mapped_with_huge_page_advice(c
     mm.close()
     model = load_model("default")  # maps it
     fields = _vma_fields(path)
-    if hasattr(mmap, "MADV_HUGEPAGE") and __import__("os").path.exists("/sys/kernel/mm/transparent_hugepage"):
+    if hasattr(mmap, "MADV_HUGEPAGE") and os.path.exists("/sys/kernel/mm/transparent_hugepage"):
         assert "hg" in fields["VmFlags"].split()
     assert int(fields["Rss"].split()[0]) * 1024 > 0.9 * path.stat().st_size  # populated at load
     np.testing.assert_array_equal(logits(model), logits(load_model("default")))
