@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench import peers
+from scratchllm.bench.common import machine_facts, measure_bandwidth, median, weight_bytes_per_token
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 PEER_ROWS = ("load_s", "rss_after_load_mb", "prefill_tok_s", "decode_tok_s")  # what both sides measure
@@ -40,34 +41,6 @@ def add_arguments(parser):
     parser.add_argument("--peer", choices=["llama.cpp"], default=None,
                         help="also measure llama.cpp (llama-cpp-python; `make peers` builds it) on the same GGUF "
                              "file, at the most threads measured, in child processes before and after ours")
-
-
-def measure_bandwidth(mb: int, repeat: int) -> dict:
-    """Bytes/s of reading a large float32 array: np.sum (1 thread) and BLAS gemv (all BLAS threads).
-    "sum_1thread_cpu" divides by the summing thread's own CPU time instead of wall time."""
-    a = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)  # rows of 4 KiB; fills the pages now
-    x = np.ones(1024, dtype=np.float32)
-    out = {}
-    for name, fn in (("sum_1thread", lambda: a.sum(dtype=np.float32)), ("gemv_blas", lambda: a @ x)):
-        fn()
-        times, cpu = [], []
-        for _ in range(max(repeat, 3)):
-            t, c = time.perf_counter(), time.thread_time()
-            fn()
-            times.append(time.perf_counter() - t)
-            cpu.append(time.thread_time() - c)
-        out[name] = a.nbytes / median(times)
-        if name == "sum_1thread":
-            out["sum_1thread_cpu"] = a.nbytes / median(cpu)
-    return out
-
-
-def weight_bytes_per_token(model) -> int:
-    """Bytes of weights one decode step reads: every matrix and norm once, the LM head once
-    (tied embeddings are read as the LM head; the embedding row lookup is negligible)."""
-    p = model.params
-    total = sum(a.nbytes for layer in p["layers"] for a in layer.values())
-    return total + p["norm"].nbytes + p["lm_head"].nbytes
 
 
 def _prompt_ids(model, n: int) -> np.ndarray:
@@ -161,8 +134,6 @@ def _thread_counts(spec) -> list[int]:
 
 def _peer_runs(args, path: str, threads: int) -> dict:
     """The peer's figures, medians of a child process before ours and one after (see bench.peers)."""
-    from scratchllm.bench import peers
-
     spec = {"side": peers.PEER, "path": path, "threads": threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "batch": 1}
     runs = [peers.run_side(spec) for _ in range(2)]
@@ -175,7 +146,6 @@ def run(args) -> dict:
     from scratchllm.models.threads import blas_threads
 
     if args.peer:
-        from scratchllm.bench import peers
         from scratchllm.errors import ConfigError
 
         if not peers.peer_installed():

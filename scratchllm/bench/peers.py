@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.common import machine_facts, measure_bandwidth, median, weight_bytes_per_token
 
 ROWS = [  # (key, label, higher is better)
     ("load_s", "load, s", False),
@@ -94,7 +94,6 @@ def _no_probe(phase: str, llm) -> None:
 def _ours(spec: dict, probe=_no_probe) -> dict:
     """Our side's round. `probe(phase, llm)` is called as each phase ends ("load", "prefill",
     "decode", "generate"): scripts/rss_phases.py samples memory there."""
-    from scratchllm.bench.generate import weight_bytes_per_token
     from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.llm import LLM
     from scratchllm.sampling import SamplingParams
@@ -238,7 +237,6 @@ def run_side(spec: dict) -> dict:
 
 
 def run(args) -> dict:
-    from scratchllm.bench.generate import measure_bandwidth
     from scratchllm.errors import ConfigError
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model

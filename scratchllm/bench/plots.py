@@ -45,7 +45,7 @@ def series_from_times(label: str, arrivals_s, finish_s, token_times_s=None, kv_s
 
 
 def series_from_trace(label: str, trace) -> RunSeries:
-    """From a trace ring (scratchllm.trace.analysis.Trace): latency = arrival to last token."""
+    """From a trace ring (scratchllm.trace.views.analysis.Trace): latency = arrival to last token."""
     from scratchllm.trace.format import TokenFlag
 
     t = trace.tokens

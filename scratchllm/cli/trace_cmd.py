@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from scratchllm.errors import ConfigError
-from scratchllm.trace.analysis import LiveFigures, Trace, live_figures, retention_s
 from scratchllm.trace.format import RECORD_SIZE, default_ring_path
 from scratchllm.trace.reader import RingReader
+from scratchllm.trace.views.analysis import LiveFigures, Trace, live_figures, retention_s
 
 STATED_RATE = 1000.0  # tokens/s: the rate the retention figure is also given at, for comparison
 CLEAR = "\x1b[H\x1b[2J"
@@ -134,8 +134,8 @@ def watch(args) -> int:
 
 
 def heatmap(args) -> int:
-    from scratchllm.trace.diagnosis import LatencyGrid, diagnose
-    from scratchllm.trace.heatmap import draw_heatmap
+    from scratchllm.trace.views.diagnosis import LatencyGrid, diagnose
+    from scratchllm.trace.views.heatmap import draw_heatmap
 
     if args.width < 200 or args.height < 200 or args.max_requests < 1:
         raise ConfigError("--width and --height must be >= 200 pixels, --max-requests >= 1")
@@ -155,7 +155,7 @@ def heatmap(args) -> int:
 
 
 def export(args) -> int:
-    from scratchllm.trace.perfetto import export as write_json
+    from scratchllm.trace.views.perfetto import export as write_json
 
     path = _path(args)
     trace = _windowed(Trace.load(path), args)

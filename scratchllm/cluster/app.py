@@ -63,19 +63,12 @@ def _served_model(spec: ClusterSpec, engine: RemoteEngine) -> ServedModel:
         from scratchllm.engine.fake import FakeTokenizer
 
         return ServedModel(spec.served_model_name or "fake", engine, FakeTokenizer(), spec.max_model_len or 2048)
-    from scratchllm.formats import load_checkpoint
-    from scratchllm.formats.refs import resolve_model
-    from scratchllm.models.loader import read_config
-    from scratchllm.tokenizer import Tokenizer
+    from scratchllm.engine.load import load_frontend
 
-    path = resolve_model(replica.model)  # the config only: the ingress holds no weights
-    checkpoint = load_checkpoint(path)  # one header parse for the config and the tokenizer
-    ctx = read_config(path, checkpoint).max_position_embeddings
-    opts = replica.engine_options
-    limit = min(ctx, spec.max_model_len or opts.get("max_model_len") or ctx)
-    if opts.get("num_kv_blocks"):  # the engine's own bound: a sequence fits the pool
-        limit = min(limit, int(opts["num_kv_blocks"]) * 16)
-    tokenizer = Tokenizer.from_pretrained(replica.model, checkpoint=checkpoint)
+    options = dict(replica.engine_options)
+    if spec.max_model_len:
+        options["max_model_len"] = spec.max_model_len
+    tokenizer, limit = load_frontend(replica.model, options)  # the ingress holds no weights
     return ServedModel(spec.served_model_name or replica.model, engine, tokenizer, limit)
 
 

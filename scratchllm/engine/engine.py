@@ -19,6 +19,7 @@ import numpy as np
 
 from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
 from scratchllm.engine.model_runner import ModelRunner
 from scratchllm.engine.output import OutputCollector, OutputProcessor
@@ -71,17 +72,7 @@ class LLMEngine:
                         trace: TraceWriter | None = None, **engine_options: Any) -> LLMEngine:
         """Load a model (and its tokenizer) and build the engine: EngineConfig(**engine_options);
         `trace`: a TraceWriter the engine writes every token into."""
-        from scratchllm.formats import load_checkpoint
-        from scratchllm.formats.refs import resolve_model
-        from scratchllm.models import load_model
-
-        checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the model and its tokenizer
-        model = load_model(ref, dtype=dtype, checkpoint=checkpoint)
-        tok = None
-        if tokenizer:
-            from scratchllm.tokenizer import Tokenizer
-
-            tok = Tokenizer.from_pretrained(ref, checkpoint=checkpoint)
+        model, tok = load_weights(ref, dtype, tokenizer)
         return cls(model, EngineConfig(**engine_options), tokenizer=tok, trace=trace)
 
     # --- requests ---

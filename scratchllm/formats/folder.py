@@ -12,6 +12,7 @@ from pathlib import Path
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.checkpoint import Checkpoint, merge
+from scratchllm.formats.files import load_file
 
 PREFERENCE = [
     "model.safetensors",
@@ -22,24 +23,20 @@ PREFERENCE = [
 
 
 def load_folder(folder: Path) -> Checkpoint:
-    from scratchllm.formats import load_checkpoint
-
     for name in PREFERENCE:
         if (folder / name).is_file():
-            ckpt = load_checkpoint(folder / name)
+            ckpt = load_index(folder / name) if name.endswith(".index.json") else load_file(folder / name)
             ckpt.path = str(folder)
             return ckpt
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) == 1:
-        return load_checkpoint(ggufs[0])
+        return load_file(ggufs[0])
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise FormatError(folder, f"no model weights here: expected one of {', '.join(PREFERENCE)} "
                               f"or a single .gguf; found {found}")
 
 
 def load_index(index_path: Path) -> Checkpoint:
-    from scratchllm.formats import load_checkpoint
-
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -54,7 +51,7 @@ def load_index(index_path: Path) -> Checkpoint:
         # A shard name is a file beside the index, never a path that escapes the folder.
         if Path(shard).name != shard or not shard_path.is_file():
             raise FormatError(index_path, f"shard '{shard}' is missing or not a file in {index_path.parent}")
-        parts.append(load_checkpoint(shard_path))
+        parts.append(load_file(shard_path))
     ckpt = merge(str(index_path), parts, container={
         "kind": "index",
         "shards": [{"file": s, "tensors": len(p), "container": p.container}

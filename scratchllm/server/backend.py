@@ -1,5 +1,6 @@
 """The backends a server can serve: a model behind the continuous engine or the static
-baseline, an encoder model for embeddings, or the fake engine (no model).
+baseline, an encoder model for embeddings, or the fake engine (no model). The models come from
+the engine's one loader (engine/load.py); this module picks the engine and shapes what it serves.
 
 Loading happens once, before the socket opens: a model that does not fit is refused at start
 by the engine's memory plan (never an OOM mid-traffic), and the first request pays no load.
@@ -13,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
-from scratchllm.server.app import ServedEmbedder, ServedModel
+from scratchllm.server.state import ServedEmbedder, ServedModel
 from scratchllm.trace.writer import TraceWriter
 
 STATIC_OPTIONS = {"max_num_seqs", "max_model_len", "num_kv_blocks"}
@@ -40,31 +41,26 @@ def load_model(ref: str, name: str, engine_options: dict[str, Any], trace: Trace
 
 
 def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "float32") -> ServedModel:
+    from scratchllm.engine.load import load_weights
     from scratchllm.engine.static import StaticEngine
-    from scratchllm.formats import load_checkpoint
-    from scratchllm.formats.refs import resolve_model
-    from scratchllm.models import load_model as load
-    from scratchllm.tokenizer import Tokenizer
 
     unknown = set(options) - STATIC_OPTIONS
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
-    checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the model and its tokenizer
-    model = load(ref, dtype=dtype, checkpoint=checkpoint)
-    engine = StaticEngine(model, Tokenizer.from_pretrained(ref, checkpoint=checkpoint),
-                          batch_size=options.get("max_num_seqs") or 8, max_model_len=options.get("max_model_len"))
+    model, tokenizer = load_weights(ref, dtype)
+    engine = StaticEngine(model, tokenizer, batch_size=options.get("max_num_seqs") or 8,
+                          max_model_len=options.get("max_model_len"))
     return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
 
 
 def load_embedder(ref: str) -> ServedEmbedder:
     """An encoder model (BERT family, e.g. `minilm`) with `embed(input_ids, attention_mask)`."""
-    from scratchllm.models import load_model as load
-    from scratchllm.tokenizer import Tokenizer
+    from scratchllm.engine.load import load_weights
 
-    model = load(ref)
+    model, tokenizer = load_weights(ref, dtype="auto")
+    assert tokenizer is not None
     if not hasattr(model, "embed"):
         raise ConfigError(f"--embedding-model '{ref}' is not an encoder model (it has no embeddings)")
-    tokenizer = Tokenizer.from_pretrained(ref)
     max_len = min(model.config.max_position_embeddings, tokenizer.model_max_length or 1 << 30)
     return ServedEmbedder(ref, model.embed, tokenizer, max_len)
 

@@ -19,7 +19,6 @@ from fastapi.responses import Response
 from scratchllm.engine.protocol import RequestMetrics, TokenEvent, TopLogprobs
 from scratchllm.errors import ConfigError
 from scratchllm.server import tool_calls
-from scratchllm.server.app import ServerState
 from scratchllm.server.generation import (
     EventStream,
     Generation,
@@ -35,6 +34,7 @@ from scratchllm.server.generation import (
 )
 from scratchllm.server.protocol import ChatCompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
+from scratchllm.server.state import ServerState
 from scratchllm.server.structured_fields import ToolPlan
 from scratchllm.server.timings import reply_timings
 

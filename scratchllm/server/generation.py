@@ -25,7 +25,6 @@ from scratchllm.engine.protocol import RequestMetrics, RequestOutput, RequestStr
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.access import client_ip
-from scratchllm.server.app import ServerState
 from scratchllm.server.metrics import TokenClock
 from scratchllm.server.protocol import (
     APIError,
@@ -36,6 +35,7 @@ from scratchllm.server.protocol import (
     usage,
 )
 from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
 from scratchllm.trace.otlp import record_request
 

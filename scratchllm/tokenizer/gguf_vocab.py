@@ -19,7 +19,7 @@ from scratchllm.tokenizer import _merge_ranks
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.bpe import BPE
-from scratchllm.tokenizer.tokenizer import TokenizerSpec
+from scratchllm.tokenizer.spec import TokenizerSpec
 
 # GGUF token types (llama.cpp's llama_token_type): 1 = normal, 3 = control (<|im_start|>),
 # 4 = user-defined.

@@ -16,7 +16,7 @@ from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
 from scratchllm.tokenizer.gguf_vocab import from_gguf
-from scratchllm.tokenizer.tokenizer import TokenizerSpec
+from scratchllm.tokenizer.spec import TokenizerSpec
 from scratchllm.tokenizer.wordpiece import WordPiece, bert_normalize, bert_pre_tokenize
 
 

@@ -1,10 +1,11 @@
 """Token-level tracing: a memory-mapped ring of fixed-size records that outlives its writer.
 
-format (the file layout and record dtypes), writer (TraceWriter: what the engine and server
-call), reader (RingReader: another process, live or after a crash), analysis (per-request
-tables, live figures, the latency heatmap's data and its diagnosis), heatmap (the picture),
-perfetto (Chrome/Perfetto trace-event JSON). The engine writes the ring itself
-(scratchllm/engine/tracing.py).
+This package is what the engine and the server write, below both: format (the file layout and
+record dtypes), writer (TraceWriter: what the engine, scratchllm/engine/tracing.py, and the
+server call), reader (RingReader: the read side of the writer's protocol, from another process,
+live or after a crash) and otlp (one OpenTelemetry span per finished request, for the server).
+What reads a ring afterwards sits above the engine, in trace/views/ (analysis, diagnosis,
+heatmap, perfetto), and nothing here imports it (tests/test_structure.py checks the layers).
 See docs/tracing.md.
 """
 

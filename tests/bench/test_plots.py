@@ -58,7 +58,7 @@ def test_static_vs_continuous_png_has_the_asked_size(tmp_path):
 
 
 def test_series_from_a_trace_ring(tmp_path):
-    from scratchllm.trace.analysis import Trace
+    from scratchllm.trace.views.analysis import Trace
     from tests.trace.synthetic import Sim
 
     Sim(lengths=[10, 20, 30]).write(tmp_path / "t.ring")

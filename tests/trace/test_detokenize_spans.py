@@ -10,9 +10,9 @@ from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.engine.tracing import TimedDetokenizer
 from scratchllm.sampling import SamplingParams
 from scratchllm.trace import Phase, TraceWriter
-from scratchllm.trace.analysis import Trace
 from scratchllm.trace.format import STEP_KEY
-from scratchllm.trace.perfetto import STEPS_TID, export
+from scratchllm.trace.views.analysis import Trace
+from scratchllm.trace.views.perfetto import STEPS_TID, export
 from tests.engine.test_async_engine import LetterTokenizer
 from tests.engine.tiny import tiny_llama
 from tests.trace.test_views import check_nesting

@@ -11,8 +11,8 @@ from scratchllm.cli.main import main
 from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.sampling import SamplingParams
 from scratchllm.trace import Phase, TokenFlag, TraceWriter, request_key
-from scratchllm.trace.analysis import Trace
-from scratchllm.trace.diagnosis import diagnose
+from scratchllm.trace.views.analysis import Trace
+from scratchllm.trace.views.diagnosis import diagnose
 from tests.engine.tiny import tiny_llama
 
 

@@ -8,7 +8,7 @@ import httpx
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
 from scratchllm.trace import Phase, TraceWriter, request_key
-from scratchllm.trace.analysis import Trace
+from scratchllm.trace.views.analysis import Trace
 from tests.server.conftest import live_server
 
 

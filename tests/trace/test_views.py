@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from scratchllm.trace.analysis import Trace, live_figures, retention_s
-from scratchllm.trace.diagnosis import LatencyGrid, diagnose
-from scratchllm.trace.heatmap import draw_heatmap
-from scratchllm.trace.perfetto import export
+from scratchllm.trace.views.analysis import Trace, live_figures, retention_s
+from scratchllm.trace.views.diagnosis import LatencyGrid, diagnose
+from scratchllm.trace.views.heatmap import draw_heatmap
+from scratchllm.trace.views.perfetto import export
 
 from .synthetic import Sim
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scratchllm.trace.analysis import Trace
 from scratchllm.trace.format import StepFlag, TokenFlag
+from scratchllm.trace.views.analysis import Trace
 
 STALL_FACTOR = 3.0  # a step this many times the median step is a stall
 LATE_FACTOR = 1.25  # late tokens this many times slower than early ones: a trend worth naming

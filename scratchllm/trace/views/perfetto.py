@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scratchllm.trace.analysis import Trace
 from scratchllm.trace.format import STEP_KEY, Phase
+from scratchllm.trace.views.analysis import Trace
 
 ENGINE_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
 SERVER_PHASES = (Phase.DETOKENIZE, Phase.SERIALIZE, Phase.NETWORK_SEND)

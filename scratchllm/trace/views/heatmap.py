@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scratchllm.trace.diagnosis import Finding, LatencyGrid
+from scratchllm.trace.views.diagnosis import Finding, LatencyGrid
 
 
 def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path, width: int = 1200, height: int = 800,

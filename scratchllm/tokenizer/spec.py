@@ -1,0 +1,40 @@
+"""TokenizerSpec: what a loader reads from a checkpoint's files and the Tokenizer runs.
+
+The loaders (loaders.py, gguf_vocab.py) make one; tokenizer.py's Tokenizer takes one.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything a loader reads from a checkpoint's files.
+
+    model: a BPE or WordPiece (has encode_uncached and vocab); id_to_token: the model's token text by
+    id. added: text -> id of tokens matched on the raw text before anything else (specials and
+    user-defined tokens); special_ids: those that skip_special_tokens removes.
+    """
+
+    kind: str  # "bpe" (byte-level) or "wordpiece"
+    model: object
+    id_to_token: Sequence[str]  # a list, or a compact vocabulary's TokenTexts (GGUF)
+    pre_tokenizer: object  # text -> list[str]
+    normalizer: object = None  # text -> text, or None
+    added: dict[str, int] = field(default_factory=dict)
+    # tokenizer.json's per-token matching options, for tokens that set any: text -> (lstrip,
+    # rstrip, single_word). lstrip/rstrip: the token swallows the whitespace on that side;
+    # single_word: it only matches where no word character touches it.
+    added_options: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)
+    special_ids: frozenset[int] = frozenset()
+    prefix_ids: tuple[int, ...] = ()  # added by encode(add_special_tokens=True)
+    suffix_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    chat_template: str | None = None
+    model_max_length: int | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        assert self.kind in ("bpe", "wordpiece"), self.kind
