@@ -7,7 +7,7 @@ import pytest
 
 from scratchllm import Tokenizer
 
-# ../shared/ANCHORS.md: the ids llama.cpp and transformers both feed for this prompt.
+# The ids llama.cpp and transformers both feed for this prompt.
 ANCHOR_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 ANCHOR_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
