@@ -3,21 +3,8 @@
 import os
 import platform
 import statistics
-import time
 
 import numpy as np
-
-
-def time_runs(fn, repeat: int = 5, warmup: int = 1) -> list[float]:
-    """Seconds per call of fn(), `repeat` times after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def median(values) -> float:
