@@ -1,5 +1,6 @@
 # Two commands for a newcomer: `make demo` and `make test`. Each creates .venv, installs what it
 # needs (pinned, from requirements/), builds the Cython kernels in place, then does its job.
+# `make test-fast` is `make test` without the tests marked slow (real models, references).
 # Idempotent: stamps in .venv record what is installed; re-running only redoes what changed.
 
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: demo test build lint clean bench soak
+.PHONY: demo test test-fast build lint clean bench soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +37,17 @@ build: $(VENV)/.installed
 demo: build
 	$(PY) -m scratchllm.demo
 
+# --durations=25: the slowest tests are named in every run (CI's log too); in test-fast, those
+# are the candidates for the slow marker.
 test: build $(VENV)/.test-deps $(VENV)/.chromium
 	$(PY) -m ruff check scratchllm tests
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+test-fast: build $(VENV)/.test-deps $(VENV)/.chromium
+	$(PY) -m ruff check scratchllm tests
+	$(PY) -m mypy
+	$(PY) -m pytest -q --durations=25 -m "not slow"
 
 # The cluster under faults for SOAK_SECONDS (default 120; `make soak SOAK_SECONDS=1800` for longer):
 # saturation, disconnects, aborts, bursts past the queue bound, a replica kill (docs/cluster.md).

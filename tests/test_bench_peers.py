@@ -37,7 +37,11 @@ def test_the_peer_runs_the_same_file():
                                      "--bandwidth-mb", "64"]))
     for key, _, _ in peers.ROWS:
         assert r["figures"][peers.PEER][key] > 0 and r["advantage"][key] > 0, key
-    assert 0 <= r["greedy_ids_agree_for"] <= 3
+    # the same file and ids on both sides: their greedy tokens agree at every step, or part only at
+    # a near-tie, where both sides' two best logits were within 0.5 of each other (rounding decides)
+    assert [len(r["rounds"][side][0]["greedy"]) for side in ("ours", peers.PEER)] == [3, 3]
+    parting = r.get("greedy_parting")
+    assert r["greedy_ids_agree_for"] == 3 or max(parting["top2_gap"].values()) < 0.5, parting
 
 
 def test_step_breakdown_splits_a_decode_step(tmp_path):

@@ -4,21 +4,8 @@ decode bound's two numbers (the memory bandwidth measured, the weight bytes a de
 import os
 import platform
 import statistics
-import time
 
 import numpy as np
-
-
-def time_runs(fn, repeat: int = 5, warmup: int = 1) -> list[float]:
-    """Seconds per call of fn(), `repeat` times after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def median(values) -> float:

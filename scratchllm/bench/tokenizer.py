@@ -146,7 +146,9 @@ def run(args) -> dict:
             ref_pass(ref)
             warm["tokenizers"].append(time.perf_counter() - start)
 
-    mbps = lambda seconds: nbytes / seconds / 1e6
+    def mbps(seconds):
+        return nbytes / seconds / 1e6
+
     figures = {"cold_mb_s": {k: mbps(v) for k, v in cold.items()},
                "warm_mb_s": {k: mbps(median(v)) for k, v in warm.items() if v},
                "uncached_mb_s": mbps(uncached_s), "load_s": load_s}

@@ -150,7 +150,7 @@ class AsyncEngine:
                     break
             try:
                 events = engine.step()
-            except Exception:  # noqa: BLE001 - a failed step aborts its requests, not the server
+            except Exception:  # logged; a failed step aborts its requests, not the server
                 logger.exception("an engine step failed; its requests are aborted")
                 with self._cv:
                     events = [e for rid in list(engine.requests) if (e := engine.abort(rid)) is not None]

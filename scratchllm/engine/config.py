@@ -53,8 +53,3 @@ class EngineConfig:
         need("aging_s", self.aging_s > 0, "> 0")
         need("max_priority_adjust_s", self.max_priority_adjust_s >= 0, ">= 0")
         need("num_threads", self.num_threads >= 0, ">= 0 (0 = all cores)")
-
-    @property
-    def max_wait_bound_s(self) -> float:
-        """Worst-case time a request sits in the low queue before aging promotes it (see scheduler)."""
-        return self.aging_s + self.max_priority_adjust_s

@@ -331,7 +331,7 @@ class StaticEngine:
                 del self._waiting[: self.batch_size]
             try:
                 run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved)
-            except Exception:  # noqa: BLE001 - a failed batch aborts its rows, not the server
+            except Exception:  # logged; a failed batch aborts its rows, not the server
                 logger.exception("a static batch failed; its requests are aborted")
                 with self._cv:
                     for row in self._running:

@@ -269,8 +269,13 @@ def _check_no_overlap(path: str, infos) -> None:
 
 def load_gguf(path) -> Checkpoint:
     gguf = GGUFFile(path)
-    read = lambda info, out=None: read_tensor(gguf, info, out)
-    raw = lambda info: gguf.bytes[info.offset:info.offset + info.nbytes]
+
+    def read(info, out=None):
+        return read_tensor(gguf, info, out)
+
+    def raw(info):
+        return gguf.bytes[info.offset:info.offset + info.nbytes]
+
     return Checkpoint(
         format="gguf",
         path=str(path),

@@ -185,6 +185,6 @@ def load_state_dict_pickle(data: bytes, path: str):
         raise
     except RecursionError:
         raise unpickler.problem("nesting too deep") from None
-    except Exception as err:  # a malformed pickle: only our stand-ins ever ran, so this is the file's fault
+    except Exception as err:  # noqa: BLE001 - a malformed pickle: only our stand-ins ran, so it is the file's fault
         raise unpickler.problem(f"malformed pickle ({type(err).__name__}: {str(err)[:120]})") from None
     return obj, unpickler.storages

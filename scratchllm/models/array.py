@@ -26,11 +26,3 @@ def to_numpy(a) -> numpy.ndarray:
         return a
     return a.get()  # CuPy: device -> host
 
-
-def to_device(a: numpy.ndarray, module: str = "numpy"):
-    """Place a host array on the named module: identity for numpy, a host -> device copy for cupy."""
-    if module == "numpy":
-        return a
-    import importlib
-
-    return importlib.import_module(module).asarray(a)

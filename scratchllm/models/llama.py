@@ -267,22 +267,123 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple
     Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
     module docstring for why. `panel_cache` (models/panel_cache.py): panels packed by an earlier
     load of the same file, and where this load's go."""
-    C, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
+    return Packer(cfg, w, dtype, panel_cache).pack()
 
-    def get(name, shape):
-        if name not in w:
+
+class Packer:
+    """One load's packing: a method per kind of tensor (embedding, norm, attention, MLP, LM head),
+    each made of `matrix` and `vector`, which read the file's tensors under their HF names,
+    assert their shapes and record them in the CheckpointView."""
+
+    def __init__(self, cfg: ModelConfig, w, dtype: str, panel_cache=None):
+        self.cfg, self.w, self.dtype, self.panel_cache = cfg, w, dtype, panel_cache
+        self.view = CheckpointView()
+        self.arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
+
+    def pack(self) -> tuple[dict, CheckpointView]:
+        cfg = self.cfg
+        # Packing runs in kernels and NumPy calls that release the GIL: two matrices at a time use
+        # both cores of a small machine (load time is a goal). The LM head, the largest, goes first,
+        # so that it overlaps the layers instead of following them.
+        with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
+            head = pool.submit(self.head)
+            layers = list(pool.map(self.layer, range(cfg.num_layers)))
+            lm_head, embed_tokens = head.result()
+        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)
+        params = {"embed_tokens": embed_tokens, "layers": layers, "norm": self.norm("model.norm.weight"),
+                  "lm_head": lm_head, "rope_inv_freq": inv_freq, "context": cfg.max_position_embeddings}
+        try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
+            params["blocks"] = LlamaBlocks(layers, cfg)
+        except TypeError:
+            params["blocks"] = None
+        if self.panel_cache is not None:
+            self.panel_cache.save()  # writes only when this load packed something
+        return params, self.view
+
+    # --- the kinds of tensor ---------------------------------------------------------------------
+
+    def head(self):  # -> (lm_head [C, V], embed_tokens [V, C] or None)
+        if self.cfg.tie_word_embeddings:
+            # one copy serves both: the LM head multiplies by it as [C, V], the lookup reads its columns
+            return self.matrix(["model.embed_tokens.weight"], [(self.cfg.vocab_size, self.cfg.hidden_size)]), None
+        return self.lm_head(), self.embedding()
+
+    def lm_head(self) -> PackedWeight:  # [C, V]
+        return self.matrix(["lm_head.weight"], [(self.cfg.vocab_size, self.cfg.hidden_size)])
+
+    def embedding(self):  # the untied table [V, C]
+        return self.vector("model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size))
+
+    def norm(self, name: str):  # an RMSNorm's weight [C]
+        return self.vector(name, (self.cfg.hidden_size,))
+
+    def layer(self, i: int) -> dict:  # -> params of block i
+        prefix = f"model.layers.{i}."
+        p = {"input_layernorm": self.norm(prefix + "input_layernorm.weight")}
+        p |= self.attention(prefix + "self_attn.")
+        p["post_attention_layernorm"] = self.norm(prefix + "post_attention_layernorm.weight")
+        p |= self.mlp(prefix + "mlp.")
+        return p
+
+    def attention(self, a: str) -> dict:  # q|k|v fused [C, q+2kv], o [q, C], and their biases
+        cfg, C = self.cfg, self.cfg.hidden_size
+        names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+        shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
+        p = {"qkv_proj": self.matrix(names, shapes), "o_proj": self.matrix([a + "o_proj.weight"], [(C, cfg.q_size)])}
+        if cfg.qkv_bias:
+            biases = [self.vector(n.replace(".weight", ".bias"), (s[0],)) for n, s in zip(names, shapes, strict=True)]
+            p["qkv_bias"] = np.concatenate(biases)
+        if cfg.o_bias:
+            p["o_bias"] = self.vector(a + "o_proj.bias", (C,))
+        return p
+
+    def mlp(self, m: str) -> dict:  # gate|up fused [C, 2I], down [I, C]
+        C, I = self.cfg.hidden_size, self.cfg.intermediate_size
+        p = {"gate_up_proj": self.matrix([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)]),
+             "down_proj": self.matrix([m + "down_proj.weight"], [(C, I)])}
+        if self.cfg.mlp_bias:
+            raise NotImplementedError("mlp_bias")
+        return p
+
+    # --- how a tensor is read and stored ---------------------------------------------------------
+
+    def tensor(self, name: str, shape: tuple):
+        if name not in self.w:
             raise KeyError(f"checkpoint lacks tensor {name!r}")
-        a = w[name]
+        a = self.w[name]
         if tuple(a.shape) != shape:
             raise ValueError(f"tensor {name!r} has shape {tuple(a.shape)}, expected {shape}")
         return a
 
-    view = CheckpointView()
-    arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
+    def vector(self, name: str, shape: tuple):  # a norm, a bias or the untied embedding table, float32
+        a = self.tensor(name, shape)
+        # Norms and biases (a few KiB each) are copied out of the file: a view would fault its
+        # pages back in at every load's first forward, and each fault maps 64 KiB of neighbours
+        # with it (the kernel's fault-around), 4 MB of RSS for 61 norms of the default model. The
+        # untied embedding table stays a view: it is large and read a row at a time.
+        a = np.array(a, dtype=np.float32) if len(shape) == 1 else np.ascontiguousarray(a, dtype=np.float32)
+        self.view.arrays[name] = a
+        return a
 
-    def quantized(names, shapes):  # the file's quantized blocks of every part, or None
-        if dtype != "quantized" or not hasattr(w, "quantized"):
+    def matrix(self, names: list[str], shapes: list[tuple]) -> PackedWeight:
+        """[out_i, in] each -> one PackedWeight [in, sum(out_i)], its parts recorded in the view."""
+        packed = self.from_blocks(names, shapes)  # the fast path: the file's blocks, moved once
+        if packed is None:
+            parts = self.quantized(names, shapes)
+            if parts is not None:
+                packed = PackedWeight.from_quantized_rows(parts)
+            else:  # "quantized" with a matrix the file stores unquantized: float32
+                rows = [self.tensor(n, s) for n, s in zip(names, shapes, strict=True)]
+                packed = PackedWeight.from_rows(rows, "float32" if self.dtype == "quantized" else self.dtype)
+        col = 0
+        for name, shape in zip(names, shapes, strict=True):
+            self.view.parts[name] = (packed, slice(col, col + shape[0]))
+            col += shape[0]
+        return packed
+
+    def quantized(self, names, shapes):  # the file's quantized blocks of every part, or None
+        w = self.w
+        if self.dtype != "quantized" or not hasattr(w, "quantized"):
             return None
         parts = []
         for name, shape in zip(names, shapes, strict=True):
@@ -294,8 +395,9 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple
             parts.append(part)
         return parts
 
-    def from_blocks(names, shapes) -> PackedWeight | None:  # the file's blocks moved into panels, or None
-        if dtype != "quantized" or not hasattr(w, "blocks") or any(n not in w for n in names):
+    def from_blocks(self, names, shapes) -> PackedWeight | None:  # the file's blocks moved into panels, or None
+        w, cache = self.w, self.panel_cache
+        if self.dtype != "quantized" or not hasattr(w, "blocks") or any(n not in w for n in names):
             return None
         parts = [w.blocks(n) for n in names]
         if any(p is None for p in parts):
@@ -310,83 +412,13 @@ def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple
         shape = (shapes[0][1], sum(s[0] for s in shapes))
         rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # Q8_0: a byte per k; Q4: a nibble
         panel_shape = (-(-shape[1] // packed_gemm.NR), rows, packed_gemm.NR)
-        cached = panel_cache.get("|".join(names), panel_shape) if panel_cache is not None else None
+        cached = cache.get("|".join(names), panel_shape) if cache is not None else None
         if cached is not None:
             return PackedWeight.from_panels(cached, shape)
-        packed = PackedWeight.from_blocks(parts, shape, arena.zeros)
+        packed = PackedWeight.from_blocks(parts, shape, self.arena.zeros)
         if packed is not None:
             for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
                 release_range(raw)
-            if panel_cache is not None:
-                panel_cache.put("|".join(names), packed.panels)
+            if cache is not None:
+                cache.put("|".join(names), packed.panels)
         return packed
-
-    def matrix(names, shapes) -> PackedWeight:  # [out_i, in] each -> one PackedWeight [in, sum(out_i)]
-        packed = from_blocks(names, shapes)  # the fast path: the file's blocks, moved once
-        if packed is None:
-            parts = quantized(names, shapes)
-            if parts is not None:
-                packed = PackedWeight.from_quantized_rows(parts)
-            else:  # "quantized" with a matrix the file stores unquantized: float32
-                packed = PackedWeight.from_rows([get(n, s) for n, s in zip(names, shapes, strict=True)],
-                                                "float32" if dtype == "quantized" else dtype)
-        col = 0
-        for name, shape in zip(names, shapes, strict=True):
-            view.parts[name] = (packed, slice(col, col + shape[0]))
-            col += shape[0]
-        return packed
-
-    def vector(name, shape):
-        a = get(name, shape)
-        # Norms and biases (a few KiB each) are copied out of the file: a view would fault its
-        # pages back in at every load's first forward, and each fault maps 64 KiB of neighbours
-        # with it (the kernel's fault-around), 4 MB of RSS for 61 norms of the default model. The
-        # untied embedding table stays a view: it is large and read a row at a time.
-        view.arrays[name] = a = np.array(a, dtype=np.float32) if len(shape) == 1 else f32(a)
-        return a
-
-    qkv_shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
-
-    def pack_layer(i):  # -> params of block i
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        qkv_names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
-        p = {
-            "input_layernorm": vector(f"model.layers.{i}.input_layernorm.weight", (C,)),
-            "qkv_proj": matrix(qkv_names, qkv_shapes),  # [C, q+2kv]
-            "o_proj": matrix([a + "o_proj.weight"], [(C, cfg.q_size)]),  # [q, C]
-            "post_attention_layernorm": vector(f"model.layers.{i}.post_attention_layernorm.weight", (C,)),
-            "gate_up_proj": matrix([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)]),  # [C, 2I]
-            "down_proj": matrix([m + "down_proj.weight"], [(C, I)]),  # [I, C]
-        }
-        if cfg.qkv_bias:
-            bias_names = [n.replace(".weight", ".bias") for n in qkv_names]
-            p["qkv_bias"] = np.concatenate([vector(n, (s[0],)) for n, s in zip(bias_names, qkv_shapes, strict=True)])
-        if cfg.o_bias:
-            p["o_bias"] = vector(a + "o_proj.bias", (C,))
-        if cfg.mlp_bias:
-            raise NotImplementedError("mlp_bias")
-        return p
-
-    def pack_head():  # -> (lm_head, embed_tokens)
-        if cfg.tie_word_embeddings:
-            # one copy serves both: the LM head multiplies by it as [C, V], the lookup reads its columns
-            return matrix(["model.embed_tokens.weight"], [(V, C)]), None
-        return matrix(["lm_head.weight"], [(V, C)]), vector("model.embed_tokens.weight", (V, C))
-
-    # Packing runs in kernels and NumPy calls that release the GIL: two matrices at a time use
-    # both cores of a small machine (load time is a goal). The LM head, the largest, goes first,
-    # so that it overlaps the layers instead of following them.
-    with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
-        head = pool.submit(pack_head)
-        layers = list(pool.map(pack_layer, range(cfg.num_layers)))
-        lm_head, embed_tokens = head.result()
-    inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)
-    params = {"embed_tokens": embed_tokens, "layers": layers, "norm": vector("model.norm.weight", (C,)),
-              "lm_head": lm_head, "rope_inv_freq": inv_freq, "context": cfg.max_position_embeddings}
-    try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
-        params["blocks"] = LlamaBlocks(layers, cfg)
-    except TypeError:
-        params["blocks"] = None
-    if panel_cache is not None:
-        panel_cache.save()  # writes only when this load packed something
-    return params, view

@@ -46,7 +46,7 @@ async def create_embeddings(request: Request) -> dict[str, Any]:
     async with state.embed_lock:
         try:
             vectors = await asyncio.to_thread(emb.embed, ids, mask)  # [B, hidden]
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure of the model is this request's 500, not a crash
             raise APIError(500, f"embedding failed: {type(err).__name__}", type="server_error") from None
     vectors = np.asarray(vectors, dtype=np.float32)
     assert vectors.shape[0] == len(rows)

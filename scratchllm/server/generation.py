@@ -93,7 +93,7 @@ class Generation:
         except ConfigError as err:  # the engine's own validation: still the client's input
             self.close()
             raise bad_request(str(err)) from None
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any other refusal (shutting down, backend gone) is a 503
             self.close()
             raise APIError(503, f"engine refused the request: {err}", type="server_error",
                            code="engine_unavailable") from None

@@ -124,7 +124,7 @@ class _EngineCollector:
             try:
                 stats = self.engine_stats() or {}
                 break
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a read that raced the engine thread: retried
                 continue
         s = self.server
         yield self._gauge("requests_in_flight", "Requests the HTTP server holds in the engine", s.in_flight)

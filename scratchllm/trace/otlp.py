@@ -55,7 +55,10 @@ def record_request(tracer, request_id: str, model: str, metrics, params=None, cl
     from opentelemetry.trace import SpanKind
 
     offset_ns = time.time_ns() - round(clock() * 1e9)
-    wall = lambda t: round(t * 1e9) + offset_ns
+
+    def wall(t):
+        return round(t * 1e9) + offset_ns
+
     end = metrics.finished if metrics.finished is not None else clock()
     span = tracer.start_span(SPAN_NAME, kind=SpanKind.SERVER, start_time=wall(metrics.arrival),
                              attributes=request_attributes(request_id, model, metrics, params))

@@ -9,7 +9,7 @@ from scratchllm.cli import serve_cmd
 from scratchllm.errors import ConfigError
 
 pytest.importorskip("ray", reason="the cluster extra (ray[serve]) is not installed")
-from scratchllm.cluster.cli import spec_from_args  # noqa: E402 - after the skip
+from scratchllm.cluster.cli import spec_from_args
 
 
 def parse(argv):

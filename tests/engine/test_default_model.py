@@ -1,5 +1,6 @@
-"""The engine on the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF): the greedy reference
-of ../shared/ANCHORS.md (llama.cpp and transformers agree on it), alone and inside a batch."""
+"""The engine on the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF): the greedy continuation
+that llama.cpp and transformers both produce for the capital-of-France chat prompt, alone and
+inside a batch."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The scheduler pinned rule by rule: the seed's tick, 80% gate, at most 2 LOW per tick, FIFO in
+"""The scheduler pinned rule by rule: the 10 ms tick, 80% gate, at most 2 LOW per tick, FIFO in
 HIGH; plus aging (bounded starvation), the priority hook, chunked prefill and preemption."""
 
 import pytest

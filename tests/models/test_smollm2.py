@@ -15,7 +15,8 @@ from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-# <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n (ANCHORS.md)
+# <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n
+# (the ids llama.cpp and transformers both feed for it)
 CHAT_PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
 
@@ -81,7 +82,8 @@ def _our_greedy(model, ids, n):
 
 
 def test_first_32_greedy_tokens_identical(reference, ours):
-    # past the end-of-turn token on purpose: 32 tokens run through the near-tie ANCHORS.md notes at 30
+    # past the end-of-turn token on purpose: 32 tokens run through a near-tie at token 30, where the
+    # top-1/top-2 logit gap is 0.05 (llama.cpp and transformers agree token for token up to there)
     want = _hf_greedy(reference, CHAT_PROMPT, 32)
     assert _our_greedy(ours, CHAT_PROMPT, 32) == want
 

@@ -1,4 +1,5 @@
-"""GET /metrics: the histograms and gauges the issue lists, consistent with the responses served."""
+"""GET /metrics: the latency histograms, token counters and KV-cache gauges, under scratchllm: and
+vllm: names, consistent with the responses served."""
 
 import httpx
 

@@ -1,7 +1,7 @@
 """The official `openai` client against a live server on the real default model and MiniLM.
 
 References: the greedy answer both peers (llama.cpp, transformers) give for the capital-of-France
-prompt (ANCHORS.md), the prompt's token ids they agree on, and the embedding model's own output.
+prompt, the prompt's token ids they agree on, and the embedding model's own output.
 """
 
 import time
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 REF_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-# Reference prompt ids and greedy continuation (llama.cpp and HF transformers agree; ANCHORS.md).
+# Reference prompt ids and greedy continuation (llama.cpp and HF transformers agree).
 REF_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 REF_GREEDY_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 

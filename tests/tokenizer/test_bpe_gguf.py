@@ -7,7 +7,7 @@ import pytest
 
 from scratchllm import Tokenizer
 
-# ../shared/ANCHORS.md: the ids llama.cpp and transformers both feed for this prompt.
+# The ids llama.cpp and transformers both feed for this prompt.
 ANCHOR_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 ANCHOR_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
@@ -32,7 +32,9 @@ def test_metadata(ours, smollm_vocab):
 
 
 def test_ids_equal_tokenizers_on_corpus(ours, smollm_reference, all_docs, same_ids):
-    ref = lambda text: smollm_reference.encode(text, add_special_tokens=False).ids
+    def ref(text):
+        return smollm_reference.encode(text, add_special_tokens=False).ids
+
     assert same_ids(ours.encode, ref, all_docs) > 20_000
 
 
@@ -74,5 +76,8 @@ def test_tokenizer_json_folder(tmp_path, ours, smollm_reference, all_docs, same_
     assert (from_json.bos_token_id, from_json.eos_token_id) == (ours.bos_token_id, ours.eos_token_id)
     assert from_json.chat_template == ours.chat_template
     docs = [d for d in all_docs if d[0] != "prose"]  # prose is covered above; keep this test quick
-    ref = lambda text: smollm_reference.encode(text, add_special_tokens=False).ids
+
+    def ref(text):
+        return smollm_reference.encode(text, add_special_tokens=False).ids
+
     same_ids(from_json.encode, ref, docs)

@@ -25,7 +25,10 @@ TIKTOKEN_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 @pytest.fixture(scope="module")
 def rank_file(tmp_path_factory, smollm_vocab):
     _, _, merges = smollm_vocab
-    to_bytes = lambda token: bytes(CHAR_TO_BYTE[c] for c in token)
+
+    def to_bytes(token):
+        return bytes(CHAR_TO_BYTE[c] for c in token)
+
     # GPT-2's order for the single bytes: the printable ones first (their own characters), then
     # the shifted ones, i.e. the order of their stand-in characters.
     ranks = {bytes([b]): r for r, b in enumerate(sorted(range(256), key=lambda b: ord(BYTE_TO_CHAR[b])))}
@@ -50,7 +53,9 @@ def ours(rank_file):
 
 
 def test_ids_equal_tiktoken_on_corpus(ours, reference, all_docs, same_ids):
-    ref = lambda text: reference.encode(text, allowed_special="all")
+    def ref(text):
+        return reference.encode(text, allowed_special="all")
+
     assert same_ids(ours.encode, ref, all_docs) > 20_000
 
 

@@ -26,7 +26,9 @@ def reference(minilm_dir):
 
 
 def test_ids_equal_tokenizers_on_corpus(ours, reference, all_docs, same_ids):
-    ref = lambda text: reference.encode(text).ids
+    def ref(text):
+        return reference.encode(text).ids
+
     assert same_ids(ours.encode, ref, all_docs) > 20_000
 
 

@@ -30,7 +30,10 @@ STEPS_TID = 1
 
 def trace_events(trace: Trace) -> list[dict]:
     pid = trace.pid or 1
-    us = lambda ns: (int(ns) - trace.origin_ns) / 1e3
+
+    def us(ns):
+        return (int(ns) - trace.origin_ns) / 1e3
+
     events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"scratchllm (pid {trace.pid})"}},
               {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "engine steps"}}]
     for s in trace.steps:
