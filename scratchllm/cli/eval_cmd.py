@@ -15,13 +15,15 @@ import json
 import os
 import sys
 
+from scratchllm.cli.listen import listen, url
 from scratchllm.errors import ConfigError
 
 CLASSES = ("detokenization", "repetition", "near-tie", "semantic")
 
 
 def add_parser(sub):
-    p = sub.add_parser("eval", help="diff-based evaluation: replay captured traffic, triage, annotate, report",
+    p = sub.add_parser("eval",
+                       help="diff-based evaluation: replay captured traffic, triage, annotate, report, feedback",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ev = p.add_subparsers(dest="eval_command", metavar="STEP")
 
@@ -53,11 +55,14 @@ def add_parser(sub):
     t.set_defaults(func=_triage)
 
     a = ev.add_parser("annotate", help="serve the annotation page for a run",
-                      description="Annotators sign in by name and score diffs: 1 = primary better (-1), "
-                      "2 = same (0), 3 = candidate better (+1). Each diff goes to 3 different annotators.")
+                      description="Annotators sign in by name and score diffs. The page shows the two answers as A "
+                      "(left) and B (right), the candidate on a side chosen by a fixed coin per annotator and diff, "
+                      "so nobody learns which is the change: 1 = A better, 2 = same, 3 = B better. The score is "
+                      "stored from the candidate's side: -1 primary better, 0 same, +1 candidate better. Each "
+                      "diff goes to 3 different annotators.")
     a.add_argument("run", help="the run file")
-    a.add_argument("--host", default="127.0.0.1")
-    a.add_argument("--port", type=int, default=8765)
+    a.add_argument("--host", default="127.0.0.1", help="address the annotation page listens on")
+    a.add_argument("--port", type=int, default=8765, help="port of the annotation page (0 picks a free one)")
     a.add_argument("--classes", default="semantic",
                    help=f"comma-separated triage classes to annotate (of {', '.join(CLASSES)}); default semantic")
     a.set_defaults(func=_annotate)
@@ -75,8 +80,10 @@ def add_parser(sub):
                       "to --max-adjust-s seconds; the scheduler's aging still bounds every wait.")
     f.add_argument("run", help="the run file")
     f.add_argument("-o", "--output", required=True, help="priorities.json to write")
-    f.add_argument("--threshold", type=float, default=0.5)
-    f.add_argument("--max-adjust-s", type=float, default=2.0)
+    f.add_argument("--threshold", type=float, default=0.5,
+                   help="share of +1 scores (candidate better) below which a class is lowered in priority")
+    f.add_argument("--max-adjust-s", type=float, default=2.0,
+                   help="the most seconds a class's queue priority is moved by, for the lowest score")
     f.set_defaults(func=_feedback)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -135,8 +142,9 @@ def _annotate(args) -> int:
     classes = tuple(c.strip() for c in args.classes.split(",") if c.strip())
     if not classes or any(c not in CLASSES for c in classes):
         raise ConfigError(f"--classes takes some of {', '.join(CLASSES)}, got {args.classes!r}")
-    print(f"annotation page: http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(args.run, args.host, args.port, classes)
+    sock = listen(args.host, args.port, "scratchllm eval annotate")
+    print(f"annotation page: {url(sock)}/", file=sys.stderr)
+    serve(args.run, sock, classes)
     return 0
 
 

@@ -22,6 +22,7 @@ do not both become its third; a reservation not scored in time lapses.
 import hashlib
 import json
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def create_app(store: RunStore, classes=("semantic",), per_diff: int = PER_DIFF)
     return app
 
 
-def serve(run_path, host: str = "127.0.0.1", port: int = 8765, classes=("semantic",)) -> None:
+def serve(run_path, sock: socket.socket, classes=("semantic",)) -> None:
+    """Serve the page for a run on a bound socket until interrupted."""
     import uvicorn
 
     store = RunStore(run_path)
@@ -166,6 +168,5 @@ def serve(run_path, host: str = "127.0.0.1", port: int = 8765, classes=("semanti
 
         triage_run(store)
     app = create_app(store, classes)
-    logger.info("annotation page on http://%s:%d/ (%d diffs to score)", host, port,
-                len(app.state.annotation.eligible_ids()))
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    logger.info("annotation page: %d diffs to score", len(app.state.annotation.eligible_ids()))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
