@@ -138,15 +138,20 @@ def _environment_defaults(parser) -> list[str]:
     return errors
 
 
+def model_from_args(args) -> str:
+    """The model to serve: MODEL or --model (not two different ones), else 'default'."""
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
+    return str(args.model_arg or args.model or "default")
+
+
 def build(args):
     """(ServedModel, ServedEmbedder | None) for the arguments."""
     if args.env_errors:
         raise ConfigError("; ".join(args.env_errors))
     if args.max_in_flight < 1 or args.max_body_bytes < 1:
         raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
-    if args.model_arg and args.model and args.model_arg != args.model:
-        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
-    args.model = args.model_arg or args.model or "default"
+    args.model = model_from_args(args)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -227,6 +232,7 @@ def _with_chat_template(tokenizer, template: str):
 
 
 def run(args) -> int:
+    args.model = model_from_args(args)
     if args.replicas is not None:
         from scratchllm.cluster.cli import serve_replicas
 
