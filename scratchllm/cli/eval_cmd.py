@@ -46,6 +46,8 @@ def add_parser(sub):
     r.add_argument("--model", default=None, help="model name to request on all servers (default: the captured)")
     r.add_argument("--max-tokens", type=int, default=None, help="cap each request's output length")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--change", default=None, metavar="TEXT",
+                   help="what the candidate changes, in a few words (shown at the top of the report)")
     _triage_args(r)
     r.set_defaults(func=_replay)
 
@@ -92,6 +94,9 @@ def _triage_args(p):
     p.add_argument("--deterministic", action="store_true",
                    help="the servers are deterministic: any primary-vs-secondary difference is a bug (exit 1)")
     p.add_argument("--near-tie-gap", type=float, default=0.5, help="nats between the two tokens of a near-tie")
+    p.add_argument("--near-tie-max-edit", type=float, default=0.25,
+                   help="a near-tie's answers differ in at most this share of the longer one's tokens; more "
+                        "is semantic")
     p.add_argument("--abs-threshold", type=float, default=0.01,
                    help="a class counts when its excess over noise exceeds this share of all requests ...")
     p.add_argument("--rel-threshold", type=float, default=0.2, help="... and this share of its noise count")
@@ -100,7 +105,8 @@ def _triage_args(p):
 def _run_triage(store, args) -> int:
     from scratchllm.evaluate.triage import TriageConfig, triage_run
 
-    cfg = TriageConfig(near_tie_gap=args.near_tie_gap, abs_threshold=args.abs_threshold,
+    cfg = TriageConfig(near_tie_gap=args.near_tie_gap, near_tie_max_edit=args.near_tie_max_edit,
+                       abs_threshold=args.abs_threshold,
                        rel_threshold=args.rel_threshold)
     summary = triage_run(store, cfg, deterministic=args.deterministic)
     print(f"{summary['total']} requests; class: candidate / noise / net (* beyond noise)")
@@ -126,6 +132,8 @@ def _replay(args) -> int:
     if traffic.partial_lines:
         print(f"skipped {traffic.partial_lines} partial last line(s) of the capture", file=sys.stderr)
     store = replay(traffic, args.output, opts, capture=args.capture)
+    if args.change:
+        store.set_option("change", args.change)
     print(f"replayed {len(traffic.requests)} requests into {args.output}")
     return _run_triage(store, args)
 
@@ -137,14 +145,16 @@ def _triage(args) -> int:
 
 
 def _annotate(args) -> int:
-    from scratchllm.evaluate.annotate import serve
+    from scratchllm.evaluate.annotate import open_run, serve
 
     classes = tuple(c.strip() for c in args.classes.split(",") if c.strip())
     if not classes or any(c not in CLASSES for c in classes):
         raise ConfigError(f"--classes takes some of {', '.join(CLASSES)}, got {args.classes!r}")
+    app = open_run(args.run, classes)
     sock = listen(args.host, args.port, "scratchllm eval annotate")
-    print(f"annotation page: {url(sock)}/", file=sys.stderr)
-    serve(args.run, sock, classes)
+    print(f"annotation page: {url(sock)}/ ({len(app.state.annotation.eligible_ids())} diffs to score)",
+          file=sys.stderr)
+    serve(app, sock)
     return 0
 
 
