@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
                         help="KV blocks per replica (default 112: ~6 system prompts of 16 blocks)")
     parser.add_argument("--strategies", default="prefix,round_robin,power_of_two",
                         help="routing strategies to compare (default all three)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (default: a local one)")
 
 

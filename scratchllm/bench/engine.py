@@ -116,7 +116,7 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=0,
                         help="BLAS and attention-kernel threads (default 0: all cores); 1 is often faster "
                              "when other jobs share the cores")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
                         help="draw the mixed runs' latency CDFs, output tokens/s and KV use over time into a PNG")
     parser.add_argument("--skip", default="",

@@ -25,7 +25,7 @@ def add_arguments(parser):
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per figure (median)")
     parser.add_argument("--python-max-elements", type=int, default=2_000_000,
                         help="largest mask timed with the element-wise Python version")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
 def _once(fn, *a) -> float:

@@ -25,7 +25,7 @@ def add_arguments(parser):
     parser.add_argument("--walk", type=int, default=48, help="tokens per schema in the mask walk (default 48)")
     parser.add_argument("--engine", type=int, default=0, help="concurrent requests for the engine run (0 = skip)")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request in the engine run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
 def _pct(xs, q) -> float:

@@ -46,7 +46,7 @@ def add_arguments(p):
     p.add_argument("--no-tokenizer", action="store_true",
                    help="engine: no detokenization (default: the model's tokenizer turns every token into text, "
                         "as in a server, and the traced runs time it: one detokenize span per step)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
 def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict:

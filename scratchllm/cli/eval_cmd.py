@@ -15,13 +15,15 @@ import json
 import os
 import sys
 
+from scratchllm.cli.listen import listen, url
 from scratchllm.errors import ConfigError
 
 CLASSES = ("detokenization", "repetition", "near-tie", "semantic")
 
 
 def add_parser(sub):
-    p = sub.add_parser("eval", help="diff-based evaluation: replay captured traffic, triage, annotate, report",
+    p = sub.add_parser("eval",
+                       help="diff-based evaluation: replay captured traffic, triage, annotate, report, feedback",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ev = p.add_subparsers(dest="eval_command", metavar="STEP")
 
@@ -44,6 +46,8 @@ def add_parser(sub):
     r.add_argument("--model", default=None, help="model name to request on all servers (default: the captured)")
     r.add_argument("--max-tokens", type=int, default=None, help="cap each request's output length")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--change", default=None, metavar="TEXT",
+                   help="what the candidate changes, in a few words (shown at the top of the report)")
     _triage_args(r)
     r.set_defaults(func=_replay)
 
@@ -53,11 +57,14 @@ def add_parser(sub):
     t.set_defaults(func=_triage)
 
     a = ev.add_parser("annotate", help="serve the annotation page for a run",
-                      description="Annotators sign in by name and score diffs: 1 = primary better (-1), "
-                      "2 = same (0), 3 = candidate better (+1). Each diff goes to 3 different annotators.")
+                      description="Annotators sign in by name and score diffs. The page shows the two answers as A "
+                      "(left) and B (right), the candidate on a side chosen by a fixed coin per annotator and diff, "
+                      "so nobody learns which is the change: 1 = A better, 2 = same, 3 = B better. The score is "
+                      "stored from the candidate's side: -1 primary better, 0 same, +1 candidate better. Each "
+                      "diff goes to 3 different annotators.")
     a.add_argument("run", help="the run file")
-    a.add_argument("--host", default="127.0.0.1")
-    a.add_argument("--port", type=int, default=8765)
+    a.add_argument("--host", default="127.0.0.1", help="address the annotation page listens on")
+    a.add_argument("--port", type=int, default=8765, help="port of the annotation page (0 picks a free one)")
     a.add_argument("--classes", default="semantic",
                    help=f"comma-separated triage classes to annotate (of {', '.join(CLASSES)}); default semantic")
     a.set_defaults(func=_annotate)
@@ -75,8 +82,10 @@ def add_parser(sub):
                       "to --max-adjust-s seconds; the scheduler's aging still bounds every wait.")
     f.add_argument("run", help="the run file")
     f.add_argument("-o", "--output", required=True, help="priorities.json to write")
-    f.add_argument("--threshold", type=float, default=0.5)
-    f.add_argument("--max-adjust-s", type=float, default=2.0)
+    f.add_argument("--threshold", type=float, default=0.5,
+                   help="share of +1 scores (candidate better) below which a class is lowered in priority")
+    f.add_argument("--max-adjust-s", type=float, default=2.0,
+                   help="the most seconds a class's queue priority is moved by, for the lowest score")
     f.set_defaults(func=_feedback)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -85,6 +94,9 @@ def _triage_args(p):
     p.add_argument("--deterministic", action="store_true",
                    help="the servers are deterministic: any primary-vs-secondary difference is a bug (exit 1)")
     p.add_argument("--near-tie-gap", type=float, default=0.5, help="nats between the two tokens of a near-tie")
+    p.add_argument("--near-tie-max-edit", type=float, default=0.25,
+                   help="a near-tie's answers differ in at most this share of the longer one's tokens; more "
+                        "is semantic")
     p.add_argument("--abs-threshold", type=float, default=0.01,
                    help="a class counts when its excess over noise exceeds this share of all requests ...")
     p.add_argument("--rel-threshold", type=float, default=0.2, help="... and this share of its noise count")
@@ -93,7 +105,8 @@ def _triage_args(p):
 def _run_triage(store, args) -> int:
     from scratchllm.evaluate.triage import TriageConfig, triage_run
 
-    cfg = TriageConfig(near_tie_gap=args.near_tie_gap, abs_threshold=args.abs_threshold,
+    cfg = TriageConfig(near_tie_gap=args.near_tie_gap, near_tie_max_edit=args.near_tie_max_edit,
+                       abs_threshold=args.abs_threshold,
                        rel_threshold=args.rel_threshold)
     summary = triage_run(store, cfg, deterministic=args.deterministic)
     print(f"{summary['total']} requests; class: candidate / noise / net (* beyond noise)")
@@ -119,6 +132,8 @@ def _replay(args) -> int:
     if traffic.partial_lines:
         print(f"skipped {traffic.partial_lines} partial last line(s) of the capture", file=sys.stderr)
     store = replay(traffic, args.output, opts, capture=args.capture)
+    if args.change:
+        store.set_option("change", args.change)
     print(f"replayed {len(traffic.requests)} requests into {args.output}")
     return _run_triage(store, args)
 
@@ -130,13 +145,16 @@ def _triage(args) -> int:
 
 
 def _annotate(args) -> int:
-    from scratchllm.evaluate.annotate import serve
+    from scratchllm.evaluate.annotate import open_run, serve
 
     classes = tuple(c.strip() for c in args.classes.split(",") if c.strip())
     if not classes or any(c not in CLASSES for c in classes):
         raise ConfigError(f"--classes takes some of {', '.join(CLASSES)}, got {args.classes!r}")
-    print(f"annotation page: http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(args.run, args.host, args.port, classes)
+    app = open_run(args.run, classes)
+    sock = listen(args.host, args.port, "scratchllm eval annotate")
+    print(f"annotation page: {url(sock)}/ ({len(app.state.annotation.eligible_ids())} diffs to score)",
+          file=sys.stderr)
+    serve(app, sock)
     return 0
 
 

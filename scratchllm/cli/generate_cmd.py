@@ -1,4 +1,4 @@
-"""`scratchllm generate "PROMPT"`: answer one prompt, streaming tokens to the terminal.
+"""`scratchllm generate [MODEL] "PROMPT"`: answer one prompt, streaming tokens to the terminal.
 
 Instruct models get their chat template (the prompt becomes the user's message); `--raw`
 continues the text as written. The answer goes to stdout as it is produced; timings go to
@@ -7,14 +7,18 @@ stderr at the end, so `scratchllm generate ... > answer.txt` keeps only the answ
 
 import sys
 
+from scratchllm.cli.options import add_threads_argument
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
+from scratchllm.errors import ConfigError
 
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)", description=__doc__)
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                   help="the model, as `scratchllm generate MODEL PROMPT` (same as --model)")
     p.add_argument("prompt", help="the prompt; '-' reads it from stdin")
-    p.add_argument("--model", "-m", default="default",
-                   help="'default' (SmolLM2-135M-Instruct), a .gguf file or a model folder")
+    p.add_argument("--model", "-m", default=None,
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file or a model folder (default: default)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template: continue the text as is")
     p.add_argument("--system", default=None, help="system message (chat template only)")
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="most tokens to generate (default 256)")
@@ -24,21 +28,23 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same text")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
-    p.add_argument("--threads", type=int, default=None,
-                   help="BLAS threads (default: one per core); 1 is often faster when other jobs share the cores")
+    add_threads_argument(p)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, intermixed_parser=p)
 
 
 def run(args) -> int:
     from scratchllm.llm import LLM
     from scratchllm.sampling import SamplingParams
 
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
+    model = args.model_arg or args.model or "default"
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, threads=args.threads, dtype=args.dtype)
+    llm = LLM(model, threads=args.threads, dtype=args.dtype)
 
     def show(_token_id, text):
         sys.stdout.write(text)

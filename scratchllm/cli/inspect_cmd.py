@@ -2,8 +2,9 @@
 
 Prints the first 64 bytes (hex + ASCII), the container's structure (GGUF header and metadata,
 safetensors JSON header, or zip entries and what the pickle asks for), the tensor table, totals,
-and the planned memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn like
-the design article's diagram. `--json` prints the same as one JSON object.
+and the planned memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn as
+address ranges with each tensor's start, size and padding. `--json` prints the same as one JSON
+object.
 """
 
 import json

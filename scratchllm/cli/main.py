@@ -16,6 +16,34 @@ from scratchllm.errors import ScratchLLMError
 COMMANDS = ["inspect", "generate", "serve", "bench", "trace", "eval"]
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it: an option that
+    defaults to something (not None, not a flag that is off) shows what that is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text.lower() or default in (None, argparse.SUPPRESS)
+                or isinstance(action, argparse._StoreConstAction | argparse._StoreTrueAction)):
+            return text
+        if isinstance(default, list | tuple) and not default:
+            return text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+
+class RawDefaultsHelpFormatter(DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The same, for parsers whose description is laid out by hand."""
+
+
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("scratchllm",)):
+    """(command path, parser) for the parser and every sub-command below it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from walk_parsers(child, (*path, name))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scratchllm",
@@ -33,12 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(module_name) is None:
             continue  # a command not built yet is simply absent from --help
         importlib.import_module(module_name).add_parser(sub)
+    for _, p in walk_parsers(parser):
+        raw = issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter)
+        p.formatter_class = RawDefaultsHelpFormatter if raw else DefaultsHelpFormatter
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; a command whose parser set `intermixed_parser` (two positionals, such as
+    `generate MODEL PROMPT`) has its own arguments parsed intermixed, so options may stand
+    between its positionals (`generate default -n 5 "Hi"`)."""
+    args, extra = parser.parse_known_args(argv)
+    command_parser = getattr(args, "intermixed_parser", None)
+    if command_parser is not None:
+        return command_parser.parse_intermixed_args(argv[argv.index(args.command) + 1:], namespace=args)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -11,12 +11,13 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import sys
 
+from scratchllm.cli.listen import listen, url
+from scratchllm.cli.options import add_threads_argument
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
-from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args
+from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
 
 ENV_PREFIX = "SCRATCHLLM_"
 
@@ -32,11 +33,13 @@ def add_parser(sub):
                    help="'default' (SmolLM2-135M-Instruct), or a .gguf file / Hugging Face model folder")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--embedding-model", default="minilm", help="model for /v1/embeddings, or 'none'")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 serves other machines too (set --api-key then)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
     p.add_argument("--batching", choices=["continuous", "static"], default="continuous",
                    help="engine batching mode: continuous (default) or the static, padded baseline")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most sequences in one engine step (default: 64 for the continuous engine, 8 for the fake one)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
                    help="memory of the KV-cache pool, e.g. 256MiB, 1GiB or a number of bytes (default: what "
@@ -58,8 +61,7 @@ def add_parser(sub):
     p.add_argument("--policy", choices=["priority", "fcfs"], default=None,
                    help="admission policy of the continuous engine: priority (default: short requests "
                         "first, a 10 ms tick, aging) or fcfs (arrival order)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="matmul and attention threads (default: one per core)")
+    add_threads_argument(p)
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template text) instead of the model's own")
     p.add_argument("--trace", default=None, metavar="RING",
@@ -136,15 +138,20 @@ def _environment_defaults(parser) -> list[str]:
     return errors
 
 
+def model_from_args(args) -> str:
+    """The model to serve: MODEL or --model (not two different ones), else 'default'."""
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
+    return str(args.model_arg or args.model or "default")
+
+
 def build(args):
     """(ServedModel, ServedEmbedder | None) for the arguments."""
     if args.env_errors:
         raise ConfigError("; ".join(args.env_errors))
     if args.max_in_flight < 1 or args.max_body_bytes < 1:
         raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
-    if args.model_arg and args.model and args.model_arg != args.model:
-        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
-    args.model = args.model_arg or args.model or "default"
+    args.model = model_from_args(args)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -225,6 +232,7 @@ def _with_chat_template(tokenizer, template: str):
 
 
 def run(args) -> int:
+    args.model = model_from_args(args)
     if args.replicas is not None:
         from scratchllm.cluster.cli import serve_replicas
 
@@ -234,12 +242,20 @@ def run(args) -> int:
     from scratchllm.server.app import ServerConfig, create_app
     from scratchllm.server.metrics import check_prefix
 
-    model, embedder = build(args)
-    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    # Everything the command line alone decides is checked, and the port bound, before the model
+    # loads or the trace ring, the capture folder or any other file is touched.
     try:
         check_prefix(args.metrics_prefix)
     except ValueError as err:
         raise ConfigError(f"--metrics-prefix: {err}") from None
+    check_capture_args(args)
+    sock = listen(args.host, args.port, "scratchllm serve")
+    try:
+        model, embedder = build(args)
+    except BaseException:
+        sock.close()
+        raise
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
                           metrics_prefix=args.metrics_prefix, trusted_proxies=args.trusted_proxies)
@@ -252,15 +268,10 @@ def run(args) -> int:
     classes = _priority_feedback(args, model)
     app = create_app(model, embedder, config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
                      classes=classes)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as err:
-        model.engine.shutdown(False)
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {err.strerror}") from None
-    host, port = sock.getsockname()[:2]
-    print(f"scratchllm serve: {model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
+    print(f"scratchllm serve: {model.name} on {url(sock)}", file=sys.stderr, flush=True)
+    if args.capture:
+        print(f"scratchllm serve: capturing {args.capture_rate:.2%} of requests into {args.capture} "
+              "(--capture-rate; 1 captures all)", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=getattr(args, "log_level", "warning"),
                                            timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=5))
     # uvicorn drains on SIGTERM, then re-raises the signal under the handler that was there

@@ -23,6 +23,9 @@ def spec_from_args(args: Any) -> Any:
             options["num_blocks"] = args.num_kv_blocks
         replica = ReplicaSpec("fake", options)
     else:
+        from scratchllm.formats.refs import resolve_model
+
+        resolve_model(args.model)  # a model that is not there is one clear error here, not in each replica
         options = {k: getattr(args, k) for k in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy")
                    if getattr(args, k) is not None}
         replica = ReplicaSpec(args.model, options, dtype=args.dtype)

@@ -22,6 +22,7 @@ do not both become its third; a reservation not scored in time lapses.
 import hashlib
 import json
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
+from scratchllm.errors import ConfigError
 from scratchllm.evaluate.sources import prompt_text
 from scratchllm.evaluate.store import RunStore
 
@@ -157,15 +159,34 @@ def create_app(store: RunStore, classes=("semantic",), per_diff: int = PER_DIFF)
     return app
 
 
-def serve(run_path, host: str = "127.0.0.1", port: int = 8765, classes=("semantic",)) -> None:
-    import uvicorn
-
+def open_run(run_path, classes=("semantic",)) -> FastAPI:
+    """The annotation app over a run (triaged first if it was not), or ConfigError saying why
+    there is nothing to score: which classes the run's diffs fall in, and which were asked."""
     store = RunStore(run_path)
     if not store.diffs():
         from scratchllm.evaluate.triage import triage_run
 
         triage_run(store)
     app = create_app(store, classes)
-    logger.info("annotation page on http://%s:%d/ (%d diffs to score)", host, port,
-                len(app.state.annotation.eligible_ids()))
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if not app.state.annotation.eligible_ids():
+        raise ConfigError(nothing_to_score(store, classes))
+    return app
+
+
+def nothing_to_score(store: RunStore, classes) -> str:
+    counts: dict[str, list[int]] = {}
+    for d in store.diffs():
+        counts.setdefault(d["klass"], [0, 0])[1 if d["noisy"] else 0] += 1
+    found = ", ".join(f"{k} {clean}" + (f" (+{noisy} noisy)" if noisy else "")
+                      for k, (clean, noisy) in sorted(counts.items())) or "none"
+    return (f"{store.path}: no diff to annotate in the classes {', '.join(classes)}. The run's diffs by class: "
+            f"{found}. Noisy diffs (primary and secondary already differ) are never handed out; "
+            "choose other classes with --classes, e.g. --classes semantic,near-tie")
+
+
+def serve(app: FastAPI, sock: socket.socket) -> None:
+    """Serve the page on a bound socket until interrupted."""
+    import uvicorn
+
+    logger.info("annotation page: %d diffs to score", len(app.state.annotation.eligible_ids()))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -50,6 +50,15 @@ def capture_key(key: str | bytes | None = None) -> bytes:
     return key.encode() if isinstance(key, str) else bytes(key)
 
 
+def check_capture_settings(rate: float, key: str | bytes | None, max_bytes: int) -> bytes:
+    """The capture settings checked before anything is written: the key's bytes, or ConfigError."""
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"capture rate must be in [0, 1], got {rate}")
+    if max_bytes < 1024:
+        raise ConfigError(f"capture file size limit must be >= 1024 bytes, got {max_bytes}")
+    return capture_key(key)
+
+
 def canonical_body(body: dict | bytes | str) -> bytes:
     """The body as sorted-key, space-free JSON: the bytes that are hashed for sampling."""
     if isinstance(body, (bytes, str)):
@@ -90,13 +99,9 @@ class CaptureWriter:
 
     def __init__(self, directory, rate: float = 0.01, key: str | bytes | None = None,
                  max_bytes: int = 64 << 20):
-        if not 0.0 <= rate <= 1.0:
-            raise ConfigError(f"capture rate must be in [0, 1], got {rate}")
-        if max_bytes < 1024:
-            raise ConfigError(f"capture file size limit must be >= 1024 bytes, got {max_bytes}")
+        self.rate, self.key, self.max_bytes = rate, check_capture_settings(rate, key, max_bytes), max_bytes
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.rate, self.key, self.max_bytes = rate, capture_key(key), max_bytes
         self._threshold = int(rate * 2**64)  # capture iff the hash's top 64 bits < this
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -170,12 +175,20 @@ def add_capture_arguments(p) -> None:
     """`serve`'s capture options: --capture DIR --capture-rate --capture-key --capture-max-mb
     --trusted-proxies."""
     p.add_argument("--capture", default=None, metavar="DIR", help="append a sample of requests to DIR/*.jsonl")
-    p.add_argument("--capture-rate", type=float, default=0.01, help="share of requests captured (keyed hash)")
+    p.add_argument("--capture-rate", type=float, default=0.01,
+                   help="share of requests captured, chosen by a keyed hash of the body (0.01 = 1 in 100; 1 = all)")
     p.add_argument("--capture-key", default=None,
                    help=f"secret key of the sample and of the client IP hash (default: ${CAPTURE_KEY_ENV})")
     p.add_argument("--capture-max-mb", type=float, default=64.0, help="rotate capture files at this size")
     p.add_argument("--trusted-proxies", type=int, default=0,
                    help="proxies in front of the server whose X-Forwarded-For is trusted (default: none)")
+
+
+def check_capture_args(args) -> None:
+    """`serve`'s capture options checked without creating the folder (a start that fails later
+    on another argument leaves nothing behind)."""
+    if args.capture:
+        check_capture_settings(args.capture_rate, args.capture_key, int(args.capture_max_mb * (1 << 20)))
 
 
 def capture_writer_from_args(args) -> CaptureWriter | None:

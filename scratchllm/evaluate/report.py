@@ -11,6 +11,7 @@ regressions are the diffs with the lowest mean score below 0, linked into the an
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +22,14 @@ from scratchllm.evaluate.annotate import PER_DIFF
 
 TEMPLATE = Path(__file__).with_name("report.html")
 SCORES = (-1, 0, 1)
+# Special tokens as servers spell them in token strings (<|im_end|>, <|eot_id|>, </s>, <eos>,
+# <end_of_turn>): markup of the model's format, not part of the answer a reader compares.
+SPECIAL = re.compile(r"<\|[^<>|\s]{1,40}\|>|</s>|<eos>|<end_of_turn>")
+
+
+def shown(text: str | None) -> str:
+    """An output's text as the report shows it: special tokens dropped."""
+    return SPECIAL.sub("", text or "")
 
 
 def _rate(k: int, n: int) -> dict:
@@ -77,15 +86,17 @@ def build_report(store, annotate_url: str = "http://127.0.0.1:8765", worst: int 
     for rid, values in by_request.items():
         mean = sum(values) / len(values)
         if mean < 0:
-            d = diffs[rid]
+            d, outs = diffs[rid], store.outputs(rid)
             regressions.append({"request_id": rid, "index": d["idx"], "mean_score": mean, "scores": len(values),
-                                "klass": d["klass"], "context_primary": d["detail"].get("context_a"),
-                                "context_candidate": d["detail"].get("context_b"),
+                                "klass": d["klass"], "context_primary": shown(d["detail"].get("context_a")),
+                                "context_candidate": shown(d["detail"].get("context_b")),
+                                "cut_primary": _cut(outs.get("primary")), "cut_candidate": _cut(outs.get("candidate")),
                                 "link": f"{annotate_url.rstrip('/')}/#/diff/{rid}"})
     regressions.sort(key=lambda r: (r["mean_score"], r["index"]))
     run = store.run()
     return {
         "run": {k: run[k] for k in ("capture", "primary_url", "secondary_url", "candidate_url")},
+        "change": run["options"].get("change"),
         "requests": len(store.requests()),
         "triage": run["options"].get("triage"),
         "scores": {"total": n, "improvement": _rate(sum(s["score"] == 1 for s in scores), n),
@@ -95,6 +106,11 @@ def build_report(store, annotate_url: str = "http://127.0.0.1:8765", worst: int 
         "latency": latency(store),
         "worst_regressions": regressions[:worst],
     }
+
+
+def _cut(output) -> bool:
+    """The answer stopped at its max_tokens, not at its own end."""
+    return output is not None and output.finish_reason == "length"
 
 
 def render_html(report: dict) -> str:

@@ -7,8 +7,10 @@
                   `loop_max_period` tokens repeated `loop_min_repeats` times or more, covering at
                   least `loop_min_tokens`): the regression a broken KV block table causes;
   near-tie        at the first divergence each side's token is in the other's top-k, and within
-                  `near_tie_gap` nats of the other's choice there: numeric drift between two
-                  almost equally likely tokens;
+                  `near_tie_gap` nats of the other's choice there, and the answers stay close
+                  after it (token edit distance at most `near_tie_max_edit` of the longer one, or 2):
+                  numeric drift between two almost equally likely tokens. Answers that part at a
+                  near-tie and then say different things are semantic: an annotator reads them;
   semantic        everything else: what annotators look at;
   error           a side has no output (the request failed on a server).
 
@@ -43,6 +45,7 @@ class Klass(enum.StrEnum):
 @dataclass(frozen=True)
 class TriageConfig:
     near_tie_gap: float = 0.5  # nats
+    near_tie_max_edit: float = 0.25  # edit distance / longer answer's tokens, past which it is semantic
     loop_max_period: int = 16
     loop_min_repeats: int = 3
     loop_min_tokens: int = 8
@@ -106,7 +109,8 @@ def classify(a: Output, b: Output, cfg: TriageConfig = TriageConfig()) -> tuple[
         detail["loop"] = {"side": "a" if loops[0] else "b", "start_period_repeats": loops[0] or loops[1]}
         return Klass.REPETITION, d, detail
     i = d.first_divergence
-    if i is not None and unit != "char" and is_near_tie(a, b, i, cfg.near_tie_gap):
+    close = d.edit_distance <= max(2, cfg.near_tie_max_edit * max(len(ua), len(ub)))  # 2: a re-split word
+    if i is not None and unit != "char" and close and is_near_tie(a, b, i, cfg.near_tie_gap):
         return Klass.NEAR_TIE, d, detail
     return Klass.SEMANTIC, d, detail
 
@@ -138,7 +142,7 @@ def triage_run(store, cfg: TriageConfig = TriageConfig(), deterministic: bool = 
                        d.edit_distance if d else 0, noisy, detail)
     total = sum(c["candidate"] for c in counts.values())
     for name, c in counts.items():
-        c["net"] = max(c["candidate"] - c["noise"], 0) if name != Klass.IDENTICAL.value else c["candidate"]
+        c["net"] = c["candidate"] - c["noise"]  # below 0: the candidate has fewer of these than the noise
         c["significant"] = name != Klass.IDENTICAL.value and significant(c["candidate"], c["noise"], total, cfg)
     summary = {"config": asdict(cfg), "deterministic": deterministic, "total": total, "classes": counts,
                "noisy_requests": noisy_ids, "server_bug": bool(deterministic and noisy_ids)}

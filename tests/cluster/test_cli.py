@@ -30,6 +30,29 @@ def test_a_model_replica_gets_the_engine_options():
     assert spec.replica.model == "default" and spec.replica.engine_options == {"max_num_seqs": 4, "policy": "fcfs"}
 
 
+def _started_spec(monkeypatch, argv):
+    """What `scratchllm serve ARGV` hands the cluster, through the command's own path (Ray's start
+    replaced by a recorder)."""
+    started = []
+    monkeypatch.setattr("scratchllm.cluster.app.start", lambda spec, *rest: started.append(spec))
+    assert serve_cmd.run(parse(argv)) == 0
+    return started[0]
+
+
+@pytest.mark.parametrize("argv", [["--replicas", "2"], ["default", "--replicas", "2"]])
+def test_the_default_model_is_filled_in_as_serve_does(monkeypatch, argv):
+    """`serve --replicas 2` (as docs/cluster.md gives it) and `serve default --replicas 2` serve the
+    default model; they used to start replicas of None that Ray restarted until it gave up."""
+    assert _started_spec(monkeypatch, argv).replica.model == "default"
+
+
+def test_a_model_that_is_not_there_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="no model at"):
+        _started_spec(monkeypatch, [str(tmp_path / "missing.gguf"), "--replicas", "2"])
+    with pytest.raises(ConfigError, match="two models given"):
+        _started_spec(monkeypatch, ["default", "--model", "minilm", "--replicas", "2"])
+
+
 def test_what_the_cluster_cannot_do_is_refused():
     with pytest.raises(ConfigError, match="static"):
         spec_from_args(parse(["--replicas", "2", "--batching", "static"]))

@@ -9,7 +9,8 @@ def out(tokens, top=None, logprobs=None, text=None, **kw) -> Output:
     logprobs = logprobs if logprobs is not None else [dict(t)[tok] if tok in dict(t) else -5.0
                                                       for tok, t in zip(tokens, top, strict=True)]
     return Output(text="".join(tokens) if text is None else text, tokens=list(tokens), logprobs=logprobs,
-                  top_logprobs=top, finish_reason="length", latency_ms=kw.pop("latency_ms", 10.0), status=200, **kw)
+                  top_logprobs=top, finish_reason=kw.pop("finish_reason", "length"),
+                  latency_ms=kw.pop("latency_ms", 10.0), status=200, **kw)
 
 
 def make_store(tmp_path, triples, bodies=None, name="run.sqlite") -> RunStore:

@@ -157,3 +157,16 @@ def test_the_candidate_side_is_a_fixed_fair_coin():
     sides = [candidate_side(name, rid) for name in ("ann", "bob", "cy") for rid in range(200)]
     assert 0.4 < sides.count("right") / len(sides) < 0.6
     assert candidate_side("ann", 7) == candidate_side("ann", 7)
+
+
+def test_a_run_with_nothing_to_score_says_why(tmp_path):
+    from scratchllm.errors import ConfigError
+    from scratchllm.evaluate.annotate import open_run
+
+    same, other = out(["x"]), out(["y"])
+    store = make_store(tmp_path, [(same, same, same), (same, other, other)])
+    with pytest.raises(ConfigError) as err:
+        open_run(store.path)
+    text = str(err.value)
+    assert "no diff to annotate in the classes semantic" in text
+    assert "identical 1" in text and "semantic 0 (+1 noisy)" in text and "--classes" in text

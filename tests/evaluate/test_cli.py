@@ -42,7 +42,8 @@ def test_replay_triage_report_feedback_on_fake_servers(tmp_path, fake_servers, c
     assert main(["eval", "triage", str(run), "--deterministic"]) == 0
     assert main(["eval", "report", str(run)]) == 0
     report = json.loads(run.with_suffix(".json").read_text())
-    assert report["scores"]["total"] == 0 and report["triage"]["classes"]["identical"]["net"] == 6
+    assert report["scores"]["total"] == 0
+    assert report["triage"]["classes"]["identical"] == {"candidate": 6, "noise": 6, "net": 0, "significant": False}
     assert run.with_suffix(".html").read_text().startswith("<!doctype html>")
     assert main(["eval", "feedback", str(run), "-o", str(tmp_path / "p.json")]) == 0
     assert json.loads((tmp_path / "p.json").read_text())["classes"] == {}

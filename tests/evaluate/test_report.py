@@ -67,3 +67,24 @@ def test_report_without_scores(tmp_path):
     r = build_report(store)
     assert r["scores"]["improvement"]["rate"] is None and r["agreement"]["krippendorff_alpha_ordinal"] is None
     assert not math.isnan(r["latency"]["candidate_minus_primary_ms"]["mean"])
+
+
+def test_the_report_reads_as_the_annotation_page_does(tmp_path):
+    """Special tokens are not shown as text, answers cut at max_tokens are marked, a link is
+    labelled with the diff it opens (the page's 'Diff N'), and the candidate's change is named."""
+    same = out(["The", " answer", "<|im_end|>"], finish_reason="stop")
+    cut = out(["A", " long", " answer"])  # the helper's outputs end at max_tokens ("length")
+    store = make_store(tmp_path, [(same, same, same), (same, same, cut)])
+    store.set_option("change", "int8 KV cache")
+    triage_run(store)
+    (diff,) = [d for d in store.diffs() if d["klass"] == "semantic"]
+    store.execute("INSERT INTO score VALUES (?, ?, ?, ?)", (diff["request_id"], "ann", -1, 1.0))
+    r = build_report(store)
+    (worst,) = r["worst_regressions"]
+    assert "<|im_end|>" not in worst["context_primary"] and worst["context_primary"] == "⟦The answer"
+    assert (worst["cut_primary"], worst["cut_candidate"]) == (False, True)
+    assert r["change"] == "int8 KV cache"
+    write_report(store, tmp_path / "r.html", tmp_path / "r.json")
+    html = (tmp_path / "r.html").read_text()
+    assert f'#/diff/{diff["request_id"]}">diff {diff["request_id"]}</a> (request #{diff["idx"]})' in html
+    assert "int8 KV cache" in html and "<i>cut</i>" in html and "marked <b>⟦</b>" in html

@@ -38,7 +38,7 @@ def test_an_injected_stall_shows_in_the_heatmap_data_and_the_diagnosis(tmp_path)
     (finding,) = diagnose(trace, grid)
     assert finding.pattern == "stalled_steps" and finding.values["steps"] == [30]
     assert finding.values["stall_ms"] == [pytest.approx(facts["step_ms"][30])]
-    assert "step 30: 210 ms, 20 requests' tokens delayed, 2 preemption(s)" in finding.text
+    assert "step 30: 210 ms, 20 requests' tokens delayed, 2 preemptions" in finding.text
 
 
 def test_a_stall_without_step_records_is_found_from_the_tokens(tmp_path):
@@ -157,3 +157,42 @@ def test_a_window_keeps_only_its_records(tmp_path):
     check_nesting(events)
     ts = [e["ts"] for e in events if e["ph"] == "n"]
     assert len(ts) == 4 * 31 and min(ts) >= (first + 0.2) * 1e6 - 1 and max(ts) <= (first + 0.5) * 1e6 + 1
+
+
+def test_a_quiet_server_s_lone_prefills_are_not_stalls(tmp_path):
+    """Requests one at a time, each prefill slow and alone: nobody's next token waited on it, so
+    no vertical band (such a run used to report one per request)."""
+    n, length = 10, 20
+    arrive = [(length + 1) * i for i in range(n)]
+    trace, _ = load(tmp_path, Sim(lengths=[length] * n, arrive_step=arrive,
+                                  stalls={s: (60.0, 0, 0) for s in arrive}))
+    assert "stalled_steps" not in patterns(diagnose(trace))
+
+
+def test_a_stall_that_delays_one_request_says_so_in_good_english(tmp_path):
+    trace, _ = load(tmp_path, Sim(lengths=[30], stalls={12: (90.0, 0, 0)}))
+    (finding,) = diagnose(trace)
+    assert "1 request's token delayed" in finding.text and "requests'" not in finding.text
+
+
+def test_requests_without_a_last_token_are_named_and_marked(tmp_path):
+    """A killed server leaves requests with no last token: they are not drawn as finished."""
+    trace, _ = load(tmp_path, Sim(lengths=[40] * 6))
+    cut_key = trace.tokens["request"][0]
+    mine = trace.tokens["request"] == cut_key
+    trace.tokens = trace.tokens[~mine | (trace.tokens["position"] < 25)]
+    grid = LatencyGrid.from_trace(trace)
+    assert grid.cut.tolist() == [True, False, False, False, False, False]
+    findings = diagnose(trace, grid)
+    (cut,) = [f for f in findings if f.pattern == "cut"]
+    assert cut.values["rows"] == [0] and cut.text.startswith("1 request without a last token")
+    assert "uniform" in patterns(findings)  # the rest is still read
+    draw_heatmap(grid, findings, tmp_path / "cut.png")
+
+
+def test_the_colour_bar_has_ticks_across_a_narrow_range():
+    from scratchllm.trace.heatmap import colour_ticks
+
+    ticks = colour_ticks(8.0, 12.5)
+    assert len(ticks) >= 4 and ticks == sorted(ticks) and 8.0 <= ticks[0] and ticks[-1] <= 12.5
+    assert len(colour_ticks(0.05, 900.0)) >= 5

@@ -3,6 +3,8 @@
 Three patterns, each found from measured values, never assumed:
   * vertical bands: a step far slower than the typical step delays the token of every request in
     it at once. Cause from the step record: a preemption, a prefill chunk much larger than usual.
+    Only a step that held back some request's next token counts: a request prefilling alone (the
+    usual start on a quiet server) is its own time to first token, not a stall of anyone.
   * late tokens of long requests slow: within long requests, the last quarter of the tokens is
     slower than the first quarter. Attention reads the whole KV cache per token, so its cost grows
     with context: this is KV / attention cost.
@@ -33,6 +35,7 @@ class LatencyGrid:
     latency_ms: np.ndarray  # [R, P] float64
     step: np.ndarray  # [R, P] int64: the step that made the token, -1 = none
     first_ms: np.ndarray  # [R] time to first token (NaN if its first token is not in the ring)
+    finished: np.ndarray  # [R] bool: the request's last token is in the ring (False: cut or still running)
 
     @classmethod
     def from_trace(cls, trace: Trace, max_requests: int | None = None) -> "LatencyGrid":
@@ -57,12 +60,20 @@ class LatencyGrid:
         first = np.full(len(keys), np.nan)
         is_first = (t["flags"] & TokenFlag.FIRST) != 0
         first[rows[is_first]] = t["latency_ns"][is_first] / 1e6
-        return cls(keys, lat, step, first)
+        finished = np.zeros(len(keys), dtype=bool)
+        finished[rows[(t["flags"] & TokenFlag.FINISHED) != 0]] = True
+        return cls(keys, lat, step, first, finished)
+
+    @property
+    def cut(self) -> np.ndarray:
+        """Rows with tokens but no last token: still running when the ring was read, or cut off
+        (a client that hung up is finished with an abort; a killed server finishes nothing)."""
+        return ~self.finished & ~np.isnan(self.latency_ms).all(axis=1)
 
 
 @dataclass
 class Finding:
-    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "uniform"
+    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform"
     text: str
     values: dict = field(default_factory=dict)
 
@@ -92,7 +103,8 @@ def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
     stalled: set[int] = set()
     if len(durations) >= 4:
         median_ms = float(np.median(list(durations.values())))
-        stalled = {s for s, d in durations.items() if d > STALL_FACTOR * median_ms}
+        held_back = set(np.unique(grid.step[:, 1:]).tolist())  # steps that made some request's next token
+        stalled = {s for s, d in durations.items() if d > STALL_FACTOR * median_ms and s in held_back}
         if stalled:
             findings.append(_stalls(trace, grid, sorted(stalled), durations, median_ms))
     decode = ~np.isnan(grid.latency_ms) & np.isin(grid.step, list(stalled), invert=True)
@@ -103,7 +115,12 @@ def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
     rows = _slow_rows(grid, decode)
     if rows:
         findings.append(rows)
-    if not findings:
+    cut = int(grid.cut.sum())
+    if cut:
+        findings.append(Finding("cut", f"{_count(cut, 'request')} without a last token in the ring: still "
+                                       "running when it was read, or cut off (a killed server); marked x",
+                                {"rows": np.flatnonzero(grid.cut).tolist()}))
+    if not any(f.pattern != "cut" for f in findings):
         lat = grid.latency_ms[decode]
         ratio = float(np.percentile(lat, 99) / np.percentile(lat, 50)) if len(lat) else float("nan")
         findings.append(Finding("uniform", f"no stalls, no trend with position, no slow requests: decode latency "
@@ -114,21 +131,28 @@ def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
 def _stalls(trace, grid, stalled, durations, median_ms) -> Finding:
     steps = {int(s["step"]): s for s in trace.steps} if len(trace.steps) else {}
     usual_tokens = float(np.median(trace.steps["step_tokens"])) if len(trace.steps) else 0.0
+    usual = _count(round(usual_tokens), "token")
     parts = []
     for s in stalled[:5]:
         rec, cause = steps.get(s), "cause not recorded"
         if rec is not None:
             if rec["preempted"] or rec["flags"] & StepFlag.PREEMPTION:
-                cause = f"{int(rec['preempted']) or 'a'} preemption(s)"
+                cause = _count(int(rec["preempted"]), "preemption") if rec["preempted"] else "a preemption"
             elif rec["flags"] & StepFlag.PREFILL and rec["step_tokens"] > 2 * usual_tokens:
-                cause = f"a prefill of {int(rec['step_tokens'])} tokens (usual step: {usual_tokens:.0f})"
-        hit = int(np.count_nonzero(grid.step == s))
-        parts.append(f"step {s}: {durations[s]:.0f} ms, {hit} requests' tokens delayed, {cause}")
+                cause = f"a prefill of {int(rec['step_tokens'])} tokens (a usual step has {usual})"
+        hit = int(np.count_nonzero(grid.step[:, 1:] == s))
+        delayed = f"{hit} request's token" if hit == 1 else f"{hit} requests' tokens"
+        parts.append(f"step {s}: {durations[s]:.0f} ms, {delayed} delayed, {cause}")
     more = f"; {len(stalled) - 5} more" if len(stalled) > 5 else ""
-    text = (f"vertical bands: {len(stalled)} step(s) stalled at > {STALL_FACTOR:g}x the median step of "
+    text = (f"vertical bands: {_count(len(stalled), 'step')} stalled at > {STALL_FACTOR:g}x the median step of "
             f"{median_ms:.1f} ms ({'; '.join(parts)}{more})")
     return Finding("stalled_steps", text, {"steps": stalled, "median_step_ms": median_ms,
                                            "stall_ms": [durations[s] for s in stalled]})
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 token', '3 tokens'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _late_tokens(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:

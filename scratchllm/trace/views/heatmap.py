@@ -1,5 +1,6 @@
 """The latency heatmap as a PNG: x = token position in its request, y = requests in arrival
-order, colour = that token's latency (log scale), with the diagnosis printed under it.
+order, colour = that token's latency (log scale), with the diagnosis printed under it. A request
+with no last token in the ring (still running, or cut off by a killed server) ends in an x.
 
 Matplotlib's object API on the Agg canvas (no pyplot, no global state, no display needed); the
 figure is exactly width x height pixels.
@@ -34,7 +35,11 @@ def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path, width: int = 
         cmap = _cmap()
         image = ax.imshow(np.ma.masked_less_equal(lat, 0), aspect="auto", interpolation="nearest", cmap=cmap,
                           norm=LogNorm(vmin=lo, vmax=hi), origin="upper")
-        fig.colorbar(image, cax=cax, label="latency since the previous token, ms (position 0: TTFT)")
+        bar = fig.colorbar(image, cax=cax, label="latency since the previous token, ms (position 0: TTFT)")
+        ticks = colour_ticks(lo, hi)
+        bar.set_ticks(ticks, labels=[f"{t:.3g}" for t in ticks])
+        bar.minorticks_off()
+        _mark_cut(ax, grid)
     else:
         ax.text(0.5, 0.5, "no token records", ha="center", va="center", transform=ax.transAxes)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -47,6 +52,22 @@ def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path, width: int = 
     path = Path(path)
     fig.savefig(path, dpi=dpi)
     return path
+
+
+def colour_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """About `count` ticks spread evenly on the log scale from lo to hi, each rounded to two
+    significant figures (a narrow range otherwise gets only its two ends labelled)."""
+    return sorted({t for t in (float(f"{t:.2g}") for t in np.geomspace(lo, hi, count)) if lo <= t <= hi})
+
+
+def _mark_cut(ax, grid: LatencyGrid) -> None:
+    rows = np.flatnonzero(grid.cut)
+    if not len(rows):
+        return
+    last = [int(np.flatnonzero(~np.isnan(grid.latency_ms[r]))[-1]) for r in rows]
+    ax.scatter(np.array(last) + 1, rows, marker="x", s=18, color="#1f77b4", linewidths=1.2,
+               label="no last token: cut off or still running")
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def _cmap():
