@@ -98,10 +98,3 @@ def test_serve_on_a_port_in_use_is_one_clear_error_before_loading(busy_port, cap
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{busy_port}" in err and "pick another --port" in err
     assert not ring.exists()
-
-
-def test_annotate_on_a_port_in_use_is_one_clear_error(busy_port, capsys, tmp_path):
-    assert main(["eval", "annotate", str(tmp_path / "run.sqlite"), "--port", str(busy_port)]) == 2
-    err = capsys.readouterr().err
-    assert f"scratchllm eval annotate cannot listen on 127.0.0.1:{busy_port}" in err
-    assert "annotation page:" not in err

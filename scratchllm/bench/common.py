@@ -4,6 +4,7 @@ decode bound's two numbers (the memory bandwidth measured, the weight bytes a de
 import os
 import platform
 import statistics
+import time
 
 import numpy as np
 

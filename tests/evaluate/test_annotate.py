@@ -170,3 +170,22 @@ def test_a_run_with_nothing_to_score_says_why(tmp_path):
     text = str(err.value)
     assert "no diff to annotate in the classes semantic" in text
     assert "identical 1" in text and "semantic 0 (+1 noisy)" in text and "--classes" in text
+
+
+def test_annotate_on_a_port_in_use_is_one_clear_error(tmp_path, capsys):
+    """A second `eval annotate` used to print its URL and then die with 'address already in use'."""
+    from scratchllm.cli.main import main
+
+    same, other = out(["x"]), out(["y"])
+    store = make_store(tmp_path, [(same, same, other)])
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        assert main(["eval", "annotate", str(store.path), "--port", str(port)]) == 2
+    finally:
+        busy.close()
+    err = capsys.readouterr().err
+    assert f"scratchllm eval annotate cannot listen on 127.0.0.1:{port}" in err and "pick another --port" in err
+    assert "annotation page:" not in err

@@ -191,7 +191,7 @@ def test_requests_without_a_last_token_are_named_and_marked(tmp_path):
 
 
 def test_the_colour_bar_has_ticks_across_a_narrow_range():
-    from scratchllm.trace.heatmap import colour_ticks
+    from scratchllm.trace.views.heatmap import colour_ticks
 
     ticks = colour_ticks(8.0, 12.5)
     assert len(ticks) >= 4 and ticks == sorted(ticks) and 8.0 <= ticks[0] and ticks[-1] <= 12.5
