@@ -1,13 +1,27 @@
-"""Write a Llama-shaped GGUF file with random weights: the scale row of `bench peers`.
+"""Write a Llama-shaped GGUF file with random weights: the scale row of `bench peers`, and test files.
 
     python scripts/make_random_gguf.py out/llama-1b-q4_0.gguf            # ~1.1B parameters
     python scripts/make_random_gguf.py out/tiny.gguf --size tiny
+    python scripts/make_random_gguf.py out/small-q4_k_m.gguf --size small --quant-mix q4_k_m
 
-Layer matrices are Q4_0 and the (tied) embedding Q8_0, quantized by the `gguf` package (a test
-requirement); norms are ones. The tokenizer is copied from the default model's GGUF, so the
-vocabulary (49152) is SmolLM2's and both runtimes can load the file. Random weights make
-meaningless text, but every byte is read and multiplied as in a trained model of the shape:
-the cost of growth is measured, not guessed.
+Quantization mixes (--quant-mix):
+  q4_0    (default) layer matrices Q4_0 (--layer-type), the tied embedding Q8_0.
+  q4_k_m  llama.cpp's Q4_K_M recipe: Q4_K for most matrices; Q6_K for attn_v and ffn_down on the
+          layers llama.cpp gives more bits (the first and last eighth, and every third between),
+          and for output.weight (untied); token_embd Q4_K.
+  every   each layer matrix in turn one of Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+          IQ4_XS (so fused q|k|v and gate|up mix types); the tied embedding Q6_K.
+As llama.cpp does, a matrix whose rows are not a whole number of 256-element blocks falls back
+from a K-quant to a 32-block type (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, others -> IQ4_NL).
+
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 are quantized from Gaussian weights by the `gguf` package (a
+test requirement). The types it cannot quantize (K-quants, IQ4) are random but valid blocks:
+random bytes, with each block's float16 scales set to finite values that give weights of about
+the size of the others. Norms are ones. The tokenizer is copied from the default model's GGUF,
+so the vocabulary (49152) is SmolLM2's and both runtimes can load the file (or, with
+`tokenizer_from=None`, no tokenizer and a `vocab` of your choice: enough to load the weights).
+Random weights make meaningless text, but every byte is read and multiplied as in a trained
+model of the shape: the cost of growth is measured, not guessed.
 """
 
 import argparse
@@ -16,19 +30,75 @@ from pathlib import Path
 
 import numpy as np
 
-# TinyLlama-1.1B's shape (vocabulary aside); "tiny" for tests
+# TinyLlama-1.1B's shape (vocabulary aside); "tiny" and "small" (rows of whole K-quant blocks) for tests
 SIZES = {"1b": {"hidden": 2048, "intermediate": 5632, "layers": 22, "heads": 32, "kv_heads": 4},
+         "small": {"hidden": 256, "intermediate": 512, "layers": 4, "heads": 4, "kv_heads": 2},
          "tiny": {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2}}
+
+QUANT_MIXES = ("q4_0", "q4_k_m", "every")
+EVERY = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+GGUF_QUANTIZES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the types gguf.quants.quantize implements
+FALLBACK_32 = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
+
+# Random blocks: byte offsets of each float16 scale field in the block, and the size of the
+# typical |q * sub-block scale| that the first of them multiplies (so weights come out ~0.02);
+# a second field (a min: Dmin, or Q4_1/Q5_1's m) is set relative to the first.
+SCALE_FIELDS = {"Q2_K": ((80, 82), 16), "Q3_K": ((108,), 40), "Q4_K": ((0, 2), 256), "Q5_K": ((0, 2), 512),
+                "Q6_K": ((208,), 1500), "IQ4_NL": ((0,), 60), "IQ4_XS": ((0,), 1000)}
+MIN_OVER_SCALE = {"Q2_K": 1.5, "Q4_K": 8.0, "Q5_K": 16.0}  # Dmin / D: mins that roughly centre the weights
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v / ffn_down get more bits in *_K_M mixes."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def mix_type(mix: str, name: str, layer: int | None, index: int, layers: int, layer_type: str) -> str:
+    """The GGML type of tensor `name` (of block `layer`, the `index`-th layer matrix) in a mix."""
+    if mix == "q4_0":
+        return "Q8_0" if name == "token_embd" else layer_type
+    if mix == "q4_k_m":
+        if name == "output":
+            return "Q6_K"
+        if name in ("attn_v", "ffn_down") and use_more_bits(layer, layers):
+            return "Q6_K"
+        return "Q4_K"
+    if mix == "every":
+        return "Q6_K" if name == "token_embd" else EVERY[index % len(EVERY)]
+    raise ValueError(f"unknown quantization mix {mix!r}; choose from {', '.join(QUANT_MIXES)}")
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Random valid blocks of a [rows, cols] tensor: uint8 [rows, cols / block * block bytes]."""
+    import gguf
+
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    n = rows * cols // block
+    raw = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    offsets, product = SCALE_FIELDS[type_name]
+    d = (rng.uniform(0.5, 1.5, n) * 0.02 / product).astype(np.float16)
+    raw[:, offsets[0]:offsets[0] + 2] = d.view(np.uint8).reshape(n, 2)
+    if len(offsets) > 1:
+        dmin = (d.astype(np.float32) * MIN_OVER_SCALE[type_name]).astype(np.float16)
+        raw[:, offsets[1]:offsets[1] + 2] = dmin.view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, -1)
 
 
 def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
-                            tokenizer_from, layer_type: str = "Q4_0", embed_type: str = "Q8_0", seed: int = 0):
+                            tokenizer_from=None, layer_type: str = "Q4_0", embed_type: str = "Q8_0", seed: int = 0,
+                            quant_mix: str = "q4_0", vocab: int | None = None):
+    """The file at `path`; `tokenizer_from`: a GGUF whose tokenizer (and vocabulary size) to copy, or
+    None for no tokenizer and `vocab` tokens. `quant_mix`: see the module docstring ("q4_0" takes
+    `layer_type`, and `embed_type` for the tied embedding)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(tokenizer_from))
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(f"random-llama-{hidden}x{layers}")
+    if tokenizer_from is not None:
+        reader = gguf.GGUFReader(str(tokenizer_from))
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    elif vocab is None:
+        raise ValueError("without tokenizer_from, say the vocabulary size (vocab)")
+    writer.add_name(f"random-llama-{hidden}x{layers}-{quant_mix}")
     writer.add_context_length(2048)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -39,21 +109,33 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(vocab)
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            kind = field.types[0]
-            sub = field.types[1] if kind == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+    if tokenizer_from is not None:
+        for key, field in reader.fields.items():
+            if key.startswith("tokenizer."):
+                kind = field.types[0]
+                sub = field.types[1] if kind == gguf.GGUFValueType.ARRAY else None
+                writer.add_key_value(key, field.contents(), kind, sub_type=sub)
     rng = np.random.default_rng(seed)
 
     def matrix(name, rows, cols, type_name):
-        w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+        if cols % block:  # llama.cpp's fallback for rows of partial 256-blocks
+            type_name = FALLBACK_32[type_name]
         qtype = gguf.GGMLQuantizationType[type_name]
-        writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        if type_name in GGUF_QUANTIZES:
+            w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, random_blocks(type_name, rows, cols, rng), raw_dtype=qtype)
 
     D = hidden // heads
-    matrix("token_embd.weight", vocab, hidden, embed_type)  # tied: also the LM head
+    tied = quant_mix != "q4_k_m"
+    matrix("token_embd.weight", vocab, hidden,
+           embed_type if quant_mix == "q4_0" else mix_type(quant_mix, "token_embd", None, 0, layers, layer_type))
+    if not tied:
+        matrix("output.weight", vocab, hidden, mix_type(quant_mix, "output", None, 0, layers, layer_type))
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    index = 0
     for i in range(layers):
         b = f"blk.{i}."
         writer.add_tensor(b + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
@@ -62,7 +144,8 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
                                  ("attn_v", kv_heads * D, hidden), ("attn_output", hidden, hidden),
                                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),
                                  ("ffn_down", hidden, intermediate)):
-            matrix(b + name + ".weight", rows, cols, layer_type)
+            matrix(b + name + ".weight", rows, cols, mix_type(quant_mix, name, i, index, layers, layer_type))
+            index += 1
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -74,7 +157,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.add_argument("--size", choices=SIZES, default="1b")
-    parser.add_argument("--layer-type", choices=["Q4_0", "Q4_1", "Q8_0"], default="Q4_0")
+    parser.add_argument("--quant-mix", choices=QUANT_MIXES, default="q4_0")
+    parser.add_argument("--layer-type", choices=["Q4_0", "Q4_1", "Q8_0"], default="Q4_0", help="of the q4_0 mix")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -82,7 +166,7 @@ def main() -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_random_llama_gguf(args.out, **SIZES[args.size], tokenizer_from=resolve_model("default"),
-                            layer_type=args.layer_type, seed=args.seed)
+                            layer_type=args.layer_type, seed=args.seed, quant_mix=args.quant_mix)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.0f} MB)")
     return 0
 

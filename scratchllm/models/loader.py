@@ -20,6 +20,7 @@ from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
+from scratchllm.kernels import packed_gemm
 from scratchllm.models import panel_cache
 from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
@@ -105,14 +106,15 @@ class GGUFAsHF(Mapping):
         return a
 
     def quantized(self, hf_name: str):
-        """(q, d, m) of a 2-D Q8_0 / Q4_0 / Q4_1 tensor, value = d * q + m exactly as the
-        dequantized tensor: Q4 types as 4-bit values (q uint8 0..15, d and m float16;
-        ggml_quants.as_q4), Q8_0 as q int8 with float32 d and m (ggml_quants.as_q8); None for
-        any other type."""
+        """(q, d, m) of a 2-D tensor of a type the quantized kernels keep (ggml_quants.KERNEL_TYPES),
+        value = d * q + m exactly as the dequantized tensor: Q4_0 / Q4_1 as 4-bit values (q uint8
+        0..15, d and m float16; ggml_quants.as_q4), the others (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K,
+        IQ4_NL, IQ4_XS) as q int8 with float32 d and m (ggml_quants.as_q8); None for any other
+        type (the model dequantizes those to float32)."""
         info = self.ckpt.tensor_info(self.names[hf_name])
-        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
+        if info.dtype not in gq.KERNEL_TYPES or len(info.shape) != 2:
             return None
-        four = gq.as_q4(info.dtype, self.ckpt.raw(info.name), info.shape) if info.dtype != "Q8_0" else None
+        four = gq.as_q4(info.dtype, self.ckpt.raw(info.name), info.shape) if info.dtype in ("Q4_0", "Q4_1") else None
         q, d, m = four or gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
         return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
 
@@ -122,7 +124,7 @@ class GGUFAsHF(Mapping):
         and for q/k rows the order that undoes llama.cpp's permutation (output row i is stored
         row order[i]); None for any other type. What packed_gemm.pack_blocks takes."""
         info = self.ckpt.tensor_info(self.names[hf_name])
-        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2:
+        if info.dtype not in packed_gemm.BLOCK_TYPES or len(info.shape) != 2:
             return None
         rows = info.shape[0]
         raw = self.ckpt.raw(info.name).reshape(rows, -1)
@@ -190,12 +192,44 @@ def read_config(path: Path, ckpt) -> ModelConfig:
 
 
 def _has_quantized_blocks(ckpt) -> bool:
-    return ckpt.format == "gguf" and any(i.dtype in gq.BLOCK_DTYPES for i in ckpt.infos.values())
+    """True when a GGUF file has tensors of a type the quantized kernels keep (ggml_quants.KERNEL_TYPES)."""
+    return ckpt.format == "gguf" and any(i.dtype in gq.KERNEL_TYPES for i in ckpt.infos.values())
+
+
+def check_tensor_types(ckpt) -> None:
+    """Refuse, before anything is read, a GGUF tensor of a type we cannot decode."""
+    if ckpt.format != "gguf":
+        return
+    for info in ckpt.infos.values():
+        if info.dtype not in gq.SUPPORTED:
+            raise FormatError(ckpt.path, f"tensor '{info.name}' is {info.dtype}, a GGML type we do not read; "
+                                         f"supported: {', '.join(sorted(gq.SUPPORTED))}")
+
+
+def log_float32_matrices(model, weights, ckpt) -> None:
+    """One line saying which quantized matrices of a "quantized" model run in float32 (types with no
+    exact quantized kernel: ggml_quants.GROUP 16, or fused with such a part) and what it costs."""
+    parts = getattr(getattr(model, "weights", None), "parts", {})
+    names, f32_bytes, file_bytes, seen = [], 0, 0, set()
+    for hf_name, (packed, _) in parts.items():
+        info = ckpt.tensor_info(weights.names[hf_name]) if hf_name in weights.names else None
+        if packed.dtype != "float32" or info is None or info.dtype not in gq.BLOCK_DTYPES:
+            continue
+        names.append((info.offset, f"{info.name} ({info.dtype})"))
+        file_bytes += info.nbytes
+        if id(packed) not in seen:
+            seen.add(id(packed))
+            f32_bytes += packed.nbytes
+    if names:
+        logger.info("dtype quantized: %d matrices dequantized to float32 (no exact quantized kernel for their "
+                    "blocks, or fused with such a part), %.1f MiB in memory for %.1f MiB in the file: %s",
+                    len(names), f32_bytes / 2**20, file_bytes / 2**20, ", ".join(n for _, n in sorted(names)))
 
 
 def auto_dtype(ckpt, config) -> str:
     """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
-    compute on them (Llama family, GGUF Q8_0 / Q4_0 / Q4_1), else float32. Both give float32's logits."""
+    compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. Both
+    give float32's logits."""
     return "quantized" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
 
 
@@ -207,10 +241,12 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
     own blocks where there are any, and in either case float32's logits. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
-    (Llama family, GGUF files) keeps the file's Q8_0 / Q4_0 / Q4_1 matrices quantized in memory
-    (one int8 per weight plus a scale and offset per 32) and dequantizes them inside the GEMM
-    exactly as the float32 path does: the same logits, bit for bit, from about a third of the
-    bytes. Matrices the file stores unquantized stay float32.
+    (Llama family, GGUF files) keeps the file's matrices of ggml_quants.KERNEL_TYPES quantized in
+    memory (Q4_0 / Q4_1 as 4 bits per weight, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS as one
+    int8 per weight; a scale and offset per 32) and dequantizes them inside the GEMM exactly as the
+    float32 path does: the same logits, bit for bit, from a third of the bytes or less. Matrices
+    the file stores unquantized, or in a type with 16-wide groups (Q6_K, Q3_K, Q2_K), are float32
+    (dequantized once at load; logged).
 
     `checkpoint`: `ref` already opened with formats.load_checkpoint, for a caller that reads
     the same file's tokenizer too (the header is then parsed once)."""
@@ -220,6 +256,7 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
     if checkpoint is not None and Path(checkpoint.path) != path:
         raise ConfigError(f"load_model({str(ref)!r}) was handed the checkpoint of {checkpoint.path}, another file")
     ckpt = checkpoint if checkpoint is not None else load_checkpoint(path)
+    check_tensor_types(ckpt)
     config = read_config(path, ckpt)
     if dtype == "auto":
         dtype = auto_dtype(ckpt, config)
@@ -227,8 +264,8 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
     if dtype != "float32" and config.family != "llama":
         raise ConfigError(f"dtype {dtype} is implemented for the Llama family; {config.model_type} runs in float32")
     if dtype == "quantized" and not _has_quantized_blocks(ckpt):
-        raise ConfigError(f"dtype quantized keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices quantized; {path} has "
-                          f"none (use float32 or bfloat16)")
+        raise ConfigError(f"dtype quantized keeps a GGUF file's {' / '.join(sorted(gq.KERNEL_TYPES))} matrices "
+                          f"quantized; {path} has none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
         options = {"dtype": dtype} if config.family == "llama" else {}
@@ -242,6 +279,7 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
                                      + ", ".join(extra[:5]))
     if ckpt.format == "gguf" and dtype == "quantized":
+        log_float32_matrices(model, weights.inner, ckpt)
         # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the
         # forward reads nothing of the file but the rows of an untied float32 embedding table
         release_pages(ckpt.raw(next(iter(ckpt))))

@@ -9,9 +9,12 @@ dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside t
 activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
 "quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
 4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
-bytes; packed_gemm.Q8Panels for Q8_0: int8 plus a float32 scale and offset) and computes with
-exactly the float32 values they stand for. Norms, rotary embeddings, attention and the KV cache
-stay float32 in every mode.
+bytes; packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
+Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see
+formats.ggml_quants.as_q8) and computes with exactly the float32 values they stand for. Types
+with a scale per 16 weights (Q6_K, Q3_K, Q2_K) have no such panels: their matrices, and any
+matrix fused with one, are float32 (the loader logs which). Norms, rotary embeddings, attention
+and the KV cache stay float32 in every mode.
 """
 
 import numpy as np
@@ -41,10 +44,11 @@ class PackedWeight:
     @classmethod
     def from_quantized_rows(cls, parts) -> "PackedWeight":
         """Quantized checkpoint tensors (q int8 [out_i, in], d and m float32 [out_i, in/32], value
-        = d * q + m; see formats.ggml_quants.as_q8), fused along out like `from_rows`. The matrix
-        stays quantized; the kernel dequantizes a block at a time, with the float32 path's values."""
+        = d * q + m; see formats.ggml_quants.as_q8; or Q4_0 / Q4_1's 4-bit form, as_q4), fused
+        along out like `from_rows`. The matrix stays quantized; the kernel dequantizes a block at
+        a time, with the float32 path's values."""
         four_bit = all(p[0].dtype == np.uint8 for p in parts)  # every part 4-bit: stays 4-bit
-        if not four_bit:  # a mix (Q4 beside Q8_0): 8-bit for all, the same values (see as_q4)
+        if not four_bit:  # a mix (Q4 beside Q8_0, Q4_K...): 8-bit for all, the same values (see as_q4)
             parts = [(q.astype(np.int8), d.astype(np.float32), m.astype(np.float32)) for q, d, m in parts]
         q, d, m = (np.concatenate([p[i] for p in parts], axis=0) for i in range(3))
         self = cls.__new__(cls)

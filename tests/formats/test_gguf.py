@@ -107,11 +107,11 @@ def test_custom_alignment(gguf_writer, tmp_path):
     np.testing.assert_array_equal(f.tensor("x"), np.arange(64, dtype=np.float32))
 
 
-def test_k_quants_are_listed_but_refused_on_read(tmp_path, gguf_writer):
-    path = gguf_writer(tmp_path / "k.gguf", {"k": (np.zeros((2, 210), np.uint8), "Q6_K")})
+def test_types_we_do_not_decode_are_listed_but_refused_on_read(tmp_path, gguf_writer):
+    path = gguf_writer(tmp_path / "iq.gguf", {"k": (np.zeros((2, 66), np.uint8), "IQ2_XXS")})
     ckpt = load_checkpoint(path)
-    assert ckpt.tensor_info("k").dtype == "Q6_K" and ckpt.tensor_info("k").shape == (2, 256)
-    with pytest.raises(FormatError, match="Q6_K"):
+    assert ckpt.tensor_info("k").dtype == "IQ2_XXS" and ckpt.tensor_info("k").shape == (2, 256)
+    with pytest.raises(FormatError, match=r"'k' is IQ2_XXS; we decode only .*Q4_K.*Q6_K"):
         ckpt["k"]
 
 
