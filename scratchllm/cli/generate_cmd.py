@@ -5,12 +5,14 @@ continues the text as written. The answer goes to stdout as it is produced; timi
 stderr at the end, so `scratchllm generate ... > answer.txt` keeps only the answer.
 """
 
+import argparse
 import sys
 
+from scratchllm.cli import Subparsers
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)", description=__doc__)
     p.add_argument("prompt", help="the prompt; '-' reads it from stdin")
     p.add_argument("--model", "-m", default="default",
@@ -31,7 +33,7 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from scratchllm.llm import LLM
     from scratchllm.sampling import SamplingParams
 
@@ -40,7 +42,7 @@ def run(args) -> int:
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     llm = LLM(args.model, threads=args.threads, dtype=args.dtype)
 
-    def show(_token_id, text):
+    def show(_token_id: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 

@@ -7,6 +7,7 @@ a bad file, a bad flag) print as one line on stderr and exit with status 2, no t
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
