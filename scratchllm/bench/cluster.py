@@ -18,8 +18,10 @@ to load); --model takes any model folder or .gguf instead.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import statistics
@@ -27,16 +29,19 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from scratchllm.bench.common import machine_facts
 
+if TYPE_CHECKING:
+    from scratchllm.cluster.remote import RemoteEngine
+
 STRATEGY_NAMES = {"prefix": "KV-block router", "round_robin": "round robin", "power_of_two": "power of two"}
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' (a random Llama, written here) or a model reference")
     parser.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
     parser.add_argument("--systems", type=int, default=8, help="shared system prompts (default 8)")
@@ -96,7 +101,7 @@ def write_tiny_llama(folder: Path, seed: int = 0, vocab: int = 1024, hidden: int
 
 
 # --- the workload and its oracle ---------------------------------------------------------------
-def workload(args, vocab: int) -> list[tuple[int, list[int]]]:
+def workload(args: argparse.Namespace, vocab: int) -> list[tuple[int, list[int]]]:
     """(system index, prompt token ids) in send order."""
     rng = random.Random(args.seed)
     lo, hi = (int(x) for x in args.user_len.split(","))
@@ -122,7 +127,8 @@ def oracle(requests: list[tuple[int, list[int]]], system_len: int, block_size: i
 
 
 # --- one strategy ---------------------------------------------------------------------------------
-async def _drive(engine, requests, args) -> list[dict[str, Any]]:
+async def _drive(engine: RemoteEngine, requests: list[tuple[int, list[int]]],
+                 args: argparse.Namespace) -> list[dict[str, Any]]:
     from scratchllm.sampling import SamplingParams
 
     queue: asyncio.Queue[tuple[int, list[int]]] = asyncio.Queue()
@@ -146,7 +152,8 @@ async def _drive(engine, requests, args) -> list[dict[str, Any]]:
     return out
 
 
-def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any]:
+def run_strategy(strategy: str, model_ref: str, requests: list[tuple[int, list[int]]],
+                 args: argparse.Namespace) -> dict[str, Any]:
     from ray import serve
 
     from scratchllm.cluster.app import ClusterSpec, engine_deployment
@@ -185,7 +192,7 @@ def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any
             "kv_blocks_total": replica_stats.get("kv_blocks_total")}
 
 
-def run(args) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
@@ -204,7 +211,7 @@ def run(args) -> dict[str, Any]:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             root = str(Path(__file__).resolve().parents[2])  # the workers import this scratchllm
             ray.init(address=args.ray_address, num_cpus=None if args.ray_address else 2, include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False,
+                     logging_level=logging.ERROR, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}})
             serve.start(proxy_location="Disabled")  # handles only: no HTTP here
         try:

@@ -82,7 +82,7 @@ def _dispatch(reply: Reply, data: list[bytes], now: float) -> None:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {sample: value}; a labelled sample is keyed `name{a="x",b="y"}`."""
-    out = {}
+    out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))

@@ -8,7 +8,11 @@ file, same page cache. Medians of --repeat runs after one warm-up; the ratio is 
 and the benchmark reports it as missing rather than failing when it is not installed.
 """
 
+import argparse
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.formats import load_checkpoint
@@ -16,12 +20,23 @@ from scratchllm.formats.arena import load_arena
 from scratchllm.formats.refs import resolve_model
 
 
-def add_arguments(parser):
+class Timing(TypedDict):
+    """One reader's figures: medians of the timed runs."""
+
+    open_s: float  # parsing the header
+    dequantize_s: float  # every tensor to float32
+    total_s: float
+    runs_total_s: list[float]  # each run's total
+    elements: int  # elements produced (every run the same)
+    float32_GB_per_s: NotRequired[float]  # dequantized output per second (ours, when gguf ran too)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="a GGUF file or 'default' (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per implementation (default: 5)")
 
 
-def ours(path) -> tuple[float, float, int]:
+def ours(path: Path) -> tuple[float, float, int]:
     """(seconds to parse the header, seconds to dequantize every tensor into one arena, elements)."""
     start = time.perf_counter()
     ckpt = load_checkpoint(path)
@@ -31,7 +46,7 @@ def ours(path) -> tuple[float, float, int]:
     return opened - start, done - opened, sum(a.size for a in arrays.values())
 
 
-def ours_lookups(path) -> tuple[float, float, int]:
+def ours_lookups(path: Path) -> tuple[float, float, int]:
     """The same through plain `ckpt[name]` lookups: one fresh array per tensor."""
     start = time.perf_counter()
     ckpt = load_checkpoint(path)
@@ -41,7 +56,7 @@ def ours_lookups(path) -> tuple[float, float, int]:
     return opened - start, done - opened, sum(a.size for a in arrays)
 
 
-def reference(path) -> tuple[float, float, int]:
+def reference(path: Path) -> tuple[float, float, int]:
     import gguf
 
     start = time.perf_counter()
@@ -52,7 +67,7 @@ def reference(path) -> tuple[float, float, int]:
     return opened - start, done - opened, sum(a.size for a in arrays)
 
 
-def timed(fn, path, repeat: int) -> dict:
+def timed(fn: Callable[[Path], tuple[float, float, int]], path: Path, repeat: int) -> Timing:
     fn(path)  # warm-up: page cache, imports
     runs = [fn(path) for _ in range(repeat)]
     elements = {r[2] for r in runs}
@@ -66,47 +81,48 @@ def timed(fn, path, repeat: int) -> dict:
     }
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     path = resolve_model(args.model)
     ckpt = load_checkpoint(path)
     if ckpt.format != "gguf":
         from scratchllm.errors import ConfigError
 
         raise ConfigError(f"bench load compares GGUF readers; {path} is {ckpt.format}")
-    result = {
+    o, lookups = timed(ours, path, args.repeat), timed(ours_lookups, path, args.repeat)
+    figures: dict[str, Timing | None] = {"ours": o, "ours_lookups": lookups}
+    ratios: dict[str, float | None] = {}
+    result: dict[str, Any] = {
         "bench": "load",
         "inputs": {"model": str(path), "file_bytes": path.stat().st_size, "tensors": len(ckpt),
                    "repeat": args.repeat, "types": sorted({i.dtype for i in ckpt.infos.values()})},
-        "figures": {"ours": timed(ours, path, args.repeat),
-                    "ours_lookups": timed(ours_lookups, path, args.repeat)},
-        "ratios": {},
+        "figures": figures,
+        "ratios": ratios,
         "machine": machine_facts(),
     }
     try:
         import gguf  # noqa: F401
     except ImportError:
-        result["figures"]["gguf"] = None
-        result["ratios"]["gguf_over_ours"] = None
+        figures["gguf"] = None
+        ratios["gguf_over_ours"] = None
         return result
     ref = timed(reference, path, max(1, min(args.repeat, 3)))  # it is slow; 3 runs give a median
-    result["figures"]["gguf"] = ref
-    o = result["figures"]["ours"]
+    figures["gguf"] = ref
     assert o["elements"] == ref["elements"], "both must produce every element of every tensor"
     result["ratios"] = {
         "gguf_over_ours": ref["total_s"] / o["total_s"],
         "open_gguf_over_ours": ref["open_s"] / o["open_s"],
         "dequantize_gguf_over_ours": ref["dequantize_s"] / o["dequantize_s"],
-        "gguf_over_ours_lookups": ref["total_s"] / result["figures"]["ours_lookups"]["total_s"],
+        "gguf_over_ours_lookups": ref["total_s"] / lookups["total_s"],
     }
-    result["figures"]["ours"]["float32_GB_per_s"] = o["elements"] * 4 / o["dequantize_s"] / 1e9
+    o["float32_GB_per_s"] = o["elements"] * 4 / o["dequantize_s"] / 1e9
     return result
 
 
-def row(label: str, f: dict) -> str:
+def row(label: str, f: Timing) -> str:
     return f"  {label:<22} {f['open_s']:>10.3f} {f['dequantize_s']:>15.3f} {f['total_s']:>10.3f}"
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     inp, o, g = r["inputs"], r["figures"]["ours"], r["figures"]["gguf"]
     lines = [f"load + dequantize every tensor to float32: {inp['model']}",
              f"  {inp['tensors']} tensors ({', '.join(inp['types'])}), {inp['file_bytes'] / 1e6:.1f} MB file, "

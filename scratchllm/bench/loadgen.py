@@ -12,11 +12,14 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypedDict
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.bench import http_client
 from scratchllm.errors import ConfigError
@@ -59,8 +62,9 @@ def load_workload(ref: str, num_requests: int | None = None, rate: float | None 
     return Workload(spec.get("name", path.stem), prompts, [int(k) for k in output_lens], rate, burst, seed)
 
 
-def _sample(dist: dict, n: int, rng) -> np.ndarray:  # -> [n] ints >= 1
+def _sample(dist: dict[str, Any], n: int, rng: np.random.Generator) -> npt.NDArray[np.int_]:  # -> [n] ints >= 1
     kind = dist["distribution"]
+    x: npt.NDArray[Any]
     if kind == "fixed":
         x = np.full(n, dist["value"])
     elif kind == "uniform":
@@ -72,10 +76,11 @@ def _sample(dist: dict, n: int, rng) -> np.ndarray:  # -> [n] ints >= 1
         x = rng.choice(dist["values"], size=n, p=p / p.sum())
     else:
         raise ValueError(f"unknown distribution {kind!r} (fixed, uniform, normal, choice)")
-    return np.maximum(x.astype(int), 1)
+    lengths: npt.NDArray[np.int_] = np.maximum(x.astype(int), 1)
+    return lengths
 
 
-def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:  # -> [n] seconds from start
+def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> npt.NDArray[np.float64]:  # -> [n] s from start
     if math.isinf(rate):
         return np.zeros(n)
     gaps = np.random.default_rng(seed + 1).gamma(burstiness, 1.0 / (rate * burstiness), size=n)
@@ -103,12 +108,29 @@ class Result:
         """Mean time per output token after the first."""
         if not self.ok or self.output_tokens < 2:
             return None
+        assert self.e2e is not None and self.ttft is not None  # an ok result has both
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
+class Progress(Protocol):
+    """What run_load reports each finished request to (a tqdm bar)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+
+class LoadRun(TypedDict):
+    """What run_load returns: the raw run, summarized by `summarize` and drawn by bench.plots."""
+
+    results: list[Result]  # one per request of the workload, in its order
+    duration_s: float  # from the first arrival to the last reply
+    probe_ms: list[float]  # /health latency, sampled through the run
+    kv_samples: list[float]  # KV blocks in use, sampled through the run
+    metrics: dict[str, float]  # the server's /metrics at the end
+
+
 async def run_load(url: str, model: str, workload: Workload, concurrency: int | None = None,
-                   max_duration_s: float = 600.0, progress=None, probe_interval_s: float = 0.1,
-                   headers: dict | None = None) -> dict:
+                   max_duration_s: float = 600.0, progress: Progress | None = None, probe_interval_s: float = 0.1,
+                   headers: dict[str, str] | None = None) -> LoadRun:
     """Send the workload; return results, wall time, /metrics KV peak and /health probe latencies.
     `headers` go with every request (e.g. Authorization for a server with an API key)."""
     async with http_client.new_client(max_duration_s + 60, headers) as client:
@@ -117,7 +139,7 @@ async def run_load(url: str, model: str, workload: Workload, concurrency: int | 
 
 
 async def _run_load(client: httpx.AsyncClient, url: str, model: str, workload: Workload, concurrency: int | None,
-                    max_duration_s: float, progress, probe_interval_s: float) -> dict:
+                    max_duration_s: float, progress: Progress | None, probe_interval_s: float) -> LoadRun:
     times = arrival_times(len(workload.prompts), workload.rate, workload.burstiness, workload.seed)
     gate = asyncio.Semaphore(concurrency or len(workload.prompts))
     results = [Result(len(p)) for p in workload.prompts]
@@ -147,7 +169,7 @@ async def _run_load(client: httpx.AsyncClient, url: str, model: str, workload: W
             "kv_samples": watcher.kv_blocks, "metrics": final}
 
 
-async def _send(client: httpx.AsyncClient, url: str, body: dict, r: Result, deadline: float) -> None:
+async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any], r: Result, deadline: float) -> None:
     r.start = time.monotonic()
     try:
         reply = await http_client.request(client, url + "/v1/completions", "POST", body,
@@ -193,7 +215,7 @@ class Watcher:
             await asyncio.sleep(self.interval_s)
 
 
-def percentiles(values, ms: bool = True) -> dict:
+def percentiles(values: Sequence[float], ms: bool = True) -> dict[str, float | None]:
     """mean/p50/p90/p99 (in ms when the values are seconds); None when there is nothing to summarize."""
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -201,7 +223,7 @@ def percentiles(values, ms: bool = True) -> dict:
     return {"mean": float(x.mean()), **{f"p{q}": float(np.percentile(x, q)) for q in (50, 90, 99)}}
 
 
-def summarize(run: dict, slo: dict) -> dict:
+def summarize(run: LoadRun, slo: dict[str, float | None]) -> dict[str, Any]:
     """Throughput, latency percentiles and goodput (requests/s meeting every SLO given, in ms)."""
     results, duration = run["results"], run["duration_s"]
     ok = [r for r in results if r.ok]
@@ -209,7 +231,7 @@ def summarize(run: dict, slo: dict) -> dict:
 
     def meets(r: Result) -> bool:
         checks = {"ttft_ms": r.ttft, "tpot_ms": r.tpot, "e2e_ms": r.e2e}
-        return all(checks[k] is not None and checks[k] * 1e3 <= v for k, v in slo.items() if v is not None) \
+        return all((x := checks[k]) is not None and x * 1e3 <= v for k, v in slo.items() if v is not None) \
             if any(v is not None for v in slo.values()) else True
 
     m = run["metrics"]
@@ -228,8 +250,10 @@ def summarize(run: dict, slo: dict) -> dict:
         "request_throughput": len(ok) / duration, "output_token_throughput": out_tokens / duration,
         "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in ok)) / duration,
         "output_tokens": out_tokens, "goodput": sum(meets(r) for r in ok) / duration, "slo": slo,
-        "ttft_ms": percentiles([r.ttft for r in ok]), "tpot_ms": percentiles([r.tpot for r in ok if r.tpot]),
-        "itl_ms": percentiles([g for r in ok for g in r.itl]), "e2e_ms": percentiles([r.e2e for r in ok]),
+        "ttft_ms": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": percentiles([r.tpot for r in ok if r.tpot]),
+        "itl_ms": percentiles([g for r in ok for g in r.itl]),
+        "e2e_ms": percentiles([r.e2e for r in ok if r.e2e is not None]),
         "health_probe_ms": percentiles(run["probe_ms"], ms=False),
         "peak_kv_blocks": peak_blocks, "peak_kv_bytes": peak_blocks * block_bytes if block_bytes else None,
     }

@@ -11,7 +11,10 @@ Cases: the packed prefill and decode (right-aligned variable lengths, `varlen_ca
 the static baseline's left-padded prefill (`left_padded_causal_mask`).
 """
 
+import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +22,7 @@ from scratchllm.bench.common import machine_facts, median
 from scratchllm.engine import masks
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", default="8,64", help="batch sizes (default 8,64)")
     parser.add_argument("--max-len", type=int, default=512, help="longest sequence (default 512)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per figure (median)")
@@ -28,15 +31,15 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
-def _once(fn, *a) -> float:
+def _once(fn: Callable[..., object], *a: Any) -> float:
     t = time.perf_counter()
     fn(*a)
     return time.perf_counter() - t
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for B in [int(b) for b in str(args.batch).split(",") if b]:
         k_lens = rng.integers(16, args.max_len + 1, B)
         K = int(k_lens.max())
@@ -46,7 +49,8 @@ def run(args) -> dict:
             "left-padded prefill": ("left_padded_causal_mask", (K - k_lens, K, K)),
         }
         for name, (fn, a) in cases.items():
-            impls = {"vectorized": getattr(masks, fn), "row loop": getattr(masks, fn + "_loop")}
+            impls: dict[str, Callable[..., np.ndarray]] = {"vectorized": getattr(masks, fn),
+                                                            "row loop": getattr(masks, fn + "_loop")}
             shape = impls["vectorized"](*a).shape
             if np.prod(shape) <= args.python_max_elements:
                 impls["python"] = getattr(masks, fn + "_python")
@@ -55,7 +59,7 @@ def run(args) -> dict:
             for label, impl in impls.items():
                 got = impl(*(pa if label == "python" else a))
                 assert np.array_equal(got, want), f"{label} disagrees with vectorized"
-            times = {label: [] for label in impls}
+            times: dict[str, list[float]] = {label: [] for label in impls}
             repeat = args.repeat
             for _ in range(repeat):
                 for label, impl in impls.items():
@@ -68,7 +72,7 @@ def run(args) -> dict:
             if "python" in ms:
                 row["python_over_vectorized"] = ms["python"] / ms["vectorized"]
             rows.append(row)
-    ratios = {}
+    ratios: dict[str, float] = {}
     for r in rows:
         key = f"{r['case']} B={r['batch']}"
         ratios[key + " row loop/vectorized"] = r["loop_over_vectorized"]
@@ -80,7 +84,7 @@ def run(args) -> dict:
             "machine": machine_facts()}
 
 
-def render(result) -> str:
+def render(result: dict[str, Any]) -> str:
     lines = ["3-D attention masks [batch, q_len, k_len]: medians, ms (lower is better)",
              f"{'case':<21}{'batch':>6}  {'shape':<16}{'vectorized':>11}{'row loop':>10}{'python':>10}"
              f"{'loop/vec':>10}{'python/vec':>11}"]

@@ -10,9 +10,14 @@ GB/s is the compulsory traffic (read A and B, write C once) over the time: a low
 Miss rates: hardware counters when `perf stat` can read them, else the simulator (labelled).
 """
 
+import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Hashable, Mapping
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 
@@ -20,6 +25,20 @@ from scratchllm.bench.common import machine_facts, median
 from scratchllm.bench.references import ARTICLE_MATMUL_300 as PUBLISHED_300
 from scratchllm.errors import ConfigError
 from scratchllm.kernels import cachemodel, cachesim, matmul
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Row(TypedDict):
+    """One implementation at one size and thread count: a row of the table."""
+
+    impl: str  # naive | numpy | tiled | cublas
+    n: int
+    threads: int  # 0 for the GPU
+    ms: float | None  # None: not measured here (no GPU)
+    gflops: float | None
+    gbps: float | None
+    miss: str  # the miss rate, and where it comes from
 
 
 def _ints(text: str) -> list[int]:
@@ -32,7 +51,7 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="3,300,1024", help="square sizes n (default 3,300,1024)")
     parser.add_argument("--threads", default="1,2", help="thread counts for NumPy and ours, equal per row")
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per figure (median)")
@@ -44,7 +63,7 @@ def add_arguments(parser):
                         help="tiles for the simulated published case (300x300 float64, blocked loop); empty to skip")
 
 
-def _timed(fn, repeat: int) -> float:
+def _timed(fn: Callable[[], object], repeat: int) -> float:
     """Median seconds per call; fast calls are batched so one timing lasts >= 5 ms."""
     start = time.perf_counter()
     fn()
@@ -52,7 +71,7 @@ def _timed(fn, repeat: int) -> float:
     if first > 1.0:  # the pure-Python loop at n=300: one run says enough
         return first
     batch = max(1, int(0.005 / max(first, 1e-7)))
-    times = []
+    times: list[float] = []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(batch):
@@ -61,18 +80,19 @@ def _timed(fn, repeat: int) -> float:
     return median(times)
 
 
-def _interleaved(fns: dict, repeat: int, clock=time.perf_counter) -> dict:
+def _interleaved(fns: Mapping[K, Callable[[], object]], repeat: int,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[K, float]:
     """name -> median seconds per call; the functions take turns within each repeat, so a burst
     from another job lands on all of them alike. Fast calls are batched to >= 5 ms per timing.
 
     clock=time.thread_time counts only the CPU time of this thread: for single-threaded code it
     leaves out the time the OS gave to other jobs (used by the tile sweep to rank blockings)."""
-    batch = {}
+    batch: dict[K, int] = {}
     for name, fn in fns.items():
         start = clock()
         fn()
         batch[name] = max(1, int(0.005 / max(clock() - start, 1e-7)))
-    times = {name: [] for name in fns}
+    times: dict[K, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
             start = clock()
@@ -96,7 +116,7 @@ def perf_counters() -> str | None:
 
 def parse_perf_csv(text: str) -> tuple[int, int] | None:
     """`perf stat -x,` output -> (L1 loads, L1 misses), or None if a counter is missing or unsupported."""
-    counts = {}
+    counts: dict[str, int] = {}
     for line in text.splitlines():
         fields = line.split(",")
         if len(fields) >= 3 and fields[2] in ("L1-dcache-loads", "L1-dcache-load-misses"):
@@ -122,7 +142,7 @@ with threadpool_limits(threads):
 
 def _perf_miss(impl: str, n: int, threads: int) -> str | None:
     """L1 miss rate of `impl` from hardware counters: a run with reps=R minus one with reps=0."""
-    counts = []
+    counts: list[tuple[int, int]] = []
     for reps in (0, 20):
         code = _PERF_SNIPPET.format(n=n, threads=threads, reps=reps, impl=impl)
         out = subprocess.run(["perf", "stat", "-x,", "-e", "L1-dcache-loads,L1-dcache-load-misses",
@@ -135,7 +155,7 @@ def _perf_miss(impl: str, n: int, threads: int) -> str | None:
     return f"L1 {100 * misses / loads:.1f}%" if loads > 0 else None
 
 
-def _simulated_miss(impl: str, n: int, caches: list, tiles: matmul.Tiles) -> str | None:
+def _simulated_miss(impl: str, n: int, caches: list[cachesim.CacheConfig], tiles: matmul.Tiles) -> str | None:
     # The loops we wrote have known address streams; OpenBLAS's and cuBLAS's are not ours to trace.
     if impl == "naive":
         rows = min(n, 3)  # row 0 warms the caches; every later row runs the same loop
@@ -148,28 +168,29 @@ def _simulated_miss(impl: str, n: int, caches: list, tiles: matmul.Tiles) -> str
     return " ".join(f"{s.name} {100 * s.miss_rate:.1f}%" for s in stats[:2])
 
 
-def _time_on_gpu(a, b, repeat: int) -> float:
+def _time_on_gpu(a: np.ndarray, b: np.ndarray, repeat: int) -> float:
     """cuBLAS seconds per call with the operands already on the device (no PCIe copies timed)."""
     import cupy
 
     da, db = cupy.asarray(a), cupy.asarray(b)
     sync = cupy.cuda.Device().synchronize
 
-    def call():
+    def call() -> None:
         matmul.cublas(da, db)
         sync()  # kernels launch asynchronously: time until the product exists
 
     return _timed(call, repeat)
 
 
-def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[dict]:
+def _measure(args: argparse.Namespace, n: int, threads_list: list[int], caches: list[cachesim.CacheConfig],
+             perf_reason: str | None, ratios: dict[str, float]) -> list[Row]:
     """The rows of the table for one size n (all implementations, every thread count)."""
     rng = np.random.default_rng(n)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     tiles = matmul.Tiles()
     flops = 2.0 * n**3
-    measured = {}  # (impl, threads) -> (seconds, bytes per element)
+    measured: dict[tuple[str, int], tuple[float, int]] = {}  # (impl, threads) -> (seconds, bytes per element)
     if n <= args.naive_max:
         al, bl = a.astype(np.float64).tolist(), b.astype(np.float64).tolist()
         measured[("naive", 1)] = (_timed(lambda: matmul.naive(al, bl), args.repeat), 8)
@@ -190,7 +211,7 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
         measured[("cublas", 0)] = (_time_on_gpu(a, b, args.repeat), 4)
     sim = {impl: _simulated_miss(impl, n, caches, tiles) if n <= args.sim_max_n else None
            for impl in ("naive", "tiled") if any(key[0] == impl for key in measured)}
-    rows = []
+    rows: list[Row] = []
     for (impl, threads), (sec, elem) in measured.items():
         hw = _perf_miss(impl, n, threads) if perf_reason is None and impl in ("numpy", "tiled") else None
         if hw:
@@ -207,42 +228,43 @@ def _measure(args, n: int, threads_list, caches, perf_reason, ratios) -> list[di
     return rows
 
 
-def _sweep(args, n: int, tiles_list: list[int]) -> dict:
+def _sweep(args: argparse.Namespace, n: int, tiles_list: list[int]) -> dict[str, Any]:
     """The Cython kernel at square tiles mc = kc = T, one thread, beside the model's predictions."""
     rng = np.random.default_rng(n + 1)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     pred = cachemodel.predict_tile(n, 4)
-    candidates = {t: matmul.Tiles(mc=t, kc=t) for t in sorted(set(tiles_list + [pred.tile, pred.tile_reuse]))
-                  if t <= n}
+    candidates: dict[int | str, matmul.Tiles] = {
+        t: matmul.Tiles(mc=t, kc=t) for t in sorted(set(tiles_list + [pred.tile, pred.tile_reuse])) if t <= n}
     candidates["packed"] = matmul.Tiles(mc=pred.mc, kc=pred.kc)
     candidates["default"] = matmul.Tiles()
     with threadpool_limits(1):
         # Ranked by this thread's CPU time: wall time on a shared machine mostly measures the others.
-        secs = _interleaved({key: (lambda tiles=tiles: matmul.tiled(a, b, tiles)) for key, tiles in candidates.items()},
+        secs = _interleaved({key: partial(matmul.tiled, a, b, tiles) for key, tiles in candidates.items()},
                             args.repeat, clock=time.thread_time)
     gf = {key: 2.0 * n**3 / sec / 1e9 for key, sec in secs.items()}
     packed, default = gf.pop("packed"), gf.pop("default")
     by_tile = gf
-    return {"n": n, "gflops_by_tile": by_tile, "best_tile": max(by_tile, key=by_tile.get),
+    return {"n": n, "gflops_by_tile": by_tile, "best_tile": max(by_tile, key=by_tile.__getitem__),
             "predicted_tile": pred.tile, "predicted_tile_reuse": pred.tile_reuse,
             "packed_prediction": [pred.mc, pred.kc], "packed_prediction_gflops": packed,
             "default_tiles_gflops": default}
 
 
-def _sim_sweep(args, caches):
+def _sim_sweep(args: argparse.Namespace, caches: list[cachesim.CacheConfig]) -> dict[str, Any]:
     tiles_list = _ints(args.sim_tiles) if args.sim_tiles else []
-    n, elem, out = 300, 8, {}
+    n, elem = 300, 8
+    out: dict[int, float] = {}
     for t in tiles_list:
         stats = cachesim.simulate(cachesim.blocked_trace(n, t, elem, rows=t), caches[:1])
         out[t] = stats[0].misses / (t * n * n)  # L1 misses per multiply-add, over one band of rows
     pred = cachemodel.predict_tile(n, elem, caches[0].line_bytes, caches[0].size_bytes, caches[1].size_bytes)
     return {"n": n, "elem_bytes": elem, "l1_misses_per_fma": out, "predicted_tile": pred.tile,
             "predicted_tile_reuse": pred.tile_reuse, "reasoning": pred.reasoning,
-            "best_tile": min(out, key=out.get) if out else None}
+            "best_tile": min(out, key=out.__getitem__) if out else None}
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes, threads_list = _ints(args.sizes), _ints(args.threads)
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
@@ -250,7 +272,8 @@ def run(args) -> dict:
     caches = [cachesim.CacheConfig("L1", found.l1_bytes, found.line_bytes, 8),
               cachesim.CacheConfig("L2", found.l2_bytes, found.line_bytes, 8)]
     perf_reason = perf_counters()
-    rows, ratios = [], {}
+    rows: list[Row] = []
+    ratios: dict[str, float] = {}
     for n in sizes:
         rows += _measure(args, n, threads_list, caches, perf_reason, ratios)
     sweep_tiles = _ints(args.sweep) if args.sweep else []
@@ -261,11 +284,11 @@ def run(args) -> dict:
             "sim_sweep": _sim_sweep(args, caches), "published_300": PUBLISHED_300, "machine": machine_facts()}
 
 
-def _f(x, fmt):
+def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     c = r["caches"]
     out = [f"caches ({c['source']}): L1d {c['l1_bytes'] // 1024} KiB, L2 {c['l2_bytes'] // 1024} KiB, "
            f"L3 {c['l3_bytes'] // 1024**2} MiB, line {c['line_bytes']} B; hardware counters: {r['perf']}",
@@ -303,10 +326,11 @@ def render(r: dict) -> str:
     return "\n".join(out)
 
 
-def threadpool_limits(n: int):
+def threadpool_limits(n: int) -> AbstractContextManager[object]:
     """NumPy's BLAS threads for a block of code (threadpoolctl, a dependency of our test stack)."""
     try:
         from threadpoolctl import threadpool_limits as limits
     except ImportError as e:
         raise ConfigError("bench matmul needs threadpoolctl to set NumPy's threads: pip install threadpoolctl") from e
-    return limits(n)
+    limited: AbstractContextManager[object] = limits(n)
+    return limited

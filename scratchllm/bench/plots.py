@@ -10,10 +10,18 @@ A run is a RunSeries; build one from what a benchmark holds:
   * series_from_trace: a trace ring (every token's time, every step's KV use).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from scratchllm.bench.loadgen import LoadRun
+    from scratchllm.trace.analysis import Trace
 
 
 @dataclass
@@ -26,17 +34,20 @@ class RunSeries:
     kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [K] blocks in use at kv_times_s
 
 
-def series_from_loadgen(label: str, run: dict) -> RunSeries:
+def series_from_loadgen(label: str, run: LoadRun) -> RunSeries:
     ok = [r for r in run["results"] if r.ok]
+    ttft = np.array([r.ttft for r in ok], dtype=float)  # an ok result has its ttft and e2e
+    e2e = np.array([r.e2e for r in ok], dtype=float)
     t0 = min((r.start for r in ok), default=0.0)
-    tokens = [r.start - t0 + r.ttft + np.concatenate([[0.0], np.cumsum(r.itl)]) for r in ok]
+    tokens = [r.start - t0 + t + np.concatenate([[0.0], np.cumsum(r.itl)]) for r, t in zip(ok, ttft, strict=True)]
     kv = np.asarray(run.get("kv_samples", []), dtype=float)
-    return RunSeries(label, np.array([r.e2e * 1e3 for r in ok]), np.array([r.ttft * 1e3 for r in ok]),
+    return RunSeries(label, e2e * 1e3, ttft * 1e3,
                      np.sort(np.concatenate(tokens)) if tokens else np.zeros(0),
                      np.linspace(0.0, run["duration_s"], len(kv)), kv)
 
 
-def series_from_times(label: str, arrivals_s, finish_s, token_times_s=None, kv_samples=None) -> RunSeries:
+def series_from_times(label: str, arrivals_s: npt.ArrayLike, finish_s: npt.ArrayLike,
+                      token_times_s: npt.ArrayLike | None = None, kv_samples: npt.ArrayLike | None = None) -> RunSeries:
     """kv_samples: [(seconds, blocks in use), ...]."""
     arrivals, finish = np.asarray(arrivals_s, dtype=float), np.asarray(finish_s, dtype=float)
     kv = np.asarray(kv_samples if kv_samples is not None else np.zeros((0, 2)), dtype=float).reshape(-1, 2)
@@ -44,7 +55,7 @@ def series_from_times(label: str, arrivals_s, finish_s, token_times_s=None, kv_s
     return RunSeries(label, (finish - arrivals) * 1e3, None, tokens, kv[:, 0], kv[:, 1])
 
 
-def series_from_trace(label: str, trace) -> RunSeries:
+def series_from_trace(label: str, trace: Trace) -> RunSeries:
     """From a trace ring (scratchllm.trace.views.analysis.Trace): latency = arrival to last token."""
     from scratchllm.trace.format import TokenFlag
 
@@ -59,13 +70,13 @@ def series_from_trace(label: str, trace) -> RunSeries:
                      trace.steps["kv_blocks"].astype(float))
 
 
-def cdf(values) -> tuple[np.ndarray, np.ndarray]:
+def cdf(values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """(sorted values, fraction of values <= each): the empirical CDF's steps."""
     x = np.sort(np.asarray(values, dtype=float))
     return x, np.arange(1, len(x) + 1) / max(len(x), 1)
 
 
-def rate(times_s, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
+def rate(times_s: npt.ArrayLike, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin centres, events per second in each bin of bin_s seconds)."""
     times = np.asarray(times_s, dtype=float)
     if not len(times):
@@ -75,7 +86,7 @@ def rate(times_s, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     return (edges[:-1] + edges[1:]) / 2, counts / bin_s
 
 
-def plot_runs(runs: list[RunSeries], path, title: str = "", width: int = 1500, height: int = 450,
+def plot_runs(runs: list[RunSeries], path: str | Path, title: str = "", width: int = 1500, height: int = 450,
               bin_s: float | None = None) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

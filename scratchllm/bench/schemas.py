@@ -2,13 +2,15 @@
 arrays, enums, bounded numbers, required and optional fields, anyOf and nullables. Sizes are bounded
 (maxLength, maxItems) so a greedy output always completes within the tests' max_tokens."""
 
+from typing import Any
+
 import numpy as np
 
 NAMES = ["name", "city", "title", "color", "id", "count", "score", "price", "active", "tags", "items",
          "owner", "level", "kind", "notes", "size", "rank", "unit", "code", "year"]
 
 
-def _leaf(rng, depth: int) -> dict:
+def _leaf(rng: np.random.Generator, depth: int) -> dict[str, Any]:
     kinds = ["string", "integer", "number", "boolean", "enum", "int_array", "str_array", "nullable", "const",
              "pattern"]
     if depth < 2:
@@ -43,14 +45,14 @@ def _leaf(rng, depth: int) -> dict:
     return {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "maxLength": 5}]}
 
 
-def object_schema(rng, depth: int, n_fields: int) -> dict:
+def object_schema(rng: np.random.Generator, depth: int, n_fields: int) -> dict[str, Any]:
     names = list(rng.choice(NAMES, size=n_fields, replace=False))
     props = {str(n): _leaf(rng, depth) for n in names}
     required = [n for n in props if rng.random() < 0.7] or [next(iter(props))]
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
 
 
-def schemas(n: int = 50, seed: int = 12) -> list[dict]:
+def schemas(n: int = 50, seed: int = 12) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     out = [object_schema(rng, 0, int(rng.integers(1, 5))) for _ in range(n - 2)]
     # two top-level non-objects: a JSON schema need not describe an object

@@ -12,6 +12,7 @@ beside ours (docs/references.md).
 Everything stays on loopback and is bounded by --num-requests and --max-duration.
 """
 
+import argparse
 import asyncio
 import json
 import math
@@ -20,6 +21,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import httpx
 
@@ -31,7 +34,7 @@ from scratchllm.errors import ConfigError
 GOALS = {"qps_ratio": 2.0, "p99_ratio": 3.0, "kv_memory_less": 0.50}
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000 (not with --compare)")
     p.add_argument("--workload", default="mixed", help="a workload JSON file, or a shipped one: mixed, short, "
                    "long-prompt")
@@ -63,9 +66,9 @@ def add_arguments(p):
                    "t=0) and report HTTP output tok/s at saturation as a share of it")
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     workload = loadgen.load_workload(args.workload, args.num_requests, args.rate, args.burstiness, args.seed)
-    slo = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2e_ms": args.slo_e2e_ms}
+    slo: dict[str, float | None] = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2e_ms": args.slo_e2e_ms}
     inputs = {"workload": workload.name, "num_requests": len(workload.prompts), "rate": workload.rate,
               "burstiness": workload.burstiness, "concurrency": args.concurrency, "seed": workload.seed,
               "mean_prompt_tokens": sum(map(len, workload.prompts)) / len(workload.prompts),
@@ -77,7 +80,7 @@ def run(args) -> dict:
         _plot(args, {"run": figures.pop("raw")})
         return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
                 "machine": machine_facts()}
-    trials = {"static": [], "continuous": [], "offline": []}
+    trials: dict[str, list[dict[str, Any]]] = {"static": [], "continuous": [], "offline": []}
     for _ in range(args.repeat):
         # Interleaved, so load that drifts on a shared machine hits every mode alike.
         for mode in ("static", "continuous"):
@@ -91,9 +94,10 @@ def run(args) -> dict:
         t.pop("raw", None)  # the load generator's per-request results: plotted, not printed
     # Ratios are paired: trial k of each mode ran back to back, so they saw the same machine load;
     # the reported ratio is the median over trials of those paired ratios.
+    offline: list[dict[str, Any] | None] = [*trials["offline"]] or [None] * args.repeat
     per_trial = [_ratios(st, ct, off) for st, ct, off in
-                 zip(trials["static"], trials["continuous"], trials["offline"] or [None] * args.repeat, strict=True)]
-    ratios = {k: _median([t[k] for t in per_trial]) for k in per_trial[0]}
+                 zip(trials["static"], trials["continuous"], offline, strict=True)]
+    ratios: dict[str, Any] = {k: _median([t[k] for t in per_trial]) for k in per_trial[0]}
     ratios["per_trial"] = per_trial
     model = "fake engine" if args.fake_engine else args.serve_model
     return {"inputs": {**inputs, "model": model, "max_num_seqs": args.max_num_seqs, "repeat": args.repeat},
@@ -101,7 +105,7 @@ def run(args) -> dict:
             "ratios": ratios, "published": ARTICLE_SERVING, "goals": GOALS, "machine": machine_facts()}
 
 
-def _offline(args, workload) -> dict:
+def _offline(args: argparse.Namespace, workload: loadgen.Workload) -> dict[str, Any]:
     """The same requests straight into LLMEngine.step(), no HTTP: the ceiling serving is measured against."""
     from scratchllm.engine.engine import LLMEngine
     from scratchllm.sampling import SamplingParams
@@ -118,33 +122,34 @@ def _offline(args, workload) -> dict:
             "request_throughput": len(workload.prompts) / duration}
 
 
-def _ratios(s: dict, c: dict, offline: dict | None) -> dict:
+def _ratios(s: dict[str, Any], c: dict[str, Any], offline: dict[str, Any] | None) -> dict[str, float | None]:
     r = {"qps_ratio": _div(c["request_throughput"], s["request_throughput"]),
          "p99_ratio": _div(s["e2e_ms"]["p99"], c["e2e_ms"]["p99"]),
          "ttft_p99_ratio": _div(s["ttft_ms"]["p99"], c["ttft_ms"]["p99"]),
          "output_tps_ratio": _div(c["output_token_throughput"], s["output_token_throughput"]),
-         "kv_memory_less": 1 - _div(c["peak_kv_blocks"], s["peak_kv_blocks"]) if s["peak_kv_blocks"] else None}
+         "kv_memory_less": 1 - c["peak_kv_blocks"] / s["peak_kv_blocks"] if s["peak_kv_blocks"] else None}
     if offline is not None:
         r["http_vs_offline_output_tps"] = _div(c["output_token_throughput"], offline["output_token_throughput"])
     return r
 
 
-def _median(values):
-    values = sorted(v for v in values if v is not None)
-    return values[(len(values) - 1) // 2] if values else None
+def _median(values: Iterable[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    return known[(len(known) - 1) // 2] if known else None
 
 
-def _median_run(trials: list[dict]) -> dict:
+def _median_run(trials: list[dict[str, Any]]) -> dict[str, Any]:
     """The trial with the median request/s (a whole, coherent run), plus every trial's request/s."""
     ordered = sorted(trials, key=lambda t: t["request_throughput"])
     return {**ordered[(len(ordered) - 1) // 2], "trials_request_throughput": [t["request_throughput"] for t in trials]}
 
 
-def _div(a, b):
+def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _measure(url: str, args, workload, slo) -> dict:
+def _measure(url: str, args: argparse.Namespace, workload: loadgen.Workload,
+             slo: dict[str, float | None]) -> dict[str, Any]:
     from tqdm import tqdm
 
     model = args.model or _first_model(url, args)
@@ -154,7 +159,7 @@ def _measure(url: str, args, workload, slo) -> dict:
     return {**loadgen.summarize(raw, slo), "raw": raw}
 
 
-def _plot(args, raw_runs: dict) -> None:
+def _plot(args: argparse.Namespace, raw_runs: dict[str, loadgen.LoadRun]) -> None:
     """--plot FILE.png: latency CDFs, tokens/s and KV blocks over time of each run, side by side."""
     if not getattr(args, "plot", None):
         return
@@ -164,22 +169,23 @@ def _plot(args, raw_runs: dict) -> None:
               title=f"bench serving: {args.workload}")
 
 
-def _headers(args) -> dict:
+def _headers(args: argparse.Namespace) -> dict[str, str]:
     return {"Authorization": f"Bearer {args.api_key}"} if getattr(args, "api_key", None) else {}
 
 
-def _get(url: str, headers: dict, timeout: float) -> http_client.Reply:
-    async def get():
+def _get(url: str, headers: dict[str, str], timeout: float) -> http_client.Reply:
+    async def get() -> http_client.Reply:
         async with http_client.new_client(timeout, headers) as client:
             return await http_client.request(client, url)
 
     return asyncio.run(get())
 
 
-def _first_model(url: str, args) -> str:
+def _first_model(url: str, args: argparse.Namespace) -> str:
     try:
         reply = _get(url + "/v1/models", _headers(args), 30)
-        return reply.json()["data"][0]["id"]
+        model: str = reply.json()["data"][0]["id"]
+        return model
     except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError) as err:
         raise ConfigError(f"no OpenAI-compatible server at {url}: {err}") from None
 
@@ -187,7 +193,7 @@ def _first_model(url: str, args) -> str:
 class _server:
     """`scratchllm serve` in a subprocess on a free loopback port; SIGTERM (drain) on exit."""
 
-    def __init__(self, args, batching: str, num_requests: int):
+    def __init__(self, args: argparse.Namespace, batching: str, num_requests: int) -> None:
         self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
                     "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
         self.cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
@@ -196,6 +202,7 @@ class _server:
 
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None  # stderr=PIPE
         line = self.proc.stderr.readline()
         found = re.search(r"http://\S+", line)
         if not found:
@@ -212,24 +219,25 @@ class _server:
                 time.sleep(0.1)
         raise ConfigError(f"server at {url} never became healthy")
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        assert self.proc.stderr is not None  # stderr=PIPE
         self.proc.stderr.close()
 
 
-def _fmt(x, digits=1) -> str:
+def _fmt(x: float | None, digits: int = 1) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:,.{digits}f}"
 
 
-def _latency_rows(f: dict) -> list[str]:
-    rows = []
+def _latency_rows(f: dict[str, Any]) -> list[str]:
+    rows: list[str] = []
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "end-to-end"),
                       ("health_probe_ms", "/health probe")):
         d = f[key]
@@ -238,7 +246,7 @@ def _latency_rows(f: dict) -> list[str]:
     return rows
 
 
-def _summary(f: dict) -> list[str]:
+def _summary(f: dict[str, Any]) -> list[str]:
     lines = [f"  completed {f['completed']}, failed {f['failed']} {f['errors'] or ''}in {_fmt(f['duration_s'], 2)} s",
              f"  request/s {_fmt(f['request_throughput'], 2)}   output tok/s {_fmt(f['output_token_throughput'])}   "
              f"total tok/s {_fmt(f['total_token_throughput'])}   goodput {_fmt(f['goodput'], 2)} req/s",
@@ -247,7 +255,7 @@ def _summary(f: dict) -> list[str]:
     return lines + _latency_rows(f)
 
 
-def render(result: dict) -> str:
+def render(result: dict[str, Any]) -> str:
     i = result["inputs"]
     head = (f"workload {i['workload']}: {i['num_requests']} requests, rate {i['rate']}/s "
             f"(gamma shape {i['burstiness']}), concurrency {i['concurrency'] or 'unbounded'}, seed {i['seed']}, "
@@ -291,8 +299,6 @@ def render(result: dict) -> str:
 
 
 if __name__ == "__main__":  # handy while developing: python -m scratchllm.bench.serving --url ...
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     parser.add_argument("--json", action="store_true")

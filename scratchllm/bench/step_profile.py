@@ -14,10 +14,18 @@ themselves cost about a microsecond each, ~250 per step: that lands in "Python",
 therefore an upper bound. Wall-clock time: on a machine shared with other jobs every part grows alike.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from scratchllm.engine.paged_attention import PagedSequence
+    from scratchllm.models.config import ModelConfig
 
 # each leaf by the attribute the model looks it up through at every call, so that replacing the
 # attribute times every call: the layers' matmuls, the LM head's, the other array kernels
@@ -27,11 +35,21 @@ REST = {"scratchllm.models.llama": ("embed",),
         "scratchllm.kernels.pointwise": ("rms_norm", "add_rms_norm", "rope_", "silu_mul")}
 
 
-@contextmanager
-def _timed(owner, name: str, totals: dict, key: str):
-    original = getattr(owner, name)
+class DecodeModel(Protocol):
+    """What step_breakdown needs of a model: scratchllm.models.llama.LlamaModel, or one whose
+    blocks run in one C call (its `params["blocks"]`, read with getattr, has the counters)."""
 
-    def timed(*args, **kwargs):
+    config: ModelConfig
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray, attention: Any,
+                logits_rows: list[int] | None = None) -> np.ndarray: ...
+
+
+@contextmanager
+def _timed(owner: object, name: str, totals: dict[str, float], key: str) -> Iterator[None]:
+    original: Callable[..., Any] = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
             return original(*args, **kwargs)
@@ -48,21 +66,21 @@ def _timed(owner, name: str, totals: dict, key: str):
 class _TimedAttention:
     """The cache, with its per-layer call timed; everything else passes through."""
 
-    def __init__(self, cache, totals: dict):
+    def __init__(self, cache: PagedSequence, totals: dict[str, float]) -> None:
         self._cache, self._totals = cache, totals
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
             return self._cache(*args, **kwargs)
         finally:
             self._totals["attention"] += time.perf_counter() - t
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._cache, name)
 
 
-def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
+def step_breakdown(model: DecodeModel, steps: int = 32, prompt_len: int = 16) -> dict[str, float]:
     """ms per decode step: total, matmuls (layer_matmuls + lm_head), attention, rest (array
     kernels), python (the remainder)."""
     import importlib
@@ -104,7 +122,7 @@ def step_breakdown(model, steps: int = 32, prompt_len: int = 16) -> dict:
     return ms
 
 
-def render_breakdown(ms: dict) -> str:
+def render_breakdown(ms: dict[str, float]) -> str:
     return (f"a decode step takes {ms['total']:.2f} ms: matmuls {ms['matmuls']:.2f} (the LM head's "
             f"{ms['lm_head']:.2f}), attention {ms['attention']:.2f}, "
             f"the rest (norms, RoPE, SwiGLU, embedding) {ms['rest']:.2f}, Python {ms['python']:.2f}")

@@ -13,30 +13,44 @@ masks against the time spent computing them (masks are computed on a background 
 the forward runs, so waiting should be a small part of computing).
 """
 
+from __future__ import annotations
+
+import argparse
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.bench.schemas import schemas
 
+if TYPE_CHECKING:
+    from scratchllm.llm import LLM
+    from scratchllm.structured.grammar import CompiledGrammar, GrammarCompiler
+    from scratchllm.structured.matcher import GrammarMatcher
+    from scratchllm.tokenizer import Tokenizer
 
-def add_arguments(parser):
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--walk", type=int, default=48, help="tokens per schema in the mask walk (default 48)")
     parser.add_argument("--engine", type=int, default=0, help="concurrent requests for the engine run (0 = skip)")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request in the engine run")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
-def _pct(xs, q) -> float:
+def _pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else 0.0
 
 
-def mask_walk(tok, compiler, walk: int, seed: int) -> dict:
+def mask_walk(tok: Tokenizer, compiler: GrammarCompiler, walk: int, seed: int) -> dict[str, Any]:
     from scratchllm.structured import apply_mask
 
     rng = np.random.default_rng(seed)
-    compute, apply, consume, compile_ms = [], [], [], []
+    compute: list[float] = []
+    apply: list[float] = []
+    consume: list[float] = []
+    compile_ms: list[float] = []
     row = np.zeros(tok.vocab_size, dtype=np.float32)
     for schema in schemas():
         t = time.perf_counter()
@@ -61,7 +75,7 @@ def mask_walk(tok, compiler, walk: int, seed: int) -> dict:
             "apply_us_median": median(apply) * us, "consume_us_median": median(consume) * us}
 
 
-def engine_run(llm, compiler, n: int, max_tokens: int) -> dict:
+def engine_run(llm: LLM, compiler: GrammarCompiler, n: int, max_tokens: int) -> dict[str, Any]:
     from scratchllm.sampling import SamplingParams
     from scratchllm.structured import guide_for
 
@@ -71,7 +85,8 @@ def engine_run(llm, compiler, n: int, max_tokens: int) -> dict:
     engine = llm.engine
     # Warm the prompt's prefix cache first, so neither timed run pays a prefill the other skips.
     engine.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))
-    out = {}
+    out: dict[str, Any] = {}
+    grammar_of: Callable[[int], CompiledGrammar | None]
     for name, grammar_of in (("unconstrained", lambda i: None), ("json_schema", lambda i: grammars[i])):
         t = time.perf_counter()
         reqs = [engine.add_request(None, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
@@ -83,7 +98,11 @@ def engine_run(llm, compiler, n: int, max_tokens: int) -> dict:
         tokens = sum(r.num_output_tokens for r in reqs)
         out[name] = {"tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall}
         if name == "json_schema":
-            matchers = [guide_for(r) for r in reqs]
+            matchers: list[GrammarMatcher] = []
+            for r in reqs:
+                m = guide_for(r)
+                assert m is not None, "a request with a grammar has its matcher"
+                matchers.append(m)
             out[name]["mask_compute_s"] = sum(m.compute_s for m in matchers)
             out[name]["mask_wait_s"] = sum(m.wait_s for m in matchers)
             out[name]["masks"] = sum(m.num_masks for m in matchers)
@@ -94,7 +113,7 @@ def engine_run(llm, compiler, n: int, max_tokens: int) -> dict:
     return out
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.structured import GrammarCompiler
 
     if args.engine:
@@ -107,14 +126,15 @@ def run(args) -> dict:
 
         llm, tok = None, Tokenizer.from_pretrained("default")
     compiler = GrammarCompiler(tok)
-    result = {"inputs": {"walk": args.walk, "engine": args.engine, "max_tokens": args.max_tokens, "seed": args.seed},
-              "mask": mask_walk(tok, compiler, args.walk, args.seed), "machine": machine_facts()}
+    inputs = {"walk": args.walk, "engine": args.engine, "max_tokens": args.max_tokens, "seed": args.seed}
+    result: dict[str, Any] = {"inputs": inputs,
+                              "mask": mask_walk(tok, compiler, args.walk, args.seed), "machine": machine_facts()}
     if llm is not None:
         result["engine"] = engine_run(llm, compiler, args.engine, args.max_tokens)
     return result
 
 
-def render(result) -> str:
+def render(result: dict[str, Any]) -> str:
     m = result["mask"]
     lines = [f"grammar masks over 50 JSON schemas, {m['tokens']} tokens (vocabulary of the default model)",
              f"  compile per schema   {m['compile_ms_median']:8.2f} ms (median)",

@@ -9,22 +9,29 @@ the constrained run is timed before and after the unconstrained one and averaged
 a shared machine does not favour either side. Throughput = completion tokens / wall time.
 """
 
+from __future__ import annotations
+
+import argparse
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scratchllm.bench.common import machine_facts
 from scratchllm.bench.schemas import schemas
 
+if TYPE_CHECKING:
+    import httpx
+    from fastapi import FastAPI
+
 PROMPT = "Give an example JSON value."
 
 
-def add_arguments(parser: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent requests per run (default 16)")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each constrained request")
 
 
-async def _run_all(client: Any, bodies: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
+async def _run_all(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
     t = time.perf_counter()
     replies = await asyncio.gather(*(client.post("/v1/chat/completions", json=b) for b in bodies))
     wall = time.perf_counter() - t
@@ -38,7 +45,7 @@ def _figures(wall: float, replies: list[dict[str, Any]]) -> dict[str, Any]:
     return {"tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall}
 
 
-async def _bench(app: Any, n: int, max_tokens: int) -> dict[str, Any]:
+async def _bench(app: FastAPI, n: int, max_tokens: int) -> dict[str, Any]:
     import httpx
 
     base = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0}
@@ -58,7 +65,7 @@ async def _bench(app: Any, n: int, max_tokens: int) -> dict[str, Any]:
             "throughput_ratio": json_tok_s / u["tok_per_s"], "cost_pct": 100.0 * (1.0 - json_tok_s / u["tok_per_s"])}
 
 
-def run(args: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.server.app import ServerConfig, create_app
     from scratchllm.server.backend import load_model
 

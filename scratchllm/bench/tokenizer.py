@@ -16,16 +16,25 @@ pre-tokenizer the file declares; for a folder, tokenizers reading the same token
 `tokenizers` is a test dependency: without it, only our figures are printed.
 """
 
+from __future__ import annotations
+
+import argparse
 import importlib.util
 import json
 import os
 import pydoc_data.topics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.errors import ConfigError
 from scratchllm.formats.refs import resolve_model
+
+if TYPE_CHECKING:
+    import tokenizers
+
+    from scratchllm.tokenizer import Tokenizer
 
 MULTILINGUAL = [
     "人工智能正在改变我们的生活方式，从语音助手到自动驾驶汽车，无处不在。",
@@ -37,7 +46,7 @@ MULTILINGUAL = [
 CODE_MODULES = ["difflib", "textwrap", "json.decoder", "argparse", "typing", "inspect"]
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="default (SmolLM2 GGUF), minilm, or a path")
     parser.add_argument("--repeat", type=int, default=5, help="warm passes per tokenizer (median)")
     parser.add_argument("--mb", type=float, default=1.0, help="corpus size in MB (about)")
@@ -47,15 +56,22 @@ def corpus(megabytes: float = 1.0) -> dict[str, list[str]]:
     """Category -> documents, about `megabytes` of UTF-8 in all (prose 45%, code 45%, rest 10%)."""
     budget = int(megabytes * 1_000_000)
     prose = _take([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)], budget * 45 // 100)
-    sources = [Path(importlib.util.find_spec(m).origin).read_text(encoding="utf-8") for m in CODE_MODULES]
+    sources = [_source(m).read_text(encoding="utf-8") for m in CODE_MODULES]
     code = _take(sources, budget * 45 // 100)
     block = "\n".join(MULTILINGUAL)
     multilingual = _take([block] * (budget // len(block.encode()) + 1), budget // 10)
     return {"prose": prose, "code": code, "multilingual": multilingual}
 
 
+def _source(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"{module} is a standard-library module with a file"
+    return Path(spec.origin)
+
+
 def _take(docs: list[str], nbytes: int) -> list[str]:
-    out, total = [], 0
+    out: list[str] = []
+    total = 0
     for d in docs:
         if total >= nbytes:
             break
@@ -64,7 +80,7 @@ def _take(docs: list[str], nbytes: int) -> list[str]:
     return out
 
 
-def _reference(path: Path):
+def _reference(path: Path) -> tokenizers.Tokenizer | None:
     """Hugging Face tokenizers for the same vocabulary, or None when it is not installed."""
     if importlib.util.find_spec("tokenizers") is None:
         return None
@@ -83,11 +99,13 @@ def _reference(path: Path):
 
     meta = GGUFFile(path).metadata
     tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
-    merges = [tuple(str(m).split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    merges = [_merge(str(m)) for m in meta["tokenizer.ggml.merges"]]
     ref = tk.Tokenizer(tk.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     pre = tk.pre_tokenizers
     # The declaration spelled as tokenizers' components (SmolLM2's own tokenizer.json does this).
-    steps = {"smollm": [pre.Digits(individual_digits=True)], "gpt2": []}.get(meta.get("tokenizer.ggml.pre"))
+    known: dict[str | None, list[tokenizers.pre_tokenizers.PreTokenizer]] = {
+        "smollm": [pre.Digits(individual_digits=True)], "gpt2": []}
+    steps = known.get(meta.get("tokenizer.ggml.pre"))
     if steps is None:
         raise ConfigError(f"{path}: no tokenizers baseline for tokenizer.ggml.pre={meta.get('tokenizer.ggml.pre')!r}")
     ref.pre_tokenizer = pre.Sequence([*steps, pre.ByteLevel(add_prefix_space=False, use_regex=True)])
@@ -98,7 +116,13 @@ def _reference(path: Path):
     return ref
 
 
-def run(args) -> dict:
+def _merge(line: str) -> tuple[str, str]:
+    """A GGUF merge, "a b", as the pair tokenizers takes."""
+    a, b = line.split(" ", 1)
+    return a, b
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.tokenizer import Tokenizer
 
     path = resolve_model(args.model)
@@ -106,10 +130,10 @@ def run(args) -> dict:
     flat = [d for ds in docs.values() for d in ds]
     nbytes = sum(len(d.encode()) for d in flat)
 
-    def ours_pass(tok):
+    def ours_pass(tok: Tokenizer) -> list[list[int]]:
         return [tok.encode(d, add_special_tokens=False) for d in flat]
 
-    def ref_pass(ref):
+    def ref_pass(ref: tokenizers.Tokenizer) -> list[list[int]]:
         return [e.ids for e in (ref.encode(d, add_special_tokens=False) for d in flat)]
 
     start = time.perf_counter()
@@ -120,7 +144,7 @@ def run(args) -> dict:
     cache_limit = ours.cache_limit
     start = time.perf_counter()
     our_ids = ours_pass(ours)
-    cold = {"ours": time.perf_counter() - start}
+    cold: dict[str, float] = {"ours": time.perf_counter() - start}
     if ref is not None:
         start = time.perf_counter()
         ref_ids = ref_pass(ref)
@@ -136,7 +160,7 @@ def run(args) -> dict:
     ours.cache_limit = cache_limit
     ours_pass(ours)  # refill
 
-    warm = {"ours": [], "tokenizers": []}
+    warm: dict[str, list[float]] = {"ours": [], "tokenizers": []}
     for _ in range(args.repeat):
         start = time.perf_counter()
         ours_pass(ours)
@@ -146,13 +170,13 @@ def run(args) -> dict:
             ref_pass(ref)
             warm["tokenizers"].append(time.perf_counter() - start)
 
-    def mbps(seconds):
+    def mbps(seconds: float) -> float:
         return nbytes / seconds / 1e6
 
-    figures = {"cold_mb_s": {k: mbps(v) for k, v in cold.items()},
+    figures: dict[str, Any] = {"cold_mb_s": {k: mbps(v) for k, v in cold.items()},
                "warm_mb_s": {k: mbps(median(v)) for k, v in warm.items() if v},
                "uncached_mb_s": mbps(uncached_s), "load_s": load_s}
-    result = {
+    result: dict[str, Any] = {
         "inputs": {"model": str(path), "corpus_bytes": nbytes, "documents": len(flat), "repeat": args.repeat,
                    "categories": {k: sum(len(d.encode()) for d in v) for k, v in docs.items()},
                    "tokens": sum(map(len, our_ids)), "threads": 1},
@@ -171,7 +195,7 @@ def run(args) -> dict:
     return result
 
 
-def render(result: dict) -> str:
+def render(result: dict[str, Any]) -> str:
     inp, fig, ratios = result["inputs"], result["figures"], result["ratios"]
     cats = ", ".join(f"{k} {v / 1e6:.2f}" for k, v in inp["categories"].items())
     lines = [
@@ -200,8 +224,6 @@ def render(result: dict) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
     p = argparse.ArgumentParser()
     add_arguments(p)
     print(json.dumps(run(p.parse_args()), default=str))

@@ -16,19 +16,28 @@
    plain one), the part of tracing that happens outside the tracer's own measured time.
 """
 
+from __future__ import annotations
+
+import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.errors import ConfigError
 
+if TYPE_CHECKING:
+    from scratchllm.models.llama import LlamaModel
+    from scratchllm.tokenizer import Tokenizer
+
 GOALS = {"ns_per_token_record": 2000.0, "throughput_on_over_off": 0.97}
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring-mib", type=int, default=128, help="ring size in MiB (default 128)")
     p.add_argument("--steps", type=int, default=20000, help="writer: calls per run (default 20000)")
     p.add_argument("--repeat", type=int, default=5, help="writer: runs per figure (default 5)")
@@ -49,16 +58,17 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
 
 
-def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict:
+def writer_costs(ring_bytes: int, steps: int, repeat: int) -> dict[str, Any]:
     from scratchllm.trace import Phase, TraceWriter
 
-    out = {}
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d, TraceWriter(Path(d) / "bench.ring", ring_bytes=ring_bytes) as w:
         for k in (1, 16, 64):
             req, pos = np.arange(k, dtype=np.uint64) * 7919, np.arange(k, dtype=np.uint32)
             lat, kv = np.full(k, 25_000_000, np.int64), np.full(k, 12, np.uint32)
 
-            def tokens(step, k=k, req=req, pos=pos, lat=lat, kv=kv):
+            def tokens(step: int, k: int = k, req: np.ndarray = req, pos: np.ndarray = pos, lat: np.ndarray = lat,
+                       kv: np.ndarray = kv) -> None:
                 w.tokens(req, pos, pos, lat, step=step, kv_blocks=kv, batch_size=k, step_tokens=k)
 
             out[f"token_step_{k}"] = _per_call(tokens, steps, repeat, per=k)
@@ -77,7 +87,7 @@ class _Letters:
         return "a"
 
 
-def detokenize_timing(steps: int, repeat: int) -> dict:
+def detokenize_timing(steps: int, repeat: int) -> dict[str, dict[str, float]]:
     """What a traced engine adds per token to time its detokenization (the step's DETOKENIZE
     span): a timed push minus a plain one, each the median of `repeat` runs of `steps` pushes."""
     from scratchllm.engine.tracing import DetokenizeTimer
@@ -89,11 +99,12 @@ def detokenize_timing(steps: int, repeat: int) -> dict:
                                   "cpu_median_ns": b["cpu_median_ns"] - a["cpu_median_ns"]}}
 
 
-def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
+def _per_call(fn: Callable[[int], object], calls: int, repeat: int, per: int = 1) -> dict[str, float]:
     """ns per record: best and median of `repeat` runs of `calls` calls (each writing `per`
     records), in wall time and in this thread's CPU time (which leaves out the time spent
     waiting for a core when other jobs share the machine)."""
-    wall, cpu = [], []
+    wall: list[float] = []
+    cpu: list[float] = []
     for _ in range(repeat):
         start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(calls):
@@ -104,8 +115,8 @@ def _per_call(fn, calls: int, repeat: int, per: int = 1) -> dict:
             "records_per_call": per}
 
 
-def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None, max_num_seqs: int = 0,
-               tokenizer=None) -> dict:
+def engine_run(model: LlamaModel, prompts: list[list[int]], output_len: int, threads: int, ring: Path | None,
+               max_num_seqs: int = 0, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     """The workload to completion; with `ring`, the engine traces every token into it; with
     `tokenizer`, it detokenizes every token (as a server's engine does)."""
     from scratchllm.engine import EngineConfig, LLMEngine
@@ -123,18 +134,19 @@ def engine_run(model, prompts, output_len: int, threads: int, ring: Path | None,
     while engine.has_work():
         tokens += sum(o.token_id is not None for o in engine.step())
     wall = time.perf_counter() - start
-    result = {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall, "steps": engine.num_steps}
+    result: dict[str, Any] = {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
+                              "steps": engine.num_steps}
     if writer is not None and engine.tracer is not None:
         result.update(records=writer.written, dropped=writer.dropped, tracing_s=engine.tracer.tracing_ns / 1e9)
         writer.close()
     return result
 
 
-def engine_overhead(model, args, tokenizer=None) -> dict:
+def engine_overhead(model: LlamaModel, args: argparse.Namespace, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     lo = min(100, model.config.vocab_size // 4)
     prompts = [rng.integers(lo, model.config.vocab_size - 1, args.prompt_len).tolist() for _ in range(args.requests)]
-    runs = {"off": [], "on": []}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as d:
         ring = Path(args.ring) if args.ring else Path(d) / "engine.ring"
         for rep in range(args.engine_repeat):
@@ -149,15 +161,15 @@ def engine_overhead(model, args, tokenizer=None) -> dict:
             "detokenized": tokenizer is not None}
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_num_seqs < 0:
         raise ConfigError(f"--max-num-seqs must be >= 0, got {args.max_num_seqs}")
     for name in ("ring_mib", "steps", "repeat", "requests", "prompt_len", "output_len", "engine_repeat"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "goals": GOALS, "figures": {},
-              "ratios": {}}
-    figs = result["figures"]
+    figs: dict[str, Any] = {}
+    result: dict[str, Any] = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "goals": GOALS,
+                              "figures": figs, "ratios": {}}
     figs["writer"] = writer_costs(args.ring_mib * 2**20, args.steps, args.repeat)
     result["ratios"]["ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["median_ns"]
     result["ratios"]["cpu_ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["cpu_median_ns"]
@@ -165,7 +177,7 @@ def run(args) -> dict:
         from scratchllm.models import load_model
 
         model = load_model(args.model)
-        tokenizer = None
+        tokenizer: Tokenizer | None = None
         if not args.no_tokenizer:
             from scratchllm.tokenizer import Tokenizer
 
@@ -177,7 +189,7 @@ def run(args) -> dict:
     return result
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     w, inp = r["figures"]["writer"], r["inputs"]
     out = [f"trace writer: {inp['ring_mib']} MiB ring ({w['capacity']:,} records of 64 bytes); best / median of "
            f"{inp['repeat']} runs of {inp['steps']:,} calls; wall time and this thread's CPU time",

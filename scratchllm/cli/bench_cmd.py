@@ -5,8 +5,14 @@ Each benchmark is a module scratchllm.bench.<name> with ``add_arguments(parser)`
 is printed as one JSON object instead (inputs, figures, ratios, machine facts).
 """
 
+import argparse
 import importlib
+import importlib.util
 import json
+from collections.abc import Callable
+from types import ModuleType
+
+from scratchllm.cli import Subparsers, help_func
 
 BENCHES = {
     "matmul": "the kernel lab: matrix multiply four ways, cache model and tile sweep",
@@ -24,7 +30,7 @@ BENCHES = {
 }
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
     benches = parser.add_subparsers(dest="bench", metavar="BENCH")
     for name, help_text in BENCHES.items():
@@ -36,11 +42,11 @@ def add_parser(sub):
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         module.add_arguments(p)
         p.set_defaults(func=_run(module))
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+    parser.set_defaults(func=help_func(parser))
 
 
-def _run(module):
-    def func(args):
+def _run(module: ModuleType) -> Callable[[argparse.Namespace], int]:
+    def func(args: argparse.Namespace) -> int:
         result = module.run(args)
         if args.json:
             print(json.dumps(result, indent=None, default=str))

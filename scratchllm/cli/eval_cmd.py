@@ -10,18 +10,25 @@ The loop: capture traffic (`serve --capture`, or bring OpenAI Batch API input JS
 See docs/evaluation.md for the file formats and the rules.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
+from scratchllm.cli import Subparsers, help_func
 from scratchllm.cli.listen import listen, url
 from scratchllm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from scratchllm.evaluate.store import RunStore
 
 CLASSES = ("detokenization", "repetition", "near-tie", "semantic")
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("eval",
                        help="diff-based evaluation: replay captured traffic, triage, annotate, report, feedback",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,10 +94,10 @@ def add_parser(sub):
     f.add_argument("--max-adjust-s", type=float, default=2.0,
                    help="the most seconds a class's queue priority is moved by, for the lowest score")
     f.set_defaults(func=_feedback)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=help_func(p))
 
 
-def _triage_args(p):
+def _triage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="the servers are deterministic: any primary-vs-secondary difference is a bug (exit 1)")
     p.add_argument("--near-tie-gap", type=float, default=0.5, help="nats between the two tokens of a near-tie")
@@ -102,7 +109,7 @@ def _triage_args(p):
     p.add_argument("--rel-threshold", type=float, default=0.2, help="... and this share of its noise count")
 
 
-def _run_triage(store, args) -> int:
+def _run_triage(store: RunStore, args: argparse.Namespace) -> int:
     from scratchllm.evaluate.triage import TriageConfig, triage_run
 
     cfg = TriageConfig(near_tie_gap=args.near_tie_gap, near_tie_max_edit=args.near_tie_max_edit,
@@ -120,7 +127,7 @@ def _run_triage(store, args) -> int:
     return 0
 
 
-def _replay(args) -> int:
+def _replay(args: argparse.Namespace) -> int:
     from scratchllm.evaluate.replay import ReplayOptions, replay
     from scratchllm.evaluate.sources import read_traffic
 
@@ -138,13 +145,13 @@ def _replay(args) -> int:
     return _run_triage(store, args)
 
 
-def _triage(args) -> int:
+def _triage(args: argparse.Namespace) -> int:
     from scratchllm.evaluate.store import RunStore
 
     return _run_triage(RunStore(args.run), args)
 
 
-def _annotate(args) -> int:
+def _annotate(args: argparse.Namespace) -> int:
     from scratchllm.evaluate.annotate import open_run, serve
 
     classes = tuple(c.strip() for c in args.classes.split(",") if c.strip())
@@ -158,7 +165,7 @@ def _annotate(args) -> int:
     return 0
 
 
-def _report(args) -> int:
+def _report(args: argparse.Namespace) -> int:
     from scratchllm.evaluate.report import write_report
     from scratchllm.evaluate.store import RunStore
 
@@ -173,7 +180,7 @@ def _report(args) -> int:
     return 0
 
 
-def _feedback(args) -> int:
+def _feedback(args: argparse.Namespace) -> int:
     from scratchllm.evaluate.feedback import compute_feedback
     from scratchllm.evaluate.store import RunStore
 

@@ -5,14 +5,16 @@ continues the text as written. The answer goes to stdout as it is produced; timi
 stderr at the end, so `scratchllm generate ... > answer.txt` keeps only the answer.
 """
 
+import argparse
 import sys
 
+from scratchllm.cli import Subparsers
 from scratchllm.cli.options import add_threads_argument
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)", description=__doc__)
     p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
                    help="the model, as `scratchllm generate MODEL PROMPT` (same as --model)")
@@ -34,7 +36,7 @@ def add_parser(sub):
     p.set_defaults(func=run, intermixed_parser=p)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from scratchllm.llm import LLM
     from scratchllm.sampling import SamplingParams
 
@@ -46,7 +48,7 @@ def run(args) -> int:
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     llm = LLM(model, threads=args.threads, dtype=args.dtype)
 
-    def show(_token_id, text):
+    def show(_token_id: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 

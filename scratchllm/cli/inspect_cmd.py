@@ -7,14 +7,17 @@ address ranges with each tensor's start, size and padding. `--json` prints the s
 object.
 """
 
+import argparse
 import json
+from typing import Any
 
+from scratchllm.cli import Subparsers
 from scratchllm.formats.describe import describe
 
 ARENA_BASE = 0x10000000  # the design article's drawing starts its arena here; offsets are what matter
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("inspect", help="show what is inside a model file", description=__doc__)
     p.add_argument("model", help="a .gguf, .safetensors, pytorch_model.bin, *.index.json, a model folder, "
                                  "'default' or 'minilm'")
@@ -26,7 +29,7 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     report = describe(args.model, tensor_align=args.tensor_align)
     if args.json:
         print(json.dumps(report, default=str))
@@ -40,7 +43,7 @@ def mb(n: int) -> str:
 
 
 def hexdump(data: bytes, width: int = 16) -> list[str]:
-    lines = []
+    lines: list[str] = []
     for start in range(0, len(data), width):
         chunk = data[start:start + width]
         hexes = " ".join(f"{b:02x}" for b in chunk[:8]) + "  " + " ".join(f"{b:02x}" for b in chunk[8:])
@@ -49,7 +52,7 @@ def hexdump(data: bytes, width: int = 16) -> list[str]:
     return lines
 
 
-def render_value(value) -> str:
+def render_value(value: Any) -> str:
     if isinstance(value, dict) and "count" in value:
         first = ", ".join(repr(v) for v in value["first"])
         last = ", ".join(repr(v) for v in value["last"])
@@ -59,8 +62,8 @@ def render_value(value) -> str:
     return repr(value)
 
 
-def render_container(r: dict) -> list[str]:
-    c, out = r["container"], []
+def render_container(r: dict[str, Any]) -> list[str]:
+    c, out = r["container"], list[str]()
     kind = c.get("kind")
     if kind == "gguf":
         out.append(f"GGUF v{c['version']}: {c['tensor_count']} tensors, {c['metadata_count']} metadata keys, "
@@ -98,7 +101,7 @@ def render_container(r: dict) -> list[str]:
     return out
 
 
-def render_table(tensors: list[dict]) -> list[str]:
+def render_table(tensors: list[dict[str, Any]]) -> list[str]:
     rows = [("name", "dtype", "shape", "strides", "offset", "bytes", "contig", "quantization")]
     for t in tensors:
         rows.append((t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()",
@@ -111,7 +114,7 @@ def render_table(tensors: list[dict]) -> list[str]:
             for r in rows]
 
 
-def render_arena(r: dict, limit: int) -> list[str]:
+def render_arena(r: dict[str, Any], limit: int) -> list[str]:
     a = r["arena"]
     page, tensors = a["page"], {t["name"]: t for t in r["tensors"]}
     out = [f"one arena of {mb(a['bytes'])} = {a['pages']:,} pages of {page // 1024} KiB, page-aligned; "
@@ -148,7 +151,7 @@ def render_arena(r: dict, limit: int) -> list[str]:
     return out
 
 
-def render(r: dict, limit: int = 0) -> str:
+def render(r: dict[str, Any], limit: int = 0) -> str:
     size = r["container"].get("file_size")
     lines = [f"== {r['path']}  ({r['format']}{f', {size:,} bytes' if size else ''})", "",
              f"-- first 64 bytes of {r['file']}"]

@@ -7,8 +7,10 @@ a bad file, a bad flag) print as one line on stderr and exit with status 2, no t
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
+from collections.abc import Iterator
 
 from scratchllm import __version__
 from scratchllm.errors import ScratchLLMError
@@ -35,7 +37,8 @@ class RawDefaultsHelpFormatter(DefaultsHelpFormatter, argparse.RawDescriptionHel
     """The same, for parsers whose description is laid out by hand."""
 
 
-def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("scratchllm",)):
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("scratchllm",)
+                 ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """(command path, parser) for the parser and every sub-command below it."""
     yield path, parser
     for action in parser._actions:
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # a command not built yet is simply absent from --help
         importlib.import_module(module_name).add_parser(sub)
     for _, p in walk_parsers(parser):
-        raw = issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter)
+        raw = isinstance(p.formatter_class, type) and issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter)
         p.formatter_class = RawDefaultsHelpFormatter if raw else DefaultsHelpFormatter
     return parser
 
@@ -72,7 +75,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     `generate MODEL PROMPT`) has its own arguments parsed intermixed, so options may stand
     between its positionals (`generate default -n 5 "Hi"`)."""
     args, extra = parser.parse_known_args(argv)
-    command_parser = getattr(args, "intermixed_parser", None)
+    command_parser: argparse.ArgumentParser | None = getattr(args, "intermixed_parser", None)
     if command_parser is not None:
         return command_parser.parse_intermixed_args(argv[argv.index(args.command) + 1:], namespace=args)
     if extra:
@@ -80,7 +83,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     if not getattr(args, "func", None):

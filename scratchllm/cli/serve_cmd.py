@@ -6,23 +6,33 @@ per request). SIGTERM stops accepting connections, lets every in-flight request 
 --drain-timeout seconds), shuts the engine down with drain=True, then exits 0.
 """
 
+from __future__ import annotations
+
 import argparse
 import dataclasses
 import os
 import re
 import signal
 import sys
+from typing import TYPE_CHECKING
 
+from scratchllm.cli import Subparsers
 from scratchllm.cli.listen import listen, url
 from scratchllm.cli.options import add_threads_argument
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
 
+if TYPE_CHECKING:
+    from scratchllm.evaluate.feedback import RequestClasses
+    from scratchllm.server.app import ServedEmbedder, ServedModel
+    from scratchllm.tokenizer import Tokenizer
+    from scratchllm.trace.writer import TraceWriter
+
 ENV_PREFIX = "SCRATCHLLM_"
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
                        description=__doc__ + "\nEvery option also reads a default from the environment: "
                        "--max-num-seqs from SCRATCHLLM_MAX_NUM_SEQS, --api-key from SCRATCHLLM_API_KEY, and so on "
@@ -108,10 +118,10 @@ def memory_size(text: str) -> int:
     return size
 
 
-def _environment_defaults(parser) -> list[str]:
+def _environment_defaults(parser: argparse.ArgumentParser) -> list[str]:
     """SCRATCHLLM_<OPTION> in the environment sets the option's default (a flag still wins).
     Returns the problems found, reported when the command runs (not while --help is built)."""
-    errors = []
+    errors: list[str] = []
     for action in parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
         if not longs or action.default is argparse.SUPPRESS or action.dest == "help":
@@ -127,7 +137,7 @@ def _environment_defaults(parser) -> list[str]:
             action.default = raw.lower() in ("1", "true", "yes")
             continue
         try:
-            value = action.type(raw) if action.type else raw
+            value = action.type(raw) if callable(action.type) else raw
         except ValueError:
             errors.append(f"{var}={raw!r} is not a valid value for {longs[0]}")
             continue
@@ -138,14 +148,14 @@ def _environment_defaults(parser) -> list[str]:
     return errors
 
 
-def model_from_args(args) -> str:
+def model_from_args(args: argparse.Namespace) -> str:
     """The model to serve: MODEL or --model (not two different ones), else 'default'."""
     if args.model_arg and args.model and args.model_arg != args.model:
         raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
     return str(args.model_arg or args.model or "default")
 
 
-def build(args):
+def build(args: argparse.Namespace) -> tuple[ServedModel, ServedEmbedder | None]:
     """(ServedModel, ServedEmbedder | None) for the arguments."""
     if args.env_errors:
         raise ConfigError("; ".join(args.env_errors))
@@ -180,11 +190,10 @@ def build(args):
     model = load_model(args.model, args.served_model_name or args.model, options, trace=trace_writer(args))
     if args.chat_template:
         model.tokenizer = _with_chat_template(model.tokenizer, args.chat_template)
-    embedder = None if args.embedding_model == "none" else load_embedder(args.embedding_model)
-    return model, embedder
+    return model, (None if args.embedding_model == "none" else load_embedder(args.embedding_model))
 
 
-def _priority_feedback(args, model):
+def _priority_feedback(args: argparse.Namespace, model: ServedModel) -> RequestClasses | None:
     """--priority-feedback: the engine's hook reads each queued request's class from the map the
     server keeps (request id -> class); returns that map, or None."""
     if not args.priority_feedback:
@@ -200,14 +209,15 @@ def _priority_feedback(args, model):
     return classes
 
 
-def trace_writer(args):
+def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     """The ring the server's engine and its streams write, or None (--trace none). Made once."""
     if getattr(args, "_trace_writer", False) is not False:
-        return args._trace_writer
+        made: TraceWriter | None = args._trace_writer
+        return made
     from scratchllm.trace.format import default_ring_path
     from scratchllm.trace.writer import TraceWriter
 
-    writer = None
+    writer: TraceWriter | None = None
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
@@ -216,7 +226,7 @@ def trace_writer(args):
     return writer
 
 
-def _with_chat_template(tokenizer, template: str):
+def _with_chat_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
     """The tokenizer with another chat template: a file's text, or the argument itself."""
     from scratchllm.tokenizer import Tokenizer
     from scratchllm.tokenizer.chat import render_chat
@@ -231,7 +241,7 @@ def _with_chat_template(tokenizer, template: str):
     return Tokenizer(dataclasses.replace(tokenizer.spec, chat_template=template))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     args.model = model_from_args(args)
     if args.replicas is not None:
         from scratchllm.cluster.cli import serve_replicas

@@ -8,10 +8,12 @@ scratchllm-trace-UID.ring in the temporary directory. Times (--window) are secon
 writer started. See docs/tracing.md.
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
+from scratchllm.cli import Subparsers, help_func
 from scratchllm.errors import ConfigError
 from scratchllm.trace.format import RECORD_SIZE, default_ring_path
 from scratchllm.trace.reader import RingReader
@@ -21,7 +23,7 @@ STATED_RATE = 1000.0  # tokens/s: the rate the retention figure is also given at
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_parser(sub):
+def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("trace", help="read a token trace ring: live view, heatmap, Perfetto export",
                        description=__doc__)
     cmds = p.add_subparsers(dest="trace_command", metavar="ACTION")
@@ -44,24 +46,24 @@ def add_parser(sub):
     e.add_argument("-o", "--output", default="trace.json", help="JSON file to write (default trace.json)")
     _window(e)
     e.set_defaults(func=export)
-    p.set_defaults(func=lambda args: p.print_help() or 2)
+    p.set_defaults(func=help_func(p))
 
 
-def _ring(p):
+def _ring(p: argparse.ArgumentParser) -> None:
     p.add_argument("ring", nargs="?", default=None, help=f"the ring file (default {default_ring_path()})")
 
 
-def _window(p):
+def _window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", default=None, metavar="START:END",
                    help="only records in [START, END] seconds since the writer started (either may be empty)")
     p.add_argument("--last", type=float, default=None, metavar="S", help="only the last S seconds of the trace")
 
 
-def _path(args) -> Path:
+def _path(args: argparse.Namespace) -> Path:
     return Path(args.ring or default_ring_path())
 
 
-def _windowed(trace: Trace, args) -> Trace:
+def _windowed(trace: Trace, args: argparse.Namespace) -> Trace:
     first, last = trace.time_range
     lo, hi = first, last
     if args.window:
@@ -79,7 +81,7 @@ def _windowed(trace: Trace, args) -> Trace:
     return trace.window(lo, hi) if (lo, hi) != (first, last) else trace
 
 
-def _ms(d: dict) -> str:
+def _ms(d: dict[str, float | None]) -> str:
     return " / ".join("-" if d.get(q) is None else f"{d[q]:.1f}" for q in ("p50", "p99")) + " ms"
 
 
@@ -113,7 +115,7 @@ def render_view(trace: Trace, fig: LiveFigures, path: Path) -> str:
     return "\n".join(lines)
 
 
-def watch(args) -> int:
+def watch(args: argparse.Namespace) -> int:
     path = _path(args)
     if args.interval <= 0 or args.window <= 0:
         raise ConfigError("--interval and --window must be > 0")
@@ -133,7 +135,7 @@ def watch(args) -> int:
             time.sleep(args.interval)
 
 
-def heatmap(args) -> int:
+def heatmap(args: argparse.Namespace) -> int:
     from scratchllm.trace.views.diagnosis import LatencyGrid, diagnose
     from scratchllm.trace.views.heatmap import draw_heatmap
 
@@ -154,7 +156,7 @@ def heatmap(args) -> int:
     return 0
 
 
-def export(args) -> int:
+def export(args: argparse.Namespace) -> int:
     from scratchllm.trace.views.perfetto import export as write_json
 
     path = _path(args)

@@ -38,7 +38,7 @@ def _body(rng: random.Random, stream: bool) -> dict[str, Any]:
             "max_tokens": rng.randint(4, 48), "stream": stream}
 
 
-async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter) -> None:
+async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter[str]) -> None:
     kind = rng.choices(["stream", "plain", "disconnect", "abort"], weights=[5, 2, 2, 1])[0]
     counts["requests"] += 1
     try:
@@ -78,7 +78,8 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter) -
 
 
 async def _stats(client: httpx.AsyncClient) -> dict[str, Any]:
-    return (await client.get("/cluster/stats", timeout=30)).json()
+    stats: dict[str, Any] = (await client.get("/cluster/stats", timeout=30)).json()
+    return stats
 
 
 async def _replicas(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
@@ -87,7 +88,7 @@ async def _replicas(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
 
 
 async def soak(url: str, seconds: float, clients: int, seed: int, kill: Any) -> dict[str, Any]:
-    rng, counts = random.Random(seed), Counter()
+    rng, counts = random.Random(seed), Counter[str]()
     limits = httpx.Limits(max_connections=clients * 3, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         await client.post("/v1/chat/completions", json=_body(rng, False))  # every replica has reported by now
@@ -154,7 +155,7 @@ def kill_one_replica(app_name: str) -> str:
     import ray
     from ray.util import list_named_actors
 
-    names = sorted(a["name"] for a in list_named_actors(all_namespaces=True)
+    names: list[str] = sorted(a["name"] for a in list_named_actors(all_namespaces=True)
                    if a["name"].startswith(f"SERVE_REPLICA::{app_name}#engine#"))
     ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
     return names[0].rsplit("#", 1)[-1]
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = str(Path(__file__).resolve().parents[2])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -43,7 +43,8 @@ class CachedTokensUsage:
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         start: dict[str, Any] | None = None
         parts: list[bytes] = []
 
@@ -63,9 +64,9 @@ class CachedTokensUsage:
                     body = json.dumps(with_cached(json.loads(body), self.store())).encode()
                 except (ValueError, AttributeError):
                     pass  # not a JSON object: sent as it came
-                headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
-                headers.append((b"content-length", str(len(body)).encode()))
-                await send({**start, "headers": headers})
+                sent_headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+                sent_headers.append((b"content-length", str(len(body)).encode()))
+                await send({**start, "headers": sent_headers})
                 await send({"type": "http.response.body", "body": body})
                 return
             elif message["type"] == "http.response.body":

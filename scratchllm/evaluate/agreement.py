@@ -2,8 +2,10 @@
 (Krippendorff's alpha, ordinal, by the `krippendorff` package; Fleiss' kappa)."""
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -19,7 +21,7 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def fleiss_kappa(counts) -> float | None:
+def fleiss_kappa(counts: ArrayLike) -> float | None:
     """Fleiss' kappa of an [items, categories] table of how many raters put each item in each
     category; every item needs the same number n >= 2 of raters. None if chance agreement is
     total (every rating in one category): kappa is undefined there."""
@@ -36,7 +38,7 @@ def fleiss_kappa(counts) -> float | None:
     return float((p_bar - p_e) / (1 - p_e))
 
 
-def ordinal_alpha(matrix, value_domain=(-1, 0, 1)) -> float | None:
+def ordinal_alpha(matrix: ArrayLike, value_domain: Sequence[float] = (-1, 0, 1)) -> float | None:
     """Krippendorff's alpha, ordinal, of a [coders, units] matrix with NaN where a coder did not
     score a unit. None when it is undefined (fewer than two pairable values, or one value only)."""
     import krippendorff

@@ -24,7 +24,9 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
@@ -61,16 +63,17 @@ def candidate_side(annotator: str | None, request_id: int) -> str:
 class Annotation:
     """Hand-out and scoring rules over a run file (see the module doc)."""
 
-    def __init__(self, store: RunStore, classes=("semantic",), per_diff: int = PER_DIFF, clock=time.time):
+    def __init__(self, store: RunStore, classes: Sequence[str] = ("semantic",), per_diff: int = PER_DIFF,
+                 clock: Callable[[], float] = time.time):
         self.store, self.classes, self.per_diff, self.clock = store, tuple(classes), per_diff, clock
 
-    def _eligible_sql(self) -> tuple[str, list]:
+    def _eligible_sql(self) -> tuple[str, list[str]]:
         marks = ",".join("?" * len(self.classes))
         return f"d.klass IN ({marks}) AND d.noisy = 0", list(self.classes)
 
     def eligible_ids(self) -> list[int]:
         where, args = self._eligible_sql()
-        return [r[0] for r in self.store.execute(f"SELECT d.request_id FROM diff d WHERE {where}", args)]
+        return [int(r[0]) for r in self.store.execute(f"SELECT d.request_id FROM diff d WHERE {where}", args)]
 
     def next_for(self, annotator: str) -> int | None:
         now, s = self.clock(), self.store
@@ -79,7 +82,7 @@ class Annotation:
                               "(SELECT 1 FROM score x WHERE x.request_id = a.request_id AND x.annotator = ?) "
                               "AND a.created > ? ORDER BY a.created", (annotator, annotator, now - RESERVE_S))
             if open_:
-                return open_[0][0]
+                return int(open_[0][0])
             where, args = self._eligible_sql()
             rows = s.execute(
                 f"SELECT d.request_id, (SELECT COUNT(*) FROM score x WHERE x.request_id = d.request_id) "
@@ -91,7 +94,7 @@ class Annotation:
             for request_id, taken in rows:
                 if taken < self.per_diff:
                     s.execute("INSERT OR REPLACE INTO assignment VALUES (?, ?, ?)", (request_id, annotator, now))
-                    return request_id
+                    return int(request_id)
             return None
 
     def score(self, annotator: str, request_id: int, score: int) -> None:
@@ -107,11 +110,11 @@ class Annotation:
             s.execute("INSERT INTO score VALUES (?, ?, ?, ?)", (request_id, annotator, score, self.clock()))
             s.execute("DELETE FROM assignment WHERE request_id = ? AND annotator = ?", (request_id, annotator))
 
-    def progress(self, annotator: str) -> dict:
+    def progress(self, annotator: str) -> dict[str, int]:
         mine = self.store.execute("SELECT COUNT(*) FROM score WHERE annotator = ?", (annotator,))[0][0]
-        return {"scored": mine, "eligible": len(self.eligible_ids())}
+        return {"scored": int(mine), "eligible": len(self.eligible_ids())}
 
-    def view(self, request_id: int, annotator: str | None) -> dict:
+    def view(self, request_id: int, annotator: str | None) -> dict[str, Any]:
         rows = self.store.execute("SELECT d.*, r.idx, r.body, r.endpoint FROM diff d JOIN request r "
                                   "ON r.id = d.request_id WHERE d.request_id = ?", (request_id,))
         if not rows:
@@ -128,38 +131,38 @@ class Annotation:
                 "your_score": mine[0][0] if mine else None, "candidate_side": candidate_side(annotator, request_id)}
 
 
-def create_app(store: RunStore, classes=("semantic",), per_diff: int = PER_DIFF) -> FastAPI:
+def create_app(store: RunStore, classes: Sequence[str] = ("semantic",), per_diff: int = PER_DIFF) -> FastAPI:
     ann = Annotation(store, classes, per_diff)
     app = FastAPI(title="scratchllm annotation")
     app.state.annotation = ann
 
     @app.get("/", response_class=HTMLResponse)
-    def page():
-        return PAGE.read_text()
+    def page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text())
 
     @app.post("/api/signin")
-    def signin(body: SignIn):
+    def signin(body: SignIn) -> dict[str, str]:
         return {"annotator": body.name.strip()}
 
     @app.get("/api/next")
-    def next_diff(annotator: str):
+    def next_diff(annotator: str) -> dict[str, Any]:
         request_id = ann.next_for(annotator)
         return {"diff": ann.view(request_id, annotator) if request_id is not None else None,
                 "progress": ann.progress(annotator)}
 
     @app.get("/api/diff/{request_id}")
-    def one_diff(request_id: int, annotator: str | None = None):
+    def one_diff(request_id: int, annotator: str | None = None) -> dict[str, Any]:
         return ann.view(request_id, annotator)
 
     @app.post("/api/score")
-    def score(body: ScoreIn):
+    def score(body: ScoreIn) -> dict[str, bool]:
         ann.score(body.annotator.strip(), body.request_id, body.score)
         return {"stored": True}
 
     return app
 
 
-def open_run(run_path, classes=("semantic",)) -> FastAPI:
+def open_run(run_path: str | Path, classes: Sequence[str] = ("semantic",)) -> FastAPI:
     """The annotation app over a run (triaged first if it was not), or ConfigError saying why
     there is nothing to score: which classes the run's diffs fall in, and which were asked."""
     store = RunStore(run_path)
@@ -173,7 +176,7 @@ def open_run(run_path, classes=("semantic",)) -> FastAPI:
     return app
 
 
-def nothing_to_score(store: RunStore, classes) -> str:
+def nothing_to_score(store: RunStore, classes: Sequence[str]) -> str:
     counts: dict[str, list[int]] = {}
     for d in store.diffs():
         counts.setdefault(d["klass"], [0, 0])[1 if d["noisy"] else 0] += 1

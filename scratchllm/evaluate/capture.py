@@ -21,6 +21,7 @@ last line, which `read_capture` skips and counts. A writer always starts a new f
 appends after another process's possibly partial line); files rotate at `max_bytes`.
 """
 
+import argparse
 import hashlib
 import hmac
 import ipaddress
@@ -31,6 +32,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any, Self
 
 from scratchllm.errors import ConfigError
 
@@ -59,7 +61,7 @@ def check_capture_settings(rate: float, key: str | bytes | None, max_bytes: int)
     return capture_key(key)
 
 
-def canonical_body(body: dict | bytes | str) -> bytes:
+def canonical_body(body: dict[str, Any] | bytes | str) -> bytes:
     """The body as sorted-key, space-free JSON: the bytes that are hashed for sampling."""
     if isinstance(body, (bytes, str)):
         try:
@@ -69,7 +71,7 @@ def canonical_body(body: dict | bytes | str) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def anonymize_ip(ip: str | None, key: bytes) -> dict:
+def anonymize_ip(ip: str | None, key: bytes) -> dict[str, str | None]:
     """{"ip_hmac": hex, "network": "a.b.c.0/24" | "x:y:z::/48" | None}. Never the address itself."""
     if not ip:
         return {"ip_hmac": None, "network": None}
@@ -97,7 +99,7 @@ class CaptureWriter:
     HMAC-SHA256 of the canonical body; `record` one json.dumps and one write(2).
     """
 
-    def __init__(self, directory, rate: float = 0.01, key: str | bytes | None = None,
+    def __init__(self, directory: str | Path, rate: float = 0.01, key: str | bytes | None = None,
                  max_bytes: int = 64 << 20):
         self.rate, self.key, self.max_bytes = rate, check_capture_settings(rate, key, max_bytes), max_bytes
         self.directory = Path(directory)
@@ -114,12 +116,13 @@ class CaptureWriter:
     def path(self) -> Path:
         return self.directory / f"capture-{self._index:06d}.jsonl"
 
-    def should_capture(self, body: dict | bytes | str) -> bool:
+    def should_capture(self, body: dict[str, Any] | bytes | str) -> bool:
         digest = hmac.new(self.key, b"sample\0" + canonical_body(body), hashlib.sha256).digest()
         return int.from_bytes(digest[:8], "big") < self._threshold
 
-    def record(self, body: dict | bytes | str, model: str | None, client_ip: str | None,
-               response_token_ids: list[int] | None, timings: dict | None, *, endpoint: str = "/v1/completions",
+    def record(self, body: dict[str, Any] | bytes | str, model: str | None, client_ip: str | None,
+               response_token_ids: list[int] | None, timings: dict[str, Any] | None, *,
+               endpoint: str = "/v1/completions",
                response_text: str | None = None, finish_reason: str | None = None,
                time_s: float | None = None) -> None:
         if not isinstance(body, dict):
@@ -153,6 +156,7 @@ class CaptureWriter:
     def _write_all(self, data: bytes) -> None:
         # One write(2) for the whole line is the normal case; a short write (disk full, signal)
         # is continued so the line is never left cut while this process lives.
+        assert self._fd is not None, "_rotate opens the file before the first write"
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)
@@ -164,14 +168,14 @@ class CaptureWriter:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def add_capture_arguments(p) -> None:
+def add_capture_arguments(p: argparse.ArgumentParser) -> None:
     """`serve`'s capture options: --capture DIR --capture-rate --capture-key --capture-max-mb
     --trusted-proxies."""
     p.add_argument("--capture", default=None, metavar="DIR", help="append a sample of requests to DIR/*.jsonl")
@@ -184,14 +188,14 @@ def add_capture_arguments(p) -> None:
                    help="proxies in front of the server whose X-Forwarded-For is trusted (default: none)")
 
 
-def check_capture_args(args) -> None:
+def check_capture_args(args: argparse.Namespace) -> None:
     """`serve`'s capture options checked without creating the folder (a start that fails later
     on another argument leaves nothing behind)."""
     if args.capture:
         check_capture_settings(args.capture_rate, args.capture_key, int(args.capture_max_mb * (1 << 20)))
 
 
-def capture_writer_from_args(args) -> CaptureWriter | None:
+def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
     if not args.capture:
         return None
     return CaptureWriter(args.capture, args.capture_rate, args.capture_key, int(args.capture_max_mb * (1 << 20)))

@@ -3,7 +3,7 @@ and the text on either side of the divergence (what an annotator reads first).""
 
 import difflib
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 CONTEXT_TOKENS = 8
@@ -19,7 +19,7 @@ class TokenDiff:
     common_prefix_chars: int  # characters the two texts share from the start (for highlighting)
 
 
-def edit_distance(a: Sequence, b: Sequence) -> int:
+def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     """Levenshtein distance, O(len(a) * len(b)) time, one row of memory."""
     if len(a) < len(b):
         a, b = b, a
@@ -32,20 +32,20 @@ def edit_distance(a: Sequence, b: Sequence) -> int:
     return row[-1]
 
 
-def first_divergence(a: Sequence, b: Sequence) -> int | None:
+def first_divergence(a: Sequence[Hashable], b: Sequence[Hashable]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _context(tokens: Sequence, strings: Sequence[str], i: int) -> str:
+def _context(tokens: Sequence[Hashable], strings: Sequence[str], i: int) -> str:
     before = "".join(strings[max(0, i - CONTEXT_TOKENS):i])
     after = "".join(strings[i:i + CONTEXT_TOKENS])
     return f"{before}⟦{after}"
 
 
-def token_diff(a: Sequence, b: Sequence, a_strings: Sequence[str] | None = None,
+def token_diff(a: Sequence[Hashable], b: Sequence[Hashable], a_strings: Sequence[str] | None = None,
                b_strings: Sequence[str] | None = None, a_text: str = "", b_text: str = "") -> TokenDiff:
     """Diff of token sequences `a` and `b` (ids or strings); `*_strings` render them as text."""
     a_strings = a_strings if a_strings is not None else [str(t) for t in a]

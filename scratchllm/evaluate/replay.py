@@ -19,6 +19,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,7 +50,7 @@ class ReplayOptions:
     max_tokens: int | None = None  # caps each request's output length
     progress: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.concurrency < 1 or self.retries < 0 or self.top_logprobs < 1:
             raise ConfigError("concurrency and top_logprobs must be >= 1, retries >= 0")
         if self.sampling not in ("auto", "greedy"):
@@ -62,7 +64,7 @@ class ReplayOptions:
         return {"primary": self.primary, "secondary": self.secondary or self.primary, "candidate": self.candidate}
 
 
-def replay_body(req: CapturedRequest, opts: ReplayOptions) -> dict:
+def replay_body(req: CapturedRequest, opts: ReplayOptions) -> dict[str, Any]:
     """The body sent to all three servers: the captured one, made greedy (or seeded), with
     top-k logprobs and without streaming."""
     body = {k: v for k, v in req.body.items() if k not in ("stream", "stream_options", "n")}
@@ -81,7 +83,7 @@ def replay_body(req: CapturedRequest, opts: ReplayOptions) -> dict:
     return body
 
 
-def parse_response(endpoint: str, data: dict) -> Output:
+def parse_response(endpoint: str, data: dict[str, Any]) -> Output:
     """An OpenAI response body -> Output (text, token strings, logprobs, top-k)."""
     choice = data["choices"][0]
     out = Output(finish_reason=choice.get("finish_reason"), timings=data.get("timings"))
@@ -108,7 +110,7 @@ class Replayer:
         self.client = httpx.AsyncClient(headers=headers, timeout=opts.timeout_s, transport=transport)
         self.limits = {url: asyncio.Semaphore(opts.concurrency) for url in set(opts.urls().values())}
 
-    async def send(self, url: str, endpoint: str, body: dict) -> Output:
+    async def send(self, url: str, endpoint: str, body: dict[str, Any]) -> Output:
         error, status = None, None
         for attempt in range(1, self.opts.retries + 2):
             async with self.limits[url]:
@@ -136,18 +138,18 @@ class Replayer:
         logger.warning("%s%s: giving up after %d attempts: %s", url, endpoint, self.opts.retries + 1, error)
         return Output(status=status, error=error, attempts=self.opts.retries + 1)
 
-    async def one(self, store: RunStore, request_id: int, endpoint: str, body: dict) -> None:
+    async def one(self, store: RunStore, request_id: int, endpoint: str, body: dict[str, Any]) -> None:
         urls = self.opts.urls()
         outs = await asyncio.gather(*(self.send(urls[role], endpoint, body) for role in ROLES))
         for role, out in zip(ROLES, outs, strict=True):
             store.put_output(request_id, role, out)
 
-    async def run(self, store: RunStore, items: list[tuple[int, str, dict]]) -> None:
+    async def run(self, store: RunStore, items: list[tuple[int, str, dict[str, Any]]]) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=len(items), desc="replay", unit="req", disable=not self.opts.progress)
         try:
-            async def tracked(item):
+            async def tracked(item: tuple[int, str, dict[str, Any]]) -> None:
                 await self.one(store, *item)
                 bar.update(1)
 
@@ -164,7 +166,7 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def replay(traffic: Traffic, out_path, opts: ReplayOptions, capture: str = "",
+def replay(traffic: Traffic, out_path: str | Path, opts: ReplayOptions, capture: str = "",
            transport: httpx.AsyncBaseTransport | None = None) -> RunStore:
     """Replays `traffic` into a new run file at `out_path` (its outputs; triage is separate)."""
     if not traffic.requests:
@@ -174,7 +176,7 @@ def replay(traffic: Traffic, out_path, opts: ReplayOptions, capture: str = "",
     options["partial_lines"] = traffic.partial_lines
     urls = opts.urls()
     store.create_run(capture, urls["primary"], urls["secondary"], urls["candidate"], options)
-    items = []
+    items: list[tuple[int, str, dict[str, Any]]] = []
     for idx, req in enumerate(traffic.requests):
         body = replay_body(req, opts)
         rid = store.add_request(idx, req.endpoint, req.source, req.body, body, request_class(req.body))

@@ -14,11 +14,13 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from scratchllm.evaluate.agreement import fleiss_kappa, ordinal_alpha, wilson
 from scratchllm.evaluate.annotate import PER_DIFF
+from scratchllm.evaluate.store import Output, RunStore
 
 TEMPLATE = Path(__file__).with_name("report.html")
 SCORES = (-1, 0, 1)
@@ -32,12 +34,12 @@ def shown(text: str | None) -> str:
     return SPECIAL.sub("", text or "")
 
 
-def _rate(k: int, n: int) -> dict:
+def _rate(k: int, n: int) -> dict[str, Any]:
     lo, hi = wilson(k, n)
     return {"count": k, "of": n, "rate": k / n if n else None, "wilson95": [lo, hi]}
 
 
-def _summary(values: list[float]) -> dict:
+def _summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0, "mean": None, "p50": None, "p90": None}
     a = np.asarray(values, dtype=np.float64)
@@ -45,13 +47,13 @@ def _summary(values: list[float]) -> dict:
             "p90": float(np.percentile(a, 90))}
 
 
-def agreement(scores: list[dict]) -> dict:
+def agreement(scores: list[dict[str, Any]]) -> dict[str, Any]:
     annotators = sorted({s["annotator"] for s in scores})
     units = sorted({s["request_id"] for s in scores})
     matrix = np.full((len(annotators), len(units)), math.nan)
     for s in scores:
         matrix[annotators.index(s["annotator"]), units.index(s["request_id"])] = s["score"]
-    by_unit = defaultdict(list)
+    by_unit: defaultdict[int, list[int]] = defaultdict(list)
     for s in scores:
         by_unit[s["request_id"]].append(s["score"])
     full = [[v.count(c) for c in SCORES] for v in by_unit.values() if len(v) == PER_DIFF]
@@ -60,8 +62,10 @@ def agreement(scores: list[dict]) -> dict:
             "annotators": len(annotators), "scored_diffs": len(units)}
 
 
-def latency(store) -> dict:
-    per_role, deltas, noise = defaultdict(list), [], []
+def latency(store: RunStore) -> dict[str, Any]:
+    per_role: defaultdict[str, list[float]] = defaultdict(list)
+    deltas: list[float] = []
+    noise: list[float] = []
     for req in store.requests():
         outs = store.outputs(req["id"])
         ms = {role: o.latency_ms for role, o in outs.items() if o.ok and o.latency_ms is not None}
@@ -75,14 +79,14 @@ def latency(store) -> dict:
             "candidate_minus_primary_ms": _summary(deltas), "secondary_minus_primary_ms": _summary(noise)}
 
 
-def build_report(store, annotate_url: str = "http://127.0.0.1:8765", worst: int = 10) -> dict:
+def build_report(store: RunStore, annotate_url: str = "http://127.0.0.1:8765", worst: int = 10) -> dict[str, Any]:
     scores = store.scores()
     n = len(scores)
-    by_request = defaultdict(list)
+    by_request: defaultdict[int, list[int]] = defaultdict(list)
     for s in scores:
         by_request[s["request_id"]].append(s["score"])
     diffs = {d["request_id"]: d for d in store.diffs()}
-    regressions = []
+    regressions: list[dict[str, Any]] = []
     for rid, values in by_request.items():
         mean = sum(values) / len(values)
         if mean < 0:
@@ -94,6 +98,7 @@ def build_report(store, annotate_url: str = "http://127.0.0.1:8765", worst: int 
                                 "link": f"{annotate_url.rstrip('/')}/#/diff/{rid}"})
     regressions.sort(key=lambda r: (r["mean_score"], r["index"]))
     run = store.run()
+    assert run is not None, "a run file has its run row"
     return {
         "run": {k: run[k] for k in ("capture", "primary_url", "secondary_url", "candidate_url")},
         "change": run["options"].get("change"),
@@ -108,12 +113,12 @@ def build_report(store, annotate_url: str = "http://127.0.0.1:8765", worst: int 
     }
 
 
-def _cut(output) -> bool:
+def _cut(output: Output | None) -> bool:
     """The answer stopped at its max_tokens, not at its own end."""
     return output is not None and output.finish_reason == "length"
 
 
-def render_html(report: dict) -> str:
+def render_html(report: dict[str, Any]) -> str:
     import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
@@ -122,7 +127,8 @@ def render_html(report: dict) -> str:
     return env.from_string(TEMPLATE.read_text()).render(r=report)
 
 
-def write_report(store, html_path, json_path, annotate_url: str = "http://127.0.0.1:8765") -> dict:
+def write_report(store: RunStore, html_path: str | Path, json_path: str | Path,
+                 annotate_url: str = "http://127.0.0.1:8765") -> dict[str, Any]:
     report = build_report(store, annotate_url)
     Path(json_path).write_text(json.dumps(report, indent=2))
     Path(html_path).write_text(render_html(report))

@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import FILE_PATTERN
@@ -23,12 +24,12 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 @dataclass
 class CapturedRequest:
     endpoint: str  # one of ENDPOINTS
-    body: dict
+    body: dict[str, Any]
     source: str  # "file:line", for error messages and the run's records
     model: str | None = None
     time: float | None = None
-    client: dict | None = None  # the anonymized client (ip_hmac, network), captures only
-    response: dict | None = None  # what the serving server answered, captures only
+    client: dict[str, Any] | None = None  # the anonymized client (ip_hmac, network), captures only
+    response: dict[str, Any] | None = None  # what the serving server answered, captures only
     custom_id: str | None = None  # Batch API input only
 
 
@@ -39,7 +40,7 @@ class Traffic:
     files: list[str] = field(default_factory=list)
 
 
-def prompt_text(body: dict) -> str:
+def prompt_text(body: dict[str, Any]) -> str:
     """A request's prompt as a person reads it: the prompt string (several joined by lines, token
     ids as JSON), or the chat messages as one "role: content" line each."""
     if isinstance(body.get("messages"), list):
@@ -53,13 +54,13 @@ def prompt_text(body: dict) -> str:
     return json.dumps(prompt)
 
 
-def _content(content) -> str:
+def _content(content: Any) -> str:
     if isinstance(content, list):  # content parts: the text ones
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
     return content if isinstance(content, str) else ""
 
 
-def capture_files(path) -> list[Path]:
+def capture_files(path: str | Path) -> list[Path]:
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if FILE_PATTERN.match(p.name))
@@ -71,7 +72,7 @@ def capture_files(path) -> list[Path]:
     return [path]
 
 
-def read_traffic(path) -> Traffic:
+def read_traffic(path: str | Path) -> Traffic:
     traffic = Traffic()
     for file in capture_files(path):
         traffic.files.append(str(file))
@@ -96,17 +97,19 @@ def _parse_line(raw: bytes, where: str) -> CapturedRequest:
     if not isinstance(obj, dict) or not isinstance(obj.get("body"), dict):
         raise ConfigError(f"{where}: expected an object with a 'body' object")
     if "v" in obj:
-        endpoint = obj.get("endpoint", "/v1/completions")
-        req = CapturedRequest(endpoint, obj["body"], where, model=obj.get("model"), time=obj.get("time"),
-                              client=obj.get("client"), response=obj.get("response"))
-    elif "custom_id" in obj:
+        endpoint = _endpoint(obj.get("endpoint", "/v1/completions"), where)
+        return CapturedRequest(endpoint, obj["body"], where, model=obj.get("model"), time=obj.get("time"),
+                               client=obj.get("client"), response=obj.get("response"))
+    if "custom_id" in obj:
         if obj.get("method", "POST") != "POST":
             raise ConfigError(f"{where}: Batch API method must be POST, got {obj.get('method')!r}")
-        endpoint = obj.get("url")
-        req = CapturedRequest(endpoint, obj["body"], where, model=obj["body"].get("model"),
-                              custom_id=str(obj["custom_id"]))
-    else:
-        raise ConfigError(f"{where}: neither a capture line ('v') nor a Batch API input line ('custom_id')")
-    if req.endpoint not in ENDPOINTS:
-        raise ConfigError(f"{where}: endpoint {req.endpoint!r} cannot be replayed (only {', '.join(ENDPOINTS)})")
-    return req
+        endpoint = _endpoint(obj.get("url"), where)
+        return CapturedRequest(endpoint, obj["body"], where, model=obj["body"].get("model"),
+                               custom_id=str(obj["custom_id"]))
+    raise ConfigError(f"{where}: neither a capture line ('v') nor a Batch API input line ('custom_id')")
+
+
+def _endpoint(endpoint: Any, where: str) -> str:
+    if endpoint not in ENDPOINTS:
+        raise ConfigError(f"{where}: endpoint {endpoint!r} cannot be replayed (only {', '.join(ENDPOINTS)})")
+    return str(endpoint)

@@ -17,8 +17,10 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scratchllm.errors import ConfigError
 
@@ -54,7 +56,7 @@ class Output:
     top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     latency_ms: float | None = None
-    timings: dict | None = None
+    timings: dict[str, Any] | None = None
     status: int | None = None
     error: str | None = None
     attempts: int = 0
@@ -68,7 +70,7 @@ _JSON_FIELDS = ("tokens", "token_ids", "logprobs", "top_logprobs", "timings")
 
 
 class RunStore:
-    def __init__(self, path, create: bool = False):
+    def __init__(self, path: str | Path, create: bool = False):
         self.path = Path(path)
         if create and self.path.exists():
             raise ConfigError(f"{self.path}: already exists; give a new run file")
@@ -85,16 +87,16 @@ class RunStore:
     def close(self) -> None:
         self.conn.close()
 
-    def execute(self, sql: str, args=()) -> list[sqlite3.Row]:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self.lock:
             return self.conn.execute(sql, args).fetchall()
 
     # --- the run and its requests -------------------------------------------------------------
-    def create_run(self, capture: str, primary: str, secondary: str, candidate: str, options: dict) -> None:
+    def create_run(self, capture: str, primary: str, secondary: str, candidate: str, options: dict[str, Any]) -> None:
         self.execute("INSERT INTO run VALUES (1, ?, ?, ?, ?, ?, ?)",
                      (time.time(), capture, primary, secondary, candidate, json.dumps(options)))
 
-    def run(self) -> dict | None:
+    def run(self) -> dict[str, Any] | None:
         rows = self.execute("SELECT * FROM run")
         if not rows:
             return None
@@ -102,19 +104,23 @@ class RunStore:
         row["options"] = json.loads(row["options"] or "{}")
         return row
 
-    def set_option(self, key: str, value) -> None:
-        options = self.run()["options"]
+    def set_option(self, key: str, value: Any) -> None:
+        run = self.run()
+        assert run is not None, "a run file has its run row"
+        options = run["options"]
         options[key] = value
         self.execute("UPDATE run SET options = ?", (json.dumps(options),))
 
-    def add_request(self, idx: int, endpoint: str, source: str, body: dict, replay_body: dict, class_key: str) -> int:
+    def add_request(self, idx: int, endpoint: str, source: str, body: dict[str, Any], replay_body: dict[str, Any],
+                    class_key: str) -> int:
         with self.lock:
             cur = self.conn.execute("INSERT INTO request (idx, endpoint, source, body, replay_body, class_key) "
                                     "VALUES (?, ?, ?, ?, ?, ?)", (idx, endpoint, source, json.dumps(body),
                                                                   json.dumps(replay_body), class_key))
+            assert cur.lastrowid is not None  # set by the INSERT
             return cur.lastrowid
 
-    def requests(self) -> list[dict]:
+    def requests(self) -> list[dict[str, Any]]:
         rows = self.execute("SELECT * FROM request ORDER BY idx")
         return [{**dict(r), "body": json.loads(r["body"]), "replay_body": json.loads(r["replay_body"])} for r in rows]
 
@@ -132,7 +138,7 @@ class RunStore:
 
     def outputs(self, request_id: int) -> dict[str, Output]:
         rows = self.execute("SELECT * FROM output WHERE request_id = ?", (request_id,))
-        result = {}
+        result: dict[str, Output] = {}
         for r in rows:
             d = {k: r[k] for k in r.keys() if k not in ("request_id", "role")}
             for k in _JSON_FIELDS:
@@ -144,14 +150,14 @@ class RunStore:
 
     # --- diffs --------------------------------------------------------------------------------
     def put_diff(self, request_id: int, klass: str, noise_klass: str, first_divergence: int | None,
-                 edit_distance: int, noisy: bool, detail: dict) -> None:
+                 edit_distance: int, noisy: bool, detail: dict[str, Any]) -> None:
         self.execute("INSERT OR REPLACE INTO diff VALUES (?, ?, ?, ?, ?, ?, ?)",
                      (request_id, klass, noise_klass, first_divergence, edit_distance, int(noisy), json.dumps(detail)))
 
-    def diffs(self) -> list[dict]:
+    def diffs(self) -> list[dict[str, Any]]:
         rows = self.execute("SELECT d.*, r.idx, r.class_key, r.endpoint FROM diff d JOIN request r "
                             "ON r.id = d.request_id ORDER BY r.idx")
         return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
 
-    def scores(self) -> list[dict]:
+    def scores(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.execute("SELECT * FROM score ORDER BY request_id, created")]

@@ -25,10 +25,12 @@ deterministic mode any noise at all is a bug in the servers and is flagged as su
 import enum
 import logging
 import unicodedata
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from scratchllm.evaluate.diff import TokenDiff, token_diff
-from scratchllm.evaluate.store import ROLES, Output
+from scratchllm.evaluate.store import ROLES, Output, RunStore
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class TriageConfig:
     rel_threshold: float = 0.2  # excess over noise, as a share of the noise count
 
 
-def repetition_loop(tokens, cfg: TriageConfig = TriageConfig()) -> tuple[int, int, int] | None:
+def repetition_loop(tokens: Sequence[Hashable], cfg: TriageConfig = TriageConfig()) -> tuple[int, int, int] | None:
     """(start, period, repeats) of the first n-gram loop in `tokens`, or None."""
     n = len(tokens)
     for start in range(n):
@@ -68,7 +70,7 @@ def repetition_loop(tokens, cfg: TriageConfig = TriageConfig()) -> tuple[int, in
     return None
 
 
-def _units(a: Output, b: Output):
+def _units(a: Output, b: Output) -> tuple[Sequence[Hashable], Sequence[Hashable], str]:
     """What the diff compares: ids if both servers sent them, else token strings, else characters."""
     if a.token_ids is not None and b.token_ids is not None:
         return list(a.token_ids), list(b.token_ids), "token_id"
@@ -92,12 +94,14 @@ def is_near_tie(a: Output, b: Output, i: int, gap: float) -> bool:
     return own_a - top_a[tb] <= gap and own_b - top_b[ta] <= gap
 
 
-def classify(a: Output, b: Output, cfg: TriageConfig = TriageConfig()) -> tuple[Klass, TokenDiff | None, dict]:
+def classify(a: Output, b: Output,
+             cfg: TriageConfig = TriageConfig()) -> tuple[Klass, TokenDiff | None, dict[str, Any]]:
     """The class of the pair (a = the reference side), its diff and the evidence."""
     if not a.ok or not b.ok:
         return Klass.ERROR, None, {"errors": [a.error, b.error]}
+    assert a.text is not None and b.text is not None  # both are ok
     ua, ub, unit = _units(a, b)
-    strings = (a.tokens, b.tokens) if unit != "char" else (ua, ub)
+    strings = (a.tokens, b.tokens) if unit != "char" else (list(a.text), list(b.text))
     d = token_diff(ua, ub, strings[0], strings[1], a.text, b.text)
     detail = {"unit": unit, **{k: v for k, v in asdict(d).items() if k != "spans"}, "spans": list(d.spans)}
     if d.first_divergence is None and a.text == b.text:
@@ -123,10 +127,10 @@ def significant(candidate: int, noise: int, total: int, cfg: TriageConfig) -> bo
     return excess / total > cfg.abs_threshold and (noise == 0 or excess / noise > cfg.rel_threshold)
 
 
-def triage_run(store, cfg: TriageConfig = TriageConfig(), deterministic: bool = False) -> dict:
+def triage_run(store: RunStore, cfg: TriageConfig = TriageConfig(), deterministic: bool = False) -> dict[str, Any]:
     """Classifies every request of a run into its diff table; returns (and stores) the summary."""
     counts = {k.value: {"candidate": 0, "noise": 0} for k in Klass}
-    noisy_ids = []
+    noisy_ids: list[int] = []
     for req in store.requests():
         outs = store.outputs(req["id"])
         # a replay stopped midway leaves roles without output: they count as errors
