@@ -258,7 +258,8 @@ def pack_q8(q, d, m) -> Q8Panels:
     P = -(-N // PG_NR)
     d32 = np.asarray(d, dtype=np.float32)
     with np.errstate(over="ignore"):
-        exact = bool(np.array_equal(d32.astype(np.float16).astype(np.float32), d32))  # 11 bits x 8 bits: exact
+        d16 = d32.astype(np.float16)
+    exact = bool(np.array_equal(d16.astype(np.float32), d32))  # 11 bits x 8 bits: exact
     return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32),
                     exact)
 
