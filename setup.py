@@ -22,7 +22,10 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 march = os.environ.get("SCRATCHLLM_MARCH", "native")
-compile_args = ["-O3", f"-march={march}", "-fno-math-errno", "-fopenmp"]
+# The build prints no warning at -Wall -Wextra: not from our C (scratchllm/kernels/*.h, which
+# tests/kernels/test_headers.py compiles at -Werror), the .pyx sources, nor Cython's generated C.
+warning_args = ["-Wall", "-Wextra"]
+compile_args = ["-O3", f"-march={march}", "-fno-math-errno", "-fopenmp", *warning_args]
 link_args = ["-fopenmp"]
 
 
@@ -45,7 +48,7 @@ extensions = [
     Extension(
         f"scratchllm.kernels.{os.path.splitext(os.path.basename(path))[0]}",
         [path],
-        include_dirs=[np.get_include(), "scratchllm/kernels"],  # simd.h
+        include_dirs=[np.get_include(), "scratchllm/kernels"],  # the kernels' headers: simd.h, <module>.h
         depends=sorted(glob.glob("scratchllm/kernels/*.h")),
         extra_compile_args=compile_args,
         extra_link_args=link_args,
@@ -59,7 +62,7 @@ extensions += [
     Extension(
         f"scratchllm.{package}.{os.path.splitext(os.path.basename(path))[0]}",
         [path],
-        extra_compile_args=["-O2"],
+        extra_compile_args=["-O2", *warning_args],
     )
     for package in ("formats", "tokenizer")
     for path in sorted(glob.glob(f"scratchllm/{package}/*.pyx"))

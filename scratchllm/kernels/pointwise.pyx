@@ -14,71 +14,7 @@ float32 rounding of the summation order (RMSNorm) and exp's polynomial (SwiGLU, 
 import numpy as np
 
 
-cdef extern from *:
-    """
-    #include <math.h>
-    #include "simd.h"  /* scratchllm_vf, scratchllm_select, scratchllm_exp */
-    #define PW_VL SCRATCHLLM_VL
-
-    /* out[0:n] = silu(g) * u, silu(g) = g * sigmoid(g); sigmoid from e = exp(-|g|) <= 1, which
-       cannot overflow: 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0. Whole groups of 16 take the
-       vector path and the rest libm's expf, on every instruction set alike. */
-    static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
-        long i = 0;
-        for (; i + 16 <= n; i += 16) {
-            for (int l = 0; l < 16; l += PW_VL) {
-                scratchllm_vf gv, uv;
-                memcpy(&gv, g + i + l, sizeof gv);
-                memcpy(&uv, u + i + l, sizeof uv);
-                scratchllm_vi neg = gv < 0.0f;
-                scratchllm_vf a = scratchllm_select(neg, gv, -gv);  /* -|g| */
-                scratchllm_vf e = scratchllm_exp(a);
-                scratchllm_vf one = (scratchllm_vf){0} + 1.0f;
-                scratchllm_vf sig = scratchllm_select(neg, e, one) / (1.0f + e);
-                scratchllm_vf o = gv * sig * uv;
-                memcpy(out + i + l, &o, sizeof o);
-            }
-        }
-        for (; i < n; i++) {
-            float e = expf(-fabsf(g[i]));
-            float sig = (g[i] < 0.0f ? e : 1.0f) / (1.0f + e);
-            out[i] = g[i] * sig * u[i];
-        }
-    }
-
-    /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. The sum of squares runs in 16 lanes
-       (SCRATCHLLM_NV16 native vectors), summed in lane order: the same float on every ISA. */
-    static void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) {
-        scratchllm_vf acc[SCRATCHLLM_NV16];
-        for (int u = 0; u < SCRATCHLLM_NV16; u++) acc[u] = (scratchllm_vf){0};
-        long i = 0;
-        for (; i + 16 <= n; i += 16) {
-            for (int u = 0; u < SCRATCHLLM_NV16; u++) {
-                scratchllm_vf v;
-                memcpy(&v, x + i + u * PW_VL, sizeof v);
-                acc[u] += v * v;
-            }
-        }
-        float ss = 0.0f;
-        for (int u = 0; u < SCRATCHLLM_NV16; u++)
-            for (int j = 0; j < PW_VL; j++)
-                ss += acc[u][j];
-        for (; i < n; i++)
-            ss += x[i] * x[i];
-        float inv = 1.0f / sqrtf(ss / (float)n + eps);
-        for (i = 0; i < n; i++)
-            out[i] = x[i] * inv * w[i];
-    }
-
-    /* Rotate-half rotary embedding of one head in place: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
-    static void pw_rope_head(float *x, const float *c, const float *s, long half) {
-        for (long i = 0; i < half; i++) {
-            float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * c[i] - x2 * s[i];
-            x[i + half] = x2 * c[i] + x1 * s[i];
-        }
-    }
-    """
+cdef extern from "pointwise.h":
     void pw_silu_mul(const float *g, const float *u, float *out, long n) noexcept nogil
     void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) noexcept nogil
     void pw_rope_head(float *x, const float *c, const float *s, long half) noexcept nogil

@@ -17,50 +17,6 @@
 #define SCRATCHLLM_VL 8
 #else
 #define SCRATCHLLM_VL 4
-/* The extensions this translation unit is compiled for, as /proc/cpuinfo names them (a string
-   literal; scratchllm/kernels/cpu_features.py records the same from the compiler at build time). */
-#ifdef __AVX__
-#define SCRATCHLLM_F_AVX " avx"
-#else
-#define SCRATCHLLM_F_AVX ""
-#endif
-#ifdef __AVX2__
-#define SCRATCHLLM_F_AVX2 " avx2"
-#else
-#define SCRATCHLLM_F_AVX2 ""
-#endif
-#ifdef __FMA__
-#define SCRATCHLLM_F_FMA " fma"
-#else
-#define SCRATCHLLM_F_FMA ""
-#endif
-#ifdef __F16C__
-#define SCRATCHLLM_F_F16C " f16c"
-#else
-#define SCRATCHLLM_F_F16C ""
-#endif
-#ifdef __AVX512F__
-#define SCRATCHLLM_F_AVX512F " avx512f"
-#else
-#define SCRATCHLLM_F_AVX512F ""
-#endif
-#ifdef __AVX512BW__
-#define SCRATCHLLM_F_AVX512BW " avx512bw"
-#else
-#define SCRATCHLLM_F_AVX512BW ""
-#endif
-#ifdef __AVX512VL__
-#define SCRATCHLLM_F_AVX512VL " avx512vl"
-#else
-#define SCRATCHLLM_F_AVX512VL ""
-#endif
-#ifdef __AVX512BF16__
-#define SCRATCHLLM_F_AVX512_BF16 " avx512_bf16"
-#else
-#define SCRATCHLLM_F_AVX512_BF16 ""
-#endif
-#define SCRATCHLLM_COMPILED_FEATURES SCRATCHLLM_F_AVX SCRATCHLLM_F_AVX2 SCRATCHLLM_F_FMA SCRATCHLLM_F_F16C SCRATCHLLM_F_AVX512F SCRATCHLLM_F_AVX512BW SCRATCHLLM_F_AVX512VL SCRATCHLLM_F_AVX512_BF16
-
 #endif
 typedef float scratchllm_vf __attribute__((vector_size(4 * SCRATCHLLM_VL)));
 typedef int scratchllm_vi __attribute__((vector_size(4 * SCRATCHLLM_VL)));
