@@ -149,7 +149,7 @@ async def _drive(engine, requests, args) -> list[dict[str, Any]]:
 def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any]:
     from ray import serve
 
-    from scratchllm.cluster.app import ClusterSpec, engine_deployment
+    from scratchllm.cluster.app import ClusterSpec, engine_deployment, replica_limits
     from scratchllm.cluster.remote import RemoteEngine
     from scratchllm.cluster.replica import ReplicaSpec
 
@@ -159,7 +159,7 @@ def run_strategy(strategy: str, model_ref: str, requests, args) -> dict[str, Any
     started = time.perf_counter()
     handle = serve.run(engine_deployment(spec).bind(spec.replica), name=f"bench-{strategy}", route_prefix=None)
     deploy_s = time.perf_counter() - started
-    engine = RemoteEngine(handle)
+    engine = RemoteEngine(handle, replica_limits(spec))
     try:
         started = time.perf_counter()
         rows = asyncio.run(_drive(engine, requests, args))

@@ -207,26 +207,16 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
 
 
 def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
-    """Static batching as served: when idle, take up to batch-size requests that have arrived,
-    run them to completion; whoever arrives meanwhile waits for the whole batch."""
+    """Static batching as served (static.run_static, given the arrivals): when idle, take up to
+    batch-size requests that have arrived, run them to completion; whoever arrives meanwhile
+    waits for the whole batch."""
     from scratchllm.engine.static import run_static
 
-    n = len(prompts)
-    tokens, finish = [[] for _ in range(n)], [0.0] * n
-    peak = padded = 0
     t0 = time.monotonic()
-    nxt = 0
-    while nxt < n:
-        _wait_until(t0, arrivals[nxt])
-        now = time.monotonic() - t0
-        rows = [i for i in range(nxt, n) if arrivals[i] <= now][: args.batch_size]
-        res = run_static(model, [prompts[i] for i in rows], [outputs[i] for i in rows], batch_size=len(rows))
-        for j, i in enumerate(rows):
-            tokens[i], finish[i] = res.token_ids[j], res.finish_times[j] - t0
-        peak, padded = max(peak, res.peak_kv_bytes), padded + res.padded_tokens
-        nxt = rows[-1] + 1
+    res = run_static(model, prompts, outputs, args.batch_size, arrivals=arrivals)
+    finish = [f - t0 for f in res.finish_times]
     result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
-    result.update(peak_kv_bytes=peak, padded_tokens=padded, token_ids=tokens)
+    result.update(peak_kv_bytes=res.peak_kv_bytes, padded_tokens=res.padded_tokens, token_ids=res.token_ids)
     result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": [], "kv_samples": []}
     return result
 

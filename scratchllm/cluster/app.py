@@ -30,6 +30,7 @@ from scratchllm.cluster.replica import EngineReplica, ReplicaSpec
 from scratchllm.cluster.request_router import KVBlockRequestRouter
 from scratchllm.cluster.router import STRATEGIES
 from scratchllm.cluster.usage import CachedTokensUsage
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.server.app import ServedModel, ServerConfig, create_app
 
@@ -57,26 +58,46 @@ class ClusterSpec:
         assert self.report_interval_s > 0 and self.replica_cpus >= 0
 
 
-def _served_model(spec: ClusterSpec, engine: RemoteEngine) -> ServedModel:
+def replica_limits(spec: ClusterSpec, checkpoint: Any = None) -> RequestLimits:
+    """What the replicas' engines accept (engine/validate.py), read from the model's config only:
+    the ingress holds no weights. `checkpoint`: the model's file, opened already."""
+    replica = spec.replica
+    opts = replica.engine_options
+    if replica.fake:
+        from scratchllm.engine.fake import VOCAB_SIZE
+
+        return RequestLimits(spec.max_model_len or opts.get("max_model_len") or 2048, VOCAB_SIZE)
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
+    from scratchllm.models.loader import read_config
+
+    path = resolve_model(replica.model)
+    config = read_config(path, checkpoint or load_checkpoint(path))
+    ctx = config.max_position_embeddings
+    limit = min(ctx, spec.max_model_len or opts.get("max_model_len") or ctx)
+    if opts.get("num_kv_blocks"):  # the engine's own bound: a sequence fits the pool
+        limit = min(limit, int(opts["num_kv_blocks"]) * 16)
+    return RequestLimits(limit, config.vocab_size)
+
+
+def _served_model(spec: ClusterSpec, engine_handle: Any) -> ServedModel:
+    """The served model over a RemoteEngine that refuses what the replicas' engines would."""
     replica = spec.replica
     if replica.fake:
         from scratchllm.engine.fake import FakeTokenizer
 
-        return ServedModel(spec.served_model_name or "fake", engine, FakeTokenizer(), spec.max_model_len or 2048)
+        limits = replica_limits(spec)
+        return ServedModel(spec.served_model_name or "fake", RemoteEngine(engine_handle, limits), FakeTokenizer(),
+                           limits.max_model_len)
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
-    from scratchllm.models.loader import read_config
     from scratchllm.tokenizer import Tokenizer
 
-    path = resolve_model(replica.model)  # the config only: the ingress holds no weights
-    checkpoint = load_checkpoint(path)  # one header parse for the config and the tokenizer
-    ctx = read_config(path, checkpoint).max_position_embeddings
-    opts = replica.engine_options
-    limit = min(ctx, spec.max_model_len or opts.get("max_model_len") or ctx)
-    if opts.get("num_kv_blocks"):  # the engine's own bound: a sequence fits the pool
-        limit = min(limit, int(opts["num_kv_blocks"]) * 16)
+    checkpoint = load_checkpoint(resolve_model(replica.model))  # one header parse for the config and the tokenizer
+    limits = replica_limits(spec, checkpoint)
     tokenizer = Tokenizer.from_pretrained(replica.model, checkpoint=checkpoint)
-    return ServedModel(spec.served_model_name or replica.model, engine, tokenizer, limit)
+    return ServedModel(spec.served_model_name or replica.model, RemoteEngine(engine_handle, limits), tokenizer,
+                       limits.max_model_len)
 
 
 class Ingress:
@@ -84,8 +105,9 @@ class Ingress:
 
     def __init__(self, engine_handle: Any, spec: ClusterSpec):
         self.spec = spec
-        self.engine = RemoteEngine(engine_handle)
-        self.model = _served_model(spec, self.engine)
+        self.model = _served_model(spec, engine_handle)
+        assert isinstance(self.model.engine, RemoteEngine)
+        self.engine = self.model.engine
 
     def __serve_build_asgi_app__(self) -> Any:
         app = create_app(self.model, None, self.spec.server)
