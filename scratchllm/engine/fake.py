@@ -166,9 +166,9 @@ class FakeEngine:
 
     def shutdown(self, drain: bool = True) -> None:
         with self._lock:
-            aborting = set(self._streams.close(drain))
-            for r in self._waiting + self._running:
-                r.aborted = r.aborted or r.request_id in aborting
+            if self._streams.close(drain):  # without drain every open request is aborted
+                for r in self._waiting + self._running:
+                    r.aborted = True
             self._stopping = True
             self._lock.notify()
         self._thread.join()
