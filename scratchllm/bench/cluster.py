@@ -156,7 +156,7 @@ def run_strategy(strategy: str, model_ref: str, requests: list[tuple[int, list[i
                  args: argparse.Namespace) -> dict[str, Any]:
     from ray import serve
 
-    from scratchllm.cluster.app import ClusterSpec, engine_deployment
+    from scratchllm.cluster.app import ClusterSpec, engine_deployment, replica_limits
     from scratchllm.cluster.remote import RemoteEngine
     from scratchllm.cluster.replica import ReplicaSpec
 
@@ -166,7 +166,7 @@ def run_strategy(strategy: str, model_ref: str, requests: list[tuple[int, list[i
     started = time.perf_counter()
     handle = serve.run(engine_deployment(spec).bind(spec.replica), name=f"bench-{strategy}", route_prefix=None)
     deploy_s = time.perf_counter() - started
-    engine = RemoteEngine(handle)
+    engine = RemoteEngine(handle, replica_limits(spec))
     try:
         started = time.perf_counter()
         rows = asyncio.run(_drive(engine, requests, args))

@@ -54,6 +54,7 @@ import time
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.engine_report import render as render  # the report of these runs
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
@@ -207,26 +208,16 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
 
 
 def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
-    """Static batching as served: when idle, take up to batch-size requests that have arrived,
-    run them to completion; whoever arrives meanwhile waits for the whole batch."""
+    """Static batching as served (static.run_static, given the arrivals): when idle, take up to
+    batch-size requests that have arrived, run them to completion; whoever arrives meanwhile
+    waits for the whole batch."""
     from scratchllm.engine.static import run_static
 
-    n = len(prompts)
-    tokens, finish = [[] for _ in range(n)], [0.0] * n
-    peak = padded = 0
     t0 = time.monotonic()
-    nxt = 0
-    while nxt < n:
-        _wait_until(t0, arrivals[nxt])
-        now = time.monotonic() - t0
-        rows = [i for i in range(nxt, n) if arrivals[i] <= now][: args.batch_size]
-        res = run_static(model, [prompts[i] for i in rows], [outputs[i] for i in rows], batch_size=len(rows))
-        for j, i in enumerate(rows):
-            tokens[i], finish[i] = res.token_ids[j], res.finish_times[j] - t0
-        peak, padded = max(peak, res.peak_kv_bytes), padded + res.padded_tokens
-        nxt = rows[-1] + 1
+    res = run_static(model, prompts, outputs, args.batch_size, arrivals=arrivals)
+    finish = [f - t0 for f in res.finish_times]
     result = _summary(prompts, outputs, arrivals, finish, time.monotonic() - t0)
-    result.update(peak_kv_bytes=peak, padded_tokens=padded, token_ids=tokens)
+    result.update(peak_kv_bytes=res.peak_kv_bytes, padded_tokens=res.padded_tokens, token_ids=res.token_ids)
     result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": [], "kv_samples": []}
     return result
 
@@ -311,11 +302,40 @@ def _run(args) -> dict:
     from scratchllm.formats.refs import resolve_model
     from scratchllm.models import load_model
 
+    skip, policies = _settle(args)
+    t = time.perf_counter()
+    checkpoint = load_checkpoint(resolve_model(args.model))  # one header parse for the model and its tokenizer
+    if args.peer and checkpoint.format != "gguf":
+        raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {checkpoint.path} is {checkpoint.format}")
+    model = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
+    result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
+              "figures": {}, "ratios": {}, "published": PUBLISHED, "goals": GOALS, "peer": None}
+    figs, ratios = result["figures"], result["ratios"]
+    if "mixed" not in skip:
+        _mixed(model, args, skip, policies, figs, ratios)
+    if len(policies) > 1 and "continuous" in figs:
+        figs["policies"] = _policy_table(figs, policies)
+    if "decode" not in skip:
+        steps = 16 if args.quick else 32
+        one = decode_rate(model, 1, 64, steps, args.seed, args.threads)
+        many = decode_rate(model, args.decode_seqs, 64, steps, args.seed, args.threads)
+        figs["decode"] = {"single_tok_s": one, "batched_tok_s": many, "sequences": args.decode_seqs,
+                          "prompt_tokens": 64, "steps": steps}
+        ratios["decode_batched_over_single"] = many / one
+    if "chat" not in skip:
+        _chat(model, args, checkpoint, result)
+    result["machine"] = machine_facts()
+    return result
+
+
+def _settle(args) -> tuple[set[str], list[str]]:
+    """--quick applied, every option checked (ConfigError before any work): (parts skipped, policies)."""
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.quick:
         args.requests, args.prompt_len, args.output_len = min(args.requests, 16), "16,128", "16,128"
         args.chat_new_tokens = min(args.chat_new_tokens, 32)
-    prompt_len, output_len = _range(args.prompt_len), _range(args.output_len)
+    for lengths in (args.prompt_len, args.output_len):
+        _range(lengths)  # LO,HI refused before any work
     for name in ("requests", "batch_size", "max_seqs", "latency_requests", "decode_seqs", "chat_new_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -323,7 +343,6 @@ def _run(args) -> dict:
         raise ConfigError("--load and --rate must be >= 0")
     if not 0 <= args.kv_fraction <= 1:
         raise ConfigError(f"--kv-fraction must be in [0, 1], got {args.kv_fraction}")
-    decode_steps = 16 if args.quick else 32
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     from scratchllm.engine.policy import POLICIES
 
@@ -337,98 +356,105 @@ def _run(args) -> dict:
         if not peers.peer_installed():
             raise ConfigError("--peer llama.cpp needs llama-cpp-python, which is not installed: `make peers` builds "
                               "it from source for this CPU")
-    t = time.perf_counter()
-    checkpoint = load_checkpoint(resolve_model(args.model))  # one header parse for the model and its tokenizer
-    if args.peer and checkpoint.format != "gguf":
-        raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {checkpoint.path} is {checkpoint.format}")
-    model = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
-    result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
-              "figures": {}, "ratios": {}, "published": PUBLISHED, "goals": GOALS, "peer": None}
-    figs, ratios = result["figures"], result["ratios"]
-    if "mixed" not in skip:
-        prompts, outputs = workload(args.requests, prompt_len, output_len, model.config.vocab_size, args.seed)
-        arrivals = arrival_times(args.requests, args.rate, args.seed)
-        runs = {}
-        if "static" not in skip:
-            runs["static"] = run_static_mode(model, prompts, outputs, arrivals, args)
-        if "same-seqs" not in skip:
-            runs["continuous_same_seqs"] = run_continuous(model, prompts, outputs, arrivals, args, args.batch_size)
-        # same KV memory as static reserved (without a static run: the engine's memory plan)
-        budget = runs["static"]["peak_kv_bytes"] if "static" in runs else None
-        runs["continuous"] = cont = run_continuous(model, prompts, outputs, arrivals, args, args.max_seqs, budget,
-                                                   policies[0])
-        for policy in policies[1:]:
-            runs[f"continuous_{policy}"] = run_continuous(model, prompts, outputs, arrivals, args, args.max_seqs,
-                                                          budget, policy)
-        if budget is not None and args.kv_fraction > 0:
-            # never less than the longest request needs (whole blocks): the engine would refuse it
-            from scratchllm.engine import EngineConfig
-            from scratchllm.engine.paged_attention import PagedAttention
+    return skip, policies
 
-            bs = EngineConfig.block_size
-            longest = max(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs, strict=True))
-            floor = longest * PagedAttention.bytes_per_block(model.config, bs)
-            runs["continuous_small_kv"] = run_continuous(model, prompts, outputs, arrivals, args, args.max_seqs,
-                                                         max(int(budget * args.kv_fraction), floor))
-        if "static" in runs:
-            stat = runs["static"]
-            same = sum(all(r["token_ids"][i] == stat["token_ids"][i] for r in runs.values())
-                       for i in range(len(prompts)))
-            figs["identical_outputs"] = f"{same}/{len(prompts)}"
-            ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
-            ratios["p99_static_over_continuous"] = stat["p99_ms"] / cont["p99_ms"]
-            ratios["p50_static_over_continuous"] = stat["p50_ms"] / cont["p50_ms"]
-            if "continuous_same_seqs" in runs:
-                alike = runs["continuous_same_seqs"]
-                ratios["kv_saving"] = 1.0 - alike["peak_kv_bytes"] / stat["peak_kv_bytes"]
-                ratios["throughput_same_seqs_over_static"] = alike["output_tok_s"] / stat["output_tok_s"]
-                ratios["p99_static_over_same_seqs"] = stat["p99_ms"] / alike["p99_ms"]
-            if "continuous_small_kv" in runs:
-                small = runs["continuous_small_kv"]
-                ratios["kv_pool_small_over_static"] = small["kv_pool_bytes"] / stat["peak_kv_bytes"]
-                ratios["throughput_small_kv_over_static"] = small["output_tok_s"] / stat["output_tok_s"]
-                ratios["p99_static_over_small_kv"] = stat["p99_ms"] / small["p99_ms"]
-        for r in runs.values():
-            del r["token_ids"]
-        _plot(args, runs)
-        figs.update(runs)
-        if args.rate <= 0 and args.load > 0 and "latency" not in skip and "static" in runs:
-            figs["latency"] = lat = under_load(model, prompts, outputs, args, runs["static"]["requests_per_s"], budget,
-                                               policies)
-            st, co = lat["static"], lat["continuous"]
-            ratios["p99_under_load_static_over_continuous"] = st["p99_ms"] / co["p99_ms"]
-            ratios["p50_under_load_static_over_continuous"] = st["p50_ms"] / co["p50_ms"]
-            ratios["kv_saving_under_load"] = 1.0 - co["peak_kv_bytes"] / st["peak_kv_bytes"]
-    if len(policies) > 1 and "continuous" in figs:
-        figs["policies"] = {}
-        for i, policy in enumerate(policies):
-            key = "continuous" if i == 0 else f"continuous_{policy}"
-            run, load = figs[key], figs.get("latency", {}).get(key, {})
-            figs["policies"][policy] = {"output_tok_s": run["output_tok_s"], "p50_ms": run["p50_ms"],
-                                        "p99_ms": run["p99_ms"], "short_p99_ms": run["short_p99_ms"],
-                                        "load_p99_ms": load.get("p99_ms"),
-                                        "load_short_p99_ms": load.get("short_p99_ms")}
-    if "decode" not in skip:
-        one = decode_rate(model, 1, 64, decode_steps, args.seed, args.threads)
-        many = decode_rate(model, args.decode_seqs, 64, decode_steps, args.seed, args.threads)
-        figs["decode"] = {"single_tok_s": one, "batched_tok_s": many, "sequences": args.decode_seqs,
-                          "prompt_tokens": 64, "steps": decode_steps}
-        ratios["decode_batched_over_single"] = many / one
-    if "chat" not in skip:
-        prompts = chat_prompts(args.model, checkpoint)
-        peer_runs = []
-        if args.peer:  # a child before ours and one after: drift on a shared machine hits both sides
-            threads = args.threads or os.cpu_count() or 1
-            peer_runs.append(peers.peer_batch(model.path, threads, prompts, args.chat_new_tokens))
-        figs["chat"] = run_chat(model, prompts, args.chat_new_tokens, args.threads)
-        if args.peer:
-            peer_runs.append(peers.peer_batch(model.path, threads, prompts, args.chat_new_tokens))
-            result["peer"] = {"name": args.peer, "version": peer_runs[0]["version"], "threads": threads,
-                              "child_runs": len(peer_runs),
-                              "chat_aggregate_tok_s": median([r["aggregate_tok_s"] for r in peer_runs])}
-            ratios["chat_over_llama_cpp"] = figs["chat"]["aggregate_tok_s"] / result["peer"]["chat_aggregate_tok_s"]
-    result["machine"] = machine_facts()
-    return result
+
+def _mixed(model, args, skip: set[str], policies: list[str], figs: dict, ratios: dict) -> None:
+    """Part 1: the mixed workload's runs into figs (and its latency under load), their ratios."""
+    prompts, outputs = workload(args.requests, _range(args.prompt_len), _range(args.output_len),
+                                model.config.vocab_size, args.seed)
+    arrivals = arrival_times(args.requests, args.rate, args.seed)
+    runs = {}
+    if "static" not in skip:
+        runs["static"] = run_static_mode(model, prompts, outputs, arrivals, args)
+    if "same-seqs" not in skip:
+        runs["continuous_same_seqs"] = run_continuous(model, prompts, outputs, arrivals, args, args.batch_size)
+    # same KV memory as static reserved (without a static run: the engine's memory plan)
+    budget = runs["static"]["peak_kv_bytes"] if "static" in runs else None
+    for i, policy in enumerate(policies):
+        runs["continuous" if i == 0 else f"continuous_{policy}"] = run_continuous(
+            model, prompts, outputs, arrivals, args, args.max_seqs, budget, policy)
+    if budget is not None and args.kv_fraction > 0:
+        runs["continuous_small_kv"] = run_continuous(model, prompts, outputs, arrivals, args, args.max_seqs,
+                                                     max(int(budget * args.kv_fraction),
+                                                         _kv_floor(model, prompts, outputs)))
+    if "static" in runs:
+        _mixed_ratios(runs, ratios)
+        same = sum(all(r["token_ids"][i] == runs["static"]["token_ids"][i] for r in runs.values())
+                   for i in range(len(prompts)))
+        figs["identical_outputs"] = f"{same}/{len(prompts)}"
+    for r in runs.values():
+        del r["token_ids"]
+    _plot(args, runs)
+    figs.update(runs)
+    if args.rate <= 0 and args.load > 0 and "latency" not in skip and "static" in runs:
+        figs["latency"] = lat = under_load(model, prompts, outputs, args, runs["static"]["requests_per_s"], budget,
+                                           policies)
+        st, co = lat["static"], lat["continuous"]
+        ratios["p99_under_load_static_over_continuous"] = st["p99_ms"] / co["p99_ms"]
+        ratios["p50_under_load_static_over_continuous"] = st["p50_ms"] / co["p50_ms"]
+        ratios["kv_saving_under_load"] = 1.0 - co["peak_kv_bytes"] / st["peak_kv_bytes"]
+
+
+def _kv_floor(model, prompts, outputs) -> int:
+    """The smallest pool the engine takes the workload in: the longest request's whole blocks
+    (it would refuse that request in less)."""
+    from scratchllm.engine import EngineConfig
+    from scratchllm.engine.paged_attention import PagedAttention
+
+    bs = EngineConfig.block_size
+    longest = max(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs, strict=True))
+    return longest * PagedAttention.bytes_per_block(model.config, bs)
+
+
+def _mixed_ratios(runs: dict, ratios: dict) -> None:
+    """Every continuous run against static: throughput, latency, KV."""
+    stat, cont = runs["static"], runs["continuous"]
+    ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
+    ratios["p99_static_over_continuous"] = stat["p99_ms"] / cont["p99_ms"]
+    ratios["p50_static_over_continuous"] = stat["p50_ms"] / cont["p50_ms"]
+    if "continuous_same_seqs" in runs:
+        alike = runs["continuous_same_seqs"]
+        ratios["kv_saving"] = 1.0 - alike["peak_kv_bytes"] / stat["peak_kv_bytes"]
+        ratios["throughput_same_seqs_over_static"] = alike["output_tok_s"] / stat["output_tok_s"]
+        ratios["p99_static_over_same_seqs"] = stat["p99_ms"] / alike["p99_ms"]
+    if "continuous_small_kv" in runs:
+        small = runs["continuous_small_kv"]
+        ratios["kv_pool_small_over_static"] = small["kv_pool_bytes"] / stat["peak_kv_bytes"]
+        ratios["throughput_small_kv_over_static"] = small["output_tok_s"] / stat["output_tok_s"]
+        ratios["p99_static_over_small_kv"] = stat["p99_ms"] / small["p99_ms"]
+
+
+def _policy_table(figs: dict, policies: list[str]) -> dict:
+    """The same-KV run under each admission policy, offline and under load, side by side."""
+    table = {}
+    for i, policy in enumerate(policies):
+        key = "continuous" if i == 0 else f"continuous_{policy}"
+        run, load = figs[key], figs.get("latency", {}).get(key, {})
+        table[policy] = {"output_tok_s": run["output_tok_s"], "p50_ms": run["p50_ms"], "p99_ms": run["p99_ms"],
+                         "short_p99_ms": run["short_p99_ms"], "load_p99_ms": load.get("p99_ms"),
+                         "load_short_p99_ms": load.get("short_p99_ms")}
+    return table
+
+
+def _chat(model, args, checkpoint, result: dict) -> None:
+    """Part 3: the chat batch; with --peer, llama.cpp in a child before ours and one after (drift
+    on a shared machine hits both sides)."""
+    figs, ratios = result["figures"], result["ratios"]
+    prompts = chat_prompts(args.model, checkpoint)
+    peer_runs = []
+    threads = args.threads or os.cpu_count() or 1
+    if args.peer:
+        from scratchllm.bench import peers
+
+        peer_runs.append(peers.peer_batch(model.path, threads, prompts, args.chat_new_tokens))
+    figs["chat"] = run_chat(model, prompts, args.chat_new_tokens, args.threads)
+    if args.peer:
+        peer_runs.append(peers.peer_batch(model.path, threads, prompts, args.chat_new_tokens))
+        result["peer"] = {"name": args.peer, "version": peer_runs[0]["version"], "threads": threads,
+                          "child_runs": len(peer_runs),
+                          "chat_aggregate_tok_s": median([r["aggregate_tok_s"] for r in peer_runs])}
+        ratios["chat_over_llama_cpp"] = figs["chat"]["aggregate_tok_s"] / result["peer"]["chat_aggregate_tok_s"]
 
 
 def _plot(args, runs: dict) -> None:
@@ -444,129 +470,3 @@ def _plot(args, runs: dict) -> None:
     plot_runs([series_from_times(names.get(name, name.replace("_", " ")), s["arrivals"], s["finish"],
                                  s["token_times"], s["kv_samples"]) for name, s in series.items()],
               args.plot, title=f"bench engine: {args.requests} requests, {args.model}")
-
-
-def _bytes(n) -> str:
-    return f"{n / 2**20:.0f} MiB"
-
-
-def render(r) -> str:
-    f, ra, inp = r["figures"], r["ratios"], r["inputs"]
-    threads = inp.get("threads") or "default"
-    out = [f"model {inp['model']} (loaded in {r['load_s']:.1f} s), threads {threads}; single runs, "
-           "on a possibly shared machine"]
-    if "continuous" in f:
-        c, s, a = f["continuous"], f.get("static"), f.get("continuous_same_seqs")
-        small = f.get("continuous_small_kv")
-        when = f"Poisson arrivals at {inp['rate']:g}/s" if inp.get("rate") else "all at t=0"
-        out.append(f"\n1. mixed workload: {inp['requests']} requests, prompt {inp['prompt_len']}, output "
-                   f"{inp['output_len']} tokens, seed {inp['seed']}, {when}, weights {inp.get('dtype', 'float32')}")
-        frac = f"{inp.get('kv_fraction', 0):g} x KV"
-        out.append(f"{'':<16}{'static':>11}{'continuous':>12}{'continuous':>12}{'continuous':>12}{'ratio':>8}"
-                   f"   goal     published (A10G)")
-        out.append(f"{'':<16}{inp['batch_size']:>7} seq{inp['batch_size']:>8} seq{'same KV':>12}{frac:>12}")
-        cap = f"<= {inp['max_seqs']} seq"
-        out.append(f"{'':<16}{'':>11}{'':>12}{cap:>12}{cap:>12}")
-
-        def cell(run, key, fmt):
-            return format(run[key], fmt) if run else "-"
-
-        def row(name, key, fmt, ratio=None, goal="", published=""):
-            rv = f"{ra[ratio]:.2f}x" if ratio and ratio in ra else ""
-            out.append(f"{name:<16}{cell(s, key, fmt):>11}{cell(a, key, fmt):>12}{format(c[key], fmt):>12}"
-                       f"{cell(small, key, fmt):>12}{rv:>8}   {goal:<9}{published}")
-
-        row("output tok/s", "output_tok_s", ".1f", "throughput_continuous_over_static", ">= 2x", _published_qps())
-        row("requests/s", "requests_per_s", ".2f")
-        row("p50 latency ms", "p50_ms", ".0f", "p50_static_over_continuous")
-        offline = not inp.get("rate")
-        row("p99 latency ms", "p99_ms", ".0f", "p99_static_over_continuous", "(below)" if offline else ">= 3x",
-            _published_p99())
-
-        def mib(run, key):
-            return _bytes(run[key]) if run else "-"
-
-        kv = _saving(ra["kv_saving"]) if "kv_saving" in ra else ""
-        out.append(f"{'peak KV':<16}{mib(s, 'peak_kv_bytes'):>11}{mib(a, 'peak_kv_bytes'):>12}"
-                   f"{mib(c, 'peak_kv_bytes'):>12}{mib(small, 'peak_kv_bytes'):>12}{kv:>8}"
-                   f"   {'>= 50%':<9}-37%  (ratio: same concurrency)")
-        out.append(f"{'KV pool':<16}{mib(s, 'peak_kv_bytes'):>11}{mib(a, 'kv_pool_bytes'):>12}"
-                   f"{mib(c, 'kv_pool_bytes'):>12}{mib(small, 'kv_pool_bytes'):>12}")
-        out.append(f"{'preemptions':<16}{'-':>11}{cell(a, 'preemptions', 'd'):>12}{c['preemptions']:>12d}"
-                   f"{cell(small, 'preemptions', 'd'):>12}")
-        out.append(f"{'wall s':<16}{cell(s, 'wall_s', '.1f'):>11}{cell(a, 'wall_s', '.1f'):>12}{c['wall_s']:>12.1f}"
-                   f"{cell(small, 'wall_s', '.1f'):>12}")
-        if a and s:
-            out.append(f"same concurrency: {ra['throughput_same_seqs_over_static']:.2f}x throughput, p99 "
-                       f"{ra['p99_static_over_same_seqs']:.2f}x lower, peak KV {kv}; ratios in the table: same KV "
-                       f"memory")
-        if small and s:
-            out.append(f"in {ra['kv_pool_small_over_static'] * 100:.0f}% of static's KV memory: "
-                       f"{ra['throughput_small_kv_over_static']:.2f}x static's throughput, p99 "
-                       f"{ra['p99_static_over_small_kv']:.2f}x lower (the KV goal, read as the memory a server "
-                       f"must set aside: met if >= 1x at <= 50%)")
-        extra = f"; static computed {s['padded_tokens']} padding tokens" if s else ""
-        out.append(f"continuous (same KV): {c['steps']} steps{extra}; identical greedy outputs in every run: "
-                   f"{f.get('identical_outputs', '-')}")
-    if "latency" in f:
-        lat = f["latency"]
-        st, co = lat["static"], lat["continuous"]
-        out.append(f"\nlatency under load: the first {lat['requests']} requests, Poisson arrivals at "
-                   f"{lat['rate']:.3f}/s = {lat['load']:g} x static's offline requests/s; identical outputs: "
-                   f"{lat['identical_outputs']}")
-        out.append(f"{'':<16}{'static':>11}{'continuous':>12}{'ratio':>8}   goal     published (A10G)")
-
-        def lrow(name, key, ratio, goal="", published=""):
-            out.append(f"{name:<16}{st[key]:>11.0f}{co[key]:>12.0f}{ra[ratio]:>7.2f}x   {goal:<9}{published}")
-
-        lrow("p50 latency ms", "p50_ms", "p50_under_load_static_over_continuous")
-        lrow("p99 latency ms", "p99_ms", "p99_under_load_static_over_continuous", ">= 3x", _published_p99())
-        out.append(f"{'peak KV':<16}{_bytes(st['peak_kv_bytes']):>11}{_bytes(co['peak_kv_bytes']):>12}"
-                   f"{_saving(ra['kv_saving_under_load']):>8}")
-    if "decode" in f:
-        d = f["decode"]
-        out.append(f"\n2. batched decode ({d['prompt_tokens']}-token prompts, median of {d['steps']} steps): "
-                   f"1 stream {d['single_tok_s']:.1f} tok/s, {d['sequences']} streams {d['batched_tok_s']:.1f} "
-                   f"tok/s = {ra['decode_batched_over_single']:.1f}x (goal >= {GOALS['decode_scaling']:.0f}x)")
-    if "policies" in f:
-        out.append("\nadmission policies (continuous, same KV memory): offline all at t=0, and under load")
-        out.append(f"{'':<16}" + "".join(f"{name:>14}" for name in f["policies"]))
-        for key, name in (("output_tok_s", "output tok/s"), ("p50_ms", "p50 latency ms"), ("p99_ms", "p99 latency ms"),
-                          ("short_p99_ms", "p99 short reqs"), ("load_p99_ms", "p99 under load"),
-                          ("load_short_p99_ms", "p99 short, load")):
-            out.append(f"{name:<16}" + "".join(f"{_fmt(run.get(key)):>14}" for run in f["policies"].values()))
-        out.append("short requests: max_tokens < 256 (the priority policy's high queue)")
-    if "chat" in f:
-        a, peer = f["chat"], r.get("peer")
-        line = (f"\n3. chat batch: 16 chat prompts ({min(a['prompt_tokens'])}-{max(a['prompt_tokens'])} tokens) x "
-                f"{a['new_tokens']} new, prefill included: {a['aggregate_tok_s']:.0f} tok/s")
-        if peer:
-            line += (f"; llama.cpp {peer['chat_aggregate_tok_s']:.0f} tok/s on the same ids (measured here, now: "
-                     f"llama-cpp-python {peer['version']}, {peer['threads']} threads, one sequence at a time, median "
-                     f"of {peer['child_runs']} child runs) = {ra['chat_over_llama_cpp']:.2f}x "
-                     f"(goal >= {GOALS['chat_over_llama_cpp']:.0f}x)")
-        else:
-            line += ("; llama.cpp not measured (--peer llama.cpp measures it here, now; `scratchllm bench peers` "
-                     "compares more rows)")
-        out.append(line)
-    return "\n".join(out)
-
-
-def _saving(fraction: float) -> str:
-    """A KV saving as a change: 0.59 -> "-59%", -0.16 (more memory) -> "+16%"."""
-    return f"{-fraction * 100:+.0f}%"
-
-
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:,.1f}"
-
-
-def _published_qps() -> str:
-    c, s = PUBLISHED["continuous"]["qps"], PUBLISHED["static"]["qps"]
-    return f"{c:.0f} vs {s:.0f} QPS = {c / s:.2f}x"
-
-
-def _published_p99() -> str:
-    q = PUBLISHED
-    return (f"{q['continuous']['p99_ms']:.0f} vs {q['static']['p99_ms']:.0f} ms = "
-            f"{q['static']['p99_ms'] / q['continuous']['p99_ms']:.2f}x")

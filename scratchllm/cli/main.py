@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # a command not built yet is simply absent from --help
         importlib.import_module(module_name).add_parser(sub)
     for _, p in walk_parsers(parser):
-        raw = isinstance(p.formatter_class, type) and issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter)
+        kind = p.formatter_class
+        raw = isinstance(kind, type) and issubclass(kind, argparse.RawDescriptionHelpFormatter)
         p.formatter_class = RawDefaultsHelpFormatter if raw else DefaultsHelpFormatter
     return parser
 

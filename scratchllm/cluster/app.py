@@ -30,6 +30,7 @@ from scratchllm.cluster.replica import EngineReplica, ReplicaSpec
 from scratchllm.cluster.request_router import KVBlockRequestRouter
 from scratchllm.cluster.router import STRATEGIES
 from scratchllm.cluster.usage import CachedTokensUsage
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.server.app import ServedModel, ServerConfig, create_app
 
@@ -57,19 +58,40 @@ class ClusterSpec:
         assert self.report_interval_s > 0 and self.replica_cpus >= 0
 
 
-def _served_model(spec: ClusterSpec, engine: RemoteEngine) -> ServedModel:
+def _engine_options(spec: ClusterSpec) -> dict[str, Any]:
+    options = dict(spec.replica.engine_options)
+    if spec.max_model_len:
+        options["max_model_len"] = spec.max_model_len
+    return options
+
+
+def replica_limits(spec: ClusterSpec) -> RequestLimits:
+    """What the replicas' engines accept (engine/validate.py), read from the model's config only:
+    the ingress holds no weights."""
+    replica = spec.replica
+    if replica.fake:
+        from scratchllm.engine.fake import VOCAB_SIZE
+
+        return RequestLimits(spec.max_model_len or replica.engine_options.get("max_model_len") or 2048, VOCAB_SIZE)
+    from scratchllm.engine.load import engine_limits
+
+    return engine_limits(replica.model, _engine_options(spec))
+
+
+def _served_model(spec: ClusterSpec, engine_handle: Any) -> ServedModel:
+    """The served model over a RemoteEngine that refuses what the replicas' engines would."""
     replica = spec.replica
     if replica.fake:
         from scratchllm.engine.fake import FakeTokenizer
 
-        return ServedModel(spec.served_model_name or "fake", engine, FakeTokenizer(), spec.max_model_len or 2048)
+        limits = replica_limits(spec)
+        return ServedModel(spec.served_model_name or "fake", RemoteEngine(engine_handle, limits), FakeTokenizer(),
+                           limits.max_model_len)
     from scratchllm.engine.load import load_frontend
 
-    options = dict(replica.engine_options)
-    if spec.max_model_len:
-        options["max_model_len"] = spec.max_model_len
-    tokenizer, limit = load_frontend(replica.model, options)  # the ingress holds no weights
-    return ServedModel(spec.served_model_name or replica.model, engine, tokenizer, limit)
+    tokenizer, limits = load_frontend(replica.model, _engine_options(spec))  # the ingress holds no weights
+    return ServedModel(spec.served_model_name or replica.model, RemoteEngine(engine_handle, limits), tokenizer,
+                       limits.max_model_len)
 
 
 class Ingress:
@@ -77,8 +99,9 @@ class Ingress:
 
     def __init__(self, engine_handle: Any, spec: ClusterSpec):
         self.spec = spec
-        self.engine = RemoteEngine(engine_handle)
-        self.model = _served_model(spec, self.engine)
+        self.model = _served_model(spec, engine_handle)
+        assert isinstance(self.model.engine, RemoteEngine)
+        self.engine = self.model.engine
 
     def __serve_build_asgi_app__(self) -> Any:
         app = create_app(self.model, None, self.spec.server)

@@ -12,22 +12,29 @@ TokenEvents into the stream. Faults:
     into an SSE error event, or a 500 when unstreamed), never a hang.
 Each finished request's cached tokens (from its engine's metrics) are compared with what the
 router predicted (`accuracy`), and kept for the usage post-processor (usage.py).
+
+Requests are refused at submit by the rules every engine applies (engine/validate.py), with the
+replicas' limits (`limits`). The streams are kept by the engines' one StreamHost
+(engine/streams.py); each request is a task on one event loop (`loop`, or the one the first
+submit runs on), and submit, abort and shutdown may be called from any thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import dataclasses
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from scratchllm.cluster.ledger import PREDICTIONS
 from scratchllm.cluster.view import Accuracy
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -42,11 +49,10 @@ class RemoteStream(RequestStream):
 
     error: BaseException | None = None
 
-    def fail(self, error: BaseException, index: int, arrival: float) -> None:
+    def failed(self, error: BaseException, index: int, arrival: float) -> TokenEvent:
+        """The stream's last event, after `index` events, once it has failed with `error`."""
         self.error = error
-        now = time.monotonic()
-        self.put(TokenEvent(self.request_id, None, "", index, "abort",
-                            metrics=RequestMetrics(arrival, None, None, now, 0, index)))
+        return _abort_event(self.request_id, index, arrival, 0)
 
     def _raise(self) -> None:
         assert self.error is not None
@@ -68,6 +74,11 @@ class RemoteStream(RequestStream):
             yield event
 
 
+def _abort_event(rid: str, index: int, arrival: float, prompt_tokens: int) -> TokenEvent:
+    return TokenEvent(rid, None, "", index, "abort",
+                      metrics=RequestMetrics(arrival, None, None, time.monotonic(), prompt_tokens, index))
+
+
 def _replica_gone(err: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -75,36 +86,34 @@ def _replica_gone(err: BaseException) -> bool:
 
 
 class RemoteEngine:
-    """EngineClient over `handle` (a DeploymentHandle to EngineReplica). Call submit on the event loop."""
+    """EngineClient over `handle` (a DeploymentHandle to EngineReplica); `limits`: the replicas'."""
 
-    def __init__(self, handle: Any, max_attempts: int = 3, retry_backoff_s: float = 0.2, keep_usage: int = 10_000):
+    def __init__(self, handle: Any, limits: RequestLimits, max_attempts: int = 3, retry_backoff_s: float = 0.2,
+                 keep_usage: int = 10_000, loop: asyncio.AbstractEventLoop | None = None):
         assert max_attempts >= 1
         self.handle = handle.options(stream=True)
+        self.limits = limits
         self.max_attempts, self.retry_backoff_s, self.keep_usage = max_attempts, retry_backoff_s, keep_usage
         self.accuracy = Accuracy()
         self.counts = {"submitted": 0, "finished": 0, "retried": 0, "failed_mid_stream": 0, "failed": 0, "aborted": 0}
         self.cached_tokens: OrderedDict[str, int] = OrderedDict()  # request id -> cached tokens, for usage.py
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._ids = itertools.count(1)
-        self._prefix = f"cluster-{uuid.uuid4().hex[:8]}"  # predictions are keyed by id, process-wide
-        self._accepting = True
+        # predictions are keyed by request id, process-wide: this ingress's ids are its own
+        self._streams = StreamHost(f"cluster-{uuid.uuid4().hex[:8]}", self.abort, RemoteStream)
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # touched on the loop only
+        self._loop = loop
 
     # --- the contract ---
     def submit(self, prompt_token_ids: list[int], params: SamplingParams,
                request_id: str | None = None) -> RemoteStream:
-        if not prompt_token_ids:
-            from scratchllm.errors import ConfigError
-
-            raise ConfigError("the prompt is empty: it has no tokens to continue from")
-        if not self._accepting:
-            raise RuntimeError("the cluster engine is shutting down")
-        loop = asyncio.get_running_loop()  # the contract's "any thread" is the ingress's loop here
-        rid = str(request_id) if request_id is not None else f"{self._prefix}-{next(self._ids)}"
-        while rid in self._tasks:
-            rid = f"{self._prefix}-{next(self._ids)}"
-        stream = RemoteStream(rid, self.abort)
-        self.counts["submitted"] += 1
-        self._tasks[rid] = loop.create_task(self._relay(stream, list(prompt_token_ids), params))
+        self.limits.validate(prompt_token_ids, params)
+        if self._loop is None:
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError("RemoteEngine: submit on the event loop its requests run on, or give it a "
+                                   "loop") from None
+        stream: RemoteStream = self._streams.open(request_id)
+        self._on_loop(self._start, stream, list(prompt_token_ids), params)
         return stream
 
     def submit_group(self, prompt_token_ids: list[int], params: list[SamplingParams],
@@ -114,18 +123,50 @@ class RemoteEngine:
         return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
-        task = self._tasks.get(request_id)
+        if self._loop is not None:
+            self._on_loop(self._cancel, str(request_id))
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": len(self._streams), "waiting": 0, "finished": self._streams.counts(),
+                **{f"cluster_{k}": v for k, v in self.counts.items()}}
+
+    def shutdown(self, drain: bool = True) -> None:
+        """Refuse new requests; without drain, abort the open ones (with drain they run on)."""
+        for rid in self._streams.close(drain):
+            self.abort(rid)
+
+    # --- on the loop ---
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _start(self, stream: RemoteStream, ids: list[int], params: SamplingParams) -> None:
+        assert self._loop is not None
+        self.counts["submitted"] += 1
+        task = self._loop.create_task(self._relay(stream, ids, params))
+        self._tasks[stream.request_id] = task
+        task.add_done_callback(lambda t: self._ended(stream, len(ids), t))
+
+    def _cancel(self, rid: str) -> None:
+        task = self._tasks.get(rid)
         if task is not None:
             task.cancel()
 
-    def stats(self) -> dict[str, Any]:
-        return {"running": len(self._tasks), "waiting": 0, **{f"cluster_{k}": v for k, v in self.counts.items()}}
-
-    def shutdown(self, drain: bool = True) -> None:
-        self._accepting = False
-        if not drain:
-            for task in list(self._tasks.values()):
-                task.cancel()
+    def _ended(self, stream: RemoteStream, prompt_tokens: int, task: asyncio.Task[None]) -> None:
+        """Every path out of a request's task (a cancel before it ever ran included): its stream ends."""
+        rid = stream.request_id
+        self._settle(rid)
+        self._tasks.pop(rid, None)
+        if not stream.finished:
+            self.counts["aborted"] += 1  # cancelled before its relay ran (or it broke outside the relay)
+            self._streams.deliver(_abort_event(rid, 0, time.monotonic(), prompt_tokens))
 
     # --- one request ---
     async def _relay(self, stream: RemoteStream, ids: list[int], params: SamplingParams) -> None:
@@ -141,7 +182,9 @@ class RemoteEngine:
                             continue
                         if item.finish_reason is not None:
                             self._finished(rid, len(ids), item)
-                        stream.put(item)
+                        if item.request_id != rid:  # the replica's engine kept another id
+                            item = dataclasses.replace(item, request_id=rid)
+                        self._streams.deliver(item)
                         index += 1
                     return
                 except asyncio.CancelledError:
@@ -153,7 +196,7 @@ class RemoteEngine:
                     if not _replica_gone(err) or index > 0:
                         self.counts["failed_mid_stream" if index > 0 else "failed"] += 1
                         logger.warning("request %s failed on replica %s: %s", rid, replica, err)
-                        stream.fail(err, index, arrival)
+                        self._streams.deliver(stream.failed(err, index, arrival))
                         return
                     if replica is not None:
                         avoid.append(replica)
@@ -162,15 +205,10 @@ class RemoteEngine:
                                    rid, replica, attempt + 1)
                     await asyncio.sleep(self.retry_backoff_s * (attempt + 1))
             self.counts["failed"] += 1
-            stream.fail(last_error or RuntimeError("no replica answered"), index, arrival)
+            self._streams.deliver(stream.failed(last_error or RuntimeError("no replica answered"), index, arrival))
         except asyncio.CancelledError:
             self.counts["aborted"] += 1
-            if not stream.finished:
-                stream.put(TokenEvent(rid, None, "", index, "abort",
-                                      metrics=RequestMetrics(arrival, None, None, time.monotonic(), len(ids), index)))
-        finally:
-            self._settle(rid)
-            self._tasks.pop(rid, None)
+            self._streams.deliver(_abort_event(rid, index, arrival, len(ids)))
 
     def _settle(self, rid: str, cached: int | None = None, prompt_tokens: int = 0) -> None:
         """The routed request ended: its replica's load drops; a finished one scores the prediction."""

@@ -7,7 +7,8 @@ policy or FCFS), scheduler (the batching mechanism: budget, chunked prefill, pre
 paged_attention (the pool and the Cython kernel), masks (3-D masks), model_runner (one packed
 forward per step), output (the one output path: tokens -> events -> results), engine
 (LLMEngine), async_engine (the engine behind a thread), static (the padded baseline), fake (the
-fake engine), memory_plan (refuse at start, never OOM later).
+fake engine), streams (request ids and open streams, for every engine), validate (the one rule
+set for bad input), memory_plan (refuse at start, never OOM later).
 """
 
 from scratchllm.engine.config import EngineConfig

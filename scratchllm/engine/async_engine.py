@@ -11,7 +11,6 @@ admitted at once, without a busy loop.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from scratchllm.engine.engine import LLMEngine
 from scratchllm.engine.protocol import RequestStream, TokenEvent
+from scratchllm.engine.streams import StreamHost
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
@@ -32,11 +32,8 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self._cv = threading.Condition()
         self._inbox: list[tuple[Any, ...]] = []
-        self._streams: dict[str, RequestStream] = {}
-        self._ids = itertools.count(1)
-        self._accepting = True
+        self._streams = StreamHost("req", self.abort)
         self._stopping = False
-        self._finished = {"stop": 0, "length": 0, "abort": 0}
         self._snapshot = engine.stats()  # written by the engine thread only, read under _cv
         self._thread = threading.Thread(target=self._loop, name="scratchllm-engine", daemon=True)
         self._thread.start()
@@ -47,16 +44,10 @@ class AsyncEngine:
         """Queue a request; returns its stream at once. Bad input raises ConfigError here."""
         self.engine.validate(prompt_token_ids, params)
         with self._cv:
-            if not self._accepting:
-                raise RuntimeError("the engine is shutting down")
-            rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
-            while rid in self._streams:  # a caller's id is kept; ours never collide
-                rid = f"req-{next(self._ids)}"
-            stream = RequestStream(rid, self.abort)
-            self._streams[rid] = stream
+            stream: RequestStream = self._streams.open(request_id)
             # arrival is now, not when the engine thread takes it in: the wait for the step in
             # flight is queueing too (RequestMetrics.queue_ms)
-            self._inbox.append(("add", rid, list(prompt_token_ids), params, self.engine.clock()))
+            self._inbox.append(("add", stream.request_id, list(prompt_token_ids), params, self.engine.clock()))
             self._cv.notify()
         return stream
 
@@ -68,16 +59,7 @@ class AsyncEngine:
         for p in params:
             self.engine.validate(prompt_token_ids, p)
         with self._cv:
-            if not self._accepting:
-                raise RuntimeError("the engine is shutting down")
-            streams: list[RequestStream] = []
-            for i in range(len(params)):
-                rid = str(request_ids[i]) if request_ids is not None else f"req-{next(self._ids)}"
-                while rid in self._streams or any(s.request_id == rid for s in streams):
-                    rid = f"req-{next(self._ids)}"
-                streams.append(RequestStream(rid, self.abort))
-            for stream in streams:
-                self._streams[stream.request_id] = stream
+            streams: list[RequestStream] = self._streams.open_group(request_ids, len(params))
             self._inbox.append(("group", [s.request_id for s in streams], list(prompt_token_ids), list(params),
                                 self.engine.clock()))
             self._cv.notify()
@@ -91,15 +73,13 @@ class AsyncEngine:
         engine itself (it may be mid-step): the engine thread publishes a snapshot per step."""
         with self._cv:
             stats = dict(self._snapshot)
-            stats["finished"] = dict(self._finished)
+        stats["finished"] = self._streams.counts()
         return stats
 
     def shutdown(self, drain: bool = True) -> None:
         """Refuse new requests; with drain, finish the running and waiting ones, else abort them."""
         with self._cv:
-            self._accepting = False
-            if not drain:
-                self._inbox += [("abort", rid) for rid in list(self._streams)]
+            self._inbox += [("abort", rid) for rid in self._streams.close(drain)]
             self._stopping = True
             self._cv.notify()
         self._thread.join()
@@ -112,13 +92,7 @@ class AsyncEngine:
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         for event in events:
-            stream = self._streams.get(event.request_id)
-            if stream is None:
-                continue
-            if event.finish_reason is not None:
-                del self._streams[event.request_id]
-                self._finished[event.finish_reason] += 1
-            stream.put(event)
+            self._streams.deliver(event)
 
     def _drain_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -165,4 +139,4 @@ class AsyncEngine:
                     if not self._inbox:
                         self._cv.wait(timeout=self.tick_s)
         with self._cv:  # anything still listening gets its end
-            self._deliver([TokenEvent(rid, None, "", 0, "abort") for rid in list(self._streams)])
+            self._streams.end_all()

@@ -26,7 +26,9 @@ from scratchllm.engine.output import OutputCollector, OutputProcessor
 from scratchllm.engine.protocol import RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
 from scratchllm.engine.scheduler import Scheduler
+from scratchllm.engine.streams import RequestIds
 from scratchllm.engine.tracing import StepTracer
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.trace.writer import TraceWriter
@@ -52,12 +54,13 @@ class LLMEngine:
         num_blocks = self.plan.num_kv_blocks
         # a sequence can never outgrow the pool: cap the context there
         self.max_model_len = min(ctx, num_blocks * config.block_size)
+        self.limits = RequestLimits(self.max_model_len, mc.vocab_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
-        self._next_id = 0
+        self._ids = RequestIds("req")  # for requests added without one
         self.num_steps = 0
         self.num_generated = 0
         self.step_tokens_total = 0
@@ -81,10 +84,7 @@ class LLMEngine:
                     arrival: float | None = None) -> Request:
         """Queue a request. `arrival`: when it was submitted (this engine's clock; default now)."""
         params = params or SamplingParams()
-        if request_id is None:
-            self._next_id += 1
-            request_id = f"req-{self._next_id}"
-        request_id = str(request_id)
+        request_id = self._ids.next() if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ConfigError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
@@ -115,8 +115,7 @@ class LLMEngine:
         leader = self.add_request(rids[0], prompt_token_ids, params[0], priority, arrival)
         for rid, p in zip(rids[1:], params[1:], strict=True):
             if rid is None:
-                self._next_id += 1
-                rid = f"req-{self._next_id}"
+                rid = self._ids.next()
             child = Request(rid, list(prompt_token_ids), p, leader.priority, arrival=leader.arrival,
                             fork_parent=leader)
             self.requests[rid] = child
@@ -133,17 +132,8 @@ class LLMEngine:
         return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ConfigError for a request this engine can never run (read-only: any thread)."""
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        if len(prompt_token_ids) == 0:
-            raise ConfigError("the prompt is empty: it has no tokens to continue from")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ConfigError(f"the prompt has {len(prompt_token_ids)} tokens; this engine's context is "
-                              f"{self.max_model_len} (at least one must be left to generate)")
-        vocab = self.model.config.vocab_size
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-            raise ConfigError(f"prompt token ids must be in [0, {vocab})")
+        """Raise ConfigError for a request this engine can never run (validate.py; read-only: any thread)."""
+        self.limits.validate(prompt_token_ids, params)
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """Stop a request now and return every block it holds. Returns its final event."""

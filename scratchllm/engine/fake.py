@@ -13,7 +13,6 @@ characters), entered at an offset that depends on the prompt (greedy) or on the 
 
 from __future__ import annotations
 
-import itertools
 import random
 import threading
 import time
@@ -23,7 +22,9 @@ from typing import Any
 
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
-from scratchllm.errors import ConfigError
+from scratchllm.engine.static import padded_shape, take_batch
+from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.sampling import SamplingParams
 
 # Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
@@ -99,7 +100,7 @@ class FakeEngine:
     def __init__(self, step_ms: float = 2.0, prefill_ms_per_token: float = 0.01, max_running: int = 8,
                  num_blocks: int = 1024, block_size: int = 16, max_model_len: int = 2048,
                  block_bytes: int = 16 * 2 * 30 * 3 * 64 * 4, eos_after: int | None = None,
-                 batching: str = "continuous"):
+                 batching: str = "continuous", vocab_size: int = VOCAB_SIZE):
         assert max_running >= 1 and num_blocks >= 1 and step_ms >= 0
         assert batching in ("continuous", "static")
         self.static = batching == "static"
@@ -107,29 +108,24 @@ class FakeEngine:
         self.step_s, self.prefill_s_per_token = step_ms / 1e3, prefill_ms_per_token / 1e3
         self.max_running, self.num_blocks, self.block_size = max_running, num_blocks, block_size
         self.max_model_len, self.block_bytes, self.eos_after = max_model_len, block_bytes, eos_after
+        self.limits = RequestLimits(max_model_len, vocab_size)
         self.tokenizer = FakeTokenizer()
         self._lock = threading.Condition()
         self._waiting: list[_FakeRequest] = []
         self._running: list[_FakeRequest] = []
-        self._streams: dict[str, RequestStream] = {}
+        self._streams = StreamHost("fake", self.abort)
         self._used_blocks = self._peak_blocks = 0
-        self._ids = itertools.count()
-        self.finished = {"stop": 0, "length": 0, "abort": 0}
-        self._accepting, self._stopping = True, False
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
         self._thread.start()
 
     # --- the contract -------------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream:
-        if not prompt_token_ids:
-            raise ConfigError("the prompt is empty: it has no tokens to continue from")
+        self.limits.validate(prompt_token_ids, params)
         with self._lock:
-            if not self._accepting:
-                raise RuntimeError("engine is shutting down")
-            rid = str(request_id) if request_id is not None else f"fake-{next(self._ids)}"
-            while rid in self._streams:
-                rid = f"fake-{next(self._ids)}"
+            stream: RequestStream = self._streams.open(request_id)
+            rid = stream.request_id
             arrival = time.monotonic()
             output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS, arrival)
             request = _FakeRequest(rid, list(prompt_token_ids), params, output, arrival)
@@ -139,8 +135,6 @@ class FakeEngine:
             while PHRASE[offset] & 0xC0 == 0x80:  # start on a character, so the text is valid UTF-8
                 offset = (offset + 1) % len(PHRASE)
             request.offset = offset
-            stream = RequestStream(rid, self.abort)
-            self._streams[rid] = stream
             self._waiting.append(request)
             self._lock.notify()
         return stream
@@ -163,12 +157,16 @@ class FakeEngine:
                     "kv_blocks_used": self._used_blocks, "kv_blocks_total": self.num_blocks,
                     "kv_blocks_peak": self._peak_blocks, "kv_block_bytes": self.block_bytes,
                     "preemptions": 0, "policy": "static" if self.static else "fcfs",
-                    "finished": dict(self.finished)}
+                    "finished": self._streams.counts()}
+
+    @property
+    def finished(self) -> dict[str, int]:
+        """Requests ended per finish reason (stats()["finished"])."""
+        return self._streams.counts()
 
     def shutdown(self, drain: bool = True) -> None:
         with self._lock:
-            self._accepting = False
-            if not drain:
+            if self._streams.close(drain):  # without drain every open request is aborted
                 for r in self._waiting + self._running:
                     r.aborted = True
             self._stopping = True
@@ -176,9 +174,12 @@ class FakeEngine:
         self._thread.join()
 
     # --- internals ----------------------------------------------------------------------
-    def _blocks_for(self, request: _FakeRequest) -> int:
-        tokens = len(request.prompt) + request.params.max_tokens
+    def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    def _tokens_for(self, request: _FakeRequest) -> int:
+        """Prompt + the most it generates (max_tokens, or to the end of the context)."""
+        return len(request.prompt) + self.limits.new_tokens(len(request.prompt), request.params)
 
     def _loop(self) -> None:
         while True:
@@ -202,7 +203,7 @@ class FakeEngine:
             return self._admit_static()
         newly = []
         while self._waiting and len(self._running) < self.max_running:
-            need = self._blocks_for(self._waiting[0])
+            need = self._blocks_for(self._tokens_for(self._waiting[0]))
             if self._used_blocks + need > self.num_blocks:
                 break  # FIFO: the head waits for blocks; nothing behind it jumps the queue
             request = self._waiting.pop(0)
@@ -215,19 +216,20 @@ class FakeEngine:
         return newly
 
     def _admit_static(self) -> list[_FakeRequest]:
-        """The padded baseline: a new batch only when the last one has entirely finished; every
-        member holds blocks for the batch's longest prompt + longest output until then."""
+        """The padded baseline (static.take_batch): a new batch only when the last one has
+        entirely finished; every member holds blocks for the batch's longest prompt + longest
+        output until then."""
         if self._running or self._static_blocks or not self._waiting:
             return []
-        batch = self._waiting[: self.max_running]
-        longest = max(len(r.prompt) for r in batch) + max(r.params.max_tokens for r in batch)
-        per_request = -(-longest // self.block_size)
-        while batch and per_request * len(batch) > self.num_blocks - self._used_blocks:
-            batch.pop()
+        free = self.num_blocks - self._used_blocks
+
+        def fits(rows: int, prompt: int, output: int) -> bool:
+            return rows * self._blocks_for(prompt + output) <= free
+
+        batch = take_batch(self._waiting, self.max_running, self.limits, fits)
         if not batch:
             return []
-        del self._waiting[: len(batch)]
-        self._static_blocks = per_request * len(batch)
+        self._static_blocks = len(batch) * self._blocks_for(sum(padded_shape(batch, self.limits)))
         self._used_blocks += self._static_blocks
         self._peak_blocks = max(self._peak_blocks, self._used_blocks)
         now = time.monotonic()
@@ -257,7 +259,7 @@ class FakeEngine:
         context_full = len(request.prompt) + request.num_output_tokens >= self.max_model_len
         event = request.output.process(token, logprob, top, context_full=context_full, now=now)
         if event.finish_reason is None:
-            self._streams[request.request_id].put(event)
+            self._streams.deliver(event)
         else:
             self._finish(request, event)
 
@@ -274,5 +276,4 @@ class FakeEngine:
             self._waiting.remove(request)
         event.metrics = request.metrics(time.monotonic())
         assert event.finish_reason is not None
-        self.finished[event.finish_reason] += 1
-        self._streams.pop(request.request_id).put(event)
+        self._streams.deliver(event)

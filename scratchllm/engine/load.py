@@ -4,9 +4,12 @@ replicas through LLMEngine.from_pretrained).
 
     load_weights(ref, dtype, tokenizer=True) -> (model, Tokenizer | None)
         the weights and the tokenizer from one parse of the file's header (a GGUF holds both)
-    load_frontend(ref, engine_options) -> (Tokenizer, max_model_len)
-        the tokenizer and the longest sequence an engine over `ref` with these EngineConfig
-        options takes, without the weights: what a front end needs whose engines run elsewhere
+    engine_limits(ref, engine_options) -> RequestLimits
+        what an engine over `ref` with these EngineConfig options accepts (engine/validate.py):
+        the longest sequence and the vocabulary, read from the model's config only
+    load_frontend(ref, engine_options) -> (Tokenizer, RequestLimits)
+        the tokenizer and those limits, without the weights: what a front end needs whose
+        engines run elsewhere
 
 `ref`: "default", "minilm", a .gguf file or a Hugging Face model folder (formats/refs.py).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.refs import resolve_model
@@ -31,18 +35,23 @@ def load_weights(ref: str, dtype: str, tokenizer: bool = True) -> tuple[Any, Tok
     return model, Tokenizer.from_pretrained(ref, checkpoint=checkpoint) if tokenizer else None
 
 
-def load_frontend(ref: str, engine_options: dict[str, Any]) -> tuple[Tokenizer, int]:
-    """The tokenizer at `ref` and the engine's context bound for these options: the model's
-    context, capped by max_model_len and by a fixed pool of num_kv_blocks (a sequence never
-    outgrows the pool, as in LLMEngine)."""
+def engine_limits(ref: str, engine_options: dict[str, Any], checkpoint: Any = None) -> RequestLimits:
+    """The model's context, capped by max_model_len and by a fixed pool of num_kv_blocks (a
+    sequence never outgrows the pool, as in LLMEngine), and its vocabulary size."""
     try:
         config = EngineConfig(**engine_options)
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     path = resolve_model(ref)
-    checkpoint = load_checkpoint(path)  # one header parse for the config and the tokenizer
-    context: int = read_config(path, checkpoint).max_position_embeddings
+    model_config = read_config(path, checkpoint if checkpoint is not None else load_checkpoint(path))
+    context: int = model_config.max_position_embeddings
     limit = min(context, config.max_model_len or context)
     if config.num_kv_blocks:
         limit = min(limit, config.num_kv_blocks * config.block_size)
-    return Tokenizer.from_pretrained(ref, checkpoint=checkpoint), limit
+    return RequestLimits(limit, model_config.vocab_size)
+
+
+def load_frontend(ref: str, engine_options: dict[str, Any]) -> tuple[Tokenizer, RequestLimits]:
+    """The tokenizer at `ref` and what an engine over it with these options accepts."""
+    checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the config and the tokenizer
+    return Tokenizer.from_pretrained(ref, checkpoint=checkpoint), engine_limits(ref, engine_options, checkpoint)

@@ -10,8 +10,9 @@ crosses the line, and the `EngineClient` protocol the HTTP server is typed again
     stats() -> dict of counters as of the last finished step; shutdown(drain)
 
 Implemented by the continuous engine (async_engine.AsyncEngine), the static baseline
-(static.StaticEngine) and the fake engine (fake.FakeEngine); tests/engine/test_conformance.py
-runs the same cases over all three.
+(static.StaticEngine), the fake engine (fake.FakeEngine) and the cluster's RemoteEngine
+(cluster/remote.py), over one StreamHost (streams.py) and one rule set for bad input
+(validate.py); tests/engine/test_conformance.py runs the same cases over all four.
 
 Event order (an invariant every implementation keeps and the conformance suite checks): a
 request's events have index 0, 1, 2, ... in order, exactly one event has a finish_reason and it

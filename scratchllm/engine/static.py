@@ -15,14 +15,13 @@ memory reserved for the longest member. Tokens become events in the engine's one
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +30,8 @@ from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.models.attention import softmax_
 from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
+Waiting = TypeVar("Waiting", bound="Padded")
 
 
 class PaddedKVCache:
@@ -110,14 +112,50 @@ class BatchCost:
     padded_tokens: int  # tokens computed that belong to no request (padding, finished rows)
 
 
+class Padded(Protocol):
+    """What admission reads of a waiting request: its prompt and its params."""
+
+    prompt: list[int]
+    params: SamplingParams
+
+
+def padded_shape(batch: Sequence[Padded], limits: RequestLimits) -> tuple[int, int]:
+    """(longest prompt, longest output) of a padded batch: each member reserves their sum."""
+    return (max(len(r.prompt) for r in batch),
+            max(limits.new_tokens(len(r.prompt), r.params) for r in batch))
+
+
+def take_batch(waiting: list[Waiting], batch_size: int, limits: RequestLimits,
+               fits: Callable[[int, int, int], bool] | None = None) -> list[Waiting]:
+    """The static baseline's admission, the one every static run uses (StaticEngine, run_static,
+    the fake engine's static mode): the first `batch_size` waiting requests (FIFO), taken out of
+    `waiting`. `fits(rows, longest prompt, longest output)`: whether that padded reservation fits
+    the free memory; the batch shrinks from its tail until it does ([] if not even its head fits:
+    nothing behind it jumps the queue)."""
+    assert batch_size >= 1
+    batch = waiting[:batch_size]
+    while batch and fits is not None and not fits(len(batch), *padded_shape(batch, limits)):
+        batch.pop()
+    del waiting[: len(batch)]
+    return batch
+
+
+def model_limits(model: Any, max_model_len: int | None = None) -> RequestLimits:
+    """A model's limits: its context (or less, when max_model_len is given) and its vocabulary."""
+    cfg = model.config
+    ctx = cfg.max_position_embeddings
+    return RequestLimits(min(ctx, max_model_len or ctx), cfg.vocab_size)
+
+
 def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
               clock: Callable[[], float] = time.monotonic, pad_id: int = 0,
-              on_reserved: Callable[[int], None] | None = None) -> BatchCost:
+              on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None) -> BatchCost:
     """Run one padded batch to completion. Every row's events go to on_event (the last one with
-    its metrics); on_reserved(kv_bytes) is called once the cache is allocated."""
+    its metrics); on_reserved(kv_bytes) is called once the cache is allocated. A row ends at its
+    max_tokens or where `limits` (default: the model's) leave no room for another token."""
+    limits = limits or model_limits(model)
     B = len(rows)
-    P = max(len(r.prompt) for r in rows)
-    M = max(r.params.max_tokens for r in rows)
+    P, M = padded_shape(rows, limits)
     pad = [P - len(r.prompt) for r in rows]
     cache = PaddedKVCache(model.config, B, P + M, pad)
     if on_reserved is not None:
@@ -135,6 +173,7 @@ def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, 
     logits = model.forward(ids.reshape(-1), pos.reshape(-1), cache, logits_rows=np.arange(B) * P + P - 1)
     cache.start = P
     lengths = np.array([len(r.prompt) for r in rows])
+    last = limits.max_model_len - 1  # a finished row's padding is fed no position past the context
     for step in range(M):
         tokens = np.argmax(logits, axis=1)  # [B]
         now = clock()
@@ -142,27 +181,33 @@ def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, 
             if r.done:
                 cost.padded_tokens += 1  # a finished row keeps computing padding until the batch ends
                 continue
-            if r.aborted:
-                event = r.output.abort()
-            else:
-                p = r.params
-                if not p.greedy:
-                    tokens[b] = sample_token(logits[b], p, rngs[b])
-                lp, top = top_logprobs(logits[b], int(tokens[b]), p.logprobs) if p.logprobs is not None \
-                    else (None, None)
-                event = r.output.process(int(tokens[b]), lp, top, now=now)
-                r.num_output_tokens += 1
-                if r.first_token is None:
-                    r.first_token = now
-            if event.finish_reason is not None:
-                r.finished = now
-                event.metrics = r.metrics()
-            on_event(r, event)
+            _step_row(r, logits[b], tokens, b, rngs[b], now, limits, on_event)
         if all(r.done for r in rows):
             break  # the batch is over when its longest member is
-        logits = model.forward(tokens.astype(np.int64), lengths + step, cache)
+        logits = model.forward(tokens.astype(np.int64), np.minimum(lengths + step, last), cache)
         cache.start += 1
     return cost
+
+
+def _step_row(r: StaticRow, logits: npt.NDArray[np.floating[Any]], tokens: npt.NDArray[np.integer[Any]], b: int,
+              rng: Any, now: float, limits: RequestLimits, on_event: Callable[[StaticRow, TokenEvent], None]) -> None:
+    """Row r's token of this step (tokens[b] holds the greedy pick; sampled over it) as its event."""
+    if r.aborted:
+        event = r.output.abort()
+    else:
+        p = r.params
+        if not p.greedy:
+            tokens[b] = sample_token(logits, p, rng)
+        lp, top = top_logprobs(logits, int(tokens[b]), p.logprobs) if p.logprobs is not None else (None, None)
+        r.num_output_tokens += 1
+        context_full = len(r.prompt) + r.num_output_tokens >= limits.max_model_len
+        event = r.output.process(int(tokens[b]), lp, top, context_full=context_full, now=now)
+        if r.first_token is None:
+            r.first_token = now
+    if event.finish_reason is not None:
+        r.finished = now
+        event.metrics = r.metrics()
+    on_event(r, event)
 
 
 @dataclass
@@ -176,11 +221,15 @@ class StaticResult:
 
 def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], batch_size: int,
                eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
-               pad_id: int = 0) -> StaticResult:
-    """Greedy generation of every request offline, in FIFO batches of `batch_size`."""
+               pad_id: int = 0, arrivals: Sequence[float] | None = None) -> StaticResult:
+    """Greedy generation of every request, in FIFO batches of up to `batch_size` (take_batch).
+    `arrivals`: seconds after the start at which each request arrives (ascending; default: all
+    at once, offline); a batch takes those that have arrived when the last one ended, and whoever
+    arrives meanwhile waits for the whole batch. Times in the result are on `clock`."""
     n = len(prompts)
     res = StaticResult([[] for _ in range(n)], [0.0] * n, [0.0] * n)
     index: dict[str, int] = {}
+    limits = model_limits(model)
 
     def on_event(row: StaticRow, event: TokenEvent) -> None:
         i = index[row.request_id]
@@ -189,16 +238,22 @@ def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
         if event.finish_reason is not None:
             res.first_token_times[i], res.finish_times[i] = row.first_token or 0.0, row.finished or 0.0
 
-    for first in range(0, n, batch_size):
-        rows = []
-        for i in range(first, min(first + batch_size, n)):
-            params = SamplingParams(max_tokens=int(max_tokens[i]), temperature=0.0)
-            rid = str(i)
-            index[rid] = i
-            arrival = clock()
-            rows.append(StaticRow(rid, list(prompts[i]), params,
-                                  OutputProcessor(rid, params, None, eos_token_id, arrival), arrival))
-        cost = run_batch(model, rows, on_event, clock, pad_id)
+    t0, nxt = clock(), 0
+    waiting: list[StaticRow] = []
+    while nxt < n or waiting:
+        if not waiting and arrivals is not None:  # idle: until the next one arrives
+            time.sleep(max(0.0, t0 + arrivals[nxt] - clock()))
+        while nxt < n and (arrivals is None or arrivals[nxt] <= clock() - t0):
+            params = SamplingParams(max_tokens=int(max_tokens[nxt]), temperature=0.0)
+            rid = str(nxt)
+            index[rid] = nxt
+            arrival = t0 + arrivals[nxt] if arrivals is not None else clock()
+            waiting.append(StaticRow(rid, list(prompts[nxt]), params,
+                                     OutputProcessor(rid, params, None, eos_token_id, arrival), arrival))
+            nxt += 1
+        if not waiting:
+            continue
+        cost = run_batch(model, take_batch(waiting, batch_size, limits), on_event, clock, pad_id, limits=limits)
         res.peak_kv_bytes = max(res.peak_kv_bytes, cost.kv_bytes)
         res.padded_tokens += cost.padded_tokens
     return res
@@ -207,10 +262,10 @@ def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
 class StaticEngine:
     """The static baseline behind the EngineClient contract, for `serve --batching static`.
 
-    One thread takes up to `batch_size` waiting requests (FIFO) and runs them with run_batch. A
-    batch starts when it is full or when its first request has waited one window (10 ms, the
-    scheduling tick): requests that arrive together are batched together. KV is reported in the
-    paged engine's block units, so the two modes compare in one unit.
+    One thread takes up to `batch_size` waiting requests (take_batch) and runs them with
+    run_batch. A batch starts when it is full or when its first request has waited one window
+    (10 ms, the scheduling tick): requests that arrive together are batched together. KV is
+    reported in the paged engine's block units, so the two modes compare in one unit.
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 8, max_model_len: int | None = None,
@@ -219,48 +274,32 @@ class StaticEngine:
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock
         self.batch_window_s = batch_window_s
         cfg = model.config
-        self.max_model_len = min(cfg.max_position_embeddings, max_model_len or cfg.max_position_embeddings)
+        self.limits = model_limits(model, max_model_len)
+        self.max_model_len = self.limits.max_model_len
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
         self.block_bytes = PagedAttention.bytes_per_block(cfg, block_size)
         self._cv = threading.Condition()
         self._waiting: list[StaticRow] = []
         self._running: list[StaticRow] = []
-        self._streams: dict[str, RequestStream] = {}
+        self._streams = StreamHost("static", self.abort)
         self._kv_bytes = self._peak_kv_bytes = 0
-        self._ids = itertools.count(1)
-        self._accepting, self._stopping = True, False
-        self.finished = {"stop": 0, "length": 0, "abort": 0}
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="scratchllm-static", daemon=True)
         self._thread.start()
 
     # --- the contract ---
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream:
-        self.validate(prompt_token_ids, params)
+        self.limits.validate(prompt_token_ids, params)
         with self._cv:
-            if not self._accepting:
-                raise RuntimeError("the engine is shutting down")
-            rid = str(request_id) if request_id is not None else f"static-{next(self._ids)}"
-            while rid in self._streams:
-                rid = f"static-{next(self._ids)}"
+            stream: RequestStream = self._streams.open(request_id)
+            rid = stream.request_id
             detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
             arrival = self.clock()
-            row = StaticRow(rid, list(prompt_token_ids), params,
-                            OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival)
-            stream = RequestStream(rid, self.abort)
-            self._streams[rid] = stream
-            self._waiting.append(row)
+            self._waiting.append(StaticRow(rid, list(prompt_token_ids), params,
+                                           OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival))
             self._cv.notify()
         return stream
-
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        from scratchllm.errors import ConfigError
-
-        if not prompt_token_ids:
-            raise ConfigError("the prompt is empty: it has no tokens to continue from")
-        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
-            raise ConfigError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                              f"this engine's context of {self.max_model_len}")
 
     def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
                      request_ids: Sequence[str] | None = None) -> list[RequestStream]:
@@ -275,7 +314,7 @@ class StaticEngine:
                     event = row.output.abort()
                     row.finished = self.clock()
                     event.metrics = row.metrics()
-                    self._deliver(row, event)
+                    self._streams.deliver(event)
                     return
             for row in self._running:
                 if row.request_id == request_id:
@@ -287,12 +326,16 @@ class StaticEngine:
                     "kv_blocks_used": math.ceil(self._kv_bytes / self.block_bytes),
                     "kv_blocks_peak": math.ceil(self._peak_kv_bytes / self.block_bytes),
                     "kv_block_bytes": self.block_bytes, "preemptions": 0, "policy": "static",
-                    "finished": dict(self.finished)}
+                    "finished": self._streams.counts()}
+
+    @property
+    def finished(self) -> dict[str, int]:
+        """Requests ended per finish reason (stats()["finished"])."""
+        return self._streams.counts()
 
     def shutdown(self, drain: bool = True) -> None:
         with self._cv:
-            self._accepting = False
-            stopping = list(self._streams) if not drain else []
+            stopping = self._streams.close(drain)
             self._stopping = True
             self._cv.notify()
         for rid in stopping:
@@ -300,17 +343,9 @@ class StaticEngine:
         self._thread.join()
 
     # --- the batch thread ---
-    def _deliver(self, row: StaticRow, event: TokenEvent) -> None:
-        """Under self._cv."""
-        stream = self._streams[row.request_id]
-        if event.finish_reason is not None:
-            del self._streams[row.request_id]
-            self.finished[event.finish_reason] += 1
-        stream.put(event)
-
     def _on_event(self, row: StaticRow, event: TokenEvent) -> None:
         with self._cv:
-            self._deliver(row, event)
+            self._streams.deliver(event)
 
     def _reserved(self, nbytes: int) -> None:
         with self._cv:
@@ -327,10 +362,10 @@ class StaticEngine:
                 deadline = self._waiting[0].arrival + self.batch_window_s
                 while len(self._waiting) < self.batch_size and not self._stopping and self.clock() < deadline:
                     self._cv.wait(timeout=max(0.0, deadline - self.clock()))
-                self._running = self._waiting[: self.batch_size]
-                del self._waiting[: self.batch_size]
+                self._running = take_batch(self._waiting, self.batch_size, self.limits)
             try:
-                run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved)
+                run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved,
+                          limits=self.limits)
             except Exception:  # logged; a failed batch aborts its rows, not the server
                 logger.exception("a static batch failed; its requests are aborted")
                 with self._cv:
@@ -339,6 +374,6 @@ class StaticEngine:
                             row.finished = self.clock()
                             event = row.output.abort()
                             event.metrics = row.metrics()
-                            self._deliver(row, event)
+                            self._streams.deliver(event)
             with self._cv:
                 self._running, self._kv_bytes = [], 0

@@ -1,38 +1,115 @@
 """The engine contract (scratchllm/engine/protocol.py), case by case, over every implementation:
-the continuous engine (AsyncEngine), the static baseline (StaticEngine) and the fake engine. A
-case that passes for one and fails for another is a drift the server would otherwise meet."""
+the continuous engine (AsyncEngine), the static baseline (StaticEngine), the fake engine and the
+cluster's RemoteEngine (here over a stand-in for Serve's handle to the replicas that streams from
+a fake engine in this process, on an event loop of its own). A case that passes for one and
+fails for another is a drift the server would otherwise meet. All four have the same limits
+(the tiny model's: a context of 512 tokens, a vocabulary of 97), so they accept and refuse the
+same requests with the same error (engine/validate.py)."""
 
 import asyncio
+import threading
 import time
 
 import pytest
 
+from scratchllm.cluster.remote import RemoteEngine
 from scratchllm.engine import AsyncEngine, EngineClient, EngineConfig, LLMEngine
 from scratchllm.engine.fake import FakeEngine
 from scratchllm.engine.protocol import FINISH_REASONS
 from scratchllm.engine.static import StaticEngine
+from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
 from .test_async_engine import LetterTokenizer  # token t is the letter chr(97 + t % 26)
 from .tiny import tiny_llama
 
+CONTEXT, VOCAB = 512, 97  # tiny_llama's
+
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(seed=7)
+    m = tiny_llama(seed=7)
+    assert (m.config.max_position_embeddings, m.config.vocab_size) == (CONTEXT, VOCAB)
+    return m
 
 
-@pytest.fixture(params=["continuous", "static", "fake"])
-def engine(request, model):
-    if request.param == "continuous":
-        e = AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=LetterTokenizer()))
-    elif request.param == "static":
-        e = StaticEngine(model, LetterTokenizer(), batch_size=4)
-    else:
-        e = FakeEngine(step_ms=0.5, max_running=4)
+class LocalReplicas:
+    """Stands in for Serve's DeploymentHandle to the engine replicas, in this process:
+    `generate.remote(ids, params, request_id, avoid)` streams the replica's id, then the
+    request's events from a local engine, as EngineReplica.generate does; `cancel()` on the
+    response aborts the request there."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.generate = self
+
+    def options(self, stream=False):
+        return self
+
+    def remote(self, ids, params, request_id, avoid=()):
+        return LocalResponse(self.engine, ids, params, request_id)
+
+
+class LocalResponse:
+    def __init__(self, engine, ids, params, request_id):
+        self.engine, self.args, self.stream = engine, (ids, params, request_id), None
+
+    def __aiter__(self):
+        return self._events()
+
+    async def _events(self):
+        ids, params, rid = self.args
+        self.stream = self.engine.submit(ids, params, request_id=rid)
+        yield "local-replica"
+        async for event in self.stream:
+            yield event
+
+    def cancel(self):
+        if self.stream is not None:
+            self.stream.abort()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop on a thread of its own: the ingress's, where RemoteEngine's requests run."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+ENGINES = ["continuous", "static", "fake", "remote"]
+
+
+def make_engine(kind, model, loop):
+    if kind == "continuous":
+        return AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=LetterTokenizer()))
+    if kind == "static":
+        return StaticEngine(model, LetterTokenizer(), batch_size=4)
+    if kind == "fake":
+        return FakeEngine(step_ms=0.5, max_running=4, max_model_len=CONTEXT, vocab_size=VOCAB)
+    replica = FakeEngine(step_ms=0.5, max_running=4, max_model_len=CONTEXT, vocab_size=VOCAB)
+    return RemoteEngine(LocalReplicas(replica), RequestLimits(CONTEXT, VOCAB), loop=loop)
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, model, loop):
+    e = make_engine(request.param, model, loop)
     yield e
     e.shutdown(drain=False)
+    if isinstance(e, RemoteEngine):
+        e.handle.engine.shutdown(drain=False)
+
+
+def blocks_used(engine):
+    """KV blocks in use where they are held: a RemoteEngine's are its replica's."""
+    if isinstance(engine, RemoteEngine):
+        engine = engine.handle.engine
+    return engine.stats()["kv_blocks_used"]
 
 
 PROMPT = [5, 9, 14, 3, 7]
@@ -113,7 +190,7 @@ def test_abort_mid_stream_ends_the_stream_and_frees_its_blocks(engine):
             stream.abort()
     check_order(events)
     assert events[-1].finish_reason == "abort" and len(events) < 500
-    wait_until(lambda: engine.stats()["kv_blocks_used"] == 0)
+    wait_until(lambda: blocks_used(engine) == 0)
     assert engine.stats()["finished"]["abort"] >= 1
 
 
@@ -125,7 +202,7 @@ def test_abort_by_id_before_it_runs(engine):
         events = list(s)
         check_order(events)
         assert events[-1].finish_reason == "abort"
-    wait_until(lambda: engine.stats()["kv_blocks_used"] == 0)
+    wait_until(lambda: blocks_used(engine) == 0)
 
 
 def test_shutdown_without_drain_aborts_and_refuses_new_work(engine):
@@ -136,18 +213,71 @@ def test_shutdown_without_drain_aborts_and_refuses_new_work(engine):
         engine.submit(PROMPT, greedy(2))
 
 
-def test_bad_input_is_refused_at_submit(engine):
-    with pytest.raises(ConfigError):
-        engine.submit([], greedy(2))
+# (prompt, params, the ConfigError's message): every engine refuses these at submit, alike
+REFUSED = {
+    "empty prompt": ([], greedy(2), "the prompt is empty: it has no tokens to continue from"),
+    "id at the vocabulary's end": ([5, VOCAB], greedy(2), f"prompt token ids must be integers in [0, {VOCAB})"),
+    "negative id": ([-1, 5], greedy(2), f"prompt token ids must be integers in [0, {VOCAB})"),
+    "id not an integer": ([5, 2.0], greedy(2), f"prompt token ids must be integers in [0, {VOCAB})"),
+    "prompt at the context": ([3] * CONTEXT, greedy(1),
+                              f"the prompt has {CONTEXT} tokens; this engine's context is {CONTEXT} "
+                              "(at least one must be left to generate)"),
+    "prompt over the context": ([3] * (CONTEXT + 5), greedy(1),
+                                f"the prompt has {CONTEXT + 5} tokens; this engine's context is {CONTEXT} "
+                                "(at least one must be left to generate)"),
+    "params not SamplingParams": (PROMPT, {"max_tokens": 2}, "params must be SamplingParams, got dict"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_bad_input_is_refused_at_submit_with_the_same_error(engine, case):
+    prompt, params, message = REFUSED[case]
+    with pytest.raises(ConfigError) as err:
+        engine.submit(prompt, params)
+    assert str(err.value) == message
+    assert engine.stats()["running"] == 0 and engine.stats()["waiting"] == 0  # nothing was queued
+
+
+# (prompt length, max_tokens, tokens made): accepted by every engine; a request whose prompt +
+# max_tokens is over the context ends with "length" when the context is full
+ACCEPTED = {
+    "largest id": ([VOCAB - 1] * 4, 5, 5),
+    "one token of room": ([3] * (CONTEXT - 1), 1, 1),
+    "max_tokens past the context": ([3] * (CONTEXT - 12), 100, 12),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_requests_at_the_limits_are_accepted_alike(engine, case):
+    prompt, max_tokens, made = ACCEPTED[case]
+    events = list(engine.submit(prompt, greedy(max_tokens)))
+    check_order(events)
+    assert len(events) == made and events[-1].finish_reason == "length"
+    assert events[-1].metrics.prompt_tokens == len(prompt)
 
 
 def test_stats_name_the_same_counters(engine):
     list(engine.submit(PROMPT, greedy(3)))
     stats = engine.stats()
-    for key in ("running", "waiting", "kv_blocks_used", "kv_blocks_peak", "kv_block_bytes", "preemptions",
-                "finished", "policy"):
+    for key in ("running", "waiting", "finished"):
         assert key in stats, key
     assert stats["finished"]["length"] >= 1
+    if not isinstance(engine, RemoteEngine):  # an engine that holds KV blocks (RemoteEngine's replicas do)
+        for key in ("kv_blocks_used", "kv_blocks_peak", "kv_block_bytes", "preemptions", "policy"):
+            assert key in stats, key
+
+
+def test_request_ids_are_kept_or_allocated_never_shared(engine):
+    mine = engine.submit(PROMPT, greedy(400), request_id="same")
+    again = engine.submit(PROMPT, greedy(2), request_id="same")  # "same" is open: the second gets another id
+    others = [engine.submit(PROMPT, greedy(2)) for _ in range(3)]
+    ids = [s.request_id for s in (mine, again, *others)]
+    assert ids[0] == "same" and len(set(ids)) == 5
+    mine.abort()
+    check_order(list(mine), "same")
+    for s in (again, *others):
+        check_order(list(s), s.request_id)
+    assert engine.stats()["finished"]["abort"] == 1 and engine.stats()["finished"]["length"] == 4
 
 
 def test_a_group_of_requests_on_one_prompt(engine):
@@ -157,4 +287,4 @@ def test_a_group_of_requests_on_one_prompt(engine):
         check_order(evs, rid)
     assert [e.token_id for e in events["g0"]] == [e.token_id for e in events["g1"]]
     assert [e.token_id for e in events["g2"]] == [e.token_id for e in events["g0"]][:3]
-    wait_until(lambda: engine.stats()["kv_blocks_used"] == 0)
+    wait_until(lambda: blocks_used(engine) == 0)

@@ -21,3 +21,13 @@ def test_static_padded_batches_equal_alone():
     want = max(len(prompts[i : i + 4]) * (max(map(len, prompts[i : i + 4])) + max(max_tokens[i : i + 4]))
                for i in range(0, 10, 4)) * per_token
     assert res.peak_kv_bytes == want
+
+
+def test_a_row_ends_at_the_context_and_its_padding_stays_inside_it():
+    """A long prompt whose max_tokens runs past the context ends there ("length"), in a batch
+    whose other row runs on longer: its padding steps are fed no position past the context."""
+    model = tiny_llama(seed=11)
+    ctx = model.config.max_position_embeddings
+    long_prompt, short_prompt = [7] * (ctx - 12), [3, 5, 8]
+    res = run_static(model, [long_prompt, short_prompt], [100, 40], batch_size=2)
+    assert res.token_ids == [greedy_alone(model, long_prompt, 12), greedy_alone(model, short_prompt, 40)]

@@ -11,7 +11,7 @@ from scratchllm.engine.output import OutputProcessor
 from scratchllm.sampling import SamplingParams
 
 from .test_async_engine import LetterTokenizer
-from .test_conformance import PROMPT, engine, greedy, model  # noqa: F401 - fixtures over all three engines
+from .test_conformance import PROMPT, engine, greedy, loop, model  # noqa: F401 - fixtures over all four engines
 from .tiny import tiny_llama
 
 
