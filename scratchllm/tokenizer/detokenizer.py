@@ -18,6 +18,8 @@ class Detokenizer:
         self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
         self._byte_level = tokenizer.spec.kind == "bpe"
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # SentencePiece pieces decode through their model's stream (byte pieces held per run).
+        self._pieces = tokenizer.spec.model.stream() if tokenizer.spec.kind == "spm" else None
         self._count = 0  # tokens emitted so far (WordPiece writes no space before the first)
 
     def push(self, token_id: int) -> str:
@@ -26,9 +28,13 @@ class Detokenizer:
             return ""
         first = self._count == 0
         self._count += 1
+        if self._pieces is not None:
+            return self._pieces.push(self._tok.id_to_token(token_id))
         if self._byte_level:
             return self._utf8.decode(self._tok.token_bytes(token_id))
         return self._tok.wordpiece_text(token_id, first)
 
     def flush(self) -> str:
+        if self._pieces is not None:
+            return self._pieces.flush()
         return self._utf8.decode(b"", final=True)

@@ -35,8 +35,13 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
         metadata = GGUFFile(path).metadata
     meta = metadata
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":  # SentencePiece
+        from scratchllm.tokenizer.sentencepiece import from_gguf_metadata
+
+        return from_gguf_metadata(path, meta)
     if kind != "gpt2":
-        raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') only")
+        raise FormatError(path, f"tokenizer.ggml.model is {kind!r}; we read byte-level BPE ('gpt2') and "
+                                "SentencePiece ('llama') only")
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         if key not in meta:
             raise FormatError(path, f"{key} is missing: this GGUF carries no complete BPE tokenizer")

@@ -16,7 +16,7 @@ class TokenizerSpec:
     user-defined tokens); special_ids: those that skip_special_tokens removes.
     """
 
-    kind: str  # "bpe" (byte-level) or "wordpiece"
+    kind: str  # "bpe" (byte-level), "wordpiece" or "spm" (SentencePiece BPE: sentencepiece.py)
     model: object
     id_to_token: Sequence[str]  # a list, or a compact vocabulary's TokenTexts (GGUF)
     pre_tokenizer: object  # text -> list[str]
@@ -37,4 +37,4 @@ class TokenizerSpec:
     source: str = ""
 
     def __post_init__(self):
-        assert self.kind in ("bpe", "wordpiece"), self.kind
+        assert self.kind in ("bpe", "wordpiece", "spm"), self.kind

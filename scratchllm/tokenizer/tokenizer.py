@@ -12,6 +12,7 @@ scratchllm.tokenizer.loaders; this module only runs the pipeline.
 import regex
 
 from scratchllm.errors import ConfigError
+from scratchllm.tokenizer.added import AddedTokens
 from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
@@ -32,7 +33,12 @@ class Tokenizer:
         # Longest first so that '<|im_start|>' wins over any shorter special it begins with
         # (leftmost-longest, as tokenizers' Aho-Corasick matcher does).
         specials = sorted(spec.added, key=len, reverse=True)
-        self._special_re = regex.compile("(" + "|".join(map(self._added_pattern, specials)) + ")") if specials else None
+        if not specials:
+            self._special_re = None
+        elif spec.added_options:  # per-token matching options: one pattern each
+            self._special_re = regex.compile("(" + "|".join(map(self._added_pattern, specials)) + ")")
+        else:  # plain tokens (all GGUF ones): a scan, not a regex of thousands of alternatives
+            self._special_re = AddedTokens(specials)
         self._token_bytes: dict[int, bytes] = {}  # filled token by token, as decoding meets them
         # Raw pre-token -> ids. (Keyed by the raw text: the byte-level form of ' ' is 'Ġ', which
         # is also a raw character of its own, so the two forms must not share one table.)
@@ -171,7 +177,9 @@ class Tokenizer:
             return self._added_by_id[token_id].encode("utf-8")
         if not 0 <= token_id < len(self._id_to_token):
             self.id_to_token(token_id)  # raises the out-of-vocabulary error
-        got = self._token_bytes[token_id] = bytelevel_to_bytes(self._id_to_token[token_id])
+        text = self._id_to_token[token_id]
+        got = self._token_bytes[token_id] = \
+            self._model.token_bytes(text) if self.spec.kind == "spm" else bytelevel_to_bytes(text)
         return got
 
     def wordpiece_text(self, token_id: int, first: bool) -> str:
@@ -189,6 +197,8 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         if skip_special_tokens:
             ids = [i for i in ids if i not in self.spec.special_ids]
+        if self.spec.kind == "spm":
+            return self._model.decode(map(self.id_to_token, ids))
         if self._byte_level:
             # Invalid UTF-8 (a cut multi-byte character) shows as U+FFFD, like tokenizers.
             return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
