@@ -51,9 +51,10 @@ def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "flo
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
     checkpoint = load_checkpoint(resolve_model(ref))  # one header parse for the model and its tokenizer
     model = load(ref, dtype=dtype, checkpoint=checkpoint)
-    engine = StaticEngine(model, Tokenizer.from_pretrained(ref, checkpoint=checkpoint),
-                          batch_size=options.get("max_num_seqs") or 8, max_model_len=options.get("max_model_len"))
-    return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
+    tokenizer = Tokenizer.from_pretrained(ref, checkpoint=checkpoint)
+    engine = StaticEngine(model, tokenizer, batch_size=options.get("max_num_seqs") or 8,
+                          max_model_len=options.get("max_model_len"))
+    return ServedModel(name, engine, tokenizer, engine.max_model_len)
 
 
 def load_embedder(ref: str) -> ServedEmbedder:
