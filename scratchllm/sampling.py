@@ -138,7 +138,7 @@ def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.flo
         # keep the k largest; argpartition is O(V), a full sort is not needed for this step
         kth = np.argpartition(-x, params.top_k - 1)[params.top_k - 1]
         x = np.where(x >= x[kth], x, -np.inf)
-    p = np.exp(x - x.max())
+    p: npt.NDArray[np.float64] = np.exp(x - x.max())
     p /= p.sum()
     if params.top_p < 1.0:
         order = np.argsort(-p, kind="stable")
@@ -181,7 +181,7 @@ def sample_token(logits: Logits, params: SamplingParams, rng: np.random.Generato
     # inverse-CDF draw with one uniform: the same seed gives the same token on every machine
     u = rng.random()
     idx = int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"))
-    return min(idx, p.shape[0] - 1)
+    return min(idx, len(p) - 1)
 
 
 def top_logprobs(logits: Logits, token_id: int, k: int) -> tuple[float, list[tuple[int, float]]]:

@@ -32,13 +32,13 @@ from scratchllm.trace.writer import TraceWriter
 
 if TYPE_CHECKING:
     from scratchllm.models.protocol import Model
-    from scratchllm.tokenizer.protocol import Tokenizer
+    from scratchllm.tokenizer.protocol import TokenizerLike
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, model: Model, config: EngineConfig | None = None, tokenizer: Tokenizer | None = None,
+    def __init__(self, model: Model, config: EngineConfig | None = None, tokenizer: TokenizerLike | None = None,
                  eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
                  trace: TraceWriter | None = None):
         self.model = model

@@ -37,7 +37,7 @@ from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logp
 if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
     from scratchllm.models.protocol import Model
-    from scratchllm.tokenizer.protocol import Tokenizer
+    from scratchllm.tokenizer.protocol import TokenizerLike
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,8 @@ class StaticEngine:
     paged engine's block units, so the two modes compare in one unit.
     """
 
-    def __init__(self, model: Model, tokenizer: Tokenizer | None, batch_size: int = 8, max_model_len: int | None = None,
+    def __init__(self, model: Model, tokenizer: TokenizerLike | None, batch_size: int = 8,
+                 max_model_len: int | None = None,
                  block_size: int = 16, clock: Callable[[], float] = time.monotonic, batch_window_s: float = 0.010):
         assert batch_size >= 1 and batch_window_s >= 0
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock

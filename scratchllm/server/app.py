@@ -29,7 +29,7 @@ from scratchllm.errors import ConfigError
 from scratchllm.models.protocol import Embed
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
-from scratchllm.tokenizer.protocol import Tokenizer
+from scratchllm.tokenizer.protocol import TokenizerLike
 from scratchllm.trace.writer import TraceWriter
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class ServedModel:
 
     name: str  # the id clients send as "model" and see in /v1/models
     engine: EngineClient
-    tokenizer: Tokenizer
+    tokenizer: TokenizerLike
     max_model_len: int  # prompt + completion tokens may not exceed this
     aliases: tuple[str, ...] = ()
 
@@ -50,7 +50,7 @@ class ServedModel:
 class ServedEmbedder:
     name: str
     embed: Embed  # (input_ids [B, T] int64, attention_mask [B, T]) -> [B, hidden] float32, L2-normalized
-    tokenizer: Tokenizer
+    tokenizer: TokenizerLike
     max_len: int
     aliases: tuple[str, ...] = ()
 

@@ -22,11 +22,12 @@ from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:
     import llguidance
+    from llguidance._lib import JsonCompileOptions  # the type of grammar_from_json_schema's options
 
     from scratchllm.structured.matcher import GrammarMatcher
-    from scratchllm.tokenizer.protocol import Tokenizer
+    from scratchllm.tokenizer.protocol import TokenizerLike
 
-JSON_OPTIONS: "llguidance.JsonCompileOptions" = {
+JSON_OPTIONS: "JsonCompileOptions" = {
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -53,7 +54,7 @@ class CompiledGrammar:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer (its llguidance trie is built on first use)."""
 
-    def __init__(self, tokenizer: "Tokenizer") -> None:
+    def __init__(self, tokenizer: "TokenizerLike") -> None:
         self.tokenizer = tokenizer
 
     def _compile(self, kind: str, grammar: str, what: str) -> CompiledGrammar:
@@ -80,9 +81,9 @@ class GrammarCompiler:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise ConfigError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        overrides: JsonCompileOptions = {**JSON_OPTIONS, "lenient": not strict}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), overrides={**JSON_OPTIONS, "lenient": not strict})
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=overrides)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"the JSON schema is not valid: {err}") from None
         return self._compile(kind, grammar, "the JSON schema")

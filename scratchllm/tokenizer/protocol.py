@@ -16,7 +16,9 @@ class IncrementalDetokenizer(Protocol):
     def push(self, token_id: int) -> str: ...
 
 
-class Tokenizer(Protocol):
+class TokenizerLike(Protocol):
+    """What engine/ and server/ call on a tokenizer (see the module doc)."""
+
     @property
     def vocab_size(self) -> int: ...
 
@@ -34,10 +36,10 @@ class Tokenizer(Protocol):
 
 if TYPE_CHECKING:  # our tokenizers satisfy the contract: checked by mypy, never run
     from scratchllm.engine.fake import FakeTokenizer
-    from scratchllm.tokenizer.tokenizer import Tokenizer as OurTokenizer
+    from scratchllm.tokenizer.tokenizer import Tokenizer
 
-    def _ours_is_a_tokenizer(t: OurTokenizer) -> Tokenizer:
+    def _ours_is_a_tokenizer(t: Tokenizer) -> TokenizerLike:
         return t
 
-    def _fake_is_a_tokenizer(t: FakeTokenizer) -> Tokenizer:
+    def _fake_is_a_tokenizer(t: FakeTokenizer) -> TokenizerLike:
         return t
