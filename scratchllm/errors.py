@@ -12,7 +12,7 @@ class FormatError(ScratchLLMError, ValueError):
     ``model.safetensors: tensor 'wte' ends at byte 912 but the file has 800 bytes``.
     """
 
-    def __init__(self, path, problem: str):
+    def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")

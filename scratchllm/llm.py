@@ -19,6 +19,8 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.engine.output import OutputCollector
@@ -27,8 +29,13 @@ from scratchllm.errors import ConfigError
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.refs import resolve_model
 from scratchllm.models import load_model
+from scratchllm.models.bert import BertModel
 from scratchllm.sampling import SamplingParams
 from scratchllm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from scratchllm.engine.async_engine import AsyncEngine
+    from scratchllm.trace.writer import TraceWriter
 
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)}
 __all__ = ["LLM", "RequestOutput"]
@@ -54,7 +61,7 @@ class LLM:
     OPTIONS = ("tokenizer", "max_model_len", "threads", "dtype", "trace",
                *sorted(_ENGINE_OPTIONS - {"max_model_len"}))
 
-    def __init__(self, model="default", **options):
+    def __init__(self, model: str | Path = "default", **options: Any) -> None:
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             raise ConfigError(f"unknown LLM option(s) {', '.join(unknown)}; known: {', '.join(self.OPTIONS)}")
@@ -68,48 +75,52 @@ class LLM:
         start = time.perf_counter()
         # One parse of the file's header for the model and its tokenizer (a GGUF carries both).
         checkpoint = load_checkpoint(resolve_model(model))
-        self.model = load_model(model, dtype=options.get("dtype") or "auto", checkpoint=checkpoint)
-        if not self.model.config.is_decoder:
-            kind = self.model.config.model_type
+        loaded = load_model(model, dtype=options.get("dtype") or "auto", checkpoint=checkpoint)
+        if not loaded.config.is_decoder:
+            kind = loaded.config.model_type
             raise ConfigError(f"'{model}' is an encoder ({kind}): it embeds, it does not generate")
+        assert not isinstance(loaded, BertModel), "BERT is the one encoder family"
+        self.model = loaded
         self.tokenizer = Tokenizer.from_pretrained(options.get("tokenizer") or model, checkpoint=checkpoint)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else self.model.config.eos_token_id
         engine_options = {k: v for k, v in options.items() if k in _ENGINE_OPTIONS}
         if threads is not None:
             engine_options.setdefault("num_threads", int(threads))
-        self.trace = None
+        self.trace: TraceWriter | None = None
         if options.get("trace"):
-            from scratchllm.trace.writer import TraceWriter
+            from scratchllm.trace import writer
 
-            self.trace = TraceWriter(options["trace"])
+            self.trace = writer.TraceWriter(options["trace"])
         self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer, trace=self.trace,
                                 eos_token_id=self.eos_token_id)
         self.max_model_len = self.engine.max_model_len
         self.load_s = time.perf_counter() - start
-        self._async = None
+        self._async: AsyncEngine | None = None
         self._lock = threading.Lock()  # one caller at a time steps the engine
 
     # ---- prompts ------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict]) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None, on_token=None) -> RequestOutput:
+    def chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None,
+             on_token: Callable[[int, str], None] | None = None) -> RequestOutput:
         """One conversation turn: the chat template renders the messages, the model answers."""
         prompt = self.apply_chat_template(messages)
         # the template writes its own special tokens (BOS included) as text
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         return self.run(ids, params or SamplingParams(), prompt=prompt, on_token=on_token)
 
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
+    def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
         """prompts: a string, a list of strings, or token ids (one list[int] or a list of them).
         params: one SamplingParams for all, or one per prompt. All prompts run batched."""
         params = params or SamplingParams()
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        texts = [p if isinstance(p, str) else None for p in prompts]
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        one = isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int))
+        batch = cast("Sequence[str | Sequence[int]]", [prompts] if one else prompts)
+        texts = [p if isinstance(p, str) else None for p in batch]
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in batch]
         per_prompt = [params] * len(ids) if isinstance(params, SamplingParams) else list(params)
         if len(per_prompt) != len(ids):
             raise ConfigError(f"{len(ids)} prompts but {len(per_prompt)} SamplingParams")
@@ -144,7 +155,8 @@ class LLM:
         return collector.output
 
     # ---- streaming, for servers and other threads ---------------------------------------------
-    def submit(self, prompt_token_ids, params: SamplingParams, request_id=None):
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
         """Queue a request on the engine's own thread; returns a RequestStream of TokenEvents.
         Thread-safe. From the first call on, the engine thread owns the engine."""
         with self._lock:
@@ -154,11 +166,11 @@ class LLM:
                 self._async = AsyncEngine(self.engine)
         return self._async.submit(prompt_token_ids, params, request_id)
 
-    def abort(self, request_id) -> None:
+    def abort(self, request_id: str) -> None:
         if self._async is not None:
             self._async.abort(request_id)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self._async.stats() if self._async is not None else self.engine.stats()
 
     def shutdown(self, drain: bool = True) -> None:

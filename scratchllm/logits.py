@@ -20,13 +20,21 @@ of tokens seen (np.unique over the ids), never a [V]-sized count array, and a re
 none of them costs one attribute read (SamplingParams.uses_processors).
 """
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from scratchllm.sampling import SamplingParams
 
 # A bias at or below this bans the token outright (OpenAI: "-100 should result in a ban").
 BAN_BIAS = -100.0
 
 
-def apply_processors(logits: np.ndarray, params, prompt_ids, output_ids) -> np.ndarray:
+def apply_processors(logits: npt.NDArray[np.floating[Any]], params: "SamplingParams", prompt_ids: Sequence[int],
+                     output_ids: Sequence[int]) -> npt.NDArray[np.float32]:
     """[V] float -> a new [V] float32 row with every processor the params ask for applied."""
     x = np.array(logits, dtype=np.float32, copy=True)
     if params.repetition_penalty != 1.0:
@@ -43,7 +51,7 @@ def apply_processors(logits: np.ndarray, params, prompt_ids, output_ids) -> np.n
     return x
 
 
-def min_p_filter(p: np.ndarray, min_p: float) -> np.ndarray:
+def min_p_filter(p: npt.NDArray[np.float64], min_p: float) -> npt.NDArray[np.float64]:
     """[V] probabilities -> the same with every p < min_p * max(p) zeroed (not renormalized)."""
     if min_p <= 0.0:
         return p

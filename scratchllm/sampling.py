@@ -9,16 +9,24 @@ tokens do not depend on what else runs beside it (batched output equals single o
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
 from scratchllm.logits import apply_processors, min_p_filter
 
+if TYPE_CHECKING:
+    from scratchllm.structured.grammar import CompiledGrammar
+
 # OpenAI's ranges for the penalties and for one logit_bias entry.
 PENALTY_RANGE = (-2.0, 2.0)
 BIAS_RANGE = (-100.0, 100.0)
+
+Logits = npt.NDArray[np.floating[Any]]  # one row [V] of a model's logits (float32 from our models)
 
 
 @dataclass(frozen=True)
@@ -38,11 +46,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
     min_p: float = 0.0  # 0 = off
     # A compiled grammar (scratchllm.structured.CompiledGrammar) the output must match, or None.
-    grammar: object = None
+    grammar: "CompiledGrammar | None" = None
     # derived: True when any logits processor is on (set in __post_init__)
     uses_processors: bool = field(default=False, init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Lists are accepted for convenience, stored as tuples so params stay hashable and frozen.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -83,18 +91,18 @@ class SamplingParams:
             raise ConfigError(f"logit_bias names token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
 
 
-def _is_number(x) -> bool:
+def _is_number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _check_range(name: str, value, lo: float, hi: float) -> None:
+def _check_range(name: str, value: object, lo: float, hi: float) -> None:
     if not (_is_number(value) and lo <= value <= hi):
         raise ConfigError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
 
 
-def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
     """A {token id: bias} dict or (id, bias) pairs -> sorted, validated pairs (one per id)."""
-    items = bias.items() if isinstance(bias, dict) else bias
+    items: Any = bias.items() if isinstance(bias, dict) else bias
     pairs: dict[int, float] = {}
     for entry in items:
         if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
@@ -114,13 +122,14 @@ def make_rng(params: SamplingParams) -> np.random.Generator:
     return np.random.default_rng(params.seed)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:  # [V] -> [V], in float64 for stable logprobs
+def log_softmax(logits: Logits) -> npt.NDArray[np.float64]:  # [V] -> [V], in float64 for stable logprobs
     x = logits.astype(np.float64)
     x = x - x.max()
-    return x - np.log(np.exp(x).sum())
+    out: npt.NDArray[np.float64] = x - np.log(np.exp(x).sum())
+    return out
 
 
-def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  # [V] -> [V]
+def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.float64]:  # [V] -> [V]
     """The distribution we draw from: temperature, then top-k, top-p, min_p; zeros elsewhere."""
     assert params.temperature > 0, "greedy requests never build a distribution"
     x = logits.astype(np.float64) / params.temperature
@@ -129,7 +138,7 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  #
         # keep the k largest; argpartition is O(V), a full sort is not needed for this step
         kth = np.argpartition(-x, params.top_k - 1)[params.top_k - 1]
         x = np.where(x >= x[kth], x, -np.inf)
-    p = np.exp(x - x.max())
+    p: npt.NDArray[np.float64] = np.exp(x - x.max())
     p /= p.sum()
     if params.top_p < 1.0:
         order = np.argsort(-p, kind="stable")
@@ -147,8 +156,8 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  #
     return p
 
 
-def shaped_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids,
-                  allowed: np.ndarray | None = None) -> np.ndarray:
+def shaped_logits(logits: Logits, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                  allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.float32]:
     """[V] raw logits -> the row the draw sees: processors, then the grammar's mask (if any).
 
     The grammar wins over logit_bias: if the bias banned every token the grammar allows, the
@@ -164,7 +173,7 @@ def shaped_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output
     return row
 
 
-def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+def sample_token(logits: Logits, params: SamplingParams, rng: np.random.Generator) -> int:
     """One token id from one row of logits [V]."""
     if params.greedy:
         return int(np.argmax(logits))
@@ -172,10 +181,10 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     # inverse-CDF draw with one uniform: the same seed gives the same token on every machine
     u = rng.random()
     idx = int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"))
-    return min(idx, p.shape[0] - 1)
+    return min(idx, len(p) - 1)
 
 
-def top_logprobs(logits: np.ndarray, token_id: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+def top_logprobs(logits: Logits, token_id: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's logprob and the k most likely (id, logprob) pairs, from raw logits."""
     lp = log_softmax(logits)
     top = np.argsort(-lp, kind="stable")[:k] if k > 0 else np.empty(0, dtype=np.int64)

@@ -117,9 +117,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.structured import GrammarCompiler
 
     if args.engine:
-        import scratchllm
+        from scratchllm.llm import LLM
 
-        llm = scratchllm.LLM("default")
+        llm = LLM("default")
         tok = llm.tokenizer
     else:
         from scratchllm.tokenizer import Tokenizer

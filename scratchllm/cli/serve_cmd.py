@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from scratchllm.evaluate.feedback import RequestClasses
     from scratchllm.server.app import ServedEmbedder, ServedModel
     from scratchllm.tokenizer import Tokenizer
+    from scratchllm.tokenizer.protocol import TokenizerLike
     from scratchllm.trace.writer import TraceWriter
 
 ENV_PREFIX = "SCRATCHLLM_"
@@ -226,11 +227,13 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     return writer
 
 
-def _with_chat_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
+def _with_chat_template(tokenizer: TokenizerLike, template: str) -> Tokenizer:
     """The tokenizer with another chat template: a file's text, or the argument itself."""
     from scratchllm.tokenizer import Tokenizer
     from scratchllm.tokenizer.chat import render_chat
 
+    if not isinstance(tokenizer, Tokenizer):
+        raise ConfigError("--chat-template needs a model with its own tokenizer (not --fake-engine)")
     if os.path.isfile(template):
         with open(template, encoding="utf-8") as f:
             template = f.read()

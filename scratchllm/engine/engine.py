@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,11 +33,15 @@ from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.trace.writer import TraceWriter
 
+if TYPE_CHECKING:
+    from scratchllm.models.protocol import Model
+    from scratchllm.tokenizer.protocol import TokenizerLike
+
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, model: Any, config: EngineConfig | None = None, tokenizer: Any = None,
+    def __init__(self, model: Model, config: EngineConfig | None = None, tokenizer: TokenizerLike | None = None,
                  eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
                  trace: TraceWriter | None = None):
         self.model = model

@@ -11,7 +11,6 @@ the fused gate|up [T, 2I] and its product [T, I], plus the logits of the sampled
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from scratchllm.engine.config import EngineConfig
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import PackedWeight
+from scratchllm.models.protocol import Model
 
 MiB = 1 << 20
 DEFAULT_KV_BYTES = 1 << 30  # pool size when neither --kv-blocks nor a budget says otherwise
@@ -47,7 +47,7 @@ class MemoryPlan:
                 f"(budget {self.budget_bytes / MiB:.1f} MiB)")
 
 
-def weights_bytes(model: Any) -> int:
+def weights_bytes(model: Model) -> int:
     """Bytes of the arrays the forward reads, each buffer counted once (views share memory)."""
     seen: set[int] = set()
     total = 0
@@ -91,7 +91,7 @@ def activation_bytes(mc: ModelConfig, cfg: EngineConfig, max_model_len: int) -> 
     return 4 * (T * per_token + cfg.max_num_seqs * mc.vocab_size + threads * mc.num_heads * (max_model_len + 2 * D))
 
 
-def plan_memory(model: Any, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True) -> MemoryPlan:
+def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True) -> MemoryPlan:
     """Size the KV pool and check the whole against the budget.
 
     Budget: cfg.memory_budget_bytes, else the memory available now plus the weights (they are

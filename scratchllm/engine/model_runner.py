@@ -6,14 +6,13 @@ each weight matrix is read once per step in one GEMM of N rows: that is what mak
 on a CPU, where a decode of one sequence is bound by reading the weights.
 """
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.request import Request
 from scratchllm.engine.scheduler import ScheduledBatch
+from scratchllm.models.protocol import Model
 from scratchllm.sampling import sample_token, shaped_logits, top_logprobs
 from scratchllm.structured import guide_for
 
@@ -22,7 +21,7 @@ SampledToken = tuple[int, float | None, list[tuple[int, float]] | None]
 
 
 class ModelRunner:
-    def __init__(self, model: Any, num_blocks: int, block_size: int, num_threads: int = 0) -> None:
+    def __init__(self, model: Model, num_blocks: int, block_size: int, num_threads: int = 0) -> None:
         self.model = model
         self.block_size = block_size
         self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads)

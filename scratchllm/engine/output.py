@@ -17,16 +17,11 @@ passed in: no clock call per token here) minus the request's arrival.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from scratchllm.engine.protocol import RequestOutput, TokenEvent, TopLogprobs
 from scratchllm.sampling import SamplingParams
-
-
-class IncrementalDetokenizer(Protocol):
-    """What the output path needs of a detokenizer: push a token id, get complete UTF-8 text."""
-
-    def push(self, token_id: int) -> str: ...
+from scratchllm.tokenizer.protocol import IncrementalDetokenizer as IncrementalDetokenizer  # re-exported for tracing
 
 
 class OutputProcessor:

@@ -37,6 +37,8 @@ from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logp
 
 if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
+    from scratchllm.models.protocol import Model
+    from scratchllm.tokenizer.protocol import TokenizerLike
 
 logger = logging.getLogger(__name__)
 Waiting = TypeVar("Waiting", bound="Padded")
@@ -140,14 +142,14 @@ def take_batch(waiting: list[Waiting], batch_size: int, limits: RequestLimits,
     return batch
 
 
-def model_limits(model: Any, max_model_len: int | None = None) -> RequestLimits:
+def model_limits(model: Model, max_model_len: int | None = None) -> RequestLimits:
     """A model's limits: its context (or less, when max_model_len is given) and its vocabulary."""
     cfg = model.config
     ctx = cfg.max_position_embeddings
     return RequestLimits(min(ctx, max_model_len or ctx), cfg.vocab_size)
 
 
-def run_batch(model: Any, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
+def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
               clock: Callable[[], float] = time.monotonic, pad_id: int = 0,
               on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None) -> BatchCost:
     """Run one padded batch to completion. Every row's events go to on_event (the last one with
@@ -219,7 +221,7 @@ class StaticResult:
     padded_tokens: int = 0  # tokens computed that belong to no request (padding, finished rows)
 
 
-def run_static(model: Any, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], batch_size: int,
+def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], batch_size: int,
                eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
                pad_id: int = 0, arrivals: Sequence[float] | None = None) -> StaticResult:
     """Greedy generation of every request, in FIFO batches of up to `batch_size` (take_batch).
@@ -268,7 +270,8 @@ class StaticEngine:
     reported in the paged engine's block units, so the two modes compare in one unit.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 8, max_model_len: int | None = None,
+    def __init__(self, model: Model, tokenizer: TokenizerLike | None, batch_size: int = 8,
+                 max_model_len: int | None = None,
                  block_size: int = 16, clock: Callable[[], float] = time.monotonic, batch_window_s: float = 0.010):
         assert batch_size >= 1 and batch_window_s >= 0
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock

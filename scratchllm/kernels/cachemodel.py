@@ -102,8 +102,8 @@ class TilePrediction:
     tile_reuse: int  # the same loop, only what is reused across i in L1: T^2 + 2T
     kc: int  # packed GEMM: depth of a block (L1 rule)
     mc: int  # packed GEMM: rows of a block of A (L2 rule)
-    working_set: dict = field(default_factory=dict)  # level -> bytes the chosen tiles keep there
-    reasoning: list = field(default_factory=list)  # one line per step, for people
+    working_set: dict[str, float] = field(default_factory=dict)  # level -> bytes the chosen tiles keep there
+    reasoning: list[str] = field(default_factory=list)  # one line per step, for people
 
 
 def _largest_multiple(limit: float, step: int) -> int:

@@ -27,7 +27,7 @@ class CacheConfig:
     line_bytes: int = 64
     ways: int = 8
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Invariant: size = sets x ways x line, with a whole number of sets.
         if self.size_bytes <= 0 or self.line_bytes <= 0 or self.ways <= 0:
             raise ValueError(f"{self.name}: sizes and ways must be positive")

@@ -13,6 +13,7 @@ This module has no imports beyond the standard library: setup.py loads it by pat
 package (or NumPy) can be imported.
 """
 
+from collections.abc import Iterable
 from pathlib import Path
 
 BUILD_FEATURES_FILE = Path(__file__).with_name("_build_features.txt")
@@ -48,7 +49,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
     return None
 
 
-def missing_features(needed, have) -> list[str]:
+def missing_features(needed: Iterable[str], have: Iterable[str]) -> list[str]:
     return sorted(set(needed) - set(have))
 
 

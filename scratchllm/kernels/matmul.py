@@ -13,8 +13,11 @@ passes CuPy arrays).
 
 import importlib
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
 
@@ -32,9 +35,10 @@ def naive(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
     return result
 
 
-def numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def numpy(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """[m, k] @ [k, n] -> [m, n] through NumPy's BLAS."""
-    return np.matmul(a, b)
+    c: npt.NDArray[Any] = np.matmul(a, b)
+    return c
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,12 @@ class Tiles:
     kc: int = 512  # depth of a block
     nc: int = 4096  # columns of B per block, kept packed in L3 (rounded up to a multiple of 32)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if min(self.mc, self.kc, self.nc) < 1:
             raise ConfigError(f"tile sizes must be >= 1, got {self}")
 
 
-def _gemm():
+def _gemm() -> ModuleType:
     try:
         from scratchllm.kernels import _matmul
     except ImportError as e:  # the extension is built in place by `make build`
@@ -64,18 +68,19 @@ def _gemm():
     return _matmul
 
 
-def tiled(a: np.ndarray, b: np.ndarray, tiles: Tiles = Tiles(), threads: int = 1) -> np.ndarray:
+def tiled(a: npt.ArrayLike, b: npt.ArrayLike, tiles: Tiles = Tiles(), threads: int = 1) -> npt.NDArray[np.float32]:
     """[m, k] @ [k, n] -> [m, n] float32 with our Cython kernel; any strides, no copies of A or B.
 
     Inputs that are not float32 are converted (the kernel computes in float32 only).
     """
     if threads < 1:
         raise ConfigError(f"threads must be >= 1, got {threads}")
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ConfigError(f"tiled: shapes {a.shape} and {b.shape} do not multiply")
-    return _gemm().gemm(a, b, tiles.mc, tiles.kc, tiles.nc, threads)
+    a32 = np.asarray(a, dtype=np.float32)
+    b32 = np.asarray(b, dtype=np.float32)
+    if a32.ndim != 2 or b32.ndim != 2 or a32.shape[1] != b32.shape[0]:
+        raise ConfigError(f"tiled: shapes {a32.shape} and {b32.shape} do not multiply")
+    c: npt.NDArray[np.float32] = _gemm().gemm(a32, b32, tiles.mc, tiles.kc, tiles.nc, threads)
+    return c
 
 
 def cublas_unavailable() -> str | None:
@@ -92,7 +97,7 @@ def cublas_unavailable() -> str | None:
     return None
 
 
-def cublas(a, b):
+def cublas(a: Any, b: Any) -> Any:  # NumPy or CuPy arrays (CuPy has no type stubs)
     """[m, k] @ [k, n] -> [m, n] on the GPU; NumPy in, NumPy out (CuPy arrays stay on the device)."""
     reason = cublas_unavailable()
     if reason:

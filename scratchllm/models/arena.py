@@ -13,8 +13,10 @@ import ctypes
 import mmap
 import os
 import threading
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 CHUNK = 64 << 20  # bytes per shared mapping; an array of half that or more gets a mapping of its own
 ALIGN = 64  # every array starts on a cache line
@@ -52,7 +54,7 @@ class PanelArena:
         self._region: mmap.mmap | None = None
         self._used = 0
 
-    def zeros(self, shape, dtype) -> np.ndarray:
+    def zeros(self, shape: int | tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
         dtype = np.dtype(dtype)
         count = int(np.prod(shape))
         nbytes = max(count * dtype.itemsize, 1)

@@ -8,11 +8,14 @@ Host-side work that is inherently NumPy (reading files, sampling) converts with 
 """
 
 import sys
+from types import ModuleType
+from typing import Any
 
 import numpy
+import numpy.typing as npt
 
 
-def array_module(*arrays):
+def array_module(*arrays: object) -> ModuleType:
     """numpy, or cupy when any argument is a CuPy array (CuPy is only looked at if imported)."""
     cupy = sys.modules.get("cupy")
     if cupy is not None and any(isinstance(a, cupy.ndarray) for a in arrays):
@@ -20,9 +23,10 @@ def array_module(*arrays):
     return numpy
 
 
-def to_numpy(a) -> numpy.ndarray:
+def to_numpy(a: Any) -> npt.NDArray[Any]:  # a NumPy or a CuPy array (CuPy has no type stubs)
     """A host NumPy array (no copy when it already is one)."""
     if isinstance(a, numpy.ndarray):
         return a
-    return a.get()  # CuPy: device -> host
+    host: npt.NDArray[Any] = a.get()  # CuPy: device -> host
+    return host
 

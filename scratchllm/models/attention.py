@@ -11,13 +11,19 @@ layer serve all G query heads of a kv head, instead of repeating k and v G times
 """
 
 import math
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.models.array import array_module
+from scratchllm.models.config import ModelConfig
+
+Floats = npt.NDArray[np.floating[Any]]
+F = TypeVar("F", bound=Floats)
 
 
-def softmax_(x):  # [..., S] -> [..., S], in place: each step of decode would otherwise allocate twice
+def softmax_(x: F) -> F:  # [..., S] -> [..., S], in place: each step of decode would otherwise allocate twice
     xp = array_module(x)
     x -= x.max(axis=-1, keepdims=True)
     xp.exp(x, out=x)
@@ -28,7 +34,8 @@ def softmax_(x):  # [..., S] -> [..., S], in place: each step of decode would ot
 QUERY_BLOCK = 128  # prefill queries per block: later blocks see more keys, none computes the masked half
 
 
-def causal_attention(q, k, v, offset: int):  # [T, H, D], [KVH, S, D], [KVH, S, D] -> [T, H, D]
+def causal_attention(q: Floats, k: Floats, v: Floats, offset: int) -> Floats:
+    # [T, H, D], [KVH, S, D], [KVH, S, D] -> [T, H, D]
     """Query i sits at position offset + i and sees keys 0 .. offset + i (keys are positions 0..S-1).
 
     Long prefills go in blocks of QUERY_BLOCK queries, each against only the keys it may see: for
@@ -38,14 +45,15 @@ def causal_attention(q, k, v, offset: int):  # [T, H, D], [KVH, S, D], [KVH, S, 
     if T <= QUERY_BLOCK:
         return _attend(q, k[:, : offset + T], v[:, : offset + T], offset)
     xp = array_module(q)
-    out = xp.empty_like(q)
+    out: Floats = xp.empty_like(q)
     for i in range(0, T, QUERY_BLOCK):
         j = min(i + QUERY_BLOCK, T)
         out[i:j] = _attend(q[i:j], k[:, : offset + j], v[:, : offset + j], offset + i)
     return out
 
 
-def _attend(q, k, v, offset: int):  # [T, H, D], [KVH, S, D], [KVH, S, D] with S = offset + T -> [T, H, D]
+def _attend(q: Floats, k: Floats, v: Floats, offset: int) -> Floats:
+    # [T, H, D], [KVH, S, D], [KVH, S, D] with S = offset + T -> [T, H, D]
     T, H, D = q.shape
     KVH, S, _ = k.shape
     G = H // KVH
@@ -59,11 +67,13 @@ def _attend(q, k, v, offset: int):  # [T, H, D], [KVH, S, D], [KVH, S, D] with S
         # one additive pass (0 or -inf) is far cheaper than a boolean-mask assignment
         scores.reshape(KVH, G, T, S)[...] += xp.where(future, -np.inf, 0.0).astype(scores.dtype)
     softmax_(scores)
-    out = scores @ v  # [KVH, G*T, D]
+    out: Floats = scores @ v  # [KVH, G*T, D]
     return out.reshape(KVH, G, T, D).transpose(2, 0, 1, 3).reshape(T, H, D)
 
 
-def bidirectional_attention(q, k, v, mask):  # [B, T, H, D] x3, [B, T] (1 = token, 0 = pad) -> [B, T, H, D]
+def bidirectional_attention(q: Floats, k: Floats, v: Floats,
+                            mask: npt.NDArray[Any]) -> Floats:
+    # [B, T, H, D] x3, [B, T] (1 = token, 0 = pad) -> [B, T, H, D]
     """Encoder attention (BERT): every token sees every non-padding token of its own row."""
     xp = array_module(q)
     B, T, H, D = q.shape
@@ -71,7 +81,8 @@ def bidirectional_attention(q, k, v, mask):  # [B, T, H, D] x3, [B, T] (1 = toke
     scores = qh @ k.transpose(0, 2, 3, 1)  # [B, H, T, T]
     scores += xp.where(mask[:, None, None, :] > 0, 0.0, -np.inf).astype(scores.dtype)
     softmax_(scores)
-    return (scores @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # [B, T, H, D]
+    out: Floats = (scores @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # [B, T, H, D]
+    return out
 
 
 class ContiguousKVCache:
@@ -82,14 +93,15 @@ class ContiguousKVCache:
     hold the same number of positions (`length`), which is the position the next token takes.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, dtype=np.float32, xp=np):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
+                 dtype: npt.DTypeLike = np.float32, xp: Any = np) -> None:
         self.max_len = max_len
-        self.k = xp.zeros((num_layers, num_kv_heads, max_len, head_dim), dtype=dtype)
-        self.v = xp.zeros_like(self.k)
+        self.k: Floats = xp.zeros((num_layers, num_kv_heads, max_len, head_dim), dtype=dtype)
+        self.v: Floats = xp.zeros_like(self.k)
         self.lengths = [0] * num_layers
 
     @classmethod
-    def for_model(cls, config, max_len: int, dtype=np.float32):
+    def for_model(cls, config: ModelConfig, max_len: int, dtype: npt.DTypeLike = np.float32) -> "ContiguousKVCache":
         return cls(config.num_layers, config.num_kv_heads, config.head_dim, max_len, dtype)
 
     @property
@@ -98,10 +110,11 @@ class ContiguousKVCache:
         assert all(n == self.lengths[0] for n in self.lengths), "a forward pass stopped half-way"
         return self.lengths[0]
 
-    def reset(self):
+    def reset(self) -> None:
         self.lengths = [0] * len(self.lengths)
 
-    def __call__(self, layer: int, q, k, v):  # [T, H, D], [T, KVH, D], [T, KVH, D] -> [T, H, D]
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats) -> Floats:
+        # [T, H, D], [T, KVH, D], [T, KVH, D] -> [T, H, D]
         start = self.lengths[layer]
         end = start + k.shape[0]
         if end > self.max_len:

@@ -6,7 +6,9 @@ One dataclass covers the three families we run. `family` picks the forward pass:
   "bert"  - BERT encoders (embeddings for retrieval)
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from scratchllm.errors import ConfigError
 
@@ -49,7 +51,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "bert"):
             raise ConfigError(f"unknown model family {self.family!r}")
         # GQA: every key/value head serves the same number of query heads
@@ -73,7 +75,7 @@ class ModelConfig:
         return self.family != "bert"
 
 
-def from_hf_config(cfg: dict) -> ModelConfig:
+def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
     """Read a Hugging Face config.json (already parsed)."""
     archs = cfg.get("architectures") or []
     family = next((_HF_FAMILY[a] for a in archs if a in _HF_FAMILY), None)
@@ -136,7 +138,7 @@ def from_hf_config(cfg: dict) -> ModelConfig:
     )
 
 
-def from_gguf_metadata(meta: dict, has_output: bool, has_qkv_bias: bool) -> ModelConfig:
+def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: bool) -> ModelConfig:
     """Read GGUF key/values (`{arch}.block_count`, ...). Only Llama-family files are run from GGUF.
 
     `has_output` tells whether the file has its own `output.weight` (absent = tied to the
@@ -146,7 +148,7 @@ def from_gguf_metadata(meta: dict, has_output: bool, has_qkv_bias: bool) -> Mode
     if arch not in ("llama", "qwen2"):
         raise ConfigError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
 
-    def get(key, default=None):
+    def get(key: str, default: object = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise ConfigError(f"GGUF metadata lacks {arch}.{key}")

@@ -16,15 +16,19 @@ and say so by returning None.
 import contextlib
 import ctypes
 import os
+from collections.abc import Callable, Iterator
+
+# (set_num_threads, get_num_threads) of the OpenBLAS NumPy uses
+BlasFunctions = tuple[Callable[[int], object], Callable[[], int]]
 
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
             "openblas_set_num_threads")
 _GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
             "openblas_get_num_threads")
-_lib = None
+_lib: BlasFunctions | bool | None = None  # None: not looked for yet; False: none found
 
 
-def _openblas():
+def _openblas() -> BlasFunctions | None:
     global _lib
     if _lib is None:
         import numpy  # loads the library we are looking for
@@ -49,7 +53,7 @@ def _openblas():
                 setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
                 _lib = (setter, getter)
                 break
-    return _lib or None
+    return _lib if isinstance(_lib, tuple) else None
 
 
 def get_blas_threads() -> int | None:
@@ -72,7 +76,7 @@ def set_blas_threads(n: int | None) -> int | None:
 
 
 @contextlib.contextmanager
-def blas_threads(n: int | None):
+def blas_threads(n: int | None) -> Iterator[int | None]:
     from scratchllm.kernels import packed_gemm
 
     ours = packed_gemm.get_num_threads()
@@ -86,7 +90,7 @@ def blas_threads(n: int | None):
 
 
 @contextlib.contextmanager
-def single_blas_thread():
+def single_blas_thread() -> Iterator[None]:
     """OpenBLAS on one thread for the duration (then as it was).
 
     For code whose heavy matmuls run on our own kernel pool (a Llama forward): OpenBLAS's idle
@@ -95,11 +99,11 @@ def single_blas_thread():
     500-token prefill measured 410-419 tok/s; with it at 1, 532-540."""
     lib = _openblas()
     previous = int(lib[1]()) if lib else 1
-    if previous != 1:
+    if lib and previous != 1:
         lib[0](1)
     try:
         yield
     finally:
-        if previous != 1:
+        if lib and previous != 1:
             lib[0](previous)
 

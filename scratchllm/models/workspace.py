@@ -13,6 +13,7 @@ its own as well: the buffers are never shared by two forwards at once.
 """
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class StepBuffers:
 
     @property
     def rows(self) -> int:
-        return self.h.shape[0]
+        return int(self.h.shape[0])
 
     def head(self, n: int) -> "StepBuffers":
         """The first n rows (views; slicing the leading axis keeps every buffer C-contiguous)."""
@@ -93,7 +94,7 @@ class Workspace:
         self._views: dict[int, StepBuffers] = {}  # n -> head(n): built once per row count
 
     @contextmanager
-    def rows(self, n: int):
+    def rows(self, n: int) -> Iterator[StepBuffers]:
         if n > CACHED_ROWS or not self._lock.acquire(blocking=False):
             yield StepBuffers.allocate(self.cfg, n)  # this forward's own, freed after it
             return

@@ -48,9 +48,10 @@ def _load_static(ref: str, name: str, options: dict[str, Any], dtype: str = "flo
     if unknown:
         raise ConfigError(f"--batching static does not take {sorted(unknown)}")
     model, tokenizer = load_weights(ref, dtype)
+    assert tokenizer is not None  # load_weights was asked for it
     engine = StaticEngine(model, tokenizer, batch_size=options.get("max_num_seqs") or 8,
                           max_model_len=options.get("max_model_len"))
-    return ServedModel(name, engine, engine.tokenizer, engine.max_model_len)
+    return ServedModel(name, engine, tokenizer, engine.max_model_len)
 
 
 def load_embedder(ref: str) -> ServedEmbedder:

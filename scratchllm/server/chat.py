@@ -37,9 +37,10 @@ from scratchllm.server.sse import SSE_DONE
 from scratchllm.server.state import ServerState
 from scratchllm.server.structured_fields import ToolPlan
 from scratchllm.server.timings import reply_timings
+from scratchllm.tokenizer.protocol import TokenizerLike
 
 
-def template_reads_tools(tok: Any) -> bool:
+def template_reads_tools(tok: TokenizerLike) -> bool:
     """Whether the tokenizer's chat template uses a `tools` variable (the fake's has none)."""
     source = getattr(getattr(tok, "spec", None), "chat_template", None)
     return isinstance(source, str) and re.search(r"\btools\b", source) is not None
@@ -87,7 +88,8 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
                       "timings": reply_timings(results[0], req.timings_per_token)})
 
 
-def chat_logprob(tok: Any, token_id: int | None, logprob: float | None, top: TopLogprobs | None) -> dict[str, Any]:
+def chat_logprob(tok: TokenizerLike, token_id: int | None, logprob: float | None,
+                 top: TopLogprobs | None) -> dict[str, Any]:
     def entry(t: int | None, lp: float | None) -> dict[str, Any]:
         s = token_str(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode())}
@@ -101,7 +103,7 @@ def _delta(head: dict[str, Any], k: int, delta: dict[str, Any], finish: str | No
 
 
 async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequest, mode: str,
-                  tok: Any) -> AsyncGenerator[bytes, None]:
+                  tok: TokenizerLike) -> AsyncGenerator[bytes, None]:
     count = len(gen.streams)
     for k in range(count):
         yield gen.chunks.encode(_delta(head, k, {"role": "assistant", "content": ""}))

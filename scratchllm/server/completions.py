@@ -32,6 +32,7 @@ from scratchllm.server.generation import (
 from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
 from scratchllm.server.timings import reply_timings
+from scratchllm.tokenizer.protocol import TokenizerLike
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -87,7 +88,7 @@ def _best(results: list[RequestOutput], n: int) -> list[RequestOutput]:
     return [results[i] for i in order[:n]]
 
 
-def _logprobs(tok: Any, items: list[LogprobItem], start: int, end: int) -> dict[str, Any]:
+def _logprobs(tok: TokenizerLike, items: list[LogprobItem], start: int, end: int) -> dict[str, Any]:
     """OpenAI's completions logprobs; text_offset[i] is where token i's text starts in the
     returned text (`start`: after the echoed prompt), never past its `end`."""
     tokens = [token_str(tok, t) for t, _, _ in items]
@@ -101,7 +102,7 @@ def _logprobs(tok: Any, items: list[LogprobItem], start: int, end: int) -> dict[
             "text_offset": offsets}
 
 
-async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest, tok: Any,
+async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest, tok: TokenizerLike,
                   echoed: str) -> AsyncGenerator[bytes, None]:
     n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * len(gen.streams))
     sent = [len(echoed)] * len(gen.streams)  # characters of each choice's returned text so far

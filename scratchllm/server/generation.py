@@ -37,6 +37,7 @@ from scratchllm.server.protocol import (
 from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
+from scratchllm.tokenizer.protocol import TokenizerLike
 from scratchllm.trace.otlp import record_request
 
 # (token id, logprob, top alternatives) of one generated token; the id is None on an abort event
@@ -333,6 +334,6 @@ def token_logprobs(r: RequestOutput) -> list[LogprobItem]:
     return [(t, lp, top) for t, (lp, top) in zip(r.token_ids, r.logprobs or [], strict=True)]
 
 
-def token_str(tok: Any, token_id: int | None) -> str:
+def token_str(tok: TokenizerLike, token_id: int | None) -> str:
     text: str = tok.decode([token_id]) if token_id is not None else ""
     return text

@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 from scratchllm.engine.protocol import EngineClient
 from scratchllm.errors import ConfigError
+from scratchllm.models.protocol import Embed
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import MIN_RETRY_AFTER_S, APIError
 from scratchllm.structured import GrammarCompiler
 from scratchllm.tokenizer.guidance import llg_tokenizer
+from scratchllm.tokenizer.protocol import TokenizerLike
 from scratchllm.trace.writer import TraceWriter
 
 logger = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ class ServedModel:
 
     name: str  # the id clients send as "model" and see in /v1/models
     engine: EngineClient
-    tokenizer: Any  # encode / decode / apply_chat_template / eos_token_id
+    tokenizer: TokenizerLike
     max_model_len: int  # prompt + completion tokens may not exceed this
     aliases: tuple[str, ...] = ()
 
@@ -38,8 +40,8 @@ class ServedModel:
 @dataclass
 class ServedEmbedder:
     name: str
-    embed: Any  # (input_ids [B, T] int64, attention_mask [B, T]) -> [B, hidden] float32, L2-normalized
-    tokenizer: Any
+    embed: Embed  # (input_ids [B, T] int64, attention_mask [B, T]) -> [B, hidden] float32, L2-normalized
+    tokenizer: TokenizerLike
     max_len: int
     aliases: tuple[str, ...] = ()
 

@@ -8,16 +8,30 @@ masks the request's logits with it and consumes the token it samples.
 """
 
 import weakref
+from collections.abc import Sequence
+from typing import Protocol
 
+from scratchllm.sampling import SamplingParams
 from scratchllm.structured.grammar import CompiledGrammar, GrammarCompiler, tool_call_schema
 from scratchllm.structured.matcher import GrammarMatcher, apply_mask
 from scratchllm.structured.tools import ToolCallStream, tool_calls_from_text
 
+
+class GuidedRequest(Protocol):
+    """What guide_for needs of a request (the engine's Request): its params and its output so far."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+
+
 # One matcher per live request, keyed by the request object itself: it goes when the request does.
-_matchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_matchers: "weakref.WeakKeyDictionary[GuidedRequest, GrammarMatcher]" = weakref.WeakKeyDictionary()
 
 
-def guide_for(req) -> GrammarMatcher | None:
+def guide_for(req: GuidedRequest) -> GrammarMatcher | None:
     """The request's matcher, in step with its output (None when it has no grammar).
 
     Call it when the request is added (so the first mask is computed during the prefill) and

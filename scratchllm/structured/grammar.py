@@ -16,10 +16,19 @@ raises ConfigError here, before the request is admitted, so the client gets a 40
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from scratchllm.errors import ConfigError
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    import llguidance
+    from llguidance._lib import JsonCompileOptions  # the type of grammar_from_json_schema's options
+
+    from scratchllm.structured.matcher import GrammarMatcher
+    from scratchllm.tokenizer.protocol import TokenizerLike
+
+JSON_OPTIONS: "JsonCompileOptions" = {
+    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,24 +37,24 @@ class CompiledGrammar:
 
     kind: str  # "json_object" | "json_schema" | "regex" | "choice" | "tool_call"
     grammar: str  # llguidance's serialized grammar
-    lltokenizer: object  # llguidance.LLTokenizer
+    lltokenizer: "llguidance.LLTokenizer"
     vocab_size: int
     eos_token_id: int
 
-    def new_matcher(self):
+    def new_matcher(self) -> "GrammarMatcher":
         """A fresh per-request matcher at the grammar's start (scratchllm.structured.matcher)."""
         from scratchllm.structured.matcher import GrammarMatcher
 
         return GrammarMatcher(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"CompiledGrammar({self.kind}, {len(self.grammar)} chars)"
 
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer (its llguidance trie is built on first use)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: "TokenizerLike") -> None:
         self.tokenizer = tokenizer
 
     def _compile(self, kind: str, grammar: str, what: str) -> CompiledGrammar:
@@ -57,12 +66,14 @@ class GrammarCompiler:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltok)
         if is_error:
             raise ConfigError(f"{what} cannot be compiled: {messages[0].strip()}")
-        return CompiledGrammar(kind, grammar, lltok, self.tokenizer.vocab_size, self.tokenizer.eos_token_id)
+        eos = self.tokenizer.eos_token_id
+        assert eos is not None, "llg_tokenizer refuses a tokenizer without an end-of-sequence token"
+        return CompiledGrammar(kind, grammar, lltok, self.tokenizer.vocab_size, eos)
 
     def json_object(self) -> CompiledGrammar:
         return self.json_schema({"type": "object"}, strict=False, kind="json_object")
 
-    def json_schema(self, schema, strict: bool = True, kind: str = "json_schema") -> CompiledGrammar:
+    def json_schema(self, schema: object, strict: bool = True, kind: str = "json_schema") -> CompiledGrammar:
         """strict: a keyword llguidance cannot enforce is an error; otherwise it is ignored."""
         import llguidance
 
@@ -70,9 +81,9 @@ class GrammarCompiler:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise ConfigError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        overrides: JsonCompileOptions = {**JSON_OPTIONS, "lenient": not strict}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), overrides={**JSON_OPTIONS, "lenient": not strict})
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=overrides)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"the JSON schema is not valid: {err}") from None
         return self._compile(kind, grammar, "the JSON schema")
@@ -84,7 +95,7 @@ class GrammarCompiler:
             raise ConfigError("a regex constraint must be a non-empty string")
         return self._compile("regex", llguidance.LLMatcher.grammar_from_regex(pattern), "the regex")
 
-    def choice(self, options) -> CompiledGrammar:
+    def choice(self, options: object) -> CompiledGrammar:
         import llguidance
 
         if not (isinstance(options, (list, tuple)) and options and all(isinstance(o, str) and o for o in options)):
@@ -93,7 +104,7 @@ class GrammarCompiler:
         lark = "start: " + " | ".join(json.dumps(o) for o in options)
         return self._compile("choice", llguidance.LLMatcher.grammar_from_lark(lark), "the choice list")
 
-    def tool_call(self, tools: list[dict]) -> CompiledGrammar:
+    def tool_call(self, tools: list[dict[str, Any]]) -> CompiledGrammar:
         """tools: [{"name": str, "parameters": JSON schema}] -> one call to one of them."""
         if not tools:
             raise ConfigError("a forced tool call needs at least one tool")
@@ -102,7 +113,7 @@ class GrammarCompiler:
         return self.json_schema(schema, strict=True, kind="tool_call")
 
 
-def tool_call_schema(name: str, parameters: dict) -> dict:
+def tool_call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
     """The JSON a forced call is written as: the function's name, then arguments that validate."""
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
             "required": ["name", "arguments"], "additionalProperties": False}

@@ -14,9 +14,17 @@ by recompute keeps its tokens, so its matcher stays valid and nothing is reset).
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from scratchllm.structured.grammar import CompiledGrammar
+
+Mask = npt.NDArray[np.bool_]  # [vocab_size] bool: True where the grammar allows the token
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +43,7 @@ def _executor() -> ThreadPoolExecutor:
 
 
 class GrammarMatcher:
-    def __init__(self, compiled):
+    def __init__(self, compiled: "CompiledGrammar") -> None:
         import llguidance
 
         self.compiled = compiled
@@ -48,12 +56,12 @@ class GrammarMatcher:
         self.num_masks = 0  # masks the sampler asked for
         self.num_late = 0  # ... of which were still being computed when asked for
         self.first_late = False  # the first one was (when the matcher is made at the first sample)
-        self._pending: Future | None = _executor().submit(self._compute)
+        self._pending: Future[Mask] | None = _executor().submit(self._compute)
 
-    def _compute(self) -> np.ndarray:  # -> [vocab_size] bool
+    def _compute(self) -> Mask:  # -> [vocab_size] bool
         t0 = time.perf_counter()
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[: self.compiled.vocab_size].astype(bool)
+        allowed: Mask = np.unpackbits(bits, bitorder="little")[: self.compiled.vocab_size].astype(bool)
         if not allowed.any():
             # An error state (or a grammar that cannot go on) allows nothing: end the output
             # rather than hand the sampler a row of -inf.
@@ -61,7 +69,7 @@ class GrammarMatcher:
         self.compute_s += time.perf_counter() - t0
         return allowed
 
-    def allowed(self) -> np.ndarray:
+    def allowed(self) -> Mask:
         """[vocab_size] bool: the tokens the grammar accepts next."""
         if self._pending is None:
             self._pending = _executor().submit(self._compute)
@@ -84,7 +92,7 @@ class GrammarMatcher:
         self.num_consumed += 1
         self._pending = None if self.is_done() else _executor().submit(self._compute)
 
-    def sync(self, output_ids) -> None:
+    def sync(self, output_ids: Sequence[int]) -> None:
         """Bring the matcher to `output_ids` (consume what it has not seen, roll back the rest)."""
         n = len(output_ids)
         if n > self.num_consumed:
@@ -109,7 +117,7 @@ class GrammarMatcher:
         return self._m.get_error()
 
 
-def apply_mask(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+def apply_mask(row: npt.NDArray[np.float32], allowed: Mask) -> npt.NDArray[np.float32]:
     """[V] logits, [n] bool (n <= V) -> the row with every disallowed logit at -inf (in place)."""
     n = allowed.shape[0]
     row[:n][~allowed[: row.shape[0]]] = -np.inf

@@ -10,13 +10,20 @@ Building the trie takes about a second for a 49k vocabulary, so there is one per
 
 import threading
 import weakref
+from typing import TYPE_CHECKING, cast
 
 from scratchllm.errors import ConfigError
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from scratchllm.tokenizer.protocol import TokenizerLike
+    from scratchllm.tokenizer.tokenizer import Tokenizer as BPETokenizer
 
 # llguidance's marker byte for a special token (no UTF-8 text starts with 0xFF).
 SPECIAL_MARKER = b"\xff"
 
-_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_cache: "weakref.WeakKeyDictionary[TokenizerLike, llguidance.LLTokenizer]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -25,9 +32,10 @@ class _Vocabulary:
 
     is_tokenizer_wrapper = True
 
-    def __init__(self, tok):
-        if not getattr(tok, "_byte_level", False):
-            raise ConfigError(f"structured output needs a byte-level BPE tokenizer; {tok!r} is not one")
+    def __init__(self, tokenizer: "TokenizerLike") -> None:
+        if not getattr(tokenizer, "_byte_level", False):
+            raise ConfigError(f"structured output needs a byte-level BPE tokenizer; {tokenizer!r} is not one")
+        tok = cast("BPETokenizer", tokenizer)  # only our byte-level BPE Tokenizer has _byte_level set
         if tok.eos_token_id is None:
             raise ConfigError(f"structured output needs an end-of-sequence token; {tok!r} has none")
         self._tok = tok
@@ -38,7 +46,7 @@ class _Vocabulary:
         self.tokens = [SPECIAL_MARKER + tok.token_bytes(i) if i in specials else tok.token_bytes(i)
                        for i in range(tok.vocab_size)]
 
-    def __call__(self, text) -> list[int]:
+    def __call__(self, text: str | bytes) -> list[int]:
         # llguidance calls this to re-tokenize forced text; invalid UTF-8 cannot come from it
         # (it cuts at character boundaries), but replace rather than fail if it ever does.
         if isinstance(text, bytes):
@@ -46,14 +54,15 @@ class _Vocabulary:
         return self._tok.encode(text, add_special_tokens=False)
 
 
-def llg_tokenizer(tok):
+def llg_tokenizer(tok: "TokenizerLike") -> "llguidance.LLTokenizer":
     """The llguidance.LLTokenizer for one of our Tokenizers (built once, then cached)."""
     import llguidance
 
     with _lock:
         cached = _cache.get(tok)
         if cached is None:
-            cached = llguidance.LLTokenizer(_Vocabulary(tok), n_vocab=tok.vocab_size)
+            vocabulary = cast(llguidance.TokenizerWrapper, _Vocabulary(tok))  # duck-typed: the fields it reads
+            cached = llguidance.LLTokenizer(vocabulary, n_vocab=tok.vocab_size)
             # Invariant the masks rely on: llguidance's token ids are ours, one for one.
             assert cached.vocab_size == tok.vocab_size, (cached.vocab_size, tok.vocab_size)
             _cache[tok] = cached

@@ -4,9 +4,9 @@ what it refuses. test_fused_forward.py compares both against the expressions of 
 
 import numpy as np
 import pytest
-from scratchllm.kernels.llama_blocks import LlamaBlocks
 
 from scratchllm.engine.paged_attention import PagedAttention, PagedSequence
+from scratchllm.kernels.llama_blocks import LlamaBlocks
 from scratchllm.models import ContiguousKVCache
 from scratchllm.models import llama as llama_module
 from scratchllm.models.llama import llama

@@ -5,10 +5,10 @@ caller's already parsed metadata gives the same tokenizer as the file; malformed
 refused with a FormatError."""
 
 import pytest
-from scratchllm.tokenizer._vocabulary import Vocabulary
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.gguf import GGUFFile
+from scratchllm.tokenizer._vocabulary import Vocabulary
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.gguf_vocab import from_gguf, merge_table
 

@@ -6,9 +6,9 @@ dict(zip(tokens, range(n))): every lookup, hit or miss, gives the dict's answer,
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 
 from scratchllm.formats.gguf import GGUFFile
+from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 
 ALPHABET = "ab~é\u0120\u0143你\U0001F917 "
 

@@ -1,0 +1,3 @@
+from _typeshed import ReadableBuffer
+
+def read_strings(buf: ReadableBuffer, pos: int, count: int) -> tuple[list[str], int]: ...

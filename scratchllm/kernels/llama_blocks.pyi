@@ -1,0 +1,24 @@
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from scratchllm.models.config import ModelConfig
+from scratchllm.models.workspace import StepBuffers
+
+F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
+
+class LlamaBlocks:
+    num_layers: int
+    C: int
+    I: int
+    H: int
+    KVH: int
+    D: int
+    matmul_ns: int
+    attention_ns: int
+    other_ns: int
+    def __init__(self, layers: Sequence[Mapping[str, object]], cfg: ModelConfig) -> None: ...
+    def run(self, x: F32, buf: StepBuffers, cos: F32, sin: F32, k_cache: F32, v_cache: F32, block_tables: I32,
+            token_seq: I32, token_pos: I32, max_ctx: int, scale: float, num_threads: int = 0) -> None: ...

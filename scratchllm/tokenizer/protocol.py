@@ -1,0 +1,45 @@
+"""The contract between a tokenizer and the engine and server above it, as code.
+
+What engine/ and server/ call on a tokenizer, nothing more: ids <-> text, the streaming
+detokenizer the engine's output path pushes each token through, the chat template, the
+vocabulary size and the end-of-sequence id. Our Tokenizer (tokenizer.py) and the fake engine's
+byte tokenizer (engine/fake.py) both satisfy it.
+"""
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+
+class IncrementalDetokenizer(Protocol):
+    """Push a token id, get back the text it completes (only whole UTF-8 characters)."""
+
+    def push(self, token_id: int) -> str: ...
+
+
+class TokenizerLike(Protocol):
+    """What engine/ and server/ call on a tokenizer (see the module doc)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def detokenizer(self, skip_special_tokens: bool = ...) -> IncrementalDetokenizer: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = ...) -> str: ...
+
+
+if TYPE_CHECKING:  # our tokenizers satisfy the contract: checked by mypy, never run
+    from scratchllm.engine.fake import FakeTokenizer
+    from scratchllm.tokenizer.tokenizer import Tokenizer
+
+    def _ours_is_a_tokenizer(t: Tokenizer) -> TokenizerLike:
+        return t
+
+    def _fake_is_a_tokenizer(t: FakeTokenizer) -> TokenizerLike:
+        return t
