@@ -50,6 +50,13 @@ class ModelConfig:
     type_vocab_size: int = 0  # BERT token types
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Attention as the engine's kernel and the model's own caches run it (the contract between
+    # models/ and engine/paged_attention.py): per-layer sliding windows in tokens (0 = the layer
+    # attends to the whole context; () = every layer does), the softmax scale (None: head_dim**-0.5)
+    # and tanh soft-capping of the scores (None: off).
+    layer_windows: tuple[int, ...] = ()
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "bert"):
@@ -59,8 +66,21 @@ class ModelConfig:
             raise ConfigError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} kv heads")
         if self.family != "llama" and self.num_heads * self.head_dim != self.hidden_size:
             raise ConfigError(f"{self.num_heads} heads x {self.head_dim} != hidden size {self.hidden_size}")
+        if self.layer_windows and (len(self.layer_windows) != self.num_layers or min(self.layer_windows) < 0):
+            raise ConfigError(f"layer_windows needs one window >= 0 per layer ({self.num_layers}), "
+                              f"got {self.layer_windows}")
         if self.family == "llama" and self.head_dim % 2:
             raise ConfigError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` in tokens (a query at position p sees keys p - w + 1 .. p),
+        or None when the layer sees the whole context."""
+        w = self.layer_windows[layer] if self.layer_windows else 0
+        return w or None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
 
     @property
     def q_size(self) -> int:
