@@ -67,7 +67,11 @@ def test_the_cluster_ingress_parses_the_file_once(parses, default_gguf):
     from scratchllm.cluster.app import ClusterSpec, _served_model
     from scratchllm.cluster.replica import ReplicaSpec
 
-    served = _served_model(ClusterSpec(replica=ReplicaSpec(model="default")), engine=None)
+    class Handle:  # stands in for Serve's DeploymentHandle: nothing is sent here
+        def options(self, **_):
+            return self
+
+    served = _served_model(ClusterSpec(replica=ReplicaSpec(model="default")), engine_handle=Handle())
     assert parses == [str(default_gguf)] and served.tokenizer.eos_token_id is not None
 
 
