@@ -38,7 +38,8 @@ def add_parser(sub: Subparsers) -> None:
         if importlib.util.find_spec(module_name) is None:
             continue
         module = importlib.import_module(module_name)
-        p = benches.add_parser(name, help=help_text, description=module.__doc__)
+        p = benches.add_parser(name, help=help_text, description=module.__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)  # the docs are laid out
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         module.add_arguments(p)
         p.set_defaults(func=_run(module))
