@@ -21,19 +21,33 @@ none of them costs one attribute read (SamplingParams.uses_processors).
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from scratchllm.sampling import SamplingParams
+
+class ProcessorParams(Protocol):
+    """What the processors read of a request's sampling parameters (SamplingParams has them)."""
+
+    @property
+    def presence_penalty(self) -> float: ...
+
+    @property
+    def frequency_penalty(self) -> float: ...
+
+    @property
+    def repetition_penalty(self) -> float: ...
+
+    @property
+    def logit_bias(self) -> tuple[tuple[int, float], ...]: ...
+
 
 # A bias at or below this bans the token outright (OpenAI: "-100 should result in a ban").
 BAN_BIAS = -100.0
 
 
-def apply_processors(logits: npt.NDArray[np.floating[Any]], params: "SamplingParams", prompt_ids: Sequence[int],
+def apply_processors(logits: npt.NDArray[np.floating[Any]], params: ProcessorParams, prompt_ids: Sequence[int],
                      output_ids: Sequence[int]) -> npt.NDArray[np.float32]:
     """[V] float -> a new [V] float32 row with every processor the params ask for applied."""
     x = np.array(logits, dtype=np.float32, copy=True)

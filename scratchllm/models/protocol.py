@@ -9,7 +9,7 @@ forward of that kind: it embeds whole padded batches.
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -52,21 +52,3 @@ class Encoder(Protocol):
     def config(self) -> ModelConfig: ...
 
     def embed(self, input_ids: Ints, attention_mask: Ints) -> npt.NDArray[np.float32]: ...
-
-
-if TYPE_CHECKING:  # our models satisfy the contracts: checked by mypy, never run
-    from scratchllm.models.bert import BertModel
-    from scratchllm.models.gpt2 import GPT2Model
-    from scratchllm.models.llama import LlamaModel
-
-    def _llama_is_a_model(m: LlamaModel) -> Model:
-        return m
-
-    def _gpt2_is_a_model(m: GPT2Model) -> Model:
-        return m
-
-    def _bert_is_an_encoder(m: BertModel) -> Encoder:
-        return m
-
-    def _bert_embed_is_an_embed(m: BertModel) -> Embed:
-        return m.embed

@@ -11,17 +11,23 @@ import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
-from scratchllm.sampling import SamplingParams
 from scratchllm.structured.grammar import CompiledGrammar, GrammarCompiler, tool_call_schema
 from scratchllm.structured.matcher import GrammarMatcher, apply_mask
 from scratchllm.structured.tools import ToolCallStream, tool_calls_from_text
+
+
+class GrammarParams(Protocol):
+    """What guide_for reads of a request's sampling parameters (SamplingParams has it)."""
+
+    @property
+    def grammar(self) -> CompiledGrammar | None: ...
 
 
 class GuidedRequest(Protocol):
     """What guide_for needs of a request (the engine's Request): its params and its output so far."""
 
     @property
-    def params(self) -> SamplingParams: ...
+    def params(self) -> GrammarParams: ...
 
     @property
     def output_token_ids(self) -> Sequence[int]: ...

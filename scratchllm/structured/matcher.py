@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from scratchllm.structured.grammar import CompiledGrammar
+    import llguidance
 
 Mask = npt.NDArray[np.bool_]  # [vocab_size] bool: True where the grammar allows the token
 
@@ -42,8 +42,24 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+class Matchable(Protocol):
+    """What a matcher reads of its grammar (structured/grammar.py's CompiledGrammar has it)."""
+
+    @property
+    def grammar(self) -> str: ...
+
+    @property
+    def lltokenizer(self) -> "llguidance.LLTokenizer": ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int: ...
+
+
 class GrammarMatcher:
-    def __init__(self, compiled: "CompiledGrammar") -> None:
+    def __init__(self, compiled: Matchable) -> None:
         import llguidance
 
         self.compiled = compiled

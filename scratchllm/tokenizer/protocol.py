@@ -7,7 +7,7 @@ byte tokenizer (engine/fake.py) both satisfy it.
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 
 class IncrementalDetokenizer(Protocol):
@@ -32,14 +32,3 @@ class TokenizerLike(Protocol):
     def detokenizer(self, skip_special_tokens: bool = ...) -> IncrementalDetokenizer: ...
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = ...) -> str: ...
-
-
-if TYPE_CHECKING:  # our tokenizers satisfy the contract: checked by mypy, never run
-    from scratchllm.engine.fake import FakeTokenizer
-    from scratchllm.tokenizer.tokenizer import Tokenizer
-
-    def _ours_is_a_tokenizer(t: Tokenizer) -> TokenizerLike:
-        return t
-
-    def _fake_is_a_tokenizer(t: FakeTokenizer) -> TokenizerLike:
-        return t
