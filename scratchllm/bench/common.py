@@ -5,15 +5,47 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # for the annotation only: every benchmark imports this module, not all load a model
+    from scratchllm.models.config import ModelConfig
 
 
-def median(values) -> float:
+class LoadedModel(Protocol):
+    """What the benchmarks use of a decoder as load_model returns it (LlamaModel, GPT2Model): the
+    engine's Model (its config and packed forward), its packed weights, and what load_model
+    records on it."""
+
+    config: "ModelConfig"
+    params: dict[str, Any]  # "layers" (a dict of arrays per layer), "norm", "lm_head", ...
+    path: str  # the file or folder it was loaded from
+    format: str  # "gguf", "safetensors", ...
+    dtype: str  # what dtype "auto" resolved to
+    panels_from_cache: bool  # its panels were mapped from the panel cache, packed by an earlier load
+
+    def forward(self, input_ids: npt.NDArray[np.integer[Any]], positions: npt.NDArray[np.integer[Any]],
+                attention: Any, logits_rows: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+                ) -> npt.NDArray[np.float32]: ...
+
+
+class MachineFacts(TypedDict):
+    cpu: str
+    cores: int | None
+    python: str
+    numpy: str
+    blas: list[str]  # each BLAS library: its API, version and thread count
+    platform: str
+
+
+def median(values: Iterable[float]) -> float:
     return float(statistics.median(values))
 
 
-def machine_facts() -> dict:
+def machine_facts() -> MachineFacts:
     """Enough to tell two runs' machines apart: CPU model, cores, NumPy and its BLAS."""
     cpu = platform.processor()
     try:
@@ -43,12 +75,12 @@ def machine_facts() -> dict:
     }
 
 
-def measure_bandwidth(mb: int, repeat: int) -> dict:
+def measure_bandwidth(mb: int, repeat: int) -> dict[str, float]:
     """Bytes/s of reading a large float32 array: np.sum (1 thread) and BLAS gemv (all BLAS threads).
     "sum_1thread_cpu" divides by the summing thread's own CPU time instead of wall time."""
     a = np.ones((mb * 2**20 // 4096, 1024), dtype=np.float32)  # rows of 4 KiB; fills the pages now
     x = np.ones(1024, dtype=np.float32)
-    out = {}
+    out: dict[str, float] = {}
     for name, fn in (("sum_1thread", lambda: a.sum(dtype=np.float32)), ("gemv_blas", lambda: a @ x)):
         fn()
         times, cpu = [], []
@@ -63,9 +95,9 @@ def measure_bandwidth(mb: int, repeat: int) -> dict:
     return out
 
 
-def weight_bytes_per_token(model) -> int:
+def weight_bytes_per_token(model: LoadedModel) -> int:
     """Bytes of weights one decode step reads: every matrix and norm once, the LM head once
     (tied embeddings are read as the LM head; the embedding row lookup is negligible)."""
     p = model.params
     total = sum(a.nbytes for layer in p["layers"] for a in layer.values())
-    return total + p["norm"].nbytes + p["lm_head"].nbytes
+    return int(total + p["norm"].nbytes + p["lm_head"].nbytes)

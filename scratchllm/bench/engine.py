@@ -48,16 +48,22 @@ taken within the run. The design article's figures (an A10G GPU, its own workloa
 beside ours, labelled as such (docs/references.md).
 """
 
+import argparse
 import os
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.common import LoadedModel, machine_facts, median
 from scratchllm.bench.engine_report import render as render  # the report of these runs
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
+
+if TYPE_CHECKING:  # for the annotation only: the checkpoint is opened where the benchmark runs
+    from scratchllm.formats import Checkpoint
 
 PUBLISHED = ARTICLE_SERVING
 SHORT_MAX_TOKENS = 256  # the priority policy's high queue: max_tokens below this
@@ -85,7 +91,7 @@ def _range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--requests", type=int, default=64, help="requests in the mixed workload (default 64)")
     parser.add_argument("--prompt-len", default="16,512", help="prompt lengths LO,HI (default 16,512)")
@@ -127,7 +133,8 @@ def add_arguments(parser):
                              "the chat batch with 32 new tokens")
 
 
-def workload(n: int, prompt_len, output_len, vocab: int, seed: int):
+def workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int,
+             seed: int) -> tuple[list[list[int]], list[int]]:
     rng = np.random.default_rng(seed)
     lo = min(100, vocab // 4)  # above the special tokens of real vocabularies
     prompts = [rng.integers(lo, vocab - 1, int(rng.integers(prompt_len[0], prompt_len[1] + 1))).tolist()
@@ -136,7 +143,7 @@ def workload(n: int, prompt_len, output_len, vocab: int, seed: int):
     return prompts, outputs
 
 
-def _pct(values, q) -> float:
+def _pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
@@ -145,7 +152,8 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     if rate <= 0:
         return [0.0] * n
     gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, n)
-    return np.cumsum(gaps).tolist()
+    times: list[float] = np.cumsum(gaps).tolist()
+    return times
 
 
 def _wait_until(t0: float, t: float) -> None:
@@ -154,7 +162,8 @@ def _wait_until(t0: float, t: float) -> None:
         time.sleep(delay)
 
 
-def _summary(prompts, outputs, arrivals, finish, wall) -> dict:
+def _summary(prompts: Sequence[Sequence[int]], outputs: Sequence[int], arrivals: Sequence[float],
+             finish: Sequence[float], wall: float) -> dict[str, Any]:
     lat = [(f - a) * 1e3 for f, a in zip(finish, arrivals, strict=True)]
     short = [x for x, o in zip(lat, outputs, strict=True) if o < SHORT_MAX_TOKENS]
     return {"wall_s": wall, "output_tokens": sum(outputs), "output_tok_s": sum(outputs) / wall,
@@ -162,8 +171,9 @@ def _summary(prompts, outputs, arrivals, finish, wall) -> dict:
             "short_p99_ms": _pct(short, 99) if short else None}
 
 
-def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, kv_bytes: int | None = None,
-                   policy: str = "priority") -> dict:
+def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Sequence[int],
+                   arrivals: Sequence[float], args: argparse.Namespace, max_num_seqs: int,
+                   kv_bytes: int | None = None, policy: str = "priority") -> dict[str, Any]:
     """The engine on the workload, at most max_num_seqs at once; a KV pool of kv_bytes (default:
     the memory plan's); the admission policy named."""
     from scratchllm.engine import EngineConfig, LLMEngine
@@ -176,6 +186,7 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, num_threads=args.threads, num_kv_blocks=blocks,
                                            max_num_batched_tokens=args.max_num_batched_tokens, policy=policy))
     n = len(prompts)
+    tokens: list[list[int | None]]  # None: a request that ended without a token (an abort; none here)
     tokens, finish = [[] for _ in range(n)], [0.0] * n
     token_times: list[float] = []
     kv_samples: list[tuple[float, int]] = []
@@ -207,7 +218,8 @@ def run_continuous(model, prompts, outputs, arrivals, args, max_num_seqs: int, k
     return result
 
 
-def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
+def run_static_mode(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Sequence[int],
+                    arrivals: Sequence[float], args: argparse.Namespace) -> dict[str, Any]:
     """Static batching as served (static.run_static, given the arrivals): when idle, take up to
     batch-size requests that have arrived, run them to completion; whoever arrives meanwhile
     waits for the whole batch."""
@@ -222,13 +234,15 @@ def run_static_mode(model, prompts, outputs, arrivals, args) -> dict:
     return result
 
 
-def under_load(model, prompts, outputs, args, static_rps: float, kv_bytes: int, policies=("priority",)) -> dict:
+def under_load(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Sequence[int], args: argparse.Namespace,
+               static_rps: float, kv_bytes: int | None, policies: Sequence[str] = ("priority",)) -> dict[str, Any]:
     """Static and continuous (the same KV memory, under each admission policy; the first is
     "continuous") serving the first --latency-requests requests, arriving as a Poisson process
     at --load x static's offline requests/s, in real time."""
     n = min(args.latency_requests, len(prompts))
     rate = args.load * static_rps
     arrivals = arrival_times(n, rate, args.seed)
+    lat: dict[str, Any]
     lat = {"requests": n, "load": args.load, "rate": rate,
            "static": run_static_mode(model, prompts[:n], outputs[:n], arrivals, args)}
     for i, policy in enumerate(policies):
@@ -242,7 +256,7 @@ def under_load(model, prompts, outputs, args, static_rps: float, kv_bytes: int, 
     return lat
 
 
-def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int, threads: int = 0) -> float:
+def decode_rate(model: LoadedModel, n_seqs: int, prompt_len: int, steps: int, seed: int, threads: int = 0) -> float:
     """Decode-only tokens/s of n_seqs sequences: prefill first (untimed), then time `steps` steps."""
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
@@ -266,7 +280,7 @@ def decode_rate(model, n_seqs: int, prompt_len: int, steps: int, seed: int, thre
     return n_seqs / median(times)
 
 
-def chat_prompts(ref: str, checkpoint=None) -> list[list[int]]:
+def chat_prompts(ref: str, checkpoint: "Checkpoint | None" = None) -> list[list[int]]:
     """The chat batch's 16 prompts as token ids (the model's chat template around each question).
     `checkpoint`: `ref` already opened (formats.load_checkpoint), so that its tokenizer is read
     without parsing the file again."""
@@ -276,7 +290,7 @@ def chat_prompts(ref: str, checkpoint=None) -> list[list[int]]:
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
 
 
-def run_chat(model, prompts: list[list[int]], new_tokens: int, threads: int = 0) -> dict:
+def run_chat(model: LoadedModel, prompts: list[list[int]], new_tokens: int, threads: int = 0) -> dict[str, Any]:
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.sampling import SamplingParams
 
@@ -288,7 +302,7 @@ def run_chat(model, prompts: list[list[int]], new_tokens: int, threads: int = 0)
             "wall_s": wall, "aggregate_tok_s": 16 * new_tokens / wall}
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads > 0:
         from scratchllm.models.threads import blas_threads
 
@@ -297,7 +311,7 @@ def run(args) -> dict:
     return _run(args)
 
 
-def _run(args) -> dict:
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
     from scratchllm.models import load_model
@@ -307,7 +321,8 @@ def _run(args) -> dict:
     checkpoint = load_checkpoint(resolve_model(args.model))  # one header parse for the model and its tokenizer
     if args.peer and checkpoint.format != "gguf":
         raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {checkpoint.path} is {checkpoint.format}")
-    model = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
+    model: LoadedModel = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
+    result: dict[str, Any]
     result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
               "figures": {}, "ratios": {}, "published": PUBLISHED, "goals": GOALS, "peer": None}
     figs, ratios = result["figures"], result["ratios"]
@@ -328,7 +343,7 @@ def _run(args) -> dict:
     return result
 
 
-def _settle(args) -> tuple[set[str], list[str]]:
+def _settle(args: argparse.Namespace) -> tuple[set[str], list[str]]:
     """--quick applied, every option checked (ConfigError before any work): (parts skipped, policies)."""
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.quick:
@@ -359,12 +374,13 @@ def _settle(args) -> tuple[set[str], list[str]]:
     return skip, policies
 
 
-def _mixed(model, args, skip: set[str], policies: list[str], figs: dict, ratios: dict) -> None:
+def _mixed(model: LoadedModel, args: argparse.Namespace, skip: set[str], policies: list[str], figs: dict[str, Any],
+           ratios: dict[str, float]) -> None:
     """Part 1: the mixed workload's runs into figs (and its latency under load), their ratios."""
     prompts, outputs = workload(args.requests, _range(args.prompt_len), _range(args.output_len),
                                 model.config.vocab_size, args.seed)
     arrivals = arrival_times(args.requests, args.rate, args.seed)
-    runs = {}
+    runs: dict[str, dict[str, Any]] = {}
     if "static" not in skip:
         runs["static"] = run_static_mode(model, prompts, outputs, arrivals, args)
     if "same-seqs" not in skip:
@@ -396,7 +412,7 @@ def _mixed(model, args, skip: set[str], policies: list[str], figs: dict, ratios:
         ratios["kv_saving_under_load"] = 1.0 - co["peak_kv_bytes"] / st["peak_kv_bytes"]
 
 
-def _kv_floor(model, prompts, outputs) -> int:
+def _kv_floor(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Sequence[int]) -> int:
     """The smallest pool the engine takes the workload in: the longest request's whole blocks
     (it would refuse that request in less)."""
     from scratchllm.engine import EngineConfig
@@ -407,7 +423,7 @@ def _kv_floor(model, prompts, outputs) -> int:
     return longest * PagedAttention.bytes_per_block(model.config, bs)
 
 
-def _mixed_ratios(runs: dict, ratios: dict) -> None:
+def _mixed_ratios(runs: dict[str, dict[str, Any]], ratios: dict[str, float]) -> None:
     """Every continuous run against static: throughput, latency, KV."""
     stat, cont = runs["static"], runs["continuous"]
     ratios["throughput_continuous_over_static"] = cont["output_tok_s"] / stat["output_tok_s"]
@@ -425,9 +441,9 @@ def _mixed_ratios(runs: dict, ratios: dict) -> None:
         ratios["p99_static_over_small_kv"] = stat["p99_ms"] / small["p99_ms"]
 
 
-def _policy_table(figs: dict, policies: list[str]) -> dict:
+def _policy_table(figs: dict[str, Any], policies: list[str]) -> dict[str, dict[str, Any]]:
     """The same-KV run under each admission policy, offline and under load, side by side."""
-    table = {}
+    table: dict[str, dict[str, Any]] = {}
     for i, policy in enumerate(policies):
         key = "continuous" if i == 0 else f"continuous_{policy}"
         run, load = figs[key], figs.get("latency", {}).get(key, {})
@@ -437,7 +453,7 @@ def _policy_table(figs: dict, policies: list[str]) -> dict:
     return table
 
 
-def _chat(model, args, checkpoint, result: dict) -> None:
+def _chat(model: LoadedModel, args: argparse.Namespace, checkpoint: "Checkpoint", result: dict[str, Any]) -> None:
     """Part 3: the chat batch; with --peer, llama.cpp in a child before ours and one after (drift
     on a shared machine hits both sides)."""
     figs, ratios = result["figures"], result["ratios"]
@@ -457,7 +473,7 @@ def _chat(model, args, checkpoint, result: dict) -> None:
         ratios["chat_over_llama_cpp"] = figs["chat"]["aggregate_tok_s"] / result["peer"]["chat_aggregate_tok_s"]
 
 
-def _plot(args, runs: dict) -> None:
+def _plot(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> None:
     """--plot FILE.png: latency CDFs, output tokens/s and KV blocks over time of each mixed run.
     The per-request and per-token series are dropped from the result after (they are long)."""
     series = {name: run.pop("series") for name, run in runs.items() if "series" in run}

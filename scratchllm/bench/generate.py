@@ -16,20 +16,23 @@ because on a machine shared with other jobs a second BLAS thread can make decode
 slower, not faster (see scratchllm/models/threads.py); the headline is the best count.
 """
 
+import argparse
 import os
 import time
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.bench import peers
-from scratchllm.bench.common import machine_facts, measure_bandwidth, median, weight_bytes_per_token
+from scratchllm.bench.common import LoadedModel, machine_facts, measure_bandwidth, median, weight_bytes_per_token
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 PEER_ROWS = ("load_s", "rss_after_load_mb", "prefill_tok_s", "decode_tok_s")  # what both sides measure
 GOALS = {"decode_fraction_of_bound": 0.5, "load_s": 1.0, "decode_over_peer": 1.25, "prefill_over_peer": 1.5}
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="model reference (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     parser.add_argument("--prompt-tokens", type=int, default=500, help="prefill length (default 500)")
@@ -43,12 +46,12 @@ def add_arguments(parser):
                              "file, at the most threads measured, in child processes before and after ours")
 
 
-def _prompt_ids(model, n: int) -> np.ndarray:
+def _prompt_ids(model: LoadedModel, n: int) -> npt.NDArray[np.int64]:
     # content does not change the arithmetic; fixed ids keep runs comparable
     return np.random.default_rng(0).integers(min(100, model.config.vocab_size // 2), model.config.vocab_size, n)
 
 
-def time_prefill(model, n: int, repeat: int, slow_after: float | None = None) -> list[float]:
+def time_prefill(model: LoadedModel, n: int, repeat: int, slow_after: float | None = None) -> list[float]:
     from scratchllm.engine.paged_attention import PagedSequence
 
     ids, pos = _prompt_ids(model, n), np.arange(n)
@@ -63,7 +66,7 @@ def time_prefill(model, n: int, repeat: int, slow_after: float | None = None) ->
     return times[1:]
 
 
-def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16,
+def time_decode(model: LoadedModel, new_tokens: int, repeat: int, prompt_len: int = 16,
                 slow_after: float | None = None) -> tuple[list[float], list[float]]:
     """Wall seconds and this thread's CPU seconds for `new_tokens` greedy decode steps after a
     short prompt (prefill not included). With one BLAS thread all work runs on this thread, so
@@ -85,7 +88,7 @@ def time_decode(model, new_tokens: int, repeat: int, prompt_len: int = 16,
     return times, cpu
 
 
-def time_matmuls_only(model, repeat: int) -> float:
+def time_matmuls_only(model: LoadedModel, repeat: int) -> float:
     """This thread's CPU seconds per decode step spent in the weight matrix products alone (same
     shapes, batch 1), best of many runs. Meaningful with one BLAS thread, where all work is ours."""
     from scratchllm.models.packed import PackedWeight
@@ -111,7 +114,7 @@ def rss_mb() -> float | None:
         return None
 
 
-def _model_sha256(path) -> str | None:
+def _model_sha256(path: str | os.PathLike[str]) -> str | None:
     """Every run records the model's hash (of the file, or of a folder's weight files)."""
     import hashlib
     from pathlib import Path
@@ -126,14 +129,15 @@ def _model_sha256(path) -> str | None:
     return digest.hexdigest()
 
 
-def _thread_counts(spec) -> list[int]:
+def _thread_counts(spec: str | None) -> list[int]:
     if spec:
         return sorted({int(t) for t in str(spec).split(",")})
     return sorted({1, os.cpu_count() or 1})
 
 
-def _peer_runs(args, path: str, threads: int) -> dict:
+def _peer_runs(args: argparse.Namespace, path: str, threads: int) -> dict[str, Any]:
     """The peer's figures, medians of a child process before ours and one after (see bench.peers)."""
+    spec: peers.Spec
     spec = {"side": peers.PEER, "path": path, "threads": threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "batch": 1}
     runs = [peers.run_side(spec) for _ in range(2)]
@@ -141,7 +145,7 @@ def _peer_runs(args, path: str, threads: int) -> dict:
                                                                          "runs": len(runs), "threads": threads}
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.models import load_model
     from scratchllm.models.threads import blas_threads
 
@@ -152,11 +156,13 @@ def run(args) -> dict:
             raise ConfigError("--peer llama.cpp needs llama-cpp-python, which is not installed: `make peers` builds "
                               "it from source for this CPU")
     load_times = []
+    model: LoadedModel | None
     for _ in range(args.repeat):
         model = None  # the previous copy is freed before the next load, so RSS counts one model
         t = time.perf_counter()
         model = load_model(args.model, dtype=args.dtype)
         load_times.append(time.perf_counter() - t)
+    assert model is not None  # the last load
     rss_after_load = rss_mb()
     if not model.config.is_decoder:
         from scratchllm.errors import ConfigError
@@ -168,6 +174,9 @@ def run(args) -> dict:
 
         raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {model.path} is {model.format}")
     peer_before = _peer_runs(args, model.path, max(_thread_counts(args.threads))) if args.peer else None
+    per_threads: dict[int, dict[str, Any]]
+    bandwidth: dict[str, float]
+    cpu_view: dict[str, float] | None
     per_threads, bandwidth, cpu_view = {}, {}, None
     for n in _thread_counts(args.threads):
         with blas_threads(n) as actual:
@@ -254,7 +263,7 @@ def run(args) -> dict:
     }
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     f, q, peer = r["figures"], r["ratios"], r.get("peer")
     bw = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in f["bandwidth_gb_s"].items())
     lines = [

@@ -20,16 +20,23 @@ agree over the decode run. Rows are medians of the rounds; `advantage` > 1 means
 (throughputs: ours / peer; times and memory: peer / ours).
 """
 
+import argparse
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
-from scratchllm.bench.common import machine_facts, measure_bandwidth, median, weight_bytes_per_token
+from scratchllm.bench.common import LoadedModel, machine_facts, measure_bandwidth, median, weight_bytes_per_token
+
+if TYPE_CHECKING:  # for the annotation only: a child process imports it where it loads the model
+    from scratchllm.llm import LLM
 
 ROWS = [  # (key, label, higher is better)
     ("load_s", "load, s", False),
@@ -43,7 +50,28 @@ PEER = "llama.cpp"
 DECODE_CONTEXT = 16  # the decode row's prompt ids unless --decode-context says otherwise
 
 
-def add_arguments(parser):
+class Spec(TypedDict):
+    """One side's round, as its child process gets it (JSON on its command line)."""
+
+    side: NotRequired[str]  # "ours" or PEER
+    path: str  # the GGUF file
+    threads: int
+    new_tokens: int
+    prompt_tokens: NotRequired[int]
+    decode_context: NotRequired[int]
+    batch: NotRequired[int]
+    batch_ids: NotRequired[list[list[int]]]  # the peer's batch alone, on these prompts (peer_batch)
+
+
+class Ids(TypedDict):
+    """The token ids of a round's rows (workload)."""
+
+    prefill: list[int]
+    decode: list[int]
+    batch: list[list[int]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="a GGUF model reference (default: the default model)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each side (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
@@ -59,10 +87,11 @@ def peer_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def workload(vocab_size: int, spec: dict) -> dict:
+def workload(vocab_size: int, spec: Spec) -> Ids:
     """The token ids both sides get: fixed, so rounds and sides compute the same thing."""
     rng = np.random.default_rng(0)
     lo = min(100, vocab_size // 2)
+    ids: Ids
     ids = {"prefill": rng.integers(lo, vocab_size, spec["prompt_tokens"]).tolist(),
            "decode": rng.integers(lo, vocab_size, DECODE_CONTEXT).tolist(),
            "batch": rng.integers(lo, vocab_size, (spec["batch"], 32)).tolist()}
@@ -72,7 +101,7 @@ def workload(vocab_size: int, spec: dict) -> dict:
     return ids
 
 
-def _positions_needed(spec: dict) -> int:
+def _positions_needed(spec: Spec) -> int:
     """The longest sequence a round makes: the prefill prompt, the decode prompt and its steps, or a
     32-id batch prompt and its steps."""
     new = spec["new_tokens"]
@@ -87,11 +116,11 @@ def _rss_mb(field: str = "VmRSS") -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
 
 
-def _no_probe(phase: str, llm) -> None:
+def _no_probe(phase: str, llm: "LLM") -> None:
     """The phase probe of a plain run: nothing."""
 
 
-def _ours(spec: dict, probe=_no_probe) -> dict:
+def _ours(spec: Spec, probe: Callable[[str, "LLM"], None] = _no_probe) -> dict[str, Any]:
     """Our side's round. `probe(phase, llm)` is called as each phase ends ("load", "prefill",
     "decode", "generate"): scripts/rss_phases.py samples memory there."""
     from scratchllm.engine.paged_attention import PagedSequence
@@ -100,9 +129,9 @@ def _ours(spec: dict, probe=_no_probe) -> dict:
 
     t = time.perf_counter()
     llm = LLM(spec["path"], threads=spec["threads"])
-    out = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
+    out: dict[str, Any] = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
     probe("load", llm)
-    model = llm.model
+    model: LoadedModel = llm.model
     ids = workload(model.config.vocab_size, spec)
     prefill = np.array(ids["prefill"])
     for _ in range(2):  # the first warms caches and page tables
@@ -134,7 +163,7 @@ def _ours(spec: dict, probe=_no_probe) -> dict:
     return {**out, "greedy": greedy, "dtype": model.dtype, "panels_from_cache": model.panels_from_cache}
 
 
-def _peer_open(spec: dict, n_ctx: int):
+def _peer_open(spec: Spec, n_ctx: int) -> tuple[Any, float, float]:  # (llama_cpp.Llama, ...)
     """llama.cpp's model and context on spec's file and threads; (llm, load seconds, RSS after load)."""
     import llama_cpp
 
@@ -144,7 +173,7 @@ def _peer_open(spec: dict, n_ctx: int):
     return llm, time.perf_counter() - t, _rss_mb()
 
 
-def _peer_steps(llm, n: int, gaps: list | None = None) -> list[int]:
+def _peer_steps(llm: Any, n: int, gaps: list[float] | None = None) -> list[int]:  # llm: llama_cpp.Llama
     """n greedy decode steps from llama.cpp's context as it is (top-2 gaps appended to gaps)."""
     import llama_cpp
 
@@ -161,7 +190,7 @@ def _peer_steps(llm, n: int, gaps: list | None = None) -> list[int]:
     return got
 
 
-def _peer_batch(llm, prompts: list[list[int]], new_tokens: int) -> float:
+def _peer_batch(llm: Any, prompts: list[list[int]], new_tokens: int) -> float:
     """Aggregate tok/s of greedy generation over prompts, prefill included. llama-cpp-python's
     high-level API serves one sequence at a time, so they run in turn."""
     t = time.perf_counter()
@@ -173,7 +202,7 @@ def _peer_batch(llm, prompts: list[list[int]], new_tokens: int) -> float:
     return made / (time.perf_counter() - t)
 
 
-def _peer(spec: dict) -> dict:
+def _peer(spec: Spec) -> dict[str, Any]:
     import llama_cpp
 
     if "batch_ids" in spec:  # the batch alone, on the caller's prompts (bench engine's chat batch)
@@ -183,7 +212,7 @@ def _peer(spec: dict) -> dict:
                 "aggregate_tok_s": _peer_batch(llm, prompts, spec["new_tokens"])}
     n_ctx = _positions_needed(spec) + 8
     llm, load_s, rss = _peer_open(spec, n_ctx)
-    out = {"load_s": load_s, "rss_after_load_mb": rss}
+    out: dict[str, Any] = {"load_s": load_s, "rss_after_load_mb": rss}
     ids = workload(llm.n_vocab(), spec)
     for _ in range(2):
         llm.reset()
@@ -200,14 +229,14 @@ def _peer(spec: dict) -> dict:
     return {**out, "greedy": greedy, "version": llama_cpp.__version__}
 
 
-def peer_batch(path: str, threads: int, prompts: list[list[int]], new_tokens: int) -> dict:
+def peer_batch(path: str, threads: int, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
     """llama.cpp on `prompts` (token ids) x new_tokens greedy, in a child process of its own:
     {"aggregate_tok_s", "load_s", "rss_after_load_mb", "peak_rss_mb", "version"}."""
     return run_side({"side": PEER, "path": path, "threads": threads, "new_tokens": new_tokens,
                      "batch_ids": [list(map(int, p)) for p in prompts]})
 
 
-def greedy_and_gap(row) -> tuple[int, float]:
+def greedy_and_gap(row: npt.NDArray[np.floating[Any]]) -> tuple[int, float]:
     """A logits row's greedy id and its best logit minus the second best (how close the choice
     was), read in place: the decode run keeps no rows (128 x the vocabulary is 25 MB, which
     would count in the peak RSS of either side)."""
@@ -216,7 +245,7 @@ def greedy_and_gap(row) -> tuple[int, float]:
     return best, float(row[best] - second)
 
 
-def child_main():
+def child_main() -> None:
     """Entry of a child process: argv[1] is the JSON spec; prints one JSON object."""
     spec = json.loads(sys.argv[1])
     out = (_ours if spec["side"] == "ours" else _peer)(spec)
@@ -224,7 +253,7 @@ def child_main():
     print(json.dumps(out))
 
 
-def run_side(spec: dict) -> dict:
+def run_side(spec: Spec) -> dict[str, Any]:
     """One side's figures (spec['side'] is 'ours' or the peer), measured in a child process of its own."""
     code = "from scratchllm.bench.peers import child_main; child_main()"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
@@ -233,10 +262,11 @@ def run_side(spec: dict) -> dict:
         from scratchllm.errors import ConfigError
 
         raise ConfigError(f"the {spec['side']} side failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.errors import ConfigError
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
@@ -249,6 +279,7 @@ def run(args) -> dict:
     if ckpt.format != "gguf":
         raise ConfigError(f"bench peers compares both sides on one GGUF file; {path} is {ckpt.format}")
     file_weight_bytes = sum(i.nbytes for i in ckpt.infos.values())
+    spec: Spec
     spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch}
     context = ckpt.metadata.get(f"{ckpt.metadata.get('general.architecture')}.context_length")
@@ -256,14 +287,14 @@ def run(args) -> dict:
         raise ConfigError(f"the rows need {_positions_needed(spec)} positions (--prompt-tokens, --decode-context + "
                           f"--new-tokens, 32 + --new-tokens), more than the model's context of {context}")
     sides = ["ours", PEER] if peer_installed() else ["ours"]
-    rounds = {side: [] for side in sides}
+    rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     bandwidth, loads = [], []
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
             rounds[side].append(run_side({**spec, "side": side}))
             loads.append(os.getloadavg()[0])
-        bw = measure_bandwidth(args.bandwidth_mb, 3)
-        bandwidth.append(max(bw["sum_1thread"], bw["gemv_blas"]))
+        probe = measure_bandwidth(args.bandwidth_mb, 3)
+        bandwidth.append(max(probe["sum_1thread"], probe["gemv_blas"]))
     bw = median(bandwidth)
     bytes_read = {"ours": rounds["ours"][0]["weight_bytes_per_token"], PEER: file_weight_bytes}
     figures = {side: {key: median([x[key] for x in runs]) for key, _, _ in ROWS} for side, runs in rounds.items()}
@@ -271,6 +302,7 @@ def run(args) -> dict:
         figures[side]["bound_tok_s"] = bw / bytes_read[side]
         figures[side]["decode_vs_bound"] = figures[side]["decode_tok_s"] / figures[side]["bound_tok_s"]
         figures[side]["weight_mb_per_token"] = bytes_read[side] / 1e6
+    result: dict[str, Any]
     result = {"bench": "peers", "peer_installed": PEER in sides,
               "inputs": {"model": args.model, "model_path": str(path), **{k: v for k, v in spec.items() if k != "path"},
                          "rounds": args.rounds, "ours_dtype": rounds["ours"][0]["dtype"]},
@@ -290,7 +322,7 @@ def run(args) -> dict:
     return result
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     f = r["figures"]
     i = r["inputs"]
     lines = [f"model {i['model_path']}, {i['threads']} threads, medians of {i['rounds']} interleaved rounds; "

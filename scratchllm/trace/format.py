@@ -17,8 +17,10 @@ import enum
 import hashlib
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import FormatError
 
@@ -75,18 +77,27 @@ HEADER_DTYPE = np.dtype({
     "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 68],
     "itemsize": 128,
 })
-WRITE_COUNTER_OFFSET = HEADER_DTYPE.fields["write_counter"][1]
-DROPPED_OFFSET = HEADER_DTYPE.fields["dropped"][1]
-CLOSED_OFFSET = HEADER_DTYPE.fields["closed"][1]  # 1 once the writer closed the ring: it did not crash
 
 
-def _record(fields: list[tuple[str, str, int]]) -> np.dtype:
+def field_offset(dtype: np.dtype[np.void], name: str) -> int:
+    """The byte offset of field `name` in the structured dtype `dtype`."""
+    assert dtype.fields is not None, "a structured dtype"
+    offset: int = dtype.fields[name][1]
+    return offset
+
+
+WRITE_COUNTER_OFFSET = field_offset(HEADER_DTYPE, "write_counter")
+DROPPED_OFFSET = field_offset(HEADER_DTYPE, "dropped")
+CLOSED_OFFSET = field_offset(HEADER_DTYPE, "closed")  # 1 once the writer closed the ring: it did not crash
+
+
+def _record(fields: list[tuple[str, str, int]]) -> np.dtype[np.void]:
     """A 64-byte record dtype: `kind` at byte 0 and `seq` (the stamp) at byte 56 around `fields`."""
     fields = [("kind", "u1", 0), *fields, ("seq", "<u8", STAMP_OFFSET)]
     dtype = np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
                       "offsets": [f[2] for f in fields], "itemsize": RECORD_SIZE})
     # invariant: no field crosses into the stamp, so writing bytes [0, 56) never touches it
-    assert all(off + dtype.fields[n][0].itemsize <= STAMP_OFFSET for n, (_, off) in dtype.fields.items()
+    assert all(field_offset(dtype, n) + dtype[n].itemsize <= STAMP_OFFSET for n in dtype.names or ()
                if n != "seq")
     return dtype
 
@@ -128,7 +139,7 @@ def capacity_for(ring_bytes: int) -> int:
     return (ring_bytes - HEADER_SIZE) // RECORD_SIZE
 
 
-def check_header(path, header: np.void, file_size: int) -> None:
+def check_header(path: str | Path, header: npt.NDArray[np.void], file_size: int) -> None:
     """Raise FormatError naming the problem unless `header` is a ring this code reads."""
     if bytes(header["magic"]) != MAGIC:
         raise FormatError(path, f"not a scratchllm trace ring (magic {bytes(header['magic'])!r}, expected {MAGIC!r})")

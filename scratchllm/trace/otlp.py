@@ -12,8 +12,14 @@ imported only when a tracer is made, so the rest of scratchllm runs without them
 """
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from scratchllm.errors import ConfigError
+
+if TYPE_CHECKING:  # an optional dependency, imported where a tracer is made
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Tracer
 
 SPAN_NAME = "llm_request"
 # attribute names, as vLLM's SpanAttributes spells them
@@ -32,9 +38,45 @@ TIME_IN_PREFILL = "gen_ai.latency.time_in_model_prefill"
 TIME_IN_DECODE = "gen_ai.latency.time_in_model_decode"
 TIME_IN_INFERENCE = "gen_ai.latency.time_in_model_inference"
 
+Attribute = str | int | float
 
-def request_attributes(request_id: str, model: str, metrics, params=None) -> dict:
+
+class Metrics(Protocol):
+    """What a span is made from: the engine's RequestMetrics (monotonic seconds, durations in ms)."""
+
+    @property
+    def arrival(self) -> float: ...
+    @property
+    def first_token(self) -> float | None: ...
+    @property
+    def finished(self) -> float | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def queue_ms(self) -> float: ...
+    @property
+    def prefill_ms(self) -> float: ...
+    @property
+    def decode_ms(self) -> float: ...
+
+
+class Params(Protocol):
+    """The sampling parameters a span reports (SamplingParams)."""
+
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+
+
+def request_attributes(request_id: str, model: str, metrics: Metrics,
+                       params: Params | None = None) -> dict[str, Attribute]:
     """The span's attributes from a finished request's RequestMetrics (and SamplingParams)."""
+    attrs: dict[str, Attribute]
     attrs = {REQUEST_ID: str(request_id), RESPONSE_MODEL: model, PROMPT_TOKENS: metrics.prompt_tokens,
              COMPLETION_TOKENS: metrics.completion_tokens, N: 1,
              TIME_IN_QUEUE: metrics.queue_ms / 1e3, TIME_IN_PREFILL: metrics.prefill_ms / 1e3,
@@ -49,14 +91,15 @@ def request_attributes(request_id: str, model: str, metrics, params=None) -> dic
     return attrs
 
 
-def record_request(tracer, request_id: str, model: str, metrics, params=None, clock=time.monotonic) -> None:
+def record_request(tracer: "Tracer", request_id: str, model: str, metrics: Metrics, params: Params | None = None,
+                   clock: Callable[[], float] = time.monotonic) -> None:
     """Start and end the request's span at its arrival and finish. RequestMetrics times are on
     the monotonic clock `clock`; spans want the wall clock: shift by the offset between them now."""
     from opentelemetry.trace import SpanKind
 
     offset_ns = time.time_ns() - round(clock() * 1e9)
 
-    def wall(t):
+    def wall(t: float) -> int:
         return round(t * 1e9) + offset_ns
 
     end = metrics.finished if metrics.finished is not None else clock()
@@ -65,7 +108,7 @@ def record_request(tracer, request_id: str, model: str, metrics, params=None, cl
     span.end(end_time=wall(end))
 
 
-def make_tracer(endpoint: str, exporter=None):
+def make_tracer(endpoint: str, exporter: "SpanExporter | None" = None) -> "Tracer":
     """A tracer whose spans go to `endpoint` (OTLP over HTTP/protobuf, e.g.
     http://localhost:4318/v1/traces), or to `exporter` (a SpanExporter, e.g. the SDK's in-memory
     one in tests)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import FormatError
 from scratchllm.trace.format import (
@@ -37,20 +38,20 @@ class ReadResult:
     """What one read_new() call found: the valid records (raw [n, 64] bytes, in write order)
     and how many of the records in [first, end) it could not use, and why."""
 
-    raw: np.ndarray
+    raw: npt.NDArray[np.uint8]
     first: int  # index of the first record this read covered
     end: int  # one past the last
     lapped: int = 0
     torn: int = 0
-    _kinds: np.ndarray = field(init=False, repr=False)
+    _kinds: npt.NDArray[np.uint8] = field(init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._kinds = self.raw[:, 0] if len(self.raw) else np.zeros(0, np.uint8)
 
     def __len__(self) -> int:
         return len(self.raw)
 
-    def of(self, kind: Kind) -> np.ndarray:
+    def of(self, kind: Kind) -> npt.NDArray[np.void]:
         """The valid records of one kind as a structured array of that kind's dtype."""
         return np.ascontiguousarray(self.raw[self._kinds == kind]).view(RECORD_DTYPES[kind]).reshape(-1)
 
@@ -63,7 +64,12 @@ class RingReader:
     """Open a ring read-only. `from_start`: begin at the oldest record still in the ring
     (default), else at the newest (only records written from now on)."""
 
-    def __init__(self, path, from_start: bool = True):
+    _header: npt.NDArray[np.void]  # views of the mapped file
+    _counter: npt.NDArray[np.uint64]
+    _slots: npt.NDArray[np.uint8]  # [capacity, RECORD_SIZE]
+    _stamps: npt.NDArray[np.uint64]  # [capacity]: each slot's stamp
+
+    def __init__(self, path: str | os.PathLike[str], from_start: bool = True) -> None:
         self.path = Path(path)
         try:
             fd = os.open(self.path, os.O_RDONLY)
@@ -78,7 +84,7 @@ class RingReader:
             self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        header = np.ndarray((), HEADER_DTYPE, buffer=self._mm).copy()
+        header: npt.NDArray[np.void] = np.ndarray((), HEADER_DTYPE, buffer=self._mm).copy()
         check_header(self.path, header, size)
         self.capacity = int(header["capacity"])
         self.pid = int(header["pid"])
@@ -148,7 +154,7 @@ class RingReader:
         self.torn += torn
         return ReadResult(raw[valid], start, end, lapped, torn)
 
-    def _copy(self, slots: np.ndarray) -> np.ndarray:  # -> [n, 64] uint8, a copy (tests interpose here)
+    def _copy(self, slots: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:  # -> [n, 64], a copy (tests interpose)
         return self._slots[slots]
 
     def close(self) -> None:
@@ -159,6 +165,6 @@ class RingReader:
     def __enter__(self) -> "RingReader":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 

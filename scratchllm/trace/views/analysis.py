@@ -4,9 +4,11 @@ Times here are seconds since the ring's clock origin (the writer's start), so ev
 speaks of the same instants.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.trace.format import SPAN_DTYPE, STEP_DTYPE, TOKEN_DTYPE, Kind, Phase, TokenFlag
 from scratchllm.trace.reader import ReadResult, RingReader
@@ -16,9 +18,9 @@ from scratchllm.trace.reader import ReadResult, RingReader
 class Trace:
     """Everything read from one ring: the valid records of each kind, in write order."""
 
-    tokens: np.ndarray  # TOKEN_DTYPE
-    steps: np.ndarray  # STEP_DTYPE
-    spans: np.ndarray  # SPAN_DTYPE
+    tokens: npt.NDArray[np.void]  # TOKEN_DTYPE
+    steps: npt.NDArray[np.void]  # STEP_DTYPE
+    spans: npt.NDArray[np.void]  # SPAN_DTYPE
     names: dict[int, str]
     origin_ns: int  # the monotonic clock at the writer's start
     wall_origin_ns: int  # the wall clock at the same moment
@@ -37,7 +39,7 @@ class Trace:
                    capacity)
 
     @classmethod
-    def load(cls, path) -> "Trace":
+    def load(cls, path: str | os.PathLike[str]) -> "Trace":
         """Read a whole ring (live or not) once."""
         with RingReader(path) as reader:
             trace = cls.empty(reader.clock_origin_ns, reader.capacity)
@@ -54,7 +56,7 @@ class Trace:
         self.written, self.dropped, self.lapped, self.torn = got.end, reader.dropped, reader.lapped, reader.torn
         self.writer_state = reader.writer_state()
 
-    def seconds(self, ns) -> np.ndarray:
+    def seconds(self, ns: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return (np.asarray(ns, dtype=np.int64) - self.origin_ns) / 1e9
 
     def name(self, key: int) -> str:
@@ -65,10 +67,10 @@ class Trace:
         """(first, last) instant any record mentions, in seconds; (0, 0) when empty."""
         times = [self.tokens["time_ns"], self.steps["start_ns"], self.steps["end_ns"], self.spans["start_ns"],
                  self.spans["end_ns"]]
-        times = np.concatenate([t.astype(np.int64) for t in times])
-        if not len(times):
+        stamps = np.concatenate([t.astype(np.int64) for t in times])
+        if not len(stamps):
             return 0.0, 0.0
-        return float(self.seconds(times.min())), float(self.seconds(times.max()))
+        return float(self.seconds(stamps.min())), float(self.seconds(stamps.max()))
 
     def window(self, start_s: float, end_s: float) -> "Trace":
         """The records that fall in [start_s, end_s] (a span or step: if it overlaps)."""
@@ -94,7 +96,7 @@ class Trace:
         return arrival
 
 
-def percentile(values, q: float) -> float | None:
+def percentile(values: npt.ArrayLike, q: float) -> float | None:
     values = np.asarray(values, dtype=np.float64)
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -108,8 +110,8 @@ class LiveFigures:
     tokens: int
     tokens_per_s: float
     records_per_s: float
-    itl_ms: dict = field(default_factory=dict)  # p50 / p99 of decode tokens' latency
-    ttft_ms: dict = field(default_factory=dict)  # p50 / p99 of first tokens' latency
+    itl_ms: dict[str, float | None] = field(default_factory=dict)  # p50 / p99 of decode tokens' latency
+    ttft_ms: dict[str, float | None] = field(default_factory=dict)  # p50 / p99 of first tokens' latency
     batch_size: float | None = None  # mean requests per step
     kv_blocks: int | None = None  # at the last step
     kv_total: int | None = None

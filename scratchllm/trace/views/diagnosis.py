@@ -17,6 +17,7 @@ stalled steps so that one stall is not read three ways.
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.trace.format import StepFlag, TokenFlag
 from scratchllm.trace.views.analysis import Trace
@@ -31,11 +32,11 @@ LONG_REQUEST_MIN = 16  # tokens a request needs before early vs late means anyth
 class LatencyGrid:
     """latency_ms[r, p]: request r's (arrival order) token at output position p; NaN = none."""
 
-    requests: np.ndarray  # [R] request keys, in arrival order
-    latency_ms: np.ndarray  # [R, P] float64
-    step: np.ndarray  # [R, P] int64: the step that made the token, -1 = none
-    first_ms: np.ndarray  # [R] time to first token (NaN if its first token is not in the ring)
-    finished: np.ndarray  # [R] bool: the request's last token is in the ring (False: cut or still running)
+    requests: npt.NDArray[np.uint64]  # [R] request keys, in arrival order
+    latency_ms: npt.NDArray[np.float64]  # [R, P]
+    step: npt.NDArray[np.int64]  # [R, P]: the step that made the token, -1 = none
+    first_ms: npt.NDArray[np.float64]  # [R] time to first token (NaN if its first token is not in the ring)
+    finished: npt.NDArray[np.bool_]  # [R]: the request's last token is in the ring (False: cut or still running)
 
     @classmethod
     def from_trace(cls, trace: Trace, max_requests: int | None = None) -> "LatencyGrid":
@@ -65,7 +66,7 @@ class LatencyGrid:
         return cls(keys, lat, step, first, finished)
 
     @property
-    def cut(self) -> np.ndarray:
+    def cut(self) -> npt.NDArray[np.bool_]:
         """Rows with tokens but no last token: still running when the ring was read, or cut off
         (a client that hung up is finished with an abort; a killed server finishes nothing)."""
         return ~self.finished & ~np.isnan(self.latency_ms).all(axis=1)
@@ -75,7 +76,7 @@ class LatencyGrid:
 class Finding:
     pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform"
     text: str
-    values: dict = field(default_factory=dict)
+    values: dict[str, object] = field(default_factory=dict)
 
 
 def step_durations(trace: Trace) -> dict[int, float]:
@@ -86,7 +87,7 @@ def step_durations(trace: Trace) -> dict[int, float]:
         s = trace.steps
         return dict(zip(s["step"].tolist(), ((s["end_ns"] - s["start_ns"]) / 1e6).tolist(), strict=True))
     t = trace.tokens[(trace.tokens["flags"] & TokenFlag.FIRST) == 0]
-    out = {}
+    out: dict[int, float] = {}
     order = np.argsort(t["step"], kind="stable")
     steps, lat = t["step"][order], t["latency_ns"][order] / 1e6
     bounds = np.flatnonzero(np.diff(steps)) + 1
@@ -128,7 +129,8 @@ def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
     return findings
 
 
-def _stalls(trace, grid, stalled, durations, median_ms) -> Finding:
+def _stalls(trace: Trace, grid: LatencyGrid, stalled: list[int], durations: dict[int, float],
+            median_ms: float) -> Finding:
     steps = {int(s["step"]): s for s in trace.steps} if len(trace.steps) else {}
     usual_tokens = float(np.median(trace.steps["step_tokens"])) if len(trace.steps) else 0.0
     usual = _count(round(usual_tokens), "token")
@@ -155,7 +157,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _late_tokens(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
+def _late_tokens(grid: LatencyGrid, decode: npt.NDArray[np.bool_]) -> Finding | None:
     lengths = (~np.isnan(grid.latency_ms)).sum(axis=1)
     long_rows = np.flatnonzero(lengths >= max(LONG_REQUEST_MIN, np.median(lengths) if len(lengths) else 0))
     early, late = [], []
@@ -176,7 +178,7 @@ def _late_tokens(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
                    {"early_ms": e, "late_ms": lt, "ratio": lt / e, "requests": len(long_rows)})
 
 
-def _slow_rows(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
+def _slow_rows(grid: LatencyGrid, decode: npt.NDArray[np.bool_]) -> Finding | None:
     masked = np.where(decode, grid.latency_ms, np.nan)
     has = decode.any(axis=1)
     if has.sum() < 4:
@@ -186,6 +188,7 @@ def _slow_rows(grid: LatencyGrid, decode: np.ndarray) -> Finding | None:
     typical = float(np.nanmedian(row_ms))
     slow = np.flatnonzero(row_ms > SLOW_ROW_FACTOR * typical)
     first = grid.first_ms[~np.isnan(grid.first_ms)]
+    waited: list[int | np.intp] | npt.NDArray[np.intp]
     waited = np.flatnonzero(grid.first_ms > SLOW_ROW_FACTOR * np.median(first)) if len(first) >= 4 else []
     waited = [r for r in waited if grid.first_ms[r] > SLOW_ROW_FACTOR * typical]  # beyond a step's noise
     if not len(slow) and not len(waited):

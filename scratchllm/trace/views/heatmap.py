@@ -6,14 +6,21 @@ Matplotlib's object API on the Agg canvas (no pyplot, no global state, no displa
 figure is exactly width x height pixels.
 """
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scratchllm.trace.views.diagnosis import Finding, LatencyGrid
 
+if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
 
-def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path, width: int = 1200, height: int = 800,
+
+def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path: str | os.PathLike[str], width: int = 1200,
+                 height: int = 800,
                  title: str = "token latency") -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
@@ -60,7 +67,7 @@ def colour_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
     return sorted({t for t in (float(f"{t:.2g}") for t in np.geomspace(lo, hi, count)) if lo <= t <= hi})
 
 
-def _mark_cut(ax, grid: LatencyGrid) -> None:
+def _mark_cut(ax: "Axes", grid: LatencyGrid) -> None:
     rows = np.flatnonzero(grid.cut)
     if not len(rows):
         return
@@ -70,7 +77,7 @@ def _mark_cut(ax, grid: LatencyGrid) -> None:
     ax.legend(loc="upper right", fontsize=8)
 
 
-def _cmap():
+def _cmap() -> "Colormap":
     from matplotlib import colormaps
 
     # no token there: light grey, so a fast token never looks like a missing one

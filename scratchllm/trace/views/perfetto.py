@@ -16,9 +16,13 @@ Timestamps are microseconds since the ring's clock origin.
 """
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.trace.format import STEP_KEY, Phase
 from scratchllm.trace.views.analysis import Trace
@@ -26,14 +30,26 @@ from scratchllm.trace.views.analysis import Trace
 ENGINE_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
 SERVER_PHASES = (Phase.DETOKENIZE, Phase.SERIALIZE, Phase.NETWORK_SEND)
 STEPS_TID = 1
+Event = dict[str, Any]  # one trace event, as JSON
 
 
-def trace_events(trace: Trace) -> list[dict]:
+class ExportCounts(TypedDict):
+    """What export() wrote: events in all and per phase ("ph"), steps, requests, tokens."""
+
+    events: int
+    by_phase: dict[str, int]
+    steps: int
+    requests: int
+    tokens: int
+
+
+def trace_events(trace: Trace) -> list[Event]:
     pid = trace.pid or 1
 
-    def us(ns):
+    def us(ns: int | np.integer[Any]) -> float:
         return (int(ns) - trace.origin_ns) / 1e3
 
+    events: list[Event]
     events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"scratchllm (pid {trace.pid})"}},
               {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "engine steps"}}]
     for s in trace.steps:
@@ -66,10 +82,10 @@ def trace_events(trace: Trace) -> list[dict]:
     return events
 
 
-def _request_tracks(trace: Trace, pid: int, us) -> list[dict]:
-    events = []
+def _request_tracks(trace: Trace, pid: int, us: Callable[[int], float]) -> list[Event]:
+    events: list[Event] = []
     tokens, spans = trace.tokens, trace.spans[trace.spans["request"] != STEP_KEY]
-    by_request: dict[int, dict] = {}
+    by_request: dict[int, dict[str, npt.NDArray[np.void]]] = {}
     for key in np.unique(np.concatenate([tokens["request"], spans["request"]])).tolist():
         by_request[key] = {"tokens": tokens[tokens["request"] == key], "spans": spans[spans["request"] == key]}
     arrival = trace.arrivals()
@@ -105,7 +121,7 @@ def _request_tracks(trace: Trace, pid: int, us) -> list[dict]:
     return events
 
 
-def export(trace: Trace, path) -> dict:
+def export(trace: Trace, path: str | os.PathLike[str]) -> ExportCounts:
     """Write the JSON file; returns counts of what went in."""
     events = trace_events(trace)
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
