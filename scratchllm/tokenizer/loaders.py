@@ -109,7 +109,7 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
 
     if mtype == "BPE":
         vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
-        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model_spec.get("merges", [])]
+        merges = [_merge_pair(m, path) for m in model_spec.get("merges", [])]
         unk = model_spec.get("unk_token")
         model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
                                 unk_id=vocab.get(unk) if unk else None)
@@ -141,6 +141,14 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
         chat_template=_chat_template(config, path.parent), model_max_length=_max_length(config, path.parent),
         source=str(path),
     )
+
+
+def _merge_pair(merge, path: Path) -> tuple[str, str]:
+    """One entry of the merges list: "left right" (cut at the first space) or ["left", "right"]."""
+    pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+    if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(half, str) for half in pair):
+        raise FormatError(path, f"merge {merge!r:.60} is not two halves")
+    return pair[0], pair[1]
 
 
 def _is_byte_level(spec) -> bool:
@@ -193,6 +201,8 @@ def _normalizer(node, path):
     kind = node.get("type")
     if kind == "Sequence":
         steps = [_normalizer(n, path) for n in node["normalizers"]]
+        if None in steps:
+            raise FormatError(path, "a normalizer Sequence has a null step")
 
         def sequence(text):
             for step in steps:
