@@ -142,3 +142,10 @@ def test_a_null_normalizer_step_is_refused_at_load(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json))
     with pytest.raises(FormatError, match="null step"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+def test_a_tokenizer_config_that_is_no_object_is_a_format_error(tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
+    (tmp_path / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(FormatError, match="tokenizer_config.json: a JSON list, not an object"):
+        Tokenizer.from_pretrained(tmp_path)
