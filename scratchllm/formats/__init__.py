@@ -5,6 +5,8 @@
 a lazy Mapping of tensor name -> np.ndarray (see checkpoint.py).
 """
 
+from pathlib import Path
+
 from scratchllm.formats.checkpoint import Checkpoint, TensorInfo
 from scratchllm.formats.files import load_file, sniff
 from scratchllm.formats.refs import resolve_model
@@ -12,7 +14,7 @@ from scratchllm.formats.refs import resolve_model
 __all__ = ["Checkpoint", "TensorInfo", "load_checkpoint", "sniff"]
 
 
-def load_checkpoint(ref) -> Checkpoint:
+def load_checkpoint(ref: str | Path) -> Checkpoint:
     """Open a checkpoint lazily: only its table of contents is read here."""
     path = resolve_model(ref)
     if path.is_dir():

@@ -11,6 +11,7 @@ Each lookup decodes again; nothing is cached here, so the caller owns the memory
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class TensorInfo:
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "dtype": self.dtype,
@@ -59,7 +60,7 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @dataclass
-class Checkpoint(Mapping):
+class Checkpoint(Mapping[str, np.ndarray]):
     """name -> np.ndarray, read on lookup. Names are the file's own names, in file order.
 
     `readers[name](info)` produces the array; parsers supply them so that this class knows no format.
@@ -68,15 +69,15 @@ class Checkpoint(Mapping):
 
     format: str  # "gguf" | "safetensors" | "torch"
     path: str  # the file or folder the user named
-    metadata: dict
+    metadata: dict[str, Any]  # the file's own key/values: GGUF metadata, safetensors __metadata__, ...
     infos: dict[str, TensorInfo]
     readers: dict[str, Callable[[TensorInfo], np.ndarray]] = field(repr=False)
-    container: dict = field(default_factory=dict, repr=False)
+    container: dict[str, Any] = field(default_factory=dict, repr=False)
     raw_readers: dict[str, Callable[[TensorInfo], np.ndarray]] = field(default_factory=dict, repr=False)
     # name -> reader(info, out) that decodes straight into a caller's buffer (no temporary)
-    into_readers: dict[str, Callable] = field(default_factory=dict, repr=False)
+    into_readers: dict[str, Callable[[TensorInfo, np.ndarray], np.ndarray]] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Invariant: every tensor has exactly one reader; a missing one would be a parser bug.
         assert self.infos.keys() == self.readers.keys()
 
@@ -89,7 +90,7 @@ class Checkpoint(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)
 
-    def __contains__(self, name) -> bool:  # Mapping's default would read (decode) the tensor to answer
+    def __contains__(self, name: object) -> bool:  # Mapping's default would read (decode) the tensor to answer
         return name in self.infos
 
     def __len__(self) -> int:
@@ -123,12 +124,16 @@ class Checkpoint(Mapping):
         return sum(info.nbytes for info in self.infos.values())
 
 
-def merge(path: str, parts: list[Checkpoint], container: dict | None = None) -> Checkpoint:
+def merge(path: str, parts: list[Checkpoint], container: dict[str, Any] | None = None) -> Checkpoint:
     """One checkpoint from several shards of the same format; a name in two shards is an error."""
     from scratchllm.errors import FormatError
 
     assert parts, "merge needs at least one shard"
-    infos, readers, raw_readers, into_readers, metadata = {}, {}, {}, {}, {}
+    infos: dict[str, TensorInfo] = {}
+    readers: dict[str, Callable[[TensorInfo], np.ndarray]] = {}
+    raw_readers: dict[str, Callable[[TensorInfo], np.ndarray]] = {}
+    into_readers: dict[str, Callable[[TensorInfo, np.ndarray], np.ndarray]] = {}
+    metadata: dict[str, Any] = {}
     for part in parts:
         for name, info in part.infos.items():
             if name in infos:

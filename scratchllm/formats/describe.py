@@ -5,10 +5,12 @@ for the hex dump), so describing a multi-GB file is as fast as opening it.
 """
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from scratchllm.formats import load_checkpoint
+from scratchllm.formats.checkpoint import TensorInfo
 from scratchllm.formats.layout import PAGE, loaded_nbytes, plan_arena, shared_pages
 
 # The files' own dtype names that mean exactly the NumPy dtype a lookup returns (no conversion).
@@ -24,7 +26,7 @@ def first_bytes(path: str | Path, n: int = 64) -> bytes:
         return f.read(n)
 
 
-def summarize(value, limit: int = LONG_ARRAY):
+def summarize(value: object, limit: int = LONG_ARRAY) -> object:
     """A metadata value fit for a screen: long lists and strings cut, with their true size said."""
     if isinstance(value, list):
         if len(value) <= limit:
@@ -38,12 +40,12 @@ def summarize(value, limit: int = LONG_ARRAY):
     return value
 
 
-def widened(info) -> bool:
+def widened(info: TensorInfo) -> bool:
     """True when a lookup converts the stored elements (dequantization, BF16/FP8 -> float32)."""
     return SAME_AS_NUMPY.get(info.dtype, info.dtype) != info.out_dtype
 
 
-def describe(ref, tensor_align: int = 64, page: int = PAGE) -> dict:
+def describe(ref: str | Path, tensor_align: int = 64, page: int = PAGE) -> dict[str, Any]:
     ckpt = load_checkpoint(ref)
     infos = list(ckpt.infos.values())
     first_file = infos[0].file if infos else ckpt.path
@@ -55,7 +57,7 @@ def describe(ref, tensor_align: int = 64, page: int = PAGE) -> dict:
         container["header_first"] = dict(list(header.items())[:6])
     plan = plan_arena(infos, page=page, tensor_align=tensor_align)
     shared = shared_pages(plan)
-    by_dtype: dict[str, dict] = {}
+    by_dtype: dict[str, dict[str, int]] = {}
     for info in infos:
         row = by_dtype.setdefault(info.dtype, {"tensors": 0, "elements": 0, "stored_bytes": 0, "loaded_bytes": 0})
         row["tensors"] += 1

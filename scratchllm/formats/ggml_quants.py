@@ -42,7 +42,11 @@ roundings, so the product equals the float32 product on `dequantize`'s matrix bi
 16-wide types (Q6_K, Q3_K, Q2_K) have no such kernel: a model dequantizes them to float32 once.
 """
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 # type id -> (name, elements per block, bytes per block). The full table, so that every tensor of
 # a file can be sized and bounds-checked even when we cannot decode its type.
@@ -83,7 +87,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 
 # Plain element types: the file's bytes are the array (zero-copy view), except BF16 which NumPy
 # lacks and which we widen to float32.
-PLAIN_DTYPES = {
+PLAIN_DTYPES: dict[str, np.dtype[Any]] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "F64": np.dtype("<f8"),
@@ -93,7 +97,7 @@ PLAIN_DTYPES = {
     "I64": np.dtype("<i8"),
 }
 
-BLOCK_DTYPES = {
+BLOCK_DTYPES: dict[str, np.dtype[np.void]] = {
     "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
     "Q4_0": np.dtype([("d", "<f2"), ("qs", "u1", (16,))]),
     "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
@@ -161,10 +165,11 @@ def _nibbles(qs: np.ndarray, run: int) -> np.ndarray:
     return out.reshape(n, 2 * B)
 
 
-def _bits(packed: np.ndarray, shifts, mask: int) -> np.ndarray:
+def _bits(packed: np.ndarray, shifts: Iterable[int], mask: int) -> npt.NDArray[np.uint8]:
     """uint [n, B] -> uint8 [n, len(shifts), B]: field (x >> shift) & mask of every element, per shift."""
-    shifts = np.asarray(shifts, dtype=packed.dtype)[:, None]
-    return ((packed[:, None, :] >> shifts) & mask).astype(np.uint8)
+    by = np.asarray(shifts, dtype=packed.dtype)[:, None]
+    fields: npt.NDArray[np.uint8] = ((packed[:, None, :] >> by) & mask).astype(np.uint8)
+    return fields
 
 
 def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,11 +182,14 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _f32(a) -> np.ndarray:
+def _f32(a: npt.ArrayLike) -> npt.NDArray[np.float32]:
     return np.asarray(a).astype(np.float32)
 
 
-def groups(type_name: str, blocks: np.ndarray):
+Groups = tuple[npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.float32] | None]
+
+
+def groups(type_name: str, blocks: np.ndarray) -> Groups:
     """Structured blocks [n] -> (q int8 [n, G, g], d float32 [n, G], m float32 [n, G] or None): value
     = d * q + m for the g = GROUP[type] consecutive elements of each of a block's G groups, d and m
     made with the reference's float32 operations (so d * q + m rounds as it does)."""
@@ -279,7 +287,8 @@ def dequantize(type_name: str, data: np.ndarray, numel: int, out: np.ndarray | N
     return out.reshape(numel)
 
 
-def as_q8(type_name: str, data: np.ndarray, shape: tuple[int, int]):
+def as_q8(type_name: str, data: np.ndarray, shape: tuple[int, int]
+          ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Raw blocks of a [rows, cols] tensor of a KERNEL_TYPES type -> (q int8 [rows, cols], d float32
     [rows, cols/32], m float32 [rows, cols/32]) with value = d * q + m, each operation rounded as
     `dequantize` rounds it (the two agree bit for bit; m = 0 where the type has none). For
@@ -294,7 +303,8 @@ def as_q8(type_name: str, data: np.ndarray, shape: tuple[int, int]):
     return np.ascontiguousarray(q).reshape(rows, cols), d, m
 
 
-def as_q4(type_name: str, data: np.ndarray, shape: tuple[int, int]):
+def as_q4(type_name: str, data: np.ndarray, shape: tuple[int, int]
+          ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16], npt.NDArray[np.float16]] | None:
     """Raw Q4_0 / Q4_1 blocks of a [rows, cols] tensor -> (q uint8 in 0..15 [rows, cols], d and m
     float16 [rows, cols/32]) with value = d * q + m, equal to `dequantize`'s floats bit for bit:
     Q4_1 as stored; Q4_0 with m = -8 d, because d * q and d * (q - 8) are exact in float32 (an

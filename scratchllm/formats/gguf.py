@@ -20,9 +20,12 @@ when a tensor is looked up.
 
 import functools
 import struct
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import FormatError
 from scratchllm.formats import ggml_quants as gq
@@ -65,10 +68,10 @@ _U64 = struct.Struct("<Q")
 class _Cursor:
     """Reads little-endian values from a buffer; running past the end is a FormatError, never IndexError."""
 
-    def __init__(self, buf, path: str):
+    def __init__(self, buf: memoryview, path: str) -> None:
         self.buf, self.pos, self.end, self.path = buf, 0, len(buf), path
 
-    def need(self, n: int, what: str):
+    def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.end:
             raise FormatError(self.path, f"truncated: {what} needs {n} bytes at offset {self.pos}, "
                                          f"the file has {self.end}")
@@ -77,13 +80,13 @@ class _Cursor:
         self.need(4, what)
         (v,) = _U32.unpack_from(self.buf, self.pos)
         self.pos += 4
-        return v
+        return cast(int, v)
 
     def u64(self, what: str) -> int:
         self.need(8, what)
         (v,) = _U64.unpack_from(self.buf, self.pos)
         self.pos += 8
-        return v
+        return cast(int, v)
 
     def string(self, what: str) -> str:
         n = self.u64(f"{what} length")
@@ -93,7 +96,7 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int, what: str):
+    def value(self, vtype: int, what: str) -> int | float | bool | str | list[Any]:
         if vtype not in VALUE_TYPES:
             raise FormatError(self.path, f"{what}: unknown metadata value type {vtype}")
         name, fmt = VALUE_TYPES[vtype]
@@ -101,13 +104,14 @@ class _Cursor:
             return self.string(what)
         if name == "ARRAY":
             return self.array(what)
+        assert fmt is not None  # every other type has a struct format
         size = struct.calcsize(fmt)
         self.need(size, what)
         (v,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
-        return v
+        return cast(int | float | bool, v)
 
-    def array(self, what: str) -> list:
+    def array(self, what: str) -> list[Any]:
         etype = self.u32(f"{what} element type")
         count = self.u64(f"{what} element count")
         if etype in ARRAY_DTYPES:
@@ -115,7 +119,7 @@ class _Cursor:
             self.need(count * dtype.itemsize, f"{what} ({count} elements)")
             values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
             self.pos += count * dtype.itemsize
-            return values.astype(bool).tolist() if etype == 7 else values.tolist()
+            return cast(list[Any], values.astype(bool).tolist() if etype == 7 else values.tolist())
         if etype == 8:
             return self._strings(count, what)
         if etype == 9:
@@ -141,10 +145,10 @@ class GGUFFile:
     """A parsed GGUF file: `.metadata`, `.tensors` (name -> TensorInfo), `.version`, `.alignment`,
     `.data_offset`. Reading it does not read tensor data; `.tensor(name)` does, for one tensor."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.bytes = map_file(self.path)  # uint8 [file_size]
-        buf = memoryview(self.bytes)
+        buf = self.bytes.data  # a memoryview of the mapping
         cur = _Cursor(buf, str(self.path))
         p = str(self.path)
 
@@ -165,7 +169,7 @@ class GGUFFile:
             raise FormatError(p, f"header claims {kv_count} metadata entries and {tensor_count} tensors, "
                                  f"more than the file's {cur.end} bytes can hold")
 
-        self.metadata: dict = {}
+        self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, str] = {}  # key -> "UINT32", "ARRAY[STRING]", ... for inspect
         for i in range(kv_count):
             key = cur.string(f"metadata key #{i}")
@@ -202,7 +206,7 @@ class GGUFFile:
             self.tensors[name] = self._info(name, ne, ggml_type, offset, file_size)
         _check_no_overlap(p, self.tensors.values())
 
-    def _info(self, name, ne, ggml_type, offset, file_size) -> TensorInfo:
+    def _info(self, name: str, ne: list[int], ggml_type: int, offset: int, file_size: int) -> TensorInfo:
         p = str(self.path)
         if name in self.tensors:
             raise FormatError(p, f"tensor '{name}' appears twice")
@@ -232,7 +236,7 @@ class GGUFFile:
             quantization=gq.QUANT_LAYOUT.get(type_name),
         )
 
-    def raw(self, name: str) -> np.ndarray:
+    def raw(self, name: str) -> npt.NDArray[np.uint8]:
         """uint8 [nbytes]: the tensor's bytes as stored, a view of the mapped file."""
         info = self.tensors[name]
         return self.bytes[info.offset:info.offset + info.nbytes]
@@ -260,20 +264,20 @@ def read_tensor(gguf: GGUFFile, info: TensorInfo, out: np.ndarray | None = None)
                                  f"{', '.join(sorted(gq.SUPPORTED))}")
 
 
-def _check_no_overlap(path: str, infos) -> None:
+def _check_no_overlap(path: str, infos: Iterable[TensorInfo]) -> None:
     spans = sorted((i.offset, i.offset + i.nbytes, i.name) for i in infos if i.nbytes)
     for (_, end_a, name_a), (start_b, _, name_b) in zip(spans, spans[1:], strict=False):
         if start_b < end_a:
             raise FormatError(path, f"tensors '{name_a}' and '{name_b}' overlap (bytes {start_b}..{end_a})")
 
 
-def load_gguf(path) -> Checkpoint:
+def load_gguf(path: str | Path) -> Checkpoint:
     gguf = GGUFFile(path)
 
-    def read(info, out=None):
+    def read(info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
         return read_tensor(gguf, info, out)
 
-    def raw(info):
+    def raw(info: TensorInfo) -> npt.NDArray[np.uint8]:
         return gguf.bytes[info.offset:info.offset + info.nbytes]
 
     return Checkpoint(

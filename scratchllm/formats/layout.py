@@ -8,6 +8,7 @@ tensor's pages without touching its neighbours. The plan says which pages each t
 which pages two tensors share, which is what the design article's diagram draws.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,7 @@ def loaded_nbytes(info: TensorInfo) -> int:
     return info.numel * np.dtype(info.out_dtype).itemsize
 
 
-def plan_arena(infos, page: int = PAGE, tensor_align: int = CACHE_LINE) -> ArenaPlan:
+def plan_arena(infos: Iterable[TensorInfo], page: int = PAGE, tensor_align: int = CACHE_LINE) -> ArenaPlan:
     """Tensors in file order, each at the next multiple of `tensor_align`, in a page-aligned arena."""
     assert page > 0 and page & (page - 1) == 0, "page size must be a power of two"
     assert 0 < tensor_align <= page and page % tensor_align == 0, "alignment must divide the page"

@@ -10,11 +10,12 @@ import mmap
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import FormatError
 
 
-def map_file(path: Path) -> np.ndarray:
+def map_file(path: Path) -> npt.NDArray[np.uint8]:
     """uint8 [file_size], backed by mmap. An empty or unreadable file is a FormatError."""
     try:
         with open(path, "rb") as f:
@@ -28,9 +29,10 @@ def map_file(path: Path) -> np.ndarray:
 
 
 
-def _mapping_of(view: np.ndarray):
+def _mapping_of(view: np.ndarray) -> tuple[mmap.mmap | None, int]:
     """(the mmap behind a `map_file` array or a view of one, the view's byte offset in it), or (None, 0)."""
-    root, mm = view, view
+    root: np.ndarray = view
+    mm: object = view
     while isinstance(mm, (np.ndarray, memoryview)):
         if isinstance(mm, np.ndarray):
             root = mm

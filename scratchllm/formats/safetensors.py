@@ -14,8 +14,10 @@ byte count equals dtype size x number of elements; no two tensors overlap.
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import FormatError
 from scratchllm.formats import ggml_quants as gq
@@ -49,7 +51,7 @@ DTYPES = {
 WIDENED = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0"}
 
 
-def _fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3: bool) -> np.ndarray:
+def _fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3: bool) -> npt.NDArray[np.float32]:
     """float32 [256]: the value of every 8-bit pattern (FP8 has so few that a table is the decoder)."""
     codes = np.arange(256)
     sign = np.where(codes & 0x80, -1.0, 1.0)
@@ -66,9 +68,9 @@ def _fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3: bool) -> np.ndarra
     return value.astype(np.float32)
 
 
-def _e8m0_table() -> np.ndarray:
+def _e8m0_table() -> npt.NDArray[np.float32]:
     """E8M0 (microscaling scales): a bare exponent, 2 ** (e - 127); 0xFF is NaN."""
-    value = np.exp2(np.arange(256) - 127.0)
+    value: npt.NDArray[np.float64] = np.exp2(np.arange(256) - 127.0)
     value[255] = np.nan
     return value.astype(np.float32)
 
@@ -80,10 +82,11 @@ FP8_TABLES = {"F8_E4M3": _fp8_table(4, 3, 7, True), "F8_E5M2": _fp8_table(5, 2, 
 def _widen(dtype: str, raw: np.ndarray) -> np.ndarray:
     if dtype == "BF16":
         return gq.bf16_to_float32(raw)
-    return FP8_TABLES[dtype][raw]
+    decoded: npt.NDArray[np.float32] = FP8_TABLES[dtype][raw]
+    return decoded
 
 
-def read_header(data: np.ndarray, path: str) -> tuple[dict, int]:
+def read_header(data: npt.NDArray[np.uint8], path: str) -> tuple[dict[str, Any], int]:
     """(parsed JSON header, byte offset where tensor data starts)."""
     if data.size < 8:
         raise FormatError(path, f"truncated: {data.size} bytes, too short for the 8-byte header length")
@@ -99,7 +102,7 @@ def read_header(data: np.ndarray, path: str) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def _entry(path: str, name: str, entry, data_start: int, data_len: int) -> TensorInfo:
+def _entry(path: str, name: str, entry: object, data_start: int, data_len: int) -> TensorInfo:
     if not isinstance(entry, dict):
         raise FormatError(path, f"tensor '{name}': entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -128,7 +131,7 @@ def _entry(path: str, name: str, entry, data_start: int, data_len: int) -> Tenso
     )
 
 
-def load_safetensors(path) -> Checkpoint:
+def load_safetensors(path: str | Path) -> Checkpoint:
     p = str(path)
     data = map_file(Path(path))  # uint8 [file_size]
     header, data_start = read_header(data, p)
@@ -148,7 +151,7 @@ def load_safetensors(path) -> Checkpoint:
             raw = _widen(info.dtype, raw)
         return raw.reshape(info.shape)
 
-    def raw(info: TensorInfo) -> np.ndarray:
+    def raw(info: TensorInfo) -> npt.NDArray[np.uint8]:
         return data[info.offset:info.offset + info.nbytes]
 
     return Checkpoint(

@@ -19,6 +19,7 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def _entry_span(data: np.ndarray, info: zipfile.ZipInfo, path: str) -> tuple[int
     return begin, info.compress_size
 
 
-def _flatten(obj, prefix: str, tensors: dict, other: dict, path: str) -> None:
+def _flatten(obj: object, prefix: str, tensors: dict[str, TensorRef], other: dict[str, Any], path: str) -> None:
     """Nested dicts -> dotted names; tensors to `tensors`, plain values (ints, strings) to `other`."""
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -85,7 +86,7 @@ def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return all(d == 1 or s == e for d, s, e in zip(shape, strides, expected, strict=True))
 
 
-def load_torch(path) -> Checkpoint:
+def load_torch(path: str | Path) -> Checkpoint:
     p = str(path)
     data = map_file(Path(path))  # uint8 [file_size]
     try:
@@ -109,19 +110,19 @@ def load_torch(path) -> Checkpoint:
     pickle_bytes = _read_small(archive, pickles[0], p)
     obj, storages = load_state_dict_pickle(pickle_bytes, p)
     tensors: dict[str, TensorRef] = {}
-    other: dict = {}
+    other: dict[str, Any] = {}
     _flatten(obj, "", tensors, other, p)
 
     # Storages: each is one zip entry whose size must be exactly numel x itemsize.
     spans: dict[str, tuple[int, int, zipfile.ZipInfo]] = {}
-    for key, ref in storages.items():
+    for key, st in storages.items():
         entry = by_name.get(f"{prefix}data/{key}")
         if entry is None:
             raise FormatError(p, f"storage '{key}' has no zip entry {prefix}data/{key}")
-        if ref.dtype not in ITEMSIZE:
-            raise FormatError(p, f"storage '{key}' has unknown dtype {ref.dtype!r}")
-        if entry.file_size != ref.numel * ITEMSIZE[ref.dtype]:
-            raise FormatError(p, f"storage '{key}' claims {ref.numel} x {ref.dtype} = {ref.numel * ITEMSIZE[ref.dtype]}"
+        if st.dtype not in ITEMSIZE:
+            raise FormatError(p, f"storage '{key}' has unknown dtype {st.dtype!r}")
+        if entry.file_size != st.numel * ITEMSIZE[st.dtype]:
+            raise FormatError(p, f"storage '{key}' claims {st.numel} x {st.dtype} = {st.numel * ITEMSIZE[st.dtype]}"
                                  f" bytes but {entry.filename} holds {entry.file_size}")
         begin, size = _entry_span(data, entry, p)
         spans[key] = (begin, size, entry)
@@ -192,17 +193,18 @@ def load_torch(path) -> Checkpoint:
     )
 
 
-def _pickle_summary(data: bytes) -> dict:
+def _pickle_summary(data: bytes) -> dict[str, Any]:
     """What data.pkl asks for, read opcode by opcode (pickletools only parses; it runs nothing)."""
     globals_used: dict[str, int] = {}
     counts = {"opcodes": 0, "REDUCE": 0, "BINPERSID": 0}
-    protocol, strings = 0, []
+    protocol: object = 0
+    strings: list[str] = []
     for op, arg, _ in pickletools.genops(data):
         counts["opcodes"] += 1
         if op.name == "PROTO":
             protocol = arg
         elif op.name == "GLOBAL":
-            name = arg.replace(" ", ".")
+            name = str(arg).replace(" ", ".")  # GLOBAL's argument is 'module name'
             globals_used[name] = globals_used.get(name, 0) + 1
         elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
             name = f"{strings[-2]}.{strings[-1]}"
@@ -221,7 +223,7 @@ def _read_small(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, path: str) -> 
         raise FormatError(path, f"zip entry '{entry.filename}' is unreadable: {err}") from None
 
 
-def _describe(data: np.ndarray, entry: zipfile.ZipInfo, path: str) -> dict:
+def _describe(data: np.ndarray, entry: zipfile.ZipInfo, path: str) -> dict[str, Any]:
     begin, size = _entry_span(data, entry, path)
     return {"name": entry.filename, "header_offset": entry.header_offset, "data_offset": begin,
             "size": entry.file_size, "stored": entry.compress_type == zipfile.ZIP_STORED}

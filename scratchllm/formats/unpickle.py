@@ -19,7 +19,9 @@ import _compat_pickle
 import collections
 import io
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from scratchllm.errors import FormatError
 
@@ -81,19 +83,19 @@ TORCH_DTYPES = {
 }
 
 
-def _ints(value, what: str, problem) -> tuple[int, ...]:
+def _ints(value: object, what: str, problem: Callable[[str], FormatError]) -> tuple[int, ...]:
     if not isinstance(value, tuple | list) or not all(type(v) is int and v >= 0 for v in value):
         raise problem(f"{what} {value!r} is not a tuple of non-negative ints")
     return tuple(value)
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, path: str):
+    def __init__(self, data: bytes, path: str) -> None:
         super().__init__(io.BytesIO(data))
         self.path = path
         self.storages: dict[str, StorageRef] = {}
         self.parameter_marker = object()
-        self.allowed = {
+        self.allowed: dict[tuple[str, str], object] = {
             ("collections", "OrderedDict"): collections.OrderedDict,
             ("torch._utils", "_rebuild_tensor_v2"): self._rebuild_tensor_v2,
             ("torch._utils", "_rebuild_tensor_v3"): self._rebuild_tensor_v3,
@@ -111,7 +113,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def problem(self, message: str) -> FormatError:
         return FormatError(self.path, f"data.pkl: {message}")
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> object:
         # The only door from the file to Python objects: anything not listed is refused by name.
         try:
             return self.allowed[(module, name)]
@@ -119,7 +121,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise self.problem(f"refuses global '{_py3_name(module, name)}': a state dict never needs it "
                                f"(nothing from the file was run)") from None
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: object) -> StorageRef:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise self.problem(f"unknown persistent id {pid!r:.80}")
         _, storage_type, key, location, numel = pid
@@ -132,8 +134,10 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise self.problem(f"storage '{key}' is referenced with two different types or sizes")
         return ref
 
-    def _rebuild_tensor_v2(self, storage, storage_offset, size, stride, requires_grad=False,
-                           backward_hooks=None, metadata=None):
+    # The rebuilders' arguments come from the file: anything at all until checked.
+    def _rebuild_tensor_v2(self, storage: object, storage_offset: object, size: object, stride: object,
+                           requires_grad: object = False, backward_hooks: object = None,
+                           metadata: object = None) -> TensorRef:
         if not isinstance(storage, StorageRef):
             raise self.problem(f"tensor storage is {type(storage).__name__}, not a storage")
         if type(storage_offset) is not int or storage_offset < 0:
@@ -144,30 +148,32 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise self.problem(f"size {shape} and stride {strides} differ in length")
         return TensorRef(storage, storage_offset, shape, strides, storage.dtype)
 
-    def _rebuild_tensor_v3(self, storage, storage_offset, size, stride, requires_grad, backward_hooks,
-                           dtype, metadata=None):
+    def _rebuild_tensor_v3(self, storage: object, storage_offset: object, size: object, stride: object,
+                           requires_grad: object, backward_hooks: object, dtype: object,
+                           metadata: object = None) -> TensorRef:
         if not isinstance(dtype, TorchDType):
             raise self.problem(f"tensor dtype {dtype!r:.40} is not a torch dtype")
         ref = self._rebuild_tensor_v2(storage, storage_offset, size, stride)
-        if storage.dtype != "uint8" and storage.dtype != dtype.name:
-            raise self.problem(f"tensor dtype {dtype.name} differs from its storage's {storage.dtype}")
+        if ref.storage.dtype != "uint8" and ref.storage.dtype != dtype.name:
+            raise self.problem(f"tensor dtype {dtype.name} differs from its storage's {ref.storage.dtype}")
         return TensorRef(ref.storage, ref.offset, ref.shape, ref.strides, dtype.name)
 
-    def _rebuild_parameter(self, data, requires_grad=False, backward_hooks=None, state=None):
+    def _rebuild_parameter(self, data: object, requires_grad: object = False, backward_hooks: object = None,
+                           state: object = None) -> TensorRef:
         if not isinstance(data, TensorRef):
             raise self.problem("a Parameter that does not wrap a tensor")
         return data
 
-    def _rebuild_from_type_v2(self, func, new_type, args, state=None):
+    def _rebuild_from_type_v2(self, func: object, new_type: object, args: object, state: object = None) -> TensorRef:
         rebuilds = (self._rebuild_tensor_v2, self._rebuild_tensor_v3)
         if func not in rebuilds or new_type is not self.parameter_marker:
             raise self.problem("refuses to rebuild a tensor subclass other than Parameter")
         if not isinstance(args, tuple):
             raise self.problem("malformed tensor subclass arguments")
-        return func(*args)
+        return cast(Callable[..., TensorRef], func)(*args)  # one of `rebuilds`, checked above
 
 
-def _py3_name(module, name) -> str:
+def _py3_name(module: object, name: object) -> str:
     """The Python 3 name of a global, for the message: protocol-2 pickles write '__builtin__.eval'."""
     if not isinstance(module, str) or not isinstance(name, str):
         return f"{module!r:.40}.{name!r:.40}"
@@ -176,7 +182,7 @@ def _py3_name(module, name) -> str:
     return f"{module}.{name}"[:120]
 
 
-def load_state_dict_pickle(data: bytes, path: str):
+def load_state_dict_pickle(data: bytes, path: str) -> tuple[object, dict[str, StorageRef]]:
     """The unpickled object (dicts of TensorRef and plain values), and every storage it referenced."""
     unpickler = RestrictedUnpickler(data, path)
     try:

@@ -8,13 +8,14 @@ per length at each candidate.
 """
 
 import re
+from collections.abc import Iterable
 
 
 class AddedTokens:
     """split(text) -> [text, token, text, token, ..., text], as re.split with one group gives:
     odd indices are the tokens found."""
 
-    def __init__(self, tokens):
+    def __init__(self, tokens: Iterable[str]) -> None:
         self._tokens = frozenset(tokens)
         lengths: dict[str, set[int]] = {}
         for token in self._tokens:

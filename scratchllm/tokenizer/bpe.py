@@ -28,6 +28,8 @@ HEAP_ABOVE = 64
 
 # The symbol of a character that is neither a token nor a merge half: it merges with nothing.
 NO_SYMBOL = -1
+# In the heap merge: a position merged into the symbol on its left (never a symbol).
+_MERGED = -2
 
 
 class BPE:
@@ -58,7 +60,8 @@ class BPE:
         self.unk_id = unk_id
 
     @classmethod
-    def from_ranks(cls, vocab: dict[str, int], ranks: dict[tuple[str, str], int], **kw) -> "BPE":
+    def from_ranks(cls, vocab: dict[str, int], ranks: dict[tuple[str, str], int], *,
+                   ignore_merges: bool = False, unk_id: int | None = None) -> "BPE":
         """A table written as text, {(left, right): rank}; each pair merges to left + right."""
         ids = vocab.values()
         if len(set(ids)) != len(vocab):
@@ -66,18 +69,20 @@ class BPE:
             clash = next((t, seen[i]) for t, i in vocab.items() if seen.setdefault(i, t) != t)
             raise ConfigError(f"the vocabulary gives one id ({vocab[clash[0]]}) to {clash[0]!r} and {clash[1]!r}")
         first_extra = max(ids, default=-1) + 1
-        return cls(vocab, _merge_ranks.table_from_ranks(ranks, vocab, first_extra), first_extra, **kw)
+        return cls(vocab, _merge_ranks.table_from_ranks(ranks, vocab, first_extra), first_extra,
+                   ignore_merges=ignore_merges, unk_id=unk_id)
 
     @classmethod
-    def from_merges(cls, vocab: dict[str, int], merges: Iterable[tuple[str, str]], **kw) -> "BPE":
+    def from_merges(cls, vocab: dict[str, int], merges: Iterable[tuple[str, str]], *,
+                    ignore_merges: bool = False, unk_id: int | None = None) -> "BPE":
         ranks: dict[tuple[str, str], int] = {}
         for rank, pair in enumerate(merges):
             # A pair listed twice keeps its first (best) rank, as tokenizers does.
             ranks.setdefault(pair, rank)
-        return cls.from_ranks(vocab, ranks, **kw)
+        return cls.from_ranks(vocab, ranks, ignore_merges=ignore_merges, unk_id=unk_id)
 
     @classmethod
-    def from_ranked_tokens(cls, ranked: dict[str, int], **kw) -> "BPE":
+    def from_ranked_tokens(cls, ranked: dict[str, int], *, unk_id: int | None = None) -> "BPE":
         """tiktoken's form: each token's rank is its id and the rank of any pair that concatenates
         to it. Every split of a token into two tokens becomes a pair (a few per token)."""
         ranks: dict[tuple[str, str], int] = {}
@@ -86,7 +91,7 @@ class BPE:
                 left, right = token[:cut], token[cut:]
                 if left in ranked and right in ranked:
                     ranks[(left, right)] = rank
-        return cls.from_ranks(dict(ranked), ranks, ignore_merges=True, **kw)
+        return cls.from_ranks(dict(ranked), ranks, ignore_merges=True, unk_id=unk_id)
 
     def ranks(self) -> dict[tuple[str, str], int]:
         """The table written as text, {(left, right): rank}: for tests and inspection (it costs
@@ -127,7 +132,7 @@ class BPE:
         is checked against the current symbols when popped instead of being removed."""
         get = self.table.rank
         merged_of = self.table.product
-        symbols: list[int | None] = list(symbols)  # None: merged into the symbol on its left
+        symbols = list(symbols)  # _MERGED: merged into the symbol on its left
         n = len(symbols)
         nxt = list(range(1, n + 1))  # n: no right neighbour
         prv = list(range(-1, n - 1))
@@ -145,7 +150,7 @@ class BPE:
             if symbols[i] != left or j >= n or symbols[j] != right:
                 continue  # stale: one side has merged since this entry was pushed
             merged = merged_of(rank)
-            symbols[i], symbols[j] = merged, None
+            symbols[i], symbols[j] = merged, _MERGED
             nxt[i] = nxt[j]
             if nxt[j] < n:
                 prv[nxt[j]] = i
@@ -158,4 +163,4 @@ class BPE:
                 r = get(merged, symbols[nxt[i]])
                 if r is not None:
                     heapq.heappush(heap, (r, i, merged, symbols[nxt[i]]))
-        return [s for s in symbols if s is not None]
+        return [s for s in symbols if s != _MERGED]

@@ -13,7 +13,7 @@ from token ids (or plain text) never pays its ~7 MB.
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from scratchllm.errors import ConfigError
 
@@ -21,18 +21,19 @@ if TYPE_CHECKING:
     import jinja2
 
 
-def _raise_exception(message):
+def _raise_exception(message: str) -> NoReturn:
     import jinja2
 
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson escapes HTML characters ('<' -> '\u003c'), which would change prompts.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(fmt):
+def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
@@ -52,8 +53,8 @@ def compile_template(source: str) -> "jinja2.Template":
         raise ConfigError(f"chat template does not parse: {e}") from None
 
 
-def render_chat(source: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                special_tokens: dict[str, str] | None = None, **extra) -> str:
+def render_chat(source: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                special_tokens: dict[str, str] | None = None, **extra: Any) -> str:
     """messages: [{"role": ..., "content": ...}, ...] -> the prompt text (not yet tokenized).
 
     special_tokens gives the template its variables bos_token, eos_token, ... as strings.

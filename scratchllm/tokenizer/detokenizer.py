@@ -7,19 +7,42 @@ emits everything before it, so the pieces pushed out join to exactly decode(ids)
 """
 
 import codecs
+from typing import Protocol
+
+from scratchllm.tokenizer.spec import PieceModel, TextStream, TokenizerSpec
+
+
+class DecodingTokenizer(Protocol):
+    """What a Detokenizer calls on its tokenizer (tokenizer.Tokenizer)."""
+
+    @property
+    def spec(self) -> TokenizerSpec: ...
+
+    @property
+    def special_ids(self) -> frozenset[int]: ...
+
+    def id_to_token(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def wordpiece_text(self, token_id: int, first: bool) -> str: ...
 
 
 class Detokenizer:
     """push(token_id) -> the new complete text (often '', sometimes several characters);
     flush() -> whatever is left at the end (a cut character becomes U+FFFD, as decode does)."""
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = False):
+    def __init__(self, tokenizer: DecodingTokenizer, skip_special_tokens: bool = False) -> None:
         self._tok = tokenizer
-        self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._skip: frozenset[int] = tokenizer.special_ids if skip_special_tokens else frozenset()
         self._byte_level = tokenizer.spec.kind == "bpe"
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         # SentencePiece pieces decode through their model's stream (byte pieces held per run).
-        self._pieces = tokenizer.spec.model.stream() if tokenizer.spec.kind == "spm" else None
+        self._pieces: TextStream | None = None
+        if tokenizer.spec.kind == "spm":
+            model = tokenizer.spec.model
+            assert isinstance(model, PieceModel), model  # what kind "spm" means
+            self._pieces = model.stream()
         self._count = 0  # tokens emitted so far (WordPiece writes no space before the first)
 
     def push(self, token_id: int) -> str:

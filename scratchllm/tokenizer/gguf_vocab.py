@@ -12,7 +12,10 @@ the vocabulary by _vocabulary.pyx, the merge table over token ids by _merge_rank
 holds in memory: docs/tokenizer-memory.md.
 """
 
+from collections.abc import Mapping
 from itertools import compress, count
+from pathlib import Path
+from typing import Any
 
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer import _merge_ranks
@@ -26,7 +29,7 @@ from scratchllm.tokenizer.spec import TokenizerSpec
 GGUF_NORMAL, GGUF_CONTROL, GGUF_USER_DEFINED = 1, 3, 4
 
 
-def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
+def from_gguf(path: str | Path, metadata: Mapping[str, Any] | None = None) -> TokenizerSpec:
     """The tokenizer of the GGUF file at `path`. `metadata`: the file's metadata when the caller
     has parsed it already (LLM opens a GGUF once for the model and its tokenizer)."""
     if metadata is None:
@@ -63,6 +66,8 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     odd = list(compress(count(), map(GGUF_NORMAL.__ne__, types)))
     added = {tokens[i]: i for i in odd if types[i] == GGUF_CONTROL or types[i] == GGUF_USER_DEFINED}
     special = frozenset(i for i in odd if types[i] == GGUF_CONTROL)
+    bos: Any  # the file's values, whatever they are (int() refuses what is no number)
+    eos: Any
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     # Without the key, llama.cpp adds BOS for the Llama 3 family only.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre in pt.GGUF_ADD_BOS)) and bos is not None
@@ -82,7 +87,8 @@ def from_gguf(path, metadata: dict | None = None) -> TokenizerSpec:
     )
 
 
-def merge_table(merges: list[str], path, vocab: Vocabulary):
+def merge_table(merges: list[str], path: str | Path, vocab: Vocabulary
+                ) -> tuple[_merge_ranks.PairTable, dict[str, int]]:
     """'left right' lines -> BPE's id table (PairTable, extra), cut as llama.cpp cuts: at the
     first space after the first character; a pair listed twice keeps its first (best) rank. See
     _merge_ranks.pyx."""
@@ -95,7 +101,7 @@ def merge_table(merges: list[str], path, vocab: Vocabulary):
     return table
 
 
-def _array(meta: dict, key: str, kind: type, path) -> list:
+def _array(meta: Mapping[str, Any], key: str, kind: type, path: str | Path) -> list[Any]:
     values = meta[key]
     # set(map(type, ...)) runs in C: a third of the time of all(isinstance(...)) over 49k values.
     if not isinstance(values, list) or not set(map(type, values)) <= {kind}:
@@ -103,6 +109,6 @@ def _array(meta: dict, key: str, kind: type, path) -> list:
     return values
 
 
-def _int(v):
+def _int(v: Any) -> int | None:  # a metadata value, or None
     return None if v is None else int(v)
 

@@ -8,9 +8,12 @@ naming the file and the component, never silently approximated.
 import base64
 import json
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from scratchllm.errors import FormatError
+from scratchllm.formats.checkpoint import Checkpoint
 from scratchllm.formats.refs import resolve_model
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer.bpe import BPE
@@ -19,9 +22,13 @@ from scratchllm.tokenizer.gguf_vocab import from_gguf
 from scratchllm.tokenizer.spec import TokenizerSpec
 from scratchllm.tokenizer.wordpiece import WordPiece, bert_normalize, bert_pre_tokenize
 
+# A node of a parsed tokenizer.json, unchecked: a wrong shape raises KeyError, TypeError or
+# AttributeError, which from_tokenizer_json reports as a malformed file.
+Json = Any
 
-def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None,
-              checkpoint=None) -> TokenizerSpec:
+
+def load_spec(ref: str | Path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None,
+              checkpoint: Checkpoint | None = None) -> TokenizerSpec:
     """pattern and special_tokens apply to tiktoken rank files only, which carry neither.
     checkpoint: the model file already opened (formats.load_checkpoint), so that a GGUF's header
     is parsed once for the model and its tokenizer; ignored unless it is the same file as `ref`."""
@@ -33,15 +40,18 @@ def load_spec(ref, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, 
             return from_vocab_txt(path)
         raise FormatError(path, "no tokenizer here: expected tokenizer.json or vocab.txt")
     if path.suffix == ".gguf":
-        same = checkpoint is not None and checkpoint.format == "gguf" and Path(checkpoint.path) == path
-        return from_gguf(path, checkpoint.metadata if same else None)
+        metadata = None
+        if checkpoint is not None and checkpoint.format == "gguf" and Path(checkpoint.path) == path:
+            metadata = checkpoint.metadata  # the same file: its header is not parsed again
+        return from_gguf(path, metadata)
     if path.name.endswith(".json"):
         return from_tokenizer_json(path)
     return from_tiktoken(path, pattern=pattern, special_tokens=special_tokens)
 
 
 # ---- tiktoken -----------------------------------------------------------------------------
-def from_tiktoken(path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[str, int] | None = None):
+def from_tiktoken(path: str | Path, *, pattern: str = pt.GPT2_PATTERN,
+                  special_tokens: dict[str, int] | None = None) -> TokenizerSpec:
     """A rank file: one 'base64(token bytes) rank' per line, rank = id, as tiktoken loads.
 
     The file carries no pattern and no special tokens: GPT-2's regex is the default, and, as for
@@ -57,9 +67,9 @@ def from_tiktoken(path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[
         if not line.strip():
             continue
         try:
-            token_b64, rank = line.split()
+            token_b64, rank_text = line.split()
             token = base64.b64decode(token_b64, validate=True)
-            rank = int(rank)
+            rank = int(rank_text)
         except ValueError:
             raise FormatError(path, f"line {n} is not 'base64-token rank' (is this a tiktoken rank file?)") from None
         # Tokens are kept in the byte-level alphabet so the BPE code is shared with GPT-2 vocabularies.
@@ -69,8 +79,8 @@ def from_tiktoken(path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[
         raise FormatError(path, f"{len(missing)} single bytes have no rank (e.g. {missing[0]}); BPE needs all 256")
     n_ids = max(ranked.values()) + 1
     id_to_token = [""] * n_ids
-    for token, rank in ranked.items():
-        id_to_token[rank] = token
+    for text, rank in ranked.items():
+        id_to_token[rank] = text
     if special_tokens is None:
         special_tokens = {"<|endoftext|>": n_ids}
     eot = special_tokens.get("<|endoftext|>")
@@ -83,7 +93,7 @@ def from_tiktoken(path, *, pattern: str = pt.GPT2_PATTERN, special_tokens: dict[
 
 
 # ---- tokenizer.json -----------------------------------------------------------------------
-def from_tokenizer_json(path) -> TokenizerSpec:
+def from_tokenizer_json(path: str | Path) -> TokenizerSpec:
     path = Path(path)
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
@@ -95,7 +105,7 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
 
 
-def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
+def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
     config = _read_config(path.parent)
     model_spec = spec.get("model") or {}
     mtype = model_spec.get("type")
@@ -107,9 +117,10 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     # Not modelled: `normalized: true` tokens are matched on the raw text here, on normalized text
     # by tokenizers; the two differ only where the normalizer changes the token's own characters.
 
+    model: BPE | WordPiece
     if mtype == "BPE":
         vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
-        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model_spec.get("merges", [])]
+        merges = [_merge_pair(m, path) for m in model_spec.get("merges", [])]
         unk = model_spec.get("unk_token")
         model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
                                 unk_id=vocab.get(unk) if unk else None)
@@ -143,12 +154,20 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     )
 
 
-def _is_byte_level(spec) -> bool:
+def _merge_pair(merge: Json, path: Path) -> tuple[str, str]:
+    """One entry of the merges list: "left right" (cut at the first space) or ["left", "right"]."""
+    pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+    if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(half, str) for half in pair):
+        raise FormatError(path, f"merge {merge!r:.60} is not two halves")
+    return pair[0], pair[1]
+
+
+def _is_byte_level(spec: Json) -> bool:
     text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
     return '"ByteLevel"' in text
 
 
-def _pre_tokenizer(node, path):
+def _pre_tokenizer(node: Json, path: Path) -> Callable[[str], list[str]]:
     if node is None:
         return pt.PreTokenizer([])
     kind = node.get("type")
@@ -157,7 +176,7 @@ def _pre_tokenizer(node, path):
     return pt.PreTokenizer(_split_steps(node, path))
 
 
-def _split_steps(node, path) -> list[pt.Split]:
+def _split_steps(node: Json, path: Path) -> list[pt.Split]:
     kind = node.get("type")
     if kind == "Sequence":
         return [s for child in node["pretokenizers"] for s in _split_steps(child, path)]
@@ -184,17 +203,23 @@ def _split_steps(node, path) -> list[pt.Split]:
 def _escape(s: str) -> str:
     import regex
 
-    return regex.escape(s)
+    escaped: str = regex.escape(s)
+    return escaped
 
 
-def _normalizer(node, path):
+def _normalizer(node: Json, path: Path) -> Callable[[str], str] | None:
     if node is None:
         return None
     kind = node.get("type")
     if kind == "Sequence":
-        steps = [_normalizer(n, path) for n in node["normalizers"]]
+        steps: list[Callable[[str], str]] = []
+        for child in node["normalizers"]:
+            step = _normalizer(child, path)
+            if step is None:
+                raise FormatError(path, "a normalizer Sequence has a null step")
+            steps.append(step)
 
-        def sequence(text):
+        def sequence(text: str) -> str:
             for step in steps:
                 text = step(text)
             return text
@@ -212,13 +237,15 @@ def _normalizer(node, path):
     raise FormatError(path, f"normalizer {kind!r} is not supported")
 
 
-def _post_processor(node, added, vocab, path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _post_processor(node: Json, added: dict[str, int], vocab: dict[str, int],
+                    path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ids encode(add_special_tokens=True) puts before and after a single sequence."""
     if node is None:
         return (), ()
     kind = node.get("type")
     if kind == "Sequence":
-        prefix, suffix = (), ()
+        prefix: tuple[int, ...] = ()
+        suffix: tuple[int, ...] = ()
         for child in node["processors"]:
             p, s = _post_processor(child, added, vocab, path)
             prefix, suffix = prefix + p, s + suffix
@@ -228,30 +255,35 @@ def _post_processor(node, added, vocab, path) -> tuple[tuple[int, ...], tuple[in
     if kind in ("BertProcessing", "RobertaProcessing"):
         return (int(node["cls"][1]),), (int(node["sep"][1]),)
     if kind == "TemplateProcessing":
-        prefix, suffix, seen_text = [], [], False
+        before: list[int] = []
+        after: list[int] = []
+        seen_text = False
         for item in node["single"]:
             if "Sequence" in item:
                 seen_text = True
                 continue
             name = item["SpecialToken"]["id"]
             ids = node["special_tokens"][name]["ids"]
-            (suffix if seen_text else prefix).extend(int(i) for i in ids)
-        return tuple(prefix), tuple(suffix)
+            (after if seen_text else before).extend(int(i) for i in ids)
+        return tuple(before), tuple(after)
     raise FormatError(path, f"post-processor {kind!r} is not supported")
 
 
 # ---- tokenizer_config.json and friends ------------------------------------------------------
-def _read_config(folder: Path) -> dict:
+def _read_config(folder: Path) -> dict[str, Json]:
     f = folder / "tokenizer_config.json"
     if not f.exists():
         return {}
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        config = json.loads(f.read_text(encoding="utf-8"))
     except ValueError as e:
         raise FormatError(f, f"not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise FormatError(f, f"a JSON {type(config).__name__}, not an object")
+    return config
 
 
-def _config_token_id(value, added, vocab):
+def _config_token_id(value: Json, added: dict[str, int], vocab: dict[str, int]) -> int | None:
     if isinstance(value, dict):  # {"content": "<s>", "lstrip": false, ...}
         value = value.get("content")
     if not value:
@@ -259,7 +291,7 @@ def _config_token_id(value, added, vocab):
     return added.get(value, vocab.get(value))
 
 
-def _chat_template(config: dict, folder: Path) -> str | None:
+def _chat_template(config: dict[str, Json], folder: Path) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in template}
@@ -269,7 +301,7 @@ def _chat_template(config: dict, folder: Path) -> str | None:
     return template
 
 
-def _max_length(config: dict, folder: Path) -> int | None:
+def _max_length(config: dict[str, Json], folder: Path) -> int | None:
     # sentence-transformers truncates at its own max_seq_length, which is what the embeddings
     # were computed with; fall back to the tokenizer's model_max_length.
     st = folder / "sentence_bert_config.json"

@@ -8,6 +8,7 @@ split steps applied in turn, each to every piece the previous step produced, as 
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import regex
 
@@ -52,7 +53,7 @@ class Split:
     behavior: str = "isolated"
     invert: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         assert self.behavior in ("isolated", "removed"), self.behavior
 
 
@@ -60,9 +61,9 @@ class PreTokenizer:
     """Applies its split steps in order: text -> list of non-empty pieces. With 'isolated' steps
     only, the pieces concatenate back to the text."""
 
-    def __init__(self, steps: list[Split]):
+    def __init__(self, steps: list[Split]) -> None:
         self.steps = tuple(steps)
-        self._compiled = []
+        self._compiled: list[tuple[regex.Pattern[str], Split, bool]] = []
         for step in self.steps:
             pattern = regex.compile(step.pattern)
             # findall can stand in for the general loop only when it returns whole matches
@@ -80,15 +81,15 @@ class PreTokenizer:
         return pieces
 
 
-def _split(pattern, step: Split, simple: bool, text: str) -> list[str]:
+def _split(pattern: regex.Pattern[str], step: Split, simple: bool, text: str) -> list[str]:
     keep_matches = step.behavior == "isolated" or step.invert
     keep_gaps = step.behavior == "isolated" or not step.invert
     if keep_matches and keep_gaps and simple:
-        found = pattern.findall(text)
+        found: list[str] = pattern.findall(text)
         # Fast path: the matches tile the whole text (the GPT-2 family's patterns always do).
         if sum(map(len, found)) == len(text):
             return found
-    pieces = []
+    pieces: list[str] = []
     start = 0
     for m in pattern.finditer(text):
         if keep_gaps and m.start() > start:
@@ -129,7 +130,7 @@ GGUF_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
 GGUF_ADD_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
 
 
-def from_gguf_name(name: str, path) -> PreTokenizer:
+def from_gguf_name(name: str, path: str | Path) -> PreTokenizer:
     if name not in GGUF_PRETOKENIZERS:
         known = ", ".join(sorted(GGUF_PRETOKENIZERS))
         raise FormatError(path, f"tokenizer.ggml.pre '{name}' is not a pre-tokenizer we know ({known})")

@@ -30,7 +30,10 @@ the reference respells them, so that text with double spaces finds them.
 
 import codecs
 import re
+from collections.abc import Iterable, Mapping
 from itertools import compress, count
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import regex
@@ -74,7 +77,7 @@ class SentencePieceBPE:
     def stream(self) -> "PieceStream":
         return PieceStream()
 
-    def decode(self, texts) -> str:
+    def decode(self, texts: Iterable[str]) -> str:
         stream = PieceStream()
         return "".join(map(stream.push, texts)) + stream.flush()
 
@@ -84,7 +87,7 @@ class PieceStream:
     held until the run ends (the next other piece, or flush()), because the reference decides a
     run's text from all its bytes at once."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._bytes = bytearray()
 
     def push(self, text: str) -> str:
@@ -141,7 +144,7 @@ class WordSplit:
         return out
 
 
-def from_gguf_metadata(path, meta: dict) -> TokenizerSpec:
+def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSpec:
     """The TokenizerSpec of a GGUF whose tokenizer.ggml.model is "llama"."""
     arch = str(meta.get("general.architecture", ""))
     if arch not in ORDER_BY_POSITION:
@@ -165,13 +168,15 @@ def from_gguf_metadata(path, meta: dict) -> TokenizerSpec:
     # The merge order of each product: its position in the file, the last one where a text is
     # listed twice (the one the vocabulary gives its id).
     order = np.arange(n, dtype=np.int64)
+    bos: Any  # the file's values, whatever they are: checked here (int() refuses what is no number)
+    eos: Any
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     unk, pad = meta.get("tokenizer.ggml.unknown_token_id"), meta.get("tokenizer.ggml.padding_token_id")
     for name, value in (("bos", bos), ("eos", eos), ("unknown", unk), ("padding", pad)):
         if value is not None and not 0 <= int(value) < n:
             raise FormatError(path, f"tokenizer.ggml.{name}_token_id {value} is outside the {n} tokens")
-    if unk is None and (i := vocab.get("<unk>")) is not None:
-        unk = i
+    if unk is None and (unk_id := vocab.get("<unk>")) is not None:
+        unk = unk_id
     model = SentencePieceBPE(vocab, order, _int(unk), max(map(len, pieces), default=1))
     # Matched whole in the raw text: control pieces (special: skip_special_tokens drops them) and
     # user-defined ones as the vocabulary spells them (a stored "  " is not: it became "▁▁").
@@ -196,7 +201,7 @@ def from_gguf_metadata(path, meta: dict) -> TokenizerSpec:
     )
 
 
-def _array(meta: dict, key: str, kind: type, path) -> list:
+def _array(meta: Mapping[str, Any], key: str, kind: type, path: str | Path) -> list[Any]:
     if key not in meta:
         raise FormatError(path, f"{key} is missing: this GGUF carries no complete SentencePiece tokenizer")
     values = meta[key]
@@ -205,5 +210,5 @@ def _array(meta: dict, key: str, kind: type, path) -> list:
     return values
 
 
-def _int(v):
+def _int(v: Any) -> int | None:  # a metadata value, or None
     return None if v is None else int(v)

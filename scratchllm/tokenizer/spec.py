@@ -3,8 +3,52 @@
 The loaders (loaders.py, gguf_vocab.py) make one; tokenizer.py's Tokenizer takes one.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class TokenLookup(Protocol):
+    """A vocabulary's text -> id (a dict, or a compact _vocabulary.Vocabulary)."""
+
+    def get(self, text: str, /) -> int | None: ...
+
+
+class TokenTextTable(Protocol):
+    """A vocabulary's id -> text: a list, or a compact vocabulary's TokenTexts (GGUF)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, token_id: int, /) -> str: ...
+
+
+class TokenModel(Protocol):
+    """What the Tokenizer runs for every kind: one pre-token -> ids (bpe.BPE, wordpiece.WordPiece,
+    sentencepiece.SentencePieceBPE)."""
+
+    @property
+    def vocab(self) -> TokenLookup: ...
+
+    def encode_uncached(self, piece: str, /) -> list[int]: ...
+
+
+class TextStream(Protocol):
+    """Decoding piece texts one at a time: push(text) -> the new text; flush() -> the rest."""
+
+    def push(self, text: str, /) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@runtime_checkable
+class PieceModel(TokenModel, Protocol):
+    """The model of kind "spm" (sentencepiece.SentencePieceBPE), which also decodes piece texts."""
+
+    def token_bytes(self, text: str, /) -> bytes: ...
+
+    def decode(self, texts: Iterable[str], /) -> str: ...
+
+    def stream(self) -> TextStream: ...
 
 
 @dataclass(frozen=True)
@@ -17,10 +61,10 @@ class TokenizerSpec:
     """
 
     kind: str  # "bpe" (byte-level), "wordpiece" or "spm" (SentencePiece BPE: sentencepiece.py)
-    model: object
-    id_to_token: Sequence[str]  # a list, or a compact vocabulary's TokenTexts (GGUF)
-    pre_tokenizer: object  # text -> list[str]
-    normalizer: object = None  # text -> text, or None
+    model: TokenModel
+    id_to_token: TokenTextTable  # a list, or a compact vocabulary's TokenTexts (GGUF)
+    pre_tokenizer: Callable[[str], list[str]]
+    normalizer: Callable[[str], str] | None = None
     added: dict[str, int] = field(default_factory=dict)
     # tokenizer.json's per-token matching options, for tokens that set any: text -> (lstrip,
     # rstrip, single_word). lstrip/rstrip: the token swallows the whitespace on that side;
@@ -36,5 +80,5 @@ class TokenizerSpec:
     model_max_length: int | None = None
     source: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         assert self.kind in ("bpe", "wordpiece", "spm"), self.kind

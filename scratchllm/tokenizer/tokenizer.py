@@ -7,7 +7,9 @@ decode: ids -> bytes per token -> UTF-8 text (byte-level), or WordPiece's '##' j
 Which normalizer, pre-tokenizer and model a checkpoint uses is read from its files by
 scratchllm.tokenizer.loaders; this module only runs the pipeline.
 """
-
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import regex
 
@@ -17,22 +19,31 @@ from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
 from scratchllm.tokenizer.loaders import load_spec
-from scratchllm.tokenizer.spec import TokenizerSpec
+from scratchllm.tokenizer.spec import PieceModel, TokenizerSpec
+from scratchllm.tokenizer.wordpiece import WordPiece
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 # Pre-tokens whose ids a tokenizer remembers; past this many, new ones are encoded but not stored.
 CACHE_LIMIT = 200_000
 
 
 class Tokenizer:
-    def __init__(self, spec: TokenizerSpec):
+    def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
         self._model = spec.model
+        pieces = spec.model if spec.kind == "spm" else None
+        assert pieces is None or isinstance(pieces, PieceModel), pieces  # what kind "spm" means
+        self._pieces = pieces  # the SentencePiece model, which decodes its own pieces
         self._byte_level = spec.kind == "bpe"
         self._id_to_token = spec.id_to_token
         self._added_by_id = {i: t for t, i in spec.added.items()}
         # Longest first so that '<|im_start|>' wins over any shorter special it begins with
         # (leftmost-longest, as tokenizers' Aho-Corasick matcher does).
         specials = sorted(spec.added, key=len, reverse=True)
+        self._special_re: regex.Pattern[str] | AddedTokens | None
         if not specials:
             self._special_re = None
         elif spec.added_options:  # per-token matching options: one pattern each
@@ -47,7 +58,7 @@ class Tokenizer:
 
     def _added_pattern(self, token: str) -> str:
         lstrip, rstrip, single_word = self.spec.added_options.get(token, (False, False, False))
-        core = regex.escape(token)
+        core: str = regex.escape(token)
         if single_word:
             core = rf"(?<!\w){core}(?!\w)"
         return (r"\s*" if lstrip else "") + core + (r"\s*" if rstrip else "")
@@ -63,7 +74,7 @@ class Tokenizer:
         raise AssertionError(f"special-token match {matched!r} names no added token")
 
     @classmethod
-    def from_pretrained(cls, ref, **options) -> "Tokenizer":
+    def from_pretrained(cls, ref: str | Path, **options: Any) -> "Tokenizer":
         """ref: 'default', 'minilm', a .gguf, a folder with tokenizer.json or vocab.txt, a
         tokenizer.json, or a tiktoken rank file. `checkpoint=`: that model file already opened
         (formats.load_checkpoint), read instead of parsing its header again; see loaders.load_spec."""
@@ -107,7 +118,7 @@ class Tokenizer:
             raise ConfigError(f"token id {token_id} is outside the vocabulary (ids 0..{self.vocab_size - 1})")
         return self._id_to_token[token_id]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Tokenizer({self.spec.kind}, vocab_size={self.vocab_size}, source={self.spec.source!r})"
 
     # ---- encode ----------------------------------------------------------------------------
@@ -149,7 +160,8 @@ class Tokenizer:
     def clear_cache(self) -> None:
         self._piece_cache.clear()
 
-    def encode_batch(self, texts: list[str], *, max_length: int | None = None, pad_id: int | None = None):
+    def encode_batch(self, texts: list[str], *, max_length: int | None = None, pad_id: int | None = None
+                     ) -> "tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]":
         """For encoder models: (input_ids [B, T], attention_mask [B, T]) as int64 arrays, padded on
         the right to the longest text; texts longer than max_length (default model_max_length)
         are cut, keeping the closing special tokens (e.g. [SEP]) as tokenizers' truncation does."""
@@ -179,30 +191,32 @@ class Tokenizer:
             self.id_to_token(token_id)  # raises the out-of-vocabulary error
         text = self._id_to_token[token_id]
         got = self._token_bytes[token_id] = \
-            self._model.token_bytes(text) if self.spec.kind == "spm" else bytelevel_to_bytes(text)
+            self._pieces.token_bytes(text) if self._pieces is not None else bytelevel_to_bytes(text)
         return got
 
     def wordpiece_text(self, token_id: int, first: bool) -> str:
         """One WordPiece token as the decoder writes it: '##ing' joins the word before it, other
         tokens follow a space; then tokenizers' cleanup pulls punctuation back (' .' -> '.')."""
         token = self.id_to_token(token_id)
-        prefix = self._model.prefix
+        model = self._model
+        assert isinstance(model, WordPiece), model  # only WordPiece tokens are written so
+        prefix = model.prefix
         if not first:
             token = token[len(prefix):] if token.startswith(prefix) else " " + token
         for before, after in _CLEANUP:
             token = token.replace(before, after)
         return token
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        ids = [int(i) for i in ids]
+    def decode(self, ids: Iterable[SupportsIndex], skip_special_tokens: bool = False) -> str:
+        ints = [int(i) for i in ids]
         if skip_special_tokens:
-            ids = [i for i in ids if i not in self.spec.special_ids]
-        if self.spec.kind == "spm":
-            return self._model.decode(map(self.id_to_token, ids))
+            ints = [i for i in ints if i not in self.spec.special_ids]
+        if self._pieces is not None:
+            return self._pieces.decode(map(self.id_to_token, ints))
         if self._byte_level:
             # Invalid UTF-8 (a cut multi-byte character) shows as U+FFFD, like tokenizers.
-            return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
-        return "".join(self.wordpiece_text(i, n == 0) for n, i in enumerate(ids))
+            return b"".join(self.token_bytes(i) for i in ints).decode("utf-8", errors="replace")
+        return "".join(self.wordpiece_text(i, n == 0) for n, i in enumerate(ints))
 
     def detokenizer(self, skip_special_tokens: bool = False) -> Detokenizer:
         """Incremental decoding for streaming: push(id) returns only complete characters."""
@@ -213,7 +227,8 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self.spec.chat_template
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **extra: Any) -> str:
         if not self.spec.chat_template:
             raise ConfigError(f"{self.spec.source}: this tokenizer has no chat template")
         names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id, "pad_token": self.pad_token_id}
@@ -229,7 +244,7 @@ _CLEANUP = (
 )
 
 
-def pad_batch(rows: list[list[int]], pad_id: int = 0):
+def pad_batch(rows: list[list[int]], pad_id: int = 0) -> "tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]":
     """Token-id lists -> input_ids [B, T] int64 (right-padded with pad_id), attention_mask [B, T]
     int64 (1 = real token)."""
     import numpy as np  # only batch encoding needs arrays; the tokenizer itself is pure Python

@@ -64,7 +64,8 @@ def bert_normalize(text: str, *, lowercase: bool = True, strip_accents: bool | N
 
 def bert_pre_tokenize(text: str) -> list[str]:
     """Split on whitespace (dropped) and around every punctuation character (kept alone)."""
-    return _WORD_OR_PUNCT.findall(text)
+    words: list[str] = _WORD_OR_PUNCT.findall(text)
+    return words
 
 
 class WordPiece:
@@ -72,7 +73,7 @@ class WordPiece:
     becomes one unk token (as does any word longer than max_chars)."""
 
     def __init__(self, vocab: dict[str, int], *, unk_token: str = "[UNK]", prefix: str = "##",
-                 max_chars: int = 100):
+                 max_chars: int = 100) -> None:
         if unk_token not in vocab:
             raise ValueError(f"WordPiece vocabulary lacks its unknown token {unk_token!r}")
         self.vocab = vocab

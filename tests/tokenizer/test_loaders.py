@@ -2,6 +2,8 @@
 the GGUF switches (add_bos_token, pre-tokenizer kinds, merges that a whole-word lookup skips) and
 the clear refusals of what we do not read."""
 
+import json
+
 import pytest
 
 from scratchllm import Tokenizer
@@ -121,4 +123,29 @@ def test_malformed_tokenizer_json_is_a_format_error(tmp_path):
         Tokenizer.from_pretrained(tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Unigram", "vocab": []}}')
     with pytest.raises(FormatError, match="Unigram"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("merge", ["ab", ["a", "b", "c"], ["a", 1]])
+def test_a_merge_that_is_not_two_halves_is_a_format_error(tmp_path, merge):
+    tokenizer_json = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [merge]},
+                      "pre_tokenizer": {"type": "ByteLevel"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    with pytest.raises(FormatError, match="not two halves"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+def test_a_null_normalizer_step_is_refused_at_load(tmp_path):
+    tokenizer_json = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
+                      "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, None]},
+                      "pre_tokenizer": {"type": "ByteLevel"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    with pytest.raises(FormatError, match="null step"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+def test_a_tokenizer_config_that_is_no_object_is_a_format_error(tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
+    (tmp_path / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(FormatError, match="tokenizer_config.json: a JSON list, not an object"):
         Tokenizer.from_pretrained(tmp_path)
