@@ -228,9 +228,6 @@ def _hf_windows(cfg: Mapping[str, Any], model_type: str, layers: int) -> tuple[i
 
 
 def _hf_llama_family(cfg: Mapping[str, Any], model_type: str, eos: int | None) -> ModelConfig:
-    if model_type == "gemma3" or "text_config" in cfg:
-        raise ConfigError("multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
-                          "the text-only gemma3_text models are")
     hidden, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     gemma = model_type in ("gemma2", "gemma3_text")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
