@@ -1,12 +1,15 @@
 """ModelConfig: the frozen shape of a model, read from config.json or from GGUF metadata.
 
 One dataclass covers the three families we run. `family` picks the forward pass:
-  "llama" - Llama, SmolLM, Mistral-style and Qwen2 (Qwen2 = Llama + q/k/v biases)
+  "llama" - the decoders of one pre-norm, rotary, gated-MLP design: Llama 2/3, SmolLM, Mistral,
+            Qwen2 (q/k/v biases), Qwen3 (QK-norm), Phi-3 (fused checkpoint matrices), Gemma 2 and
+            Gemma 3 (sandwich norms, GeGLU, scaled embeddings, soft-capping, sliding windows).
+            Their differences are the named fields below, each a small piece of models/llama.py.
   "gpt2"  - GPT-2 (learned positions, LayerNorm, tanh GELU, Conv1D weights)
   "bert"  - BERT encoders (embeddings for retrieval)
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,19 +22,47 @@ _HF_FAMILY = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "Qwen2Model": "llama",
+    "Qwen3ForCausalLM": "llama",
+    "Phi3ForCausalLM": "llama",
+    "Gemma2ForCausalLM": "llama",
+    "Gemma3ForCausalLM": "llama",
     "GPT2LMHeadModel": "gpt2",
     "GPT2Model": "gpt2",
     "BertModel": "bert",
     "BertForMaskedLM": "bert",
     "BertForPreTraining": "bert",
 }
-_HF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2", "bert": "bert"}
+_HF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "llama",
+                  "gemma2": "llama", "gemma3_text": "llama", "gpt2": "gpt2", "bert": "bert"}
+# GGUF general.architecture values we run (all of the llama family)
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the rotary frequencies theta^(-2i/D) are stretched for a longer context.
+    "linear": every frequency / factor. "llama3" (Llama 3.1+): low frequencies (wavelength above
+    original_max_position_embeddings / low_freq_factor) / factor, high ones (below .. /
+    high_freq_factor) kept, the band between interpolated."""
+
+    kind: str  # "linear" | "llama3"
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "llama3"):
+            raise ConfigError(f"rope scaling {self.kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+        if self.factor <= 0 or (self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor):
+            raise ConfigError(f"rope scaling {self} is not a valid stretch")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     family: str  # "llama" | "gpt2" | "bert"
-    model_type: str  # the checkpoint's own name: "llama", "qwen2", "gpt2", "bert", ...
+    model_type: str  # the checkpoint's own name: "llama", "qwen2", "gemma3", "gpt2", "bert", ...
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -46,7 +77,7 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2: biases on q, k, v (not o)
     o_bias: bool = False  # Llama "attention_bias": biases on q, k, v and o
     mlp_bias: bool = False
-    hidden_act: str = "silu"
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
     type_vocab_size: int = 0  # BERT token types
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -57,6 +88,15 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     attn_scale: float | None = None
     attn_softcap: float | None = None
+    # The llama family's named variations (models/llama.py applies each where the papers put it)
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    rope_local_theta: float | None = None  # Gemma 3: the rope base of sliding-window layers (None: rope_theta)
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k, before the rotation
+    post_norms: bool = False  # Gemma 2/3: RMSNorm of each sublayer's output too, before the residual add
+    norm_weight_offset: float = 0.0  # Gemma's RMSNorm scales by (1 + w): HF files store w (1.0); GGUF 1 + w (0)
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
+    final_softcap: float | None = None  # Gemma 2: logits = cap * tanh(logits / cap)
+    fused_checkpoint: bool = False  # Phi-3: the file stores qkv_proj and gate_up_proj fused
 
     def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "bert"):
@@ -71,12 +111,20 @@ class ModelConfig:
                               f"got {self.layer_windows}")
         if self.family == "llama" and self.head_dim % 2:
             raise ConfigError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "gelu_tanh", "gelu"):
+            raise ConfigError(f"activation {self.hidden_act!r} is not supported (silu, gelu_tanh)")
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer` in tokens (a query at position p sees keys p - w + 1 .. p),
         or None when the layer sees the whole context."""
         w = self.layer_windows[layer] if self.layer_windows else 0
         return w or None
+
+    def rope_base(self, layer: int) -> float:
+        """The rotary base of `layer`: Gemma 3's sliding-window layers have their own."""
+        if self.rope_local_theta is not None and self.window(layer) is not None:
+            return self.rope_local_theta
+        return self.rope_theta
 
     @property
     def softmax_scale(self) -> float:
@@ -133,40 +181,108 @@ def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 512), hidden_act="gelu",
             type_vocab_size=cfg.get("type_vocab_size", 2),
         )
-    # Llama family. transformers >= 5 keeps rope_theta inside "rope_parameters"; older files at top level.
+    return _hf_llama_family(cfg, model_type, eos)
+
+
+def _hf_rope(params: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope base, scaling) of one rope_parameters / rope_scaling dict. transformers >= 5 keeps
+    rope_theta inside "rope_parameters"; older files keep it at the top level."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConfigError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
+    if kind == "default":
+        return theta, None
+    if kind not in ROPE_TYPES:
+        raise ConfigError(f"rope scaling {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    return theta, RopeScaling(
+        kind=kind, factor=float(params["factor"]), low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)))
+
+
+def _hf_windows(cfg: Mapping[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
+    """Per-layer sliding windows: config.json's layer_types where it has them (transformers >= 5
+    writes them), else each family's rule (Gemma 2 alternates, Gemma 3 has one full layer in
+    sliding_window_pattern, Mistral and Phi-3 window every layer)."""
+    window = cfg.get("sliding_window") or 0
+    types: Sequence[str] | None = cfg.get("layer_types")
+    if types is None:
+        if model_type == "gemma2":
+            types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+        elif model_type == "gemma3_text":
+            pattern = int(cfg.get("sliding_window_pattern", 6))
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        elif model_type in ("qwen2", "qwen3"):
+            if cfg.get("use_sliding_window"):
+                raise ConfigError(f"{model_type}: use_sliding_window without layer_types is not supported")
+            types = ["full_attention"] * layers
+        else:
+            types = ["sliding_attention" if window else "full_attention"] * layers
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"layer_types {list(types)} are not {layers} of sliding_attention / full_attention")
+    if "sliding_attention" in types and not window:
+        raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()
+
+
+def _hf_llama_family(cfg: Mapping[str, Any], model_type: str, eos: int | None) -> ModelConfig:
+    hidden, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    gemma = model_type in ("gemma2", "gemma3_text")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+    if act not in ("silu", "gelu_pytorch_tanh"):
+        raise ConfigError(f"activation {act!r} is not supported (silu, gelu_pytorch_tanh)")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ConfigError(f"rope scaling {rope_type!r} is not supported (only plain RoPE)")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"activation {cfg.get('hidden_act')!r} is not supported (only SiLU/SwiGLU)")
-    if cfg.get("use_sliding_window"):
-        raise ConfigError("sliding-window attention is not supported")
+    rope_local: float | None = None
+    if "full_attention" in rope:  # Gemma 3 in transformers >= 5: one rope per layer type
+        theta, scaling = _hf_rope(rope["full_attention"], cfg)
+        local_theta, local_scaling = _hf_rope(rope.get("sliding_attention", {"rope_theta": 10000.0}), cfg)
+        if local_scaling is not None:
+            raise ConfigError("rope scaling on sliding-window layers is not supported")
+        rope_local = local_theta
+    else:
+        theta, scaling = _hf_rope(rope, cfg)
+        if model_type == "gemma3_text":
+            rope_local = float(cfg.get("rope_local_base_freq", 10000.0))
+    head_dim = cfg.get("head_dim") or hidden // heads
     is_qwen2 = model_type == "qwen2"
+    softcap = cfg.get("attn_logit_softcapping") if gemma else None
     return ModelConfig(
-        family=family, model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=hidden,
-        num_layers=cfg["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or hidden // heads, intermediate_size=cfg["intermediate_size"],
+        family="llama", model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=hidden,
+        num_layers=layers, num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim, intermediate_size=cfg["intermediate_size"],
         norm_eps=cfg.get("rms_norm_eps", 1e-6), max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=theta, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
         qkv_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
         o_bias=not is_qwen2 and bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), hidden_act="silu",
+        mlp_bias=bool(cfg.get("mlp_bias", False)), hidden_act="gelu_tanh" if act == "gelu_pytorch_tanh" else "silu",
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos,
+        layer_windows=_hf_windows(cfg, model_type, layers),
+        attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+        attn_softcap=float(softcap) if softcap else None,
+        rope_scaling=scaling, rope_local_theta=rope_local,
+        qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=gemma,
+        norm_weight_offset=1.0 if gemma else 0.0,
+        embed_scale=float(hidden) ** 0.5 if gemma else None,
+        final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,
+        fused_checkpoint=model_type == "phi3",
     )
 
 
-def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: bool) -> ModelConfig:
-    """Read GGUF key/values (`{arch}.block_count`, ...). Only Llama-family files are run from GGUF.
+def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: bool,
+                       has_rope_freqs: bool = False) -> ModelConfig:
+    """Read GGUF key/values (`{arch}.block_count`, ...), as llama.cpp's converter writes them
+    (key names: gguf-py's constants.Keys). Only llama-family architectures are run from GGUF.
 
     `has_output` tells whether the file has its own `output.weight` (absent = tied to the
-    embeddings); `has_qkv_bias` whether `blk.0.attn_q.bias` exists (Qwen2).
+    embeddings); `has_qkv_bias` whether `blk.0.attn_q.bias` exists (Qwen2); `has_rope_freqs`
+    whether the file stores Llama 3's stretched rope frequencies as `rope_freqs.weight` (the
+    model divides the frequencies by them).
     """
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ConfigError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ConfigError(f"GGUF architecture {arch!r} is not supported ({', '.join(GGUF_ARCHITECTURES)})")
 
     def get(key: str, default: object = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -174,23 +290,53 @@ def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: 
             raise ConfigError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.rope.dimension_count", hidden // heads))
-    if head_dim != hidden // heads:
+    hidden, heads, layers = int(get("embedding_length")), int(get("attention.head_count")), int(get("block_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if int(get("attention.value_length", head_dim)) != head_dim:
+        raise ConfigError("keys and values of different sizes (attention.value_length) are not supported")
+    if int(get("rope.dimension_count", head_dim)) != head_dim:
         raise ConfigError("partial rotary (rope.dimension_count != head size) is not supported")
-    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", "linear") or meta.get(
-        f"{arch}.rope.scaling.factor", 1.0
-    ) != 1.0:
-        raise ConfigError("rope scaling is not supported")
+    kind = get("rope.scaling.type", "none")
+    factor = float(get("rope.scaling.factor", 1.0))
+    scaling = None
+    if kind == "linear" and factor != 1.0:
+        scaling = RopeScaling(kind="linear", factor=factor)
+    elif kind not in ("none", "linear"):
+        raise ConfigError(f"GGUF rope scaling {kind!r} is not supported (none, linear; Llama 3's as rope_freqs)")
+    if has_rope_freqs and scaling is not None:
+        raise ConfigError("a GGUF file with both rope_freqs.weight and rope scaling is not supported")
+    window = int(get("attention.sliding_window", 0))
+    gemma = arch in ("gemma2", "gemma3")
+    if arch == "gemma3":  # llama.cpp: every sliding_window_pattern-th layer (default 6) is global
+        pattern = int(get("attention.sliding_window_pattern", 6))
+        windows = tuple(window if (i + 1) % pattern else 0 for i in range(layers))
+    elif arch == "gemma2":  # llama.cpp: the even layers slide
+        windows = tuple(window if i % 2 == 0 else 0 for i in range(layers))
+    elif arch in ("phi3",):
+        windows = (window,) * layers
+    elif window:
+        raise ConfigError(f"GGUF {arch}: sliding-window attention is not supported for this architecture")
+    else:
+        windows = ()
+    softcap = float(get("attn_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
+    final_softcap = float(get("final_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     return ModelConfig(
         family="llama", model_type=arch, vocab_size=int(vocab), hidden_size=hidden,
-        num_layers=int(get("block_count")), num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
+        num_layers=layers, num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         intermediate_size=int(get("feed_forward_length")),
         norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(get("context_length")),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        tie_word_embeddings=not has_output, qkv_bias=has_qkv_bias, hidden_act="silu",
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        tie_word_embeddings=not has_output, qkv_bias=has_qkv_bias,
+        hidden_act="gelu_tanh" if gemma else "silu",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        layer_windows=windows if any(windows) else (),
+        attn_softcap=softcap or None, final_softcap=final_softcap or None, rope_scaling=scaling,
+        rope_local_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
+        qk_norm=arch in ("qwen3", "gemma3"), post_norms=gemma,
+        norm_weight_offset=0.0,  # llama.cpp's converter stores Gemma's norms as 1 + w
+        embed_scale=float(hidden) ** 0.5 if gemma else None,
+        fused_checkpoint=arch == "phi3",
     )

@@ -1,9 +1,16 @@
-"""The Llama family forward pass (Llama 2/3, SmolLM, Mistral-style, Qwen2), in paper order.
+"""The Llama family forward pass (Llama 2/3, SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3), in paper order.
 
-    x = embed[ids]
-    for each block:  x += o( attention( rope(q(rms_norm(x))), rope(k(...)), v(...) ) )
-                     x += down( silu(gate(rms_norm(x))) * up(rms_norm(x)) )
-    logits = rms_norm(x) @ lm_head.T
+    x = embed[ids] (* sqrt(C): Gemma)
+    for each block:  x += post_norm?( o( attention( rope(q_norm?(q(rms_norm(x)))), rope(k_norm?(k(...))), v(...) ) ) )
+                     x += post_norm?( down( act(gate(rms_norm(x))) * up(rms_norm(x)) ) )
+    logits = softcap?( rms_norm(x) @ lm_head.T )
+
+The variations are ModelConfig's named fields, each one small piece here: QK-norm (Qwen3, Gemma 3:
+`head_norm_`), the sublayers' output norms (Gemma 2/3: `post_norms`), GeGLU (Gemma: `gated_act`),
+the embedding scale and the final soft-capping (Gemma), Gemma 3's second rope base for the
+sliding-window layers (`layer_angles`), rope scaling (`rope_frequencies`). Which keys a query
+sees, the softmax scale and the scores' soft-capping are the attention object's (ModelConfig's
+layer_windows / softmax_scale / attn_softcap; models/attention.py).
 
 `block` says it in those words, one expression per step; `blocks_into` runs the same float
 operations in the same order (the same logits, bit for bit) with every intermediate written into
@@ -24,23 +31,28 @@ The Hugging Face names stay available in `model.weights`, as [out, in] float32 a
 the packed matrices when asked for (CheckpointView).
 """
 
+import math
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.formats.mapped import release_range
 from scratchllm.kernels import packed_gemm, pointwise
 from scratchllm.kernels.llama_blocks import LlamaBlocks
 from scratchllm.models.arena import PanelArena
 from scratchllm.models.array import array_module
-from scratchllm.models.config import ModelConfig
+from scratchllm.models.config import ModelConfig, RopeScaling
 from scratchllm.models.packed import DTYPES, PackedWeight
 from scratchllm.models.threads import single_blas_thread
 from scratchllm.models.workspace import StepBuffers, Workspace
 
 LOAD_THREADS = min(2, os.cpu_count() or 1)
+
+Floats = npt.NDArray[np.floating[Any]]
 
 
 # NumPy arrays take the fused C kernels of scratchllm/kernels/pointwise.pyx (one pass each, no
@@ -56,8 +68,22 @@ def rms_norm(x, w, eps: float):  # [N, C], [C] -> [N, C]
     return x * (1.0 / xp.sqrt(ms, out=ms)) * w
 
 
-def rope_frequencies(head_dim: int, theta: float):  # -> [D/2] float64
-    return theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> Floats:  # -> [D/2] float64
+    inv_freq: Floats = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # "llama3" (transformers' _compute_llama3_parameters): stretch the long wavelengths by factor,
+    # keep the short ones, interpolate between the two bands
+    old = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    stretched = np.where(wavelen > old / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * stretched / scaling.factor + smooth * stretched
+    medium = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
+    out: Floats = np.where(medium, smoothed, stretched)
+    return out
 
 
 def rope_angles(positions, inv_freq):  # [N] ints, [D/2] -> cos, sin [N, D/2] float32
@@ -98,37 +124,72 @@ def linear(x, w, b=None):  # [N, in], [in, out] (PackedWeight or array), [out] -
 
 
 def swiglu(x, gate_up, down):  # [N, C], [C, 2I], [I, C] -> [N, C]
-    gu = x @ gate_up  # [N, 2I]
-    if isinstance(gu, np.ndarray):
-        return pointwise.silu_mul(gu) @ down
+    return gated_act(x @ gate_up, "silu") @ down
+
+
+def gelu_tanh(x: Floats) -> Floats:  # [...] -> [...]   Gemma's gelu_pytorch_tanh
+    y: Floats = 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    return y
+
+
+def gated_act(gu: Floats, act: str, out: Floats | None = None) -> Floats:  # [N, 2I] -> [N, I]
+    """act(gate) * up: SwiGLU ("silu", the fused kernel) or GeGLU ("gelu_tanh", Gemma)."""
+    if act == "silu" and isinstance(gu, np.ndarray):
+        return pointwise.silu_mul(gu) if out is None else pointwise.silu_mul(gu, out=out)
+    I = gu.shape[1] // 2
+    y = gelu_tanh(gu[:, :I]) * gu[:, I:] if act == "gelu_tanh" else swiglu_act(gu)
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def swiglu_act(gu: Floats) -> Floats:  # [N, 2I] -> [N, I]   silu(gate) * up for any array module
     I = gu.shape[1] // 2
     g, u = gu[:, :I], gu[:, I:]
     # silu(g) = g * sigmoid(g), sigmoid(g) = (1 + tanh(g/2)) / 2: tanh cannot overflow the way
     # exp(-g) does for large negative g (which would raise a RuntimeWarning), and stays in place
-    xp = array_module(x)
+    xp = array_module(gu)
     t = g * 0.5
     xp.tanh(t, out=t)
     t += 1.0
     t *= 0.5
     t *= g
     t *= u
-    return t @ down
+    out: Floats = t
+    return out
+
+
+def head_norm_(qkv: Floats, p: Mapping[str, Any], H: int, KVH: int, eps: float) -> None:
+    """QK-norm (Qwen3, Gemma 3), in place: an RMSNorm over each head of q and of k, [N, H + 2 KVH, D]."""
+    N, _, D = qkv.shape
+    for heads, w in ((slice(0, H), p["q_norm"]), (slice(H, H + KVH), p["k_norm"])):
+        part = np.ascontiguousarray(qkv[:, heads])
+        qkv[:, heads] = rms_norm(part.reshape(-1, D), w, eps).reshape(part.shape)
 
 
 def attention_block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N, C] -> [N, C]
     N = x.shape[0]
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = linear(x, p["qkv_proj"], p.get("qkv_bias")).reshape(N, H + 2 * KVH, D)
+    if cfg.qk_norm:
+        head_norm_(qkv, p, H, KVH, cfg.norm_eps)
     rope_(qkv, H + KVH, cos, sin)  # q and k rotate together, in place: one pass instead of two
     q, k, v = qkv[:, :H], qkv[:, H : H + KVH], qkv[:, H + KVH :]
     out = attention(layer, q, k, v)  # [N, H, D]
     return linear(out.reshape(N, H * D), p["o_proj"], p.get("o_bias"))
 
 
+def post_norm(y, w, eps: float):  # [N, C] -> [N, C]: Gemma's norm of a sublayer's output (None: none)
+    return y if w is None else rms_norm(y, w, eps)
+
+
 def block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N, C] -> [N, C]
-    x = x + attention_block(rms_norm(x, p["input_layernorm"], cfg.norm_eps), layer, p, cfg, cos, sin, attention)
-    h = rms_norm(x, p["post_attention_layernorm"], cfg.norm_eps)
-    x += swiglu(h, p["gate_up_proj"], p["down_proj"])
+    eps = cfg.norm_eps
+    x = x + post_norm(attention_block(rms_norm(x, p["input_layernorm"], eps), layer, p, cfg, cos, sin, attention),
+                      p.get("attn_out_norm"), eps)
+    h = rms_norm(x, p["post_attention_layernorm"], eps)  # the MLP's input norm, under Llama's name
+    x += post_norm(gated_act(h @ p["gate_up_proj"], cfg.hidden_act) @ p["down_proj"], p.get("mlp_out_norm"), eps)
     return x
 
 
@@ -142,10 +203,11 @@ def linear_into(x, w, b, out):  # [N, in], [in, out], [out] or None, [N, out] ->
     return out
 
 
-def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: StepBuffers):  # [N, C], in place
+def blocks_into(x, params: dict, cfg: ModelConfig, angles, attention, buf: StepBuffers):  # [N, C], in place
     """Every `block` over x, the residual stream, updated in place; the intermediates live in buf.
     The order of float operations is block's: `x = x + attn; h = rms_norm(x)` is add_rms_norm,
-    and the MLP's `x += mlp` waits in buf.delta to be added by the next layer's first norm."""
+    and the MLP's `x += mlp` waits in buf.delta to be added by the next layer's first norm.
+    `angles[layer]`: the (cos, sin) of its rotation (layer_angles)."""
     assert x.dtype == np.float32 and x.flags.c_contiguous and x.shape[0] == buf.rows
     N, eps = x.shape[0], cfg.norm_eps
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -157,6 +219,9 @@ def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: Ste
         else:
             pointwise.rms_norm(x, p["input_layernorm"], eps, out=buf.h)
         linear_into(buf.h, p["qkv_proj"], p.get("qkv_bias"), buf.qkv_rows)
+        if cfg.qk_norm:
+            head_norm_(buf.qkv, p, H, KVH, eps)
+        cos, sin = angles[layer]
         pointwise.rope_(buf.qkv, H + KVH, cos, sin)
         if into:
             attention(layer, buf.q, buf.k, buf.v, out=buf.attn)
@@ -164,14 +229,26 @@ def blocks_into(x, params: dict, cfg: ModelConfig, cos, sin, attention, buf: Ste
         else:  # any other cache object: its own array
             out = attention(layer, buf.q, buf.k, buf.v).reshape(N, H * D)
         linear_into(out, p["o_proj"], p.get("o_bias"), buf.delta)
+        if p.get("attn_out_norm") is not None:
+            buf.delta[...] = rms_norm(buf.delta, p["attn_out_norm"], eps)
         pointwise.add_rms_norm(x, buf.delta, p["post_attention_layernorm"], eps, buf.h)
         linear_into(buf.h, p["gate_up_proj"], None, buf.gate_up)
-        pointwise.silu_mul(buf.gate_up, out=buf.act)
+        gated_act(buf.gate_up, cfg.hidden_act, out=buf.act)
         linear_into(buf.act, p["down_proj"], None, buf.delta)
+        if p.get("mlp_out_norm") is not None:
+            buf.delta[...] = rms_norm(buf.delta, p["mlp_out_norm"], eps)
         pending = True
     if pending:
         x += buf.delta
     return x
+
+
+def fused_blocks_cover(cfg: ModelConfig) -> bool:
+    """Whether kernels/llama_blocks computes this config's blocks: SwiGLU blocks with one norm
+    before each sublayer and one rope base. QK-norm, output norms, GeGLU and Gemma 3's two rope
+    bases take blocks_into's NumPy pieces. (Windows, the softmax scale and soft-capping belong to
+    the attention the blocks are handed.)"""
+    return not (cfg.qk_norm or cfg.post_norms or cfg.hidden_act != "silu" or cfg.rope_local_theta is not None)
 
 
 def fused_blocks(x, blocks: LlamaBlocks, cos, sin, attention, buf: StepBuffers) -> None:
@@ -190,21 +267,40 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
     """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]. With a workspace the blocks
     run in its buffers (blocks_into); without, as the expressions of `block`: the same logits."""
     x = embed(params, input_ids)  # [N, C], a new array: the residual stream
-    # computed per step for its positions, not tabulated for the whole context (2 MB for 8192
-    # positions): the same float64 products and roundings, a few microseconds per decode step
-    cos, sin = rope_angles(positions, params["rope_inv_freq"])  # [N, D/2]
+    if cfg.embed_scale is not None:
+        x *= np.float32(cfg.embed_scale)
+    angles = layer_angles(positions, params, cfg)
     if workspace is not None and isinstance(x, np.ndarray):
         with workspace.rows(x.shape[0]) as buf:
             if params.get("blocks") is not None and hasattr(attention, "paged_step"):
-                fused_blocks(x, params["blocks"], cos, sin, attention, buf)
+                fused_blocks(x, params["blocks"], *angles[0], attention, buf)
             else:
-                x = blocks_into(x, params, cfg, cos, sin, attention, buf)
+                x = blocks_into(x, params, cfg, angles, attention, buf)
     else:
         for layer, p in enumerate(params["layers"]):
-            x = block(x, layer, p, cfg, cos, sin, attention)
+            x = block(x, layer, p, cfg, *angles[layer], attention)
     if logits_rows is not None:
         x = x[logits_rows]  # the LM head is the biggest matmul: only rows that need logits pay it
-    return rms_norm(x, params["norm"], cfg.norm_eps) @ params["lm_head"]  # [rows, C] @ [C, V]
+    logits = rms_norm(x, params["norm"], cfg.norm_eps) @ params["lm_head"]  # [rows, C] @ [C, V]
+    if cfg.final_softcap is not None:  # Gemma 2
+        cap = np.float32(cfg.final_softcap)
+        logits /= cap
+        np.tanh(logits, out=logits)
+        logits *= cap
+    return logits
+
+
+def layer_angles(positions, params: dict, cfg: ModelConfig) -> list:  # -> [(cos, sin) [N, D/2]] per layer
+    """The rotation of each layer at these positions. Computed per step for its positions, not
+    tabulated for the whole context (2 MB for 8192 positions): the same float64 products and
+    roundings, a few microseconds per decode step. Gemma 3's sliding-window layers rotate with a
+    base of their own (params["rope_local_inv_freq"])."""
+    angles = rope_angles(positions, params["rope_inv_freq"])  # [N, D/2]
+    local = params.get("rope_local_inv_freq")
+    if local is None:
+        return [angles] * cfg.num_layers
+    local_angles = rope_angles(positions, local)
+    return [local_angles if cfg.window(i) is not None else angles for i in range(cfg.num_layers)]
 
 
 def embed(params: dict, input_ids):  # [N] -> [N, C]
@@ -289,13 +385,14 @@ class Packer:
             head = pool.submit(self.head)
             layers = list(pool.map(self.layer, range(cfg.num_layers)))
             lm_head, embed_tokens = head.result()
-        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)
         params = {"embed_tokens": embed_tokens, "layers": layers, "norm": self.norm("model.norm.weight"),
-                  "lm_head": lm_head, "rope_inv_freq": inv_freq, "context": cfg.max_position_embeddings}
-        try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
-            params["blocks"] = LlamaBlocks(layers, cfg)
-        except TypeError:
-            params["blocks"] = None
+                  "lm_head": lm_head, "context": cfg.max_position_embeddings} | self.rope()
+        params["blocks"] = None
+        if fused_blocks_cover(cfg):
+            try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
+                params["blocks"] = LlamaBlocks(layers, cfg)
+            except TypeError:
+                pass
         if self.panel_cache is not None:
             self.panel_cache.save()  # writes only when this load packed something
         return params, self.view
@@ -314,22 +411,46 @@ class Packer:
     def embedding(self):  # the untied table [V, C]
         return self.vector("model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size))
 
-    def norm(self, name: str):  # an RMSNorm's weight [C]
-        return self.vector(name, (self.cfg.hidden_size,))
+    def rope(self) -> dict:  # the rotary frequencies [D/2] float64 (and Gemma 3's of its sliding layers)
+        cfg = self.cfg
+        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        if "rope_freqs.weight" in self.w:  # Llama 3 GGUF: llama.cpp divides each frequency by its factor
+            inv_freq = inv_freq / self.vector("rope_freqs.weight", (cfg.head_dim // 2,))
+        local = None if cfg.rope_local_theta is None else rope_frequencies(cfg.head_dim, cfg.rope_local_theta)
+        return {"rope_inv_freq": inv_freq, "rope_local_inv_freq": local}
+
+    def norm(self, name: str, size: int | None = None):  # an RMSNorm's weight [C] (or [D]: QK-norm)
+        w = self.vector(name, (size or self.cfg.hidden_size,))
+        if self.cfg.norm_weight_offset:  # Gemma's x * (1 + w), as the weight the kernel multiplies by
+            w += np.float32(self.cfg.norm_weight_offset)
+        return w
 
     def layer(self, i: int) -> dict:  # -> params of block i
         prefix = f"model.layers.{i}."
         p = {"input_layernorm": self.norm(prefix + "input_layernorm.weight")}
         p |= self.attention(prefix + "self_attn.")
-        p["post_attention_layernorm"] = self.norm(prefix + "post_attention_layernorm.weight")
+        # "post_attention_layernorm" in params is the MLP's input norm (Llama's name, the fused
+        # kernel's key); Gemma's file calls that one pre_feedforward_layernorm and gives its own
+        # post_attention_layernorm to the attention's output
+        if self.cfg.post_norms:
+            p["attn_out_norm"] = self.norm(prefix + "post_attention_layernorm.weight")
+            p["post_attention_layernorm"] = self.norm(prefix + "pre_feedforward_layernorm.weight")
+            p["mlp_out_norm"] = self.norm(prefix + "post_feedforward_layernorm.weight")
+        else:
+            p["post_attention_layernorm"] = self.norm(prefix + "post_attention_layernorm.weight")
         p |= self.mlp(prefix + "mlp.")
         return p
 
-    def attention(self, a: str) -> dict:  # q|k|v fused [C, q+2kv], o [q, C], and their biases
+    def attention(self, a: str) -> dict:  # q|k|v fused [C, q+2kv], o [q, C], biases, QK-norms
         cfg, C = self.cfg, self.cfg.hidden_size
         names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
         shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
-        p = {"qkv_proj": self.matrix(names, shapes), "o_proj": self.matrix([a + "o_proj.weight"], [(C, cfg.q_size)])}
+        fused = ([a + "qkv_proj.weight"], [(cfg.q_size + 2 * cfg.kv_size, C)])  # Phi-3's file
+        p = {"qkv_proj": self.matrix(*(fused if cfg.fused_checkpoint else (names, shapes))),
+             "o_proj": self.matrix([a + "o_proj.weight"], [(C, cfg.q_size)])}
+        if cfg.qk_norm:
+            p["q_norm"] = self.norm(a + "q_norm.weight", cfg.head_dim)
+            p["k_norm"] = self.norm(a + "k_norm.weight", cfg.head_dim)
         if cfg.qkv_bias:
             biases = [self.vector(n.replace(".weight", ".bias"), (s[0],)) for n, s in zip(names, shapes, strict=True)]
             p["qkv_bias"] = np.concatenate(biases)
@@ -339,7 +460,9 @@ class Packer:
 
     def mlp(self, m: str) -> dict:  # gate|up fused [C, 2I], down [I, C]
         C, I = self.cfg.hidden_size, self.cfg.intermediate_size
-        p = {"gate_up_proj": self.matrix([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)]),
+        gate_up = ([m + "gate_up_proj.weight"], [(2 * I, C)]) if self.cfg.fused_checkpoint else \
+            ([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)])
+        p = {"gate_up_proj": self.matrix(*gate_up),
              "down_proj": self.matrix([m + "down_proj.weight"], [(C, I)])}
         if self.cfg.mlp_bias:
             raise NotImplementedError("mlp_bias")

@@ -50,20 +50,37 @@ GGUF_BLOCK_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3, Gemma 3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+# Gemma 2/3 (sandwich norms): ffn_norm is the MLP's input norm, which their HF files name
+# pre_feedforward_layernorm; post_attention_layernorm is the norm of the attention's output
+GGUF_GEMMA_BLOCK_NAMES = GGUF_BLOCK_NAMES | {
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# Phi-3: q|k|v as one matrix, and gate|up as one ffn_up of 2 I rows (no ffn_gate)
+GGUF_PHI3_BLOCK_NAMES = GGUF_BLOCK_NAMES | {
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
 }
 GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs.weight",  # Llama 3: per-frequency divisors (no HF tensor; models/llama.py)
 }
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     if name in GGUF_GLOBAL_NAMES:
         return GGUF_GLOBAL_NAMES[name]
+    block_names = GGUF_GEMMA_BLOCK_NAMES if arch in ("gemma2", "gemma3") else \
+        GGUF_PHI3_BLOCK_NAMES if arch == "phi3" else GGUF_BLOCK_NAMES
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    if m and m.group(2) in GGUF_BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{GGUF_BLOCK_NAMES[m.group(2)]}"
+    if m and m.group(2) in block_names:
+        return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}"
     return None
 
 
@@ -89,7 +106,7 @@ class GGUFAsHF(Mapping):
         self.ckpt, self.config = ckpt, config
         self.names = {}
         for name in ckpt:
-            hf = gguf_to_hf_name(name)
+            hf = gguf_to_hf_name(name, config.model_type)
             if hf is None:
                 raise FormatError(ckpt.path, f"tensor '{name}' has no place in a {config.model_type} model")
             self.names[hf] = name
@@ -180,7 +197,8 @@ class _Recorder(Mapping):
 def read_config(path: Path, ckpt) -> ModelConfig:
     if ckpt.format == "gguf":
         names = set(ckpt)
-        return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names)
+        return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names,
+                                  "rope_freqs.weight" in names)
     folder = path if path.is_dir() else path.parent
     config_file = folder / "config.json"
     if not config_file.is_file():

@@ -17,32 +17,45 @@ matrix fused with one, are float32 (the loader logs which). Norms, rotary embedd
 and the KV cache stay float32 in every mode.
 """
 
-import numpy as np
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES  # noqa: F401  (re-exported: models.llama checks against it)
+import numpy as np
+import numpy.typing as npt
+
+from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
 from scratchllm.kernels import packed_gemm
+
+__all__ = ["DTYPES", "PackedWeight"]  # DTYPES re-exported: models.llama checks against it
+
+F32 = npt.NDArray[np.float32]
+# (q, d, m) of one quantized part: formats.ggml_quants.as_q8 / as_q4
+QuantizedPart = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]
 
 
 class PackedWeight:
     __array_ufunc__ = None  # `ndarray @ PackedWeight` -> PackedWeight.__rmatmul__
 
-    def __init__(self, w, dtype: str = "float32"):
+    shape: tuple[int, int]
+    panels: "packed_gemm.Panels"  # a stub-only alias (kernels/packed_gemm.pyi)
+
+    def __init__(self, w: npt.NDArray[Any], dtype: str = "float32") -> None:
         """w: the [in, out] matrix, any strides (a transposed [out, in] checkpoint tensor is fine)."""
         if w.ndim != 2:
             raise ValueError(f"a weight matrix must be 2-D, got shape {w.shape}")
-        self.shape = tuple(w.shape)  # (in, out): y = x @ w
+        self.shape = (int(w.shape[0]), int(w.shape[1]))  # (in, out): y = x @ w
         self.dtype = dtype
         self.panels = packed_gemm.pack(w, dtype)
 
     @classmethod
-    def from_rows(cls, parts, dtype: str = "float32") -> "PackedWeight":
+    def from_rows(cls, parts: Sequence[npt.NDArray[Any]], dtype: str = "float32") -> "PackedWeight":
         """Checkpoint tensors [out_i, in] (Hugging Face's nn.Linear layout), fused along out:
         one matrix y = x @ [p_0; p_1; ...].T, as q|k|v or gate|up."""
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         return cls(np.asarray(rows, dtype=np.float32).T, dtype)
 
     @classmethod
-    def from_quantized_rows(cls, parts) -> "PackedWeight":
+    def from_quantized_rows(cls, parts: Sequence[QuantizedPart]) -> "PackedWeight":
         """Quantized checkpoint tensors (q int8 [out_i, in], d and m float32 [out_i, in/32], value
         = d * q + m; see formats.ggml_quants.as_q8; or Q4_0 / Q4_1's 4-bit form, as_q4), fused
         along out like `from_rows`. The matrix stays quantized; the kernel dequantizes a block at
@@ -58,16 +71,17 @@ class PackedWeight:
         return self
 
     @classmethod
-    def from_panels(cls, panels, shape: tuple[int, int]) -> "PackedWeight":
+    def from_panels(cls, panels: "packed_gemm.Panels", shape: tuple[int, int]) -> "PackedWeight":
         """Quantized panels made earlier (models/panel_cache.py), as the [in, out] matrix `shape`."""
         self = cls.__new__(cls)
-        self.shape = tuple(shape)
+        self.shape = (int(shape[0]), int(shape[1]))
         self.dtype = "quantized"
         self.panels = panels
         return self
 
     @classmethod
-    def from_blocks(cls, parts, shape: tuple[int, int], alloc=np.zeros) -> "PackedWeight | None":
+    def from_blocks(cls, parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]],
+                    shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
         `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
@@ -75,16 +89,18 @@ class PackedWeight:
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
         return None if panels is None else cls.from_panels(panels, shape)
 
-    def matmul_into(self, x, out):
+    def matmul_into(self, x: F32, out: F32) -> F32:
         """out = x @ self, x and out C-contiguous float32 (the decode step's buffers)."""
         if self.dtype != "quantized":
             return packed_gemm.matmul(x, self.panels, self.shape[1], out=out)
-        gemm = getattr(self, "_gemm", None)
+        gemm: packed_gemm.QuantizedGemm | None = getattr(self, "_gemm", None)
         if gemm is None:  # checked and bound once (packed_gemm.QuantizedGemm)
+            assert not isinstance(self.panels, np.ndarray), "quantized weights have quantized panels"
             gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1])
-        return gemm(x, out)
+        gemm(x, out)
+        return out
 
-    def __rmatmul__(self, x):  # [N, in] -> [N, out]
+    def __rmatmul__(self, x: npt.NDArray[Any]) -> F32:  # [N, in] -> [N, out]
         if x.shape[-1] != self.shape[0]:
             raise ValueError(f"x of shape {x.shape} @ a [{self.shape[0]}, {self.shape[1]}] weight")
         if self.dtype == "quantized" and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32 \
@@ -100,7 +116,7 @@ class PackedWeight:
         """The [in, out] float32 matrix (a copy; bfloat16 values widen exactly)."""
         return packed_gemm.unpack(self.panels, *self.shape)
 
-    def columns(self, ids) -> np.ndarray:
+    def columns(self, ids: npt.ArrayLike) -> np.ndarray:
         """w[:, ids].T as a new [len(ids), in] float32 array: a tied LM head serving as the embedding."""
         return packed_gemm.columns(self.panels, self.shape[0], ids)
 

@@ -117,4 +117,7 @@ def test_gguf_names():
     assert gguf_to_hf_name("blk.12.attn_k.weight") == "model.layers.12.self_attn.k_proj.weight"
     assert gguf_to_hf_name("blk.3.ffn_gate.weight") == "model.layers.3.mlp.gate_proj.weight"
     assert gguf_to_hf_name("output.weight") == "lm_head.weight"
-    assert gguf_to_hf_name("rope_freqs.weight") is None
+    assert gguf_to_hf_name("rope_freqs.weight") == "rope_freqs.weight"  # Llama 3: kept under its own name
+    assert gguf_to_hf_name("blk.1.ffn_norm.weight", "gemma3") == "model.layers.1.pre_feedforward_layernorm.weight"
+    assert gguf_to_hf_name("blk.1.ffn_up.weight", "phi3") == "model.layers.1.mlp.gate_up_proj.weight"
+    assert gguf_to_hf_name("blk.1.rope_factors_long.weight") is None
