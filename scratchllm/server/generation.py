@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response, StreamingResponse
@@ -282,8 +282,7 @@ async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[Ser
     """(the app's state, the body as sent, the validated request for the served model)."""
     state: ServerState = request.app.state.server
     raw = await request.body()
-    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    req = cast(RequestT, parse_body(raw, model_cls, lenient=state.config.lenient_fields))
+    req = parse_body(raw, model_cls, lenient=state.config.lenient_fields)
     state.check_model(req.model)
     return state, raw, req
 

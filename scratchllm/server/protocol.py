@@ -51,7 +51,8 @@ MAX_WARNED_FIELDS = 1000
 MAX_NAMED_FIELDS = 8  # unknown fields a 400 lists by name (the rest are counted)
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
-           "EmbeddingRequest", "StreamOptions", "validate_choices", "unknown_fields", "refuse_unknown", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "unknown_fields",
+           "refuse_unknown", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 

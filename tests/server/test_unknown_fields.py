@@ -7,6 +7,7 @@ import typing
 
 import httpx
 import openai
+import openai.types.chat as chat_types
 import pytest
 from openai.types import completion_create_params, embedding_create_params
 from openai.types import shared_params as shared
@@ -14,7 +15,6 @@ from openai.types.chat import completion_create_params as chat_params
 from openai.types.shared_params import response_format_json_schema
 from pydantic import BaseModel
 
-import openai.types.chat as chat_types
 from scratchllm.server import messages
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend

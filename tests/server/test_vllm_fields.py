@@ -114,3 +114,35 @@ def test_bad_structured_fields_are_400s_naming_them(extra, param):
     with pytest.raises(APIError) as info:
         chat(**extra)
     assert info.value.status == 400 and info.value.param == param, info.value.message
+
+
+def test_chat_template_kwargs_reach_the_template():
+    import dataclasses
+    from types import SimpleNamespace
+
+    from scratchllm.server.chat import render
+    from scratchllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained("default")
+    template = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}" \
+               "{% for m in messages %}{{ m.content }}{% endfor %}"
+    state = SimpleNamespace(model=SimpleNamespace(tokenizer=Tokenizer(dataclasses.replace(tok.spec,
+                                                                                          chat_template=template))))
+    req = chat(chat_template_kwargs={"enable_thinking": False})
+    assert render(state, req, req.tool_plan()) == "/no_think hi"  # type: ignore[arg-type]
+    assert render(state, chat(), chat().tool_plan()) == "hi"  # type: ignore[arg-type]
+
+
+def test_skip_special_tokens_false_shows_special_tokens():
+    from scratchllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained("default")
+    special = min(tok.special_ids)  # a special token that is not the EOS ends nothing
+    ids = [*tok.encode("hi", add_special_tokens=False), special]
+    for skip, expected in ((True, tok.decode(ids, skip_special_tokens=True)), (False, tok.decode(ids))):
+        p = SamplingParams(max_tokens=9, skip_special_tokens=skip, ignore_eos=True)
+        out = OutputProcessor("r", p, tok.detokenizer(skip_special_tokens=p.skip_special_tokens), eos_token_id=None,
+                              arrival=0.0)
+        text = "".join(out.process(t, now=0.0).text for t in ids) + "".join(
+            [out.process(ids[0], context_full=True, now=0.0).text])
+        assert text.startswith(expected) and (skip or tok.id_to_token(special) in text)
