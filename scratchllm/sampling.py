@@ -37,8 +37,15 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # end tokens besides the EOS (their text is not shown)
     ignore_eos: bool = False
+    # No end token (EOS, stop_token_ids) can be drawn before this many tokens are generated, and
+    # stop strings are not looked for before then. The EOS it masks is `eos_token_ids`: the
+    # caller that knows the tokenizer fills it in (the server does); stop_token_ids always are.
+    min_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True  # special tokens (e.g. <|im_end|>) show no text
+    include_stop_str_in_output: bool = False  # the stop string (or stop token's text) ends the text
     logprobs: int | None = None  # how many top alternatives to report per token (None = none)
     presence_penalty: float = 0.0  # OpenAI's, over generated tokens; 0 = off
     frequency_penalty: float = 0.0
@@ -56,6 +63,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not self.temperature >= 0.0:
@@ -64,6 +72,11 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                              f"got {self.min_tokens!r}")
+        if any(t < 0 for t in (*self.stop_token_ids, *self.eos_token_ids)):
+            raise ConfigError("stop_token_ids must be token ids >= 0")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and self.logprobs >= 0):
             raise ConfigError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if any(not s for s in self.stop):
@@ -78,7 +91,8 @@ class SamplingParams:
             raise ConfigError("grammar must be a CompiledGrammar (scratchllm.structured.GrammarCompiler)")
         # Read once per token per request: a request that uses no processor pays nothing more.
         object.__setattr__(self, "uses_processors", bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias))
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+            or self.min_tokens))
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +103,15 @@ class SamplingParams:
         bad = [t for t, _ in self.logit_bias if t >= vocab_size]
         if bad:
             raise ConfigError(f"logit_bias names token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise ConfigError(f"stop_token_ids names token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
+
+    def end_tokens_masked(self, num_generated: int) -> tuple[int, ...]:
+        """The end tokens that cannot be drawn after `num_generated` tokens (min_tokens)."""
+        if num_generated >= self.min_tokens:
+            return ()
+        return (*self.eos_token_ids, *self.stop_token_ids)
 
 
 def _is_number(x: object) -> TypeGuard[int | float]:
@@ -158,12 +181,16 @@ def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.flo
 
 def shaped_logits(logits: Logits, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int],
                   allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.float32]:
-    """[V] raw logits -> the row the draw sees: processors, then the grammar's mask (if any).
+    """[V] raw logits -> the row the draw sees: processors, min_tokens' end-token mask, then the
+    grammar's mask (if any).
 
-    The grammar wins over logit_bias: if the bias banned every token the grammar allows, the
-    bans are dropped for this token rather than leave nothing to draw."""
+    The grammar wins over logit_bias and min_tokens: if they banned every token the grammar
+    allows, the bans are dropped for this token rather than leave nothing to draw."""
     row = apply_processors(logits, params, prompt_ids, output_ids) if params.uses_processors \
         else np.array(logits, dtype=np.float32, copy=True)
+    held = params.end_tokens_masked(len(output_ids))
+    if held:
+        row[np.asarray(held, dtype=np.int64)] = -np.inf
     if allowed is not None:
         from scratchllm.structured.matcher import apply_mask
 

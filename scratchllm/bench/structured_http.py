@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scratchllm.bench.common import machine_facts
@@ -26,9 +27,25 @@ if TYPE_CHECKING:
 PROMPT = "Give an example JSON value."
 
 
+def _response_format(i: int, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema,
+                                                                       "strict": True}}}
+
+
+# each way a client can send a JSON schema: field name -> (index, schema) -> the request's fields
+FIELDS: dict[str, Callable[[int, dict[str, Any]], dict[str, Any]]] = {
+    "response_format": _response_format,
+    "structured_outputs": lambda i, schema: {"structured_outputs": {"json": schema}},
+    "guided_json": lambda i, schema: {"guided_json": schema},
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent requests per run (default 16)")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each constrained request")
+    parser.add_argument("--field", choices=sorted(FIELDS), default="response_format",
+                        help="the request field the schema goes in: OpenAI's response_format, vLLM's "
+                             "structured_outputs.json or its older guided_json (default response_format)")
 
 
 async def _run_all(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
@@ -45,12 +62,11 @@ def _figures(wall: float, replies: list[dict[str, Any]]) -> dict[str, Any]:
     return {"tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall}
 
 
-async def _bench(app: FastAPI, n: int, max_tokens: int) -> dict[str, Any]:
+async def _bench(app: FastAPI, n: int, max_tokens: int, field: str = "response_format") -> dict[str, Any]:
     import httpx
 
     base = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0}
-    constrained = [{**base, "max_tokens": max_tokens, "response_format": {"type": "json_schema", "json_schema": {
-        "name": f"s{i}", "schema": s, "strict": True}}} for i, s in enumerate(schemas()[:n])]
+    constrained = [{**base, "max_tokens": max_tokens, **FIELDS[field](i, s)} for i, s in enumerate(schemas()[:n])]
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=600) as client:
         await _run_all(client, constrained[:1])  # warm: the vocabulary trie, the prompt's prefix cache
@@ -72,10 +88,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model("default", "default", {})
     app = create_app(model, None, ServerConfig(max_in_flight=max(64, args.concurrency)))
     try:
-        result = asyncio.run(_bench(app, args.concurrency, args.max_tokens))
+        result = asyncio.run(_bench(app, args.concurrency, args.max_tokens, args.field))
     finally:
         model.engine.shutdown(False)
-    return {"inputs": {"concurrency": args.concurrency, "max_tokens": args.max_tokens}, **result,
+    return {"inputs": {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "field": args.field}, **result,
             "machine": machine_facts()}
 
 

@@ -95,6 +95,12 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--allowed-origins", default="",
                    help="CORS: comma list of browser origins allowed to call the API, e.g. "
                         "http://localhost:3000, or * for any (default: none)")
+    p.add_argument("--lenient-fields", action="store_true",
+                   help="log and ignore request fields the server does not know, instead of a 400 naming them "
+                        "(or SCRATCHLLM_LENIENT_FIELDS=1); see docs/openai-api.md")
+    p.add_argument("--sse-ping-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="send a ': ping' SSE comment on a stream after this many seconds without a chunk "
+                        "(default 15; 0 = never)")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
                         "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
@@ -262,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(f"--metrics-prefix: {err}") from None
     check_capture_args(args)
+    if args.sse_ping_interval < 0:
+        raise ConfigError(f"--sse-ping-interval must be >= 0 seconds (0 = off), got {args.sse_ping_interval}")
     sock = listen(args.host, args.port, "scratchllm serve")
     try:
         model, embedder = build(args)
@@ -271,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
-                          metrics_prefix=args.metrics_prefix, trusted_proxies=args.trusted_proxies)
+                          metrics_prefix=args.metrics_prefix, trusted_proxies=args.trusted_proxies,
+                          lenient_fields=args.lenient_fields, sse_ping_interval_s=args.sse_ping_interval)
     otlp = None
     if args.otlp_traces_endpoint:
         from scratchllm.trace.otlp import make_tracer
@@ -282,6 +291,9 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(model, embedder, config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
                      classes=classes)
     print(f"scratchllm serve: {model.name} on {url(sock)}", file=sys.stderr, flush=True)
+    if args.lenient_fields:
+        print("scratchllm serve: --lenient-fields: unknown request fields are logged and ignored, not refused",
+              file=sys.stderr, flush=True)
     if args.capture:
         print(f"scratchllm serve: capturing {args.capture_rate:.2%} of requests into {args.capture} "
               "(--capture-rate; 1 captures all)", file=sys.stderr, flush=True)

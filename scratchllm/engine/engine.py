@@ -130,7 +130,8 @@ class LLMEngine:
         return [leader, *leader.fork_children]
 
     def _output_processor(self, request_id: str, params: SamplingParams, arrival: float) -> OutputProcessor:
-        detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
+        skip = params.skip_special_tokens
+        detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
         if detok is not None and self.tracer is not None:
             detok = self.tracer.detokenize.timed(detok)  # the step's detokenize span
         return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)

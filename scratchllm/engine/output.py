@@ -5,8 +5,11 @@ baseline, fake) turns its tokens into TokenEvents here, and everyone who wants a
 Why a request ends (decided here and nowhere else):
   "stop"   - an end token (the tokenizer's EOS unless ignore_eos, or one of stop_token_ids): the
              token is kept in token_ids, its text is not shown; or a stop string appeared in the
-             text: the text is cut before it.
+             text: the text is cut before it. With include_stop_str_in_output the stop string (the
+             end token's text) is kept as the text's end.
   "length" - max_tokens generated, or the engine's context is full.
+min_tokens: before that many tokens the sampler cannot draw an end token (sampling.py), and stop
+strings are looked for only in the text from the min_tokens-th token on.
 Text: the detokenizer returns only complete UTF-8. Text that could still grow into a stop string
 is held back (the longest stop string minus one characters) until it cannot, so streamed deltas
 never show what the final text will not contain; at the end whatever is left is flushed (a
@@ -35,6 +38,7 @@ class OutputProcessor:
         self.text = ""  # the text so far (cut at a stop string once found)
         self.emitted = 0  # characters of `text` already sent as deltas
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.search_from = 0  # stop strings are looked for from here on (past min_tokens' text)
         self.finish_reason: str | None = None
 
     def process(self, token_id: int, logprob: float | None = None, top: TopLogprobs | None = None,
@@ -53,14 +57,16 @@ class OutputProcessor:
             reason = "length"
         text = ""
         if self.detok is not None:
-            if not stop_token:
+            if not stop_token or p.include_stop_str_in_output:
                 self.text += self.detok.push(token_id)
             if reason is not None:
                 self.text += _flush(self.detok)
-            for s in p.stop:
-                at = self.text.find(s)
-                if at >= 0:
-                    self.text, reason = self.text[:at], "stop"
+            if self.num_tokens < p.min_tokens:  # a stop string may start only at min_tokens' text
+                self.search_from = len(self.text)
+            else:
+                cut = _stop_cut(self.text, p.stop, self.search_from, p.include_stop_str_in_output)
+                if cut is not None:
+                    self.text, reason = self.text[:cut], "stop"
             end = len(self.text) if reason else max(len(self.text) - self.holdback, self.emitted)
             text, self.emitted = self.text[self.emitted : end], end
         self.finish_reason = reason
@@ -72,6 +78,16 @@ class OutputProcessor:
         assert self.finish_reason is None, f"request {self.request_id} ended twice"
         self.finish_reason = "abort"
         return TokenEvent(self.request_id, None, "", self.num_tokens, "abort")
+
+
+def _stop_cut(text: str, stops: tuple[str, ...], start: int, keep: bool) -> int | None:
+    """Where the text ends at its earliest stop string found from `start` (after it when
+    `keep`), or None when there is none."""
+    found = [(at, len(s)) for s in stops if (at := text.find(s, start)) >= 0]
+    if not found:
+        return None
+    at, n = min(found)
+    return at + n if keep else at
 
 
 def _flush(detok: Any) -> str:

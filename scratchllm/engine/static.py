@@ -297,7 +297,8 @@ class StaticEngine:
         with self._cv:
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id
-            detok = self.tokenizer.detokenizer(skip_special_tokens=True) if self.tokenizer is not None else None
+            skip = params.skip_special_tokens
+            detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
             arrival = self.clock()
             self._waiting.append(StaticRow(rid, list(prompt_token_ids), params,
                                            OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival))

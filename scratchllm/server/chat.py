@@ -49,7 +49,7 @@ def template_reads_tools(tok: TokenizerLike) -> bool:
 def render(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan) -> str:
     """The prompt text: the messages, and the tools the plan may call where the template reads them."""
     tok = state.model.tokenizer
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = req.template_kwargs()  # chat_template_kwargs, e.g. Qwen3's enable_thinking
     names = {t["name"] for t in plan.tools}
     if req.tools and plan.mode != "none" and template_reads_tools(tok):
         extra["tools"] = [t.model_dump(exclude_none=True) for t in req.tools if t.function.name in names]

@@ -23,7 +23,7 @@ MAX_INPUTS = 256  # inputs in one request; more is a client bug more often than 
 async def create_embeddings(request: Request) -> dict[str, Any]:
     state = request.app.state.server
     # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    req = parse_body(await request.body(), EmbeddingRequest)
+    req = parse_body(await request.body(), EmbeddingRequest, lenient=state.config.lenient_fields)
     state.check_model(req.model, embedding=True)
     emb = state.embedder
     if req.dimensions is not None:

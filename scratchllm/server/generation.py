@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response, StreamingResponse
@@ -34,7 +34,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
-from scratchllm.server.sse import ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.sse import SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
 from scratchllm.tokenizer.protocol import TokenizerLike
@@ -217,11 +217,14 @@ class Generation:
 
 
 class EventStream(StreamingResponse):
-    """SSE response that closes its Generation however the stream ends (done, disconnect, error)."""
+    """SSE response that closes its Generation however the stream ends (done, disconnect, error).
+    While no chunk comes for the config's sse_ping_interval_s (a long queue wait, a slow prefill)
+    it sends an SSE comment, `: ping`, which clients skip and proxies count as traffic."""
 
     def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation) -> None:
-        super().__init__(_guarded(body, generation.chunks), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+        interval = generation.state.config.sse_ping_interval_s
+        super().__init__(_guarded(_pinged(body, interval) if interval > 0 else body, generation.chunks),
+                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -229,6 +232,30 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close()
+
+
+async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float) -> AsyncGenerator[bytes, None]:
+    """`body`'s chunks, with SSE_PING between two that are more than interval_s apart."""
+    pending: asyncio.Task[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(body))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield SSE_PING
+                continue
+            task, pending = pending, None
+            try:
+                chunk = task.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        if pending is not None:  # the body must stop running before it can be closed
+            pending.cancel()
+            await asyncio.wait({pending})
+        await body.aclose()
 
 
 async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> AsyncGenerator[bytes, None]:
@@ -255,8 +282,7 @@ async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[Ser
     """(the app's state, the body as sent, the validated request for the served model)."""
     state: ServerState = request.app.state.server
     raw = await request.body()
-    # parse_body is typed to return the BaseModel base; it returns an instance of the class it is given
-    req = cast(RequestT, parse_body(raw, model_cls))
+    req = parse_body(raw, model_cls, lenient=state.config.lenient_fields)
     state.check_model(req.model)
     return state, raw, req
 
@@ -303,12 +329,13 @@ async def sampling_params(state: ServerState, req: CompletionRequest | ChatCompl
                           max_tokens: int) -> SamplingParams:
     """The request's SamplingParams. A constrained request compiles its grammar off the event
     loop (a large schema takes milliseconds; the first one also builds the vocabulary's trie)."""
-    vocab = state.model.tokenizer.vocab_size
+    tok = state.model.tokenizer
+    vocab, eos = tok.vocab_size, tok.eos_token_id
     if req.constraint() is None:
-        plain: SamplingParams = req.sampling_params(max_tokens, None, vocab)
+        plain: SamplingParams = req.sampling_params(max_tokens, None, vocab, eos)
         return plain
     compiler = await asyncio.to_thread(state.grammar_compiler)
-    params: SamplingParams = await asyncio.to_thread(req.sampling_params, max_tokens, compiler, vocab)
+    params: SamplingParams = await asyncio.to_thread(req.sampling_params, max_tokens, compiler, vocab, eos)
     return params
 
 

@@ -13,14 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
-    """No coercion (a string where a number belongs is an error); unknown nested keys ignored."""
+    """No coercion (a string where a number belongs is an error). Unknown keys are kept in
+    `model_extra`, at every depth, for parse_body to name in a 400 (or log, with lenient fields)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class TextPart(Strict):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: Any = None  # accepted, no effect: a caching hint
 
 
 class RefusalPart(Strict):

@@ -7,8 +7,10 @@ of three kinds (docs/openai-api.md lists them all):
   refused unless neutral  a feature this server does not have (audio, suffix, store=true, ...):
                           any value but the neutral one is a 400 naming the field;
   accepted, no effect     a hint that cannot change the output (metadata, service_tier, ...).
-Any other field is accepted and logged once at WARNING: clients add their own extras, and a
-field that vanishes without a word is how a client silently gets the wrong behaviour.
+Any other field, at any depth (a message's, a tool's), is a 400 naming it, as OpenAI's API
+answers: a field the server does not know is one it cannot honour, and a client that gets text
+back with HTTP 200 cannot tell. `lenient=True` (`scratchllm serve --lenient-fields`) logs them
+once each at WARNING and runs the request instead, for clients that send their own extras.
 
 Requests are parsed strictly (a string where a number belongs is an error, as OpenAI's API does,
 not silently coerced); a JSON null means "the default", as the official client sends it. Every
@@ -46,19 +48,22 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 # Unknown field names warned about so far (each once); capped so a hostile client cannot grow it.
 _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1000
+MAX_NAMED_FIELDS = 8  # unknown fields a 400 lists by name (the rest are counted)
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
-           "EmbeddingRequest", "StreamOptions", "validate_choices", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
+           "EmbeddingRequest", "StreamOptions", "validate_choices", "unknown_fields",
+           "refuse_unknown", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool = True  # accepted, no effect: random padding against length side channels
 
 
 class _Request(Strict):
-    """A top-level request: unknown fields are kept (to be named in the log), nulls mean default."""
+    """A top-level request: unknown fields are kept (for parse_body to name), nulls mean default."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     REFUSED: ClassVar[Refusals] = {}
@@ -72,27 +77,50 @@ class _Request(Strict):
         return data
 
     def check(self) -> None:
-        """After validation: refuse non-neutral values of unsupported fields; log unknown ones."""
+        """After validation: refuse non-neutral values of unsupported fields."""
         for name, (neutral, why) in self.REFUSED.items():
             value = getattr(self, name)
             if not any(value == n and type(value) is type(n) for n in neutral):
                 raise bad_request(f"'{name}' is not supported: {why}", param=name, code="unsupported_parameter")
-        for name in self.model_extra or ():
-            _warn_unknown(name, type(self).__name__)
+
+
+def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
+    """The dotted paths of every field `model` (and each model inside it) did not declare."""
+    found = [f"{path}{name}" for name in model.model_extra or ()]
+    for name in type(model).model_fields:
+        found += _unknown_in(getattr(model, name), f"{path}{name}.")
+    return found
+
+
+def _unknown_in(value: Any, path: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        return unknown_fields(value, path)
+    if isinstance(value, (list, tuple)):
+        return [f for i, v in enumerate(value) for f in _unknown_in(v, f"{path}{i}.")]
+    return []  # a free-form dict (a JSON schema, logit_bias) has no fields of ours
+
+
+def refuse_unknown(names: list[str]) -> APIError:
+    """OpenAI's answer to fields it does not know: 400, the names in the message, the first as param."""
+    shown = ", ".join(n[:80] for n in names[:MAX_NAMED_FIELDS])
+    if len(names) > MAX_NAMED_FIELDS:
+        shown += f" (and {len(names) - MAX_NAMED_FIELDS} more)"
+    plural = "s" if len(names) > 1 else ""
+    return bad_request(f"Unrecognized request argument{plural} supplied: {shown}", param=names[0][:80],
+                       code="unknown_parameter")
 
 
 def _warn_unknown(name: str, where: str) -> None:
     if name in _warned_fields or len(_warned_fields) >= MAX_WARNED_FIELDS:
         return
     _warned_fields.add(name)
-    logger.warning("%s: unknown field %r accepted and ignored", where, name[:80])
+    logger.warning("%s: unknown field %r accepted and ignored (--lenient-fields)", where, name[:80])
 
 
 class _Sampling(_Request, StructuredFields):
     """Fields both generation endpoints share. top_k, min_p, repetition_penalty, ignore_eos,
-    stop_token_ids and guided_* are vLLM-style extensions."""
-
-    model_config = _Request.model_config  # restated: the mixin's extra="ignore" would win otherwise
+    min_tokens, stop_token_ids, skip_special_tokens, include_stop_str_in_output,
+    structured_outputs and guided_* are vLLM's extensions; grammar is llama.cpp's."""
 
     model: str
     max_tokens: int | None = None
@@ -106,8 +134,11 @@ class _Sampling(_Request, StructuredFields):
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # int64 or uint64; negatives wrap
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = []
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
     ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -148,25 +179,35 @@ class _Sampling(_Request, StructuredFields):
         raise NotImplementedError
 
     def sampling_kwargs(self, max_tokens: int, compiler: GrammarCompiler | None = None,
-                        vocab_size: int | None = None) -> dict[str, Any]:
+                        vocab_size: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
         """Everything SamplingParams needs from this request, with max_tokens the handler settled
         against the context. `compiler`: a scratchllm.structured.GrammarCompiler for the served
-        tokenizer (needed only when the request asks for structured output)."""
+        tokenizer (needed only when the request asks for structured output); `eos_token_id`:
+        the served tokenizer's, which min_tokens holds back."""
+        if self.min_tokens > max_tokens:
+            raise bad_request(f"'min_tokens' ({self.min_tokens}) must be <= max_tokens ({max_tokens})",
+                              param="min_tokens")
+        if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
+            raise bad_request(f"'stop_token_ids' has token ids outside the vocabulary [0, {vocab_size})",
+                              param="stop_token_ids")
+        eos = () if eos_token_id is None or self.ignore_eos else (eos_token_id,)
         return {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": max(self.top_k, 0), "min_p": self.min_p,
                 "seed": None if self.seed is None else self.seed % 2**64, "stop": self.stop_list(),
                 "stop_token_ids": tuple(self.stop_token_ids), "ignore_eos": self.ignore_eos,
+                "min_tokens": self.min_tokens, "eos_token_ids": eos, "skip_special_tokens": self.skip_special_tokens,
+                "include_stop_str_in_output": self.include_stop_str_in_output,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias_pairs(vocab_size),
-                "logprobs": self._logprobs_k(), "grammar": self.grammar(compiler)}
+                "logprobs": self._logprobs_k(), "grammar": self.compiled_grammar(compiler)}
 
     def sampling_params(self, max_tokens: int, compiler: GrammarCompiler | None = None,
-                        vocab_size: int | None = None) -> "SamplingParams":
+                        vocab_size: int | None = None, eos_token_id: int | None = None) -> "SamplingParams":
         """The request's SamplingParams, or a 400 naming what SamplingParams refused."""
         from scratchllm.sampling import SamplingParams
 
         try:
-            return SamplingParams(**self.sampling_kwargs(max_tokens, compiler, vocab_size))
+            return SamplingParams(**self.sampling_kwargs(max_tokens, compiler, vocab_size, eos_token_id))
         except ConfigError as err:
             raise bad_request(str(err)) from None
 
@@ -218,6 +259,9 @@ class CompletionRequest(_Sampling):
 
 
 _NOT_AUDIO = "this server generates text only"
+# Chat-template variables the server sets from the request itself (chat_template_kwargs cannot)
+TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
+                               "special_tokens"})
 _NO_REASONING = "the models served here do not reason in a separate channel"
 
 
@@ -242,6 +286,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True  # one forced call satisfies either value
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
     # refused unless neutral (REFUSED)
     audio: Any = None
     modalities: Any = None
@@ -267,6 +312,16 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         self.tool_plan()  # a tool_choice naming no given tool is a 400 now, not after admission
+        self.template_kwargs()
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """chat_template_kwargs, checked: the names the server itself sets cannot be replaced."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        taken = sorted(set(kwargs) & TEMPLATE_RESERVED)
+        if taken:
+            raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}: the server sets it",
+                              param="chat_template_kwargs")
+        return kwargs
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them (roles, text, tool calls, tool ids)."""
@@ -276,7 +331,7 @@ class ChatCompletionRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class EmbeddingRequest(Strict):
+class EmbeddingRequest(_Request):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: str = "float"
@@ -302,8 +357,9 @@ class EmbeddingRequest(Strict):
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
-def parse_body(raw: bytes, model_cls: type[RequestT]) -> RequestT:
-    """Bytes of a request body -> validated request, or an APIError naming what is wrong."""
+def parse_body(raw: bytes, model_cls: type[RequestT], lenient: bool = False) -> RequestT:
+    """Bytes of a request body -> validated request, or an APIError naming what is wrong.
+    Fields the request model does not declare are a 400 naming them; `lenient`: logged instead."""
     try:
         data = load_body(raw)
     except BodyError as err:
@@ -313,7 +369,11 @@ def parse_body(raw: bytes, model_cls: type[RequestT]) -> RequestT:
     except ValidationError as err:
         # The error that got deepest names the real problem: for `str | list[TextPart]` content
         # it is the list branch's "type should be 'text'", not the str branch's "not a string".
-        first = max(err.errors(include_url=False), key=lambda e: len(e["loc"]))
+        errors = err.errors(include_url=False)
+        extra = [e for e in errors if e["type"] == "extra_forbidden"]  # a model that forbids extras itself
+        if extra:
+            raise refuse_unknown([_param(e["loc"]) or "?" for e in extra]) from None
+        first = max(errors, key=lambda e: len(e["loc"]))
         param, msg = _param(first["loc"]), first["msg"]
         if first["type"] == "union_tag_not_found":  # a message without a role
             param, msg = f"{param}.role", f"Field required (one of {', '.join(ROLES)})"
@@ -322,6 +382,11 @@ def parse_body(raw: bytes, model_cls: type[RequestT]) -> RequestT:
         raise bad_request(f"{param}: {msg}" if param else msg, param=param, code="invalid_value") from None
     except RecursionError:  # load_body bounds nesting; this is the last line of defence
         raise bad_request("request body is nested too deeply", code="invalid_json") from None
+    unknown = unknown_fields(req)
+    if unknown and not lenient:
+        raise refuse_unknown(unknown)
+    for name in unknown:
+        _warn_unknown(name, model_cls.__name__)
     check = getattr(req, "check", None)
     if check is not None:
         check()

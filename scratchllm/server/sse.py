@@ -16,6 +16,8 @@ from scratchllm.trace.format import Phase, request_key
 from scratchllm.trace.writer import TraceWriter
 
 SSE_DONE = b"data: [DONE]\n\n"
+# A comment line (SSE's keep-alive): every SSE client, the openai one included, skips it.
+SSE_PING = b": ping\n\n"
 
 
 def sse(payload: dict[str, Any]) -> bytes:

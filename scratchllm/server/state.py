@@ -76,9 +76,11 @@ class ServerConfig:
     stats_interval_s: float = 10.0  # a throughput/queue line at INFO this often while there is traffic
     metrics_prefix: str = "scratchllm:"  # "vllm:" exports exactly vLLM's metric names (metrics.py)
     trusted_proxies: int = 0  # X-Forwarded-For hops to trust for the client address (capture only)
+    lenient_fields: bool = False  # unknown request fields logged and ignored instead of a 400 (protocol.py)
+    sse_ping_interval_s: float = 15.0  # a `: ping` comment on a stream this long without a chunk; 0 = off
 
     def __post_init__(self) -> None:
-        assert self.max_in_flight >= 1 and self.max_body_bytes >= 1
+        assert self.max_in_flight >= 1 and self.max_body_bytes >= 1 and self.sse_ping_interval_s >= 0
 
 
 @dataclass

@@ -1,17 +1,25 @@
 """The request fields that constrain the output's shape, and the grammar they compile to.
 
 At most one constraint per request, from these sources:
-  response_format  {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}
-  guided_json      a JSON schema (object or JSON text)   } vLLM-style extensions, on
-  guided_regex     a regular expression                  } both endpoints
-  guided_choice    a list of strings                     }
-  tool_choice      "required", a named function, or allowed_tools in "required" mode: the
-                   output is forced to be a call of one of those tools (chat only).
+  response_format     {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}
+  structured_outputs  vLLM's: {"json": schema} | {"regex": str} | {"choice": [str]} |
+                      {"grammar": Lark or GBNF} | {"json_object": true}, exactly one of them
+  guided_json         a JSON schema (object or JSON text)   } vLLM's older spellings of the
+  guided_regex        a regular expression                  } same (guided_decoding_backend
+  guided_choice       a list of strings                     } is accepted: llguidance is the
+  guided_grammar      a grammar, Lark or GBNF               } one backend here)
+  grammar             llama.cpp's: a GBNF grammar (Lark is accepted too)
+  tool_choice         "required", a named function, or allowed_tools in "required" mode: the
+                      output is forced to be a call of one of those tools (chat only).
+A grammar's syntax is told apart by its rules: GBNF defines them with `::=` (start rule
+`root`), Lark with `:` (start rule `start`).
 """
 
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import Field
 
 from scratchllm.errors import ConfigError
 from scratchllm.server.errors import bad_request
@@ -31,11 +39,58 @@ class ToolPlan:
     tools: list[dict[str, Any]] = field(default_factory=list)
 
 
+class StructuredOutputs(Strict):
+    """vLLM's `structured_outputs` object (its StructuredOutputsParams)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # accepted, no effect: there is one backend, and its JSON has no free whitespace already
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    # refused unless neutral
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: Any = None
+
+    def constraint(self) -> tuple[str, str, Any] | None:
+        """(kind, field, value) of the one constraint given, or None for an object naming none."""
+        where = "structured_outputs"
+        for name, why in (("disable_additional_properties", "give the schema \"additionalProperties\": false"),
+                          ("whitespace_pattern", "JSON is written without free whitespace"),
+                          ("structural_tag", "structural tags are not supported")):
+            if getattr(self, name) not in (None, False):
+                raise bad_request(f"'{where}.{name}' is not supported: {why}", param=f"{where}.{name}",
+                                  code="unsupported_parameter")
+        found: list[tuple[str, str, Any]] = []
+        if self.json_ is not None:
+            found.append(("json_schema", f"{where}.json", (_schema(self.json_, f"{where}.json"), True)))
+        if self.regex is not None:
+            found.append(("regex", f"{where}.regex", self.regex))
+        if self.choice is not None:
+            found.append(("choice", f"{where}.choice", self.choice))
+        if self.grammar is not None:
+            found.append(("grammar", f"{where}.grammar", self.grammar))
+        if self.json_object:
+            found.append(("json_object", f"{where}.json_object", None))
+        if len(found) > 1:
+            raise bad_request(f"'{where}' takes one of json, regex, choice, grammar, json_object; got "
+                              f"{', '.join(f[1].split('.')[1] for f in found)}", param=where)
+        return found[0] if found else None
+
+
 class StructuredFields(Strict):
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted, no effect: llguidance is the one backend
+    guided_whitespace_pattern: str | None = None  # refused unless null (constraint())
+    grammar: str | None = None
 
     def tool_plan(self) -> ToolPlan:
         # Only a request that declares the fields has tools: on completions, "tools" would be an
@@ -76,12 +131,23 @@ class StructuredFields(Strict):
             js = rf.json_schema
             assert js is not None, "ResponseFormat's validator requires json_schema for this type"
             found.append(("json_schema", "response_format", (js.schema_ or {}, bool(js.strict))))
+        if self.guided_whitespace_pattern is not None:
+            raise bad_request("'guided_whitespace_pattern' is not supported: JSON is written without free "
+                              "whitespace", param="guided_whitespace_pattern", code="unsupported_parameter")
+        if self.structured_outputs is not None:
+            so = self.structured_outputs.constraint()
+            if so is not None:
+                found.append(so)
         if self.guided_json is not None:
-            found.append(("json_schema", "guided_json", (_schema(self.guided_json), True)))
+            found.append(("json_schema", "guided_json", (_schema(self.guided_json, "guided_json"), True)))
         if self.guided_regex is not None:
             found.append(("regex", "guided_regex", self.guided_regex))
         if self.guided_choice is not None:
             found.append(("choice", "guided_choice", self.guided_choice))
+        if self.guided_grammar is not None:
+            found.append(("grammar", "guided_grammar", self.guided_grammar))
+        if self.grammar is not None:
+            found.append(("grammar", "grammar", self.grammar))
         plan = self.tool_plan()
         if plan.mode == "forced":
             found.append(("tool_call", "tool_choice", plan.tools))
@@ -90,7 +156,7 @@ class StructuredFields(Strict):
                               param=found[1][1])
         return found[0] if found else None
 
-    def grammar(self, compiler: GrammarCompiler | None) -> CompiledGrammar | None:
+    def compiled_grammar(self, compiler: GrammarCompiler | None) -> CompiledGrammar | None:
         """The CompiledGrammar for the request's constraint (None without one); a constraint
         that does not compile is a 400 naming its field."""
         c = self.constraint()
@@ -109,6 +175,8 @@ class StructuredFields(Strict):
                 return compiler.regex(value)
             if kind == "choice":
                 return compiler.choice(value)
+            if kind == "grammar":
+                return compiler.grammar(value)
             return compiler.tool_call(value)
         except ConfigError as err:
             raise bad_request(f"'{param}': {err}", param=param) from None
@@ -121,10 +189,10 @@ def _tool(by_name: dict[str, dict[str, Any]], name: str | None) -> dict[str, Any
     return by_name[name]
 
 
-def _schema(value: dict[str, Any] | str) -> Any:  # the parsed JSON; the compiler checks it is a schema
+def _schema(value: dict[str, Any] | str, param: str) -> Any:  # the parsed JSON; the compiler checks the schema
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except (ValueError, RecursionError):
-            raise bad_request("'guided_json' is not valid JSON", param="guided_json") from None
+            raise bad_request(f"'{param}' is not valid JSON", param=param) from None
     return value

@@ -6,6 +6,9 @@ Every constraint a client can ask for becomes one llguidance grammar:
   json_schema(schema, strict)         a JSON value that validates against `schema`
   regex(pattern)                      text matching a regular expression (Rust regex syntax)
   choice(options)                     exactly one of the given strings
+  grammar(text, syntax)               a context-free grammar: Lark (llguidance's dialect, start
+                                      rule `start`) or llama.cpp's GBNF (start rule `root`),
+                                      converted to Lark by llguidance's own gbnf_to_lark
   tool_call(tools)                    {"name": <one tool>, "arguments": <its parameters schema>}
 
 JSON is written compactly with json.dumps' default separators (", " and ": ") and no other
@@ -31,11 +34,14 @@ JSON_OPTIONS: "JsonCompileOptions" = {
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+GRAMMAR_SYNTAXES = ("auto", "lark", "gbnf")
+
+
 @dataclass(frozen=True, eq=False)
 class CompiledGrammar:
     """A validated llguidance grammar bound to one tokenizer; SamplingParams.grammar holds it."""
 
-    kind: str  # "json_object" | "json_schema" | "regex" | "choice" | "tool_call"
+    kind: str  # "json_object" | "json_schema" | "regex" | "choice" | "grammar" | "tool_call"
     grammar: str  # llguidance's serialized grammar
     lltokenizer: "llguidance.LLTokenizer"
     vocab_size: int
@@ -103,6 +109,22 @@ class GrammarCompiler:
         # Lark string literals are JSON-escaped strings, so json.dumps quotes each option safely.
         lark = "start: " + " | ".join(json.dumps(o) for o in options)
         return self._compile("choice", llguidance.LLMatcher.grammar_from_lark(lark), "the choice list")
+
+    def grammar(self, text: str, syntax: str = "auto") -> CompiledGrammar:
+        """syntax: "lark", "gbnf", or "auto" (GBNF when the text defines its rules with `::=`)."""
+        import llguidance
+        from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark, is_lark_syntax
+
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError("a grammar must be a non-empty string")
+        if syntax not in GRAMMAR_SYNTAXES:
+            raise ConfigError(f"grammar syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {syntax!r}")
+        if syntax == "gbnf" or (syntax == "auto" and not is_lark_syntax(text)):
+            try:
+                text = gbnf_to_lark(text)
+            except (GbnfToLarkError, ValueError, KeyError, IndexError) as err:
+                raise ConfigError(f"the GBNF grammar cannot be read: {err}") from None
+        return self._compile("grammar", llguidance.LLMatcher.grammar_from_lark(text), "the grammar")
 
     def tool_call(self, tools: list[dict[str, Any]]) -> CompiledGrammar:
         """tools: [{"name": str, "parameters": JSON schema}] -> one call to one of them."""

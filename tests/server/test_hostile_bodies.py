@@ -63,10 +63,12 @@ def test_random_bytes_fail_cleanly(raw):
         assert_openai_error(err)
 
 
-def test_an_undeclared_tools_field_is_an_extra_not_a_crash():
-    """Found by the fuzzer: completions do not declare 'tools', so its raw value is an unknown
-    extra field; the tool plan must not read it as validated tools."""
-    from scratchllm.server.protocol import CompletionRequest, parse_body
-
-    req = parse_body(b'{"model":"m","prompt":"hi","tools":[null]}', CompletionRequest)
+def test_an_undeclared_tools_field_is_refused_or_an_extra_not_a_crash():
+    """Found by the fuzzer: completions do not declare 'tools': a 400 naming it, or (lenient) an
+    unknown extra field the tool plan must not read as validated tools."""
+    body = b'{"model":"m","prompt":"hi","tools":[null]}'
+    with pytest.raises(APIError) as refused:
+        parse_body(body, CompletionRequest)
+    assert refused.value.status == 400 and refused.value.body()["error"]["param"] == "tools"
+    req = parse_body(body, CompletionRequest, lenient=True)
     assert req.tool_plan().mode == "none"
