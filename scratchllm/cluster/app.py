@@ -191,24 +191,24 @@ CONSTRUCTOR_TRIES = 3  # replicas that fail to start before the deploy fails (Se
 
 
 def engine_deployment(spec: ClusterSpec) -> Any:
-    router = RequestRouterConfig(request_router_class=KVBlockRequestRouter,
-                                 request_router_kwargs={"strategy": spec.strategy},
-                                 request_routing_stats_period_s=spec.report_interval_s,
-                                 request_routing_stats_timeout_s=max(5.0, 4 * spec.report_interval_s))
-    return serve.deployment(EngineReplica, name="engine").options(
-        num_replicas=spec.replicas, ray_actor_options={"num_cpus": spec.replica_cpus},
-        max_ongoing_requests=spec.max_ongoing_requests, request_router_config=router,
+    router: dict[str, Any] = {"request_router_class": KVBlockRequestRouter,
+                              "request_router_kwargs": {"strategy": spec.strategy},
+                              "request_routing_stats_period_s": spec.report_interval_s,
+                              "request_routing_stats_timeout_s": max(5.0, 4 * spec.report_interval_s)}
+    return serve.deployment(
+        name="engine", num_replicas=spec.replicas, ray_actor_options={"num_cpus": spec.replica_cpus},
+        max_ongoing_requests=spec.max_ongoing_requests, request_router_config=RequestRouterConfig(**router),
         health_check_period_s=1.0, health_check_timeout_s=10.0,
-        max_constructor_retry_count=CONSTRUCTOR_TRIES)
+        max_constructor_retry_count=CONSTRUCTOR_TRIES)(EngineReplica)
 
 
 def build_app(spec: ClusterSpec) -> Any:
     """The Serve application (deploy it with serve.run(build_app(spec), name=..., route_prefix="/"))."""
     # Serve's default of 5 requests at once per replica would queue streams (and /health) in
     # the proxy: the ingress takes what the server admits, plus room for /health and /metrics.
-    ingress = serve.deployment(serve.ingress()(Ingress), name="ingress").options(
-        ray_actor_options={"num_cpus": 0}, max_ongoing_requests=spec.server.max_in_flight + 16,
-        max_constructor_retry_count=CONSTRUCTOR_TRIES)
+    ingress = serve.deployment(
+        name="ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=spec.server.max_in_flight + 16,
+        max_constructor_retry_count=CONSTRUCTOR_TRIES)(serve.ingress()(Ingress))
     return ingress.bind(engine_deployment(spec).bind(spec.replica), spec)
 
 
@@ -225,8 +225,9 @@ def app_builder(args: dict[str, Any]) -> Any:
         raise ConfigError(f"unknown application args {sorted(unknown)}; known: {sorted(BUILDER_ARGS)}")
     replica = ReplicaSpec(str(args.get("model", "fake")), dict(args.get("engine_options") or {}),
                           dtype=str(args.get("dtype", "float32")))
-    fields = {k: args[k] for k in ("replicas", "strategy", "served_model_name", "max_model_len", "replica_cpus",
-                                   "max_ongoing_requests", "report_interval_s") if k in args}
+    names = ("replicas", "strategy", "served_model_name", "max_model_len", "replica_cpus", "max_ongoing_requests",
+             "report_interval_s")
+    fields: dict[str, Any] = {k: args[k] for k in names if k in args}
     if "embedding_model" in args:
         fields["embedding_model"] = None if str(args["embedding_model"]) == "none" else str(args["embedding_model"])
     server = ServerConfig(max_in_flight=int(args.get("max_in_flight", 64)))

@@ -170,7 +170,8 @@ class RemoteEngine:
 
     # --- one request ---
     async def _relay(self, stream: RemoteStream, ids: list[int], params: SamplingParams) -> None:
-        rid, arrival, index, avoid = stream.request_id, time.monotonic(), 0, []
+        rid, arrival, index = stream.request_id, time.monotonic(), 0
+        avoid: list[str] = []
         last_error: BaseException | None = None
         try:
             for attempt in range(self.max_attempts):
