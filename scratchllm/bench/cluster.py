@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -207,19 +209,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         requests = workload(args, vocab)
         started = time.perf_counter()
         own = not ray.is_initialized()  # a caller (a test) may have started Ray and Serve already
-        if own:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            root = str(Path(__file__).resolve().parents[2])  # the workers import this scratchllm
-            ray.init(address=args.ray_address, num_cpus=None if args.ray_address else 2, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}})
-            serve.start(proxy_location="Disabled")  # handles only: no HTTP here
-        try:
-            results = [run_strategy(s, model_ref, requests, args) for s in strategies]
-        finally:
+        # Ray prints the errors its raylets publish (a Serve actor killed at shutdown, say) on
+        # stdout, from a thread of its own: while Ray runs, stdout is stderr, so `--json` prints
+        # the JSON alone
+        with contextlib.redirect_stdout(sys.stderr):
             if own:
-                serve.shutdown()
-                ray.shutdown()
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+                root = str(Path(__file__).resolve().parents[2])  # the workers import this scratchllm
+                ray.init(address=args.ray_address, num_cpus=None if args.ray_address else 2,
+                         include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}})
+                serve.start(proxy_location="Disabled")  # handles only: no HTTP here
+            try:
+                results = [run_strategy(s, model_ref, requests, args) for s in strategies]
+            finally:
+                if own:
+                    serve.shutdown()
+                    ray.shutdown()
         total_s = time.perf_counter() - started
     by = {r["strategy"]: r for r in results}
     best = oracle(requests, args.system_len)

@@ -31,8 +31,13 @@ def spec_from_args(args: Any) -> Any:
         replica = ReplicaSpec(args.model, options, dtype=args.dtype)
     server = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout)
+    embedding = None if args.embedding_model == "none" else args.embedding_model
+    if embedding is not None and not args.fake_engine:
+        from scratchllm.formats.refs import resolve_model
+
+        resolve_model(embedding)  # refused here, not in the ingress
     return ClusterSpec(replicas=args.replicas, replica=replica, served_model_name=args.served_model_name,
-                       max_model_len=args.max_model_len, server=server)
+                       max_model_len=args.max_model_len, server=server, embedding_model=embedding)
 
 
 def serve_replicas(args: Any) -> int:

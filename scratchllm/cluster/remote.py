@@ -4,9 +4,9 @@ server's routes (server/app.py) run unchanged in the ingress.
 `submit` returns the request's stream at once and starts one task on the event loop that asks
 the router (request_router.py, in this process) for a replica and relays that replica's
 TokenEvents into the stream. Faults:
-  - the replica dies before the request's first token reached the stream: nothing was shown
-    to the client, so the request is sent again, to another replica (`avoid`), up to
-    `max_attempts` times;
+  - the replica dies before the request's first token with text reached the stream (tokens
+    without text are held back until one has some): nothing was shown to the client, so the
+    request is sent again, to another replica (`avoid`), up to `max_attempts` times;
   - it dies after: the client has seen part of the answer, which no other replica can continue
     token for token, so the stream fails: its reader gets `ReplicaFailed` (the server turns that
     into an SSE error event, or a 500 when unstreamed), never a hang.
@@ -170,22 +170,29 @@ class RemoteEngine:
 
     # --- one request ---
     async def _relay(self, stream: RemoteStream, ids: list[int], params: SamplingParams) -> None:
-        rid, arrival, index, avoid = stream.request_id, time.monotonic(), 0, []
+        rid, arrival, index = stream.request_id, time.monotonic(), 0
+        avoid: list[str] = []
         last_error: BaseException | None = None
         try:
             for attempt in range(self.max_attempts):
                 replica, gen = None, self.handle.generate.remote(ids, params, rid, tuple(avoid))
+                held: list[TokenEvent] = []  # tokens with no text yet: the client has seen nothing
                 try:
                     async for item in gen:
                         if isinstance(item, str):
                             replica = item
                             continue
-                        if item.finish_reason is not None:
-                            self._finished(rid, len(ids), item)
                         if item.request_id != rid:  # the replica's engine kept another id
                             item = dataclasses.replace(item, request_id=rid)
-                        self._streams.deliver(item)
-                        index += 1
+                        if index == 0 and not item.text and item.finish_reason is None:
+                            held.append(item)  # a replica lost now is still retried
+                            continue
+                        if item.finish_reason is not None:
+                            self._finished(rid, len(ids), item)
+                        for event in [*held, item]:
+                            self._streams.deliver(event)
+                            index += 1
+                        held = []
                     return
                 except asyncio.CancelledError:
                     gen.cancel()  # the replica aborts the request and frees its blocks

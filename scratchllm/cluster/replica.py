@@ -6,7 +6,8 @@ TokenEvents as the engine makes them. When the caller goes away Serve cancels th
 the request is aborted, so its KV blocks go back to the pool. `record_routing_stats` is Serve's
 hook for custom request routers: Serve's controller calls it every
 `request_routing_stats_period_s` and hands the result to every router of this deployment
-(request_router.py), here the routing hashes of the resident prefix blocks and the load.
+(request_router.py), here the routing hashes of the resident prefix blocks and the load, with
+the replica's process id and requests served (shown in /cluster/stats).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class EngineReplica:
         self.engine, self.residency = build_engine(spec)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.reports = 0
+        self.served = 0  # requests this replica has started (the fault tests see a restarted one used)
         logger.info("replica %s: %s", self.replica_id, spec.model)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
@@ -89,6 +91,7 @@ class EngineReplica:
         else:
             self.residency.learn(prompt_token_ids)
         stream = self.engine.submit(prompt_token_ids, params, request_id=request_id)
+        self.served += 1
         yield self.replica_id
         try:
             async for event in stream:
@@ -108,7 +111,8 @@ class EngineReplica:
         self.reports += 1
         return {"hashes": hashes[-REPORT_CAP:], "load": int(stats["running"]) + int(stats["waiting"]),
                 "seq": self.reports, "kv_blocks_used": stats["kv_blocks_used"],
-                "kv_blocks_total": stats["kv_blocks_total"], "rss_bytes": _rss_bytes()}
+                "kv_blocks_total": stats["kv_blocks_total"], "rss_bytes": _rss_bytes(), "pid": os.getpid(),
+                "served": self.served}
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (without the hash list), for the soak's leak check and the bench."""

@@ -34,7 +34,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
-from scratchllm.server.sse import SSE_PING, ChunkTrace, sse, wait_for_disconnect
+from scratchllm.server.sse import SSE_DONE, SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
 from scratchllm.tokenizer.protocol import TokenizerLike
@@ -260,7 +260,7 @@ async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float) -> Async
 
 async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> AsyncGenerator[bytes, None]:
     """The status line is gone once streaming starts: an engine failure becomes an SSE error event
-    (the official client raises it as an APIError) instead of a connection cut mid-stream. Each
+    (the official client raises it as an APIError), then [DONE], instead of a connection cut. Each
     chunk's send is timed from the yield to the ASGI server's next request for one."""
     try:
         async for chunk in body:
@@ -270,6 +270,7 @@ async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> Asy
     except Exception as err:  # noqa: BLE001 - reported to the client, then the stream ends
         yield sse(APIError(500, f"the engine failed mid-stream: {type(err).__name__}: {err}",
                            type="server_error").body())
+        yield SSE_DONE  # the stream's end, as after a normal last chunk
     finally:
         await body.aclose()
 

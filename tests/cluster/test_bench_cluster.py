@@ -62,3 +62,27 @@ def test_one_client_the_router_reaches_the_oracle_and_predicts_every_hit(ray_clu
     assert ours["hit_rate"] == result["oracle"]["hit_rate"] == 4 / 6
     assert ours["prediction_exact"] == 1.0
     assert "KV-block router" in bench_cluster.render(result)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_json_on_stdout_is_the_json_alone():
+    """`bench cluster --json` on a Ray cluster of its own: Ray's own lines (its raylets' errors as
+    Serve's actors are killed at shutdown, its log lines) go to stderr, stdout parses as JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import scratchllm
+
+    root = Path(scratchllm.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "local"}
+    proc = subprocess.run([sys.executable, "-m", "scratchllm.cli.main", "bench", "cluster", "--json", "--systems", "1",
+                           "--per-system", "2", "--system-len", "32", "--user-len", "2,4", "--max-tokens", "1",
+                           "--concurrency", "1", "--kv-blocks", "16", "--strategies", "prefix"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["bench"] == "cluster" and result["figures"]["prefix"]["requests"] == 2

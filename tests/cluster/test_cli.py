@@ -58,3 +58,30 @@ def test_what_the_cluster_cannot_do_is_refused():
         spec_from_args(parse(["--replicas", "2", "--batching", "static"]))
     with pytest.raises(ConfigError, match="replicas must be >= 1"):
         spec_from_args(parse(["--replicas", "0", "--fake-engine"]))
+
+
+def test_the_embedding_model_reaches_the_spec_and_none_turns_it_off(tmp_path):
+    """The ingress serves /v1/embeddings as `scratchllm serve` does: MiniLM unless told otherwise."""
+    assert spec_from_args(parse(["--replicas", "2", "--fake-engine"])).embedding_model == "minilm"
+    assert spec_from_args(parse(["--replicas", "2", "--model", "default"])).embedding_model == "minilm"
+    assert spec_from_args(parse(["--replicas", "2", "--fake-engine", "--embedding-model", "none"])).embedding_model \
+        is None
+    with pytest.raises(ConfigError, match="no model at"):  # before Ray starts, not in the ingress
+        spec_from_args(parse(["--replicas", "2", "--embedding-model", str(tmp_path / "missing")]))
+
+
+def test_a_deploy_failure_is_the_replica_error_in_one_line():
+    from scratchllm.cluster.app import deploy_error
+
+    # the shape of Serve's deployment status message when a replica's constructor raised
+    message = ("The deployment failed to start 3 times in a row. This may be due to a problem with its "
+               "constructor or initial health check failing. See controller logs for details. Error:\n"
+               "\x1b[36mray::ServeReplica:scratchllm:engine.initialize_and_get_metadata()\x1b[39m (pid=1)\n"
+               '  File "/x/ray/serve/_private/replica.py", line 1928, in initialize\n'
+               "    raise RuntimeError(traceback.format_exc()) from None\n"
+               "RuntimeError: Traceback (most recent call last):\n"
+               '  File "/x/scratchllm/formats/gguf.py", line 226, in _info\n'
+               '    raise FormatError(p, f"tensor ends at byte {start + nbytes} but the file has "\n'
+               "scratchllm.errors.FormatError: /m/cut.gguf: tensor 'x' ends at byte 9 but the file has 4 bytes\n")
+    assert deploy_error(message) == "FormatError: /m/cut.gguf: tensor 'x' ends at byte 9 but the file has 4 bytes"
+    assert deploy_error("Replica failed.\nmore") == "Replica failed."

@@ -98,7 +98,34 @@ def test_requests_sharing_a_system_prompt_hit_and_the_router_predicted_each_hit(
     n = after["requests"] - before["requests"]
     assert n == 9 and after["exact"] - before["exact"] == 9  # predicted == actual cached tokens, each one
     metrics = httpx.get(f"{fake_cluster}/cluster/metrics").text
-    assert f"scratchllm_router_exact {float(after['exact'])}" in metrics
+    assert f"scratchllm_router_exact_total {float(after['exact'])}" in metrics
+
+
+def test_cluster_metrics_are_counters_for_totals_and_gauges_for_what_holds_now(fake_cluster):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    stats = httpx.get(f"{fake_cluster}/cluster/stats").json()
+    types = {f.name: f.type for f in text_string_to_metric_families(httpx.get(f"{fake_cluster}/cluster/metrics").text)}
+    totals = [f"scratchllm_router_{k}" for k in ("requests", "predicted_hits", "actual_hits", "hit_agreement", "exact",
+                                                 "predicted_tokens", "actual_tokens", "prompt_tokens")]
+    totals += [f"scratchllm_cluster_{k}" for k in stats["requests"]]  # submitted, finished, retried, failed...
+    assert {name: types.get(name) for name in totals} == dict.fromkeys(totals, "counter")
+    assert types["scratchllm_cluster_requests_open"] == types["scratchllm_router_replicas"] == "gauge"
+    assert set(types) == set(totals) | {"scratchllm_cluster_requests_open", "scratchllm_router_replicas"}
+    samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{fake_cluster}/cluster/metrics")
+                                                                           .text) for s in f.samples}
+    assert samples["scratchllm_router_replicas"] == 2 and samples["scratchllm_cluster_submitted_total"] >= 1
+
+
+def test_embeddings_and_the_model_list_are_the_one_process_servers(client, reference):
+    """The ingress serves the embedding model itself: /v1/models lists both, /v1/embeddings answers."""
+    assert sorted(m.id for m in client.models.list().data) == sorted(m.id for m in reference.models.list().data) \
+        == ["fake", "fake-embed"]
+    texts = ["hello world", "a café in 東京"]
+    got = client.embeddings.create(model="fake-embed", input=texts)
+    want = reference.embeddings.create(model="fake-embed", input=texts)
+    assert [d.embedding for d in got.data] == [d.embedding for d in want.data] and len(got.data[0].embedding) == 32
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens > 0
 
 
 def _stream(client, i, results):
