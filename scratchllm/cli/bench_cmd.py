@@ -27,6 +27,7 @@ BENCHES = {
     "structured": "structured output: grammar mask cost per token, throughput with and without",
     "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
     "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",
+    "soak": "a bounded soak of one server: cancellations, bursts, hostile bodies, slow clients; 5xx, leaks, fds",
 }
 
 
