@@ -237,7 +237,12 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
-        writer = TraceWriter(args.trace or default_ring_path(), ring_bytes=args.trace_ring_mb << 20)
+        path = args.trace or default_ring_path()
+        try:
+            writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20)
+        except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
+            print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
+                  f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
     args._trace_writer = writer
     return writer
 
