@@ -242,6 +242,9 @@ def check(result: dict[str, Any]) -> list[str]:
                                                                            "trickle_no_status")}
     if bad:
         problems.append(f"unexpected outcomes: {bad}")
+    if result.get("server_errors_logged"):
+        problems.append(f"the server logged {result['server_errors_logged']} errors, the last lines: "
+                        + " | ".join(result["server_log_tail"][-3:]))
     if result["leaked_kv_blocks"] != 0:
         problems.append(f"KV blocks still held with nothing in flight: {result['leaked_kv_blocks']}")
     first, last = result["samples"][0], result["samples"][-1]
@@ -264,6 +267,7 @@ class _SoakServer(_server):
             else ["--model", args.serve_model]
 
         self.log: list[str] = []  # the server's last lines of stderr
+        self.errors_logged = 0  # of its lines, those logged at ERROR or CRITICAL
 
     def __enter__(self) -> str:
         url = super().__enter__()
@@ -276,11 +280,13 @@ class _SoakServer(_server):
         try:
             for line in self.proc.stderr:
                 self.log = [*self.log[-49:], line.rstrip()]
+                self.errors_logged += " ERROR " in line or " CRITICAL " in line
         except (OSError, ValueError):  # closed by __exit__ once the server is gone
             pass
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The soak, checked: the result with its broken promises under "problems" (empty: all kept)."""
     if args.minutes <= 0 or args.clients < 1 or args.max_in_flight < 1:
         raise ConfigError("--minutes must be > 0, --clients and --max-in-flight >= 1")
     seconds = args.minutes * 60
@@ -294,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = _SoakServer(args)
         with server as started:
             result = _drive(args, started, server.proc.pid, seconds, sample_s)
+        result["server_errors_logged"] = server.errors_logged
         result["server_log_tail"] = server.log[-10:]
     result["problems"] = check(result)
     result["inputs"] = {"minutes": args.minutes, "served": "fake engine" if args.fake_engine and not args.url
