@@ -2,7 +2,8 @@
 
 Each benchmark is a module scratchllm.bench.<name> with ``add_arguments(parser)`` and
 ``run(args) -> dict``; ``render(result) -> str`` prints the human table. With ``--json`` the dict
-is printed as one JSON object instead (inputs, figures, ratios, machine facts).
+is printed as one JSON object instead (inputs, figures, ratios, machine facts). A bench whose
+result lists broken promises under "problems" (soak) exits 1 when there are any.
 """
 
 import argparse
@@ -27,6 +28,7 @@ BENCHES = {
     "structured": "structured output: grammar mask cost per token, throughput with and without",
     "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
     "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",
+    "soak": "a bounded soak of one server: cancellations, bursts, hostile bodies, slow clients; 5xx, leaks, fds",
 }
 
 
@@ -53,6 +55,6 @@ def _run(module: ModuleType) -> Callable[[argparse.Namespace], int]:
             print(json.dumps(result, indent=None, default=str))
         else:
             print(module.render(result))
-        return 0
+        return 1 if result.get("problems") else 0  # a bench that checks promises (soak) fails on a broken one
 
     return func

@@ -2,18 +2,29 @@
 
 Process/thread layout: one process. uvicorn's event loop (main thread) owns the sockets, JSON and
 tokenization; the engine steps in its own thread and wakes the loop once per token (no thread
-per request). SIGTERM stops accepting connections, lets every in-flight request finish (up to
---drain-timeout seconds), shuts the engine down with drain=True, then exits 0.
+per request).
+
+SIGTERM (or Ctrl-C) drains: the listening socket stays open and every new request, on a new or a
+kept-alive connection, gets 503 + Retry-After + Connection: close (/health too; /metrics is still
+served), while the requests in flight, streams included, run to their end; once none is left the
+server closes its sockets, shuts the engine down and exits 0. Past --drain-timeout seconds, or on
+a second SIGTERM, what is still in flight is cut (a stream ends with an SSE error event, a reply
+not yet begun gets a 503) and the exit status is 1. (uvicorn alone would close the listening
+socket at once, so that new clients meet a refused connection, and would take a second SIGTERM
+for the first.)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import re
 import signal
 import sys
+import time
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from scratchllm.cli import Subparsers
@@ -24,13 +35,16 @@ from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from scratchllm.evaluate.feedback import RequestClasses
-    from scratchllm.server.app import ServedEmbedder, ServedModel
+    from scratchllm.server.app import Drain, ServedEmbedder, ServedModel
     from scratchllm.tokenizer import Tokenizer
     from scratchllm.tokenizer.protocol import TokenizerLike
     from scratchllm.trace.writer import TraceWriter
 
 ENV_PREFIX = "SCRATCHLLM_"
+logger = logging.getLogger("scratchllm.serve")
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -61,7 +75,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests held at once (running + waiting); more get 429 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
-    p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds SIGTERM waits for in-flight requests")
+    p.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="seconds SIGTERM waits for in-flight requests (new ones get 503 meanwhile); then they are cut")
     p.add_argument("--fake-engine", action="store_true",
                    help="serve the in-process fake engine (no model): for tests and trying clients")
     p.add_argument("--fake-step-ms", type=float, default=2.0, help="fake engine: milliseconds per decode step")
@@ -228,7 +243,12 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
-        writer = TraceWriter(args.trace or default_ring_path(), ring_bytes=args.trace_ring_mb << 20)
+        path = args.trace or default_ring_path()
+        try:
+            writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20)
+        except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
+            print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
+                  f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
     args._trace_writer = writer
     return writer
 
@@ -297,17 +317,55 @@ def run(args: argparse.Namespace) -> int:
     if args.capture:
         print(f"scratchllm serve: capturing {args.capture_rate:.2%} of requests into {args.capture} "
               "(--capture-rate; 1 captures all)", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=getattr(args, "log_level", "warning"),
-                                           timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=5))
-    # uvicorn drains on SIGTERM, then re-raises the signal under the handler that was there
-    # before it started; this one turns that into a clean exit 0 (drained, nothing lost).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.drain_timeout < 0:
+        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    server = draining_server(uvicorn.Config(app, log_level=getattr(args, "log_level", "warning"),
+                                            timeout_graceful_shutdown=5, timeout_keep_alive=5),
+                             app.state.drain, args.drain_timeout)
     if writer is not None:
         print(f"scratchllm serve: token trace in {writer.path} (scratchllm trace watch {writer.path})",
               file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
-    finally:  # SIGTERM ends in sys.exit(0) above: the ring is marked closed either way
+    finally:
         if writer is not None:
             writer.close()
-    return 0
+    return 1 if app.state.drain.was_cut else 0
+
+
+def draining_server(config: uvicorn.Config, drain: Drain, timeout_s: float) -> uvicorn.Server:
+    """A uvicorn server whose SIGTERM/SIGINT drains through `drain` (the module doc) instead of
+    closing the listening socket at once; a second one cuts what is left."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        deadline: float | None = None  # monotonic time the drain is cut at
+        forced = False  # a second signal came
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # a signal handler: set flags only; on_tick (on the event loop, every 0.1 s) acts on them
+            if sig not in (signal.SIGTERM, signal.SIGINT) or not self.started:
+                self.should_exit = True
+            elif self.deadline is None:
+                self.deadline = time.monotonic() + timeout_s
+            else:
+                self.forced = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.deadline is not None and not self.should_exit:
+                if not drain.draining:
+                    drain.start()
+                    logger.warning("drain: refusing new requests (503), waiting up to %.0f s for %d in flight",
+                                   timeout_s, drain.active)
+                cutting = self.forced or time.monotonic() >= self.deadline
+                if cutting and not drain.was_cut:
+                    logger.warning("drain: %s; cutting the %d requests still in flight",
+                                   "second signal" if self.forced else "deadline reached", drain.active)
+                    drain.cut()
+                if drain.idle:
+                    logger.warning("drain: done (%d refused, %d cut); shutting down", drain.refused,
+                                   drain.cut_requests)
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DrainingServer(config)

@@ -31,19 +31,20 @@ logger = logging.getLogger(__name__)
 RSS_GROWTH_BOUND = 64 << 20  # bytes a surviving replica may grow by over a soak
 
 
-def _body(rng: random.Random, stream: bool) -> dict[str, Any]:
+def _body(rng: random.Random, stream: bool, model: str = "fake") -> dict[str, Any]:
     system = f"Soak system prompt {rng.randrange(6)}. " * 6
-    return {"model": "fake", "messages": [{"role": "system", "content": system},
+    return {"model": model, "messages": [{"role": "system", "content": system},
                                           {"role": "user", "content": f"q{rng.randrange(10**6)}"}],
             "max_tokens": rng.randint(4, 48), "stream": stream}
 
 
-async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter[str]) -> None:
+async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter[str], model: str = "fake") -> None:
+    """One request of the mix (`model`: the id the server serves), its outcome counted in `counts`."""
     kind = rng.choices(["stream", "plain", "disconnect", "abort"], weights=[5, 2, 2, 1])[0]
     counts["requests"] += 1
     try:
         if kind in ("stream", "disconnect"):
-            async with client.stream("POST", "/v1/chat/completions", json=_body(rng, True)) as r:
+            async with client.stream("POST", "/v1/chat/completions", json=_body(rng, True, model)) as r:
                 if r.status_code != 200:
                     counts[f"http_{r.status_code}"] += 1
                     return
@@ -64,7 +65,7 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, counts: Counter[st
         else:
             timeout = 0.05 if kind == "abort" else 60.0
             try:
-                r = await client.post("/v1/chat/completions", json=_body(rng, False), timeout=timeout)
+                r = await client.post("/v1/chat/completions", json=_body(rng, False, model), timeout=timeout)
             except httpx.TimeoutException:
                 if kind == "abort":
                     counts["aborted_by_client"] += 1

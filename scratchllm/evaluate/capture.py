@@ -19,6 +19,10 @@ Crash safety: every line is one os.write() of the whole line on an O_APPEND desc
 concurrent appends never interleave and a process killed mid-write leaves at most a partial
 last line, which `read_capture` skips and counts. A writer always starts a new file (never
 appends after another process's possibly partial line); files rotate at `max_bytes`.
+
+A full disk (or any other write error) never reaches the request: the line is dropped and
+counted (`num_dropped`), a line cut by a short write is cut off the file again (ftruncate back
+to the last whole line), one warning says so, and one line says when writing works again.
 """
 
 import argparse
@@ -111,6 +115,8 @@ class CaptureWriter:
         self._index = max((int(m.group(1)) for p in self.directory.iterdir()
                            if (m := FILE_PATTERN.match(p.name))), default=0)
         self.num_written = 0
+        self.num_dropped = 0  # lines that could not be written (a full disk)
+        self._failing = False  # the last write failed: warned once, until one succeeds
 
     @property
     def path(self) -> Path:
@@ -134,15 +140,38 @@ class CaptureWriter:
                 "timings": timings}
         data = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         with self._lock:
-            if self._fd is None or self._size + len(data) > self.max_bytes:
-                self._rotate()
-            self._write_all(data)
+            try:
+                if self._fd is None or self._size + len(data) > self.max_bytes:
+                    self._rotate()
+                self._write_all(data)
+            except OSError as err:
+                self._dropped(err)
+                return
             self._size += len(data)
             self.num_written += 1
+            if self._failing:
+                self._failing = False
+                logger.warning("capture: writing %s again (%d captured requests were dropped)", self.path,
+                               self.num_dropped)
+
+    def _dropped(self, err: OSError) -> None:
+        """A line not written: the file is cut back to its last whole line; warned once."""
+        self.num_dropped += 1
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, self._size)  # only this writer appends to its file
+            except OSError:
+                os.close(self._fd)  # cannot repair it: never append after a cut line
+                self._fd = None
+        if not self._failing:
+            self._failing = True
+            logger.warning("capture: could not write to %s (%s); dropping captured requests until it can",
+                           self.directory, err.strerror or err)
 
     def _rotate(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None
         while True:  # O_EXCL: another writer in this directory may have just taken the next name
             self._index += 1
             try:

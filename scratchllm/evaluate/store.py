@@ -11,19 +11,27 @@ and feedback. Tables:
 
 JSON columns hold lists and dicts. A connection is shared across threads under a lock (the
 annotation server answers from a thread pool).
+
+Every statement commits on its own (autocommit). A write the disk has no room for (SQLite's
+"database or disk is full") is rolled back by SQLite, leaving every row committed before it in
+place and the file consistent; it raises RunFileError, which names the file (the command stops
+with that one line), and is logged once per store. Reads keep working.
 """
 
 import json
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchllm.errors import ConfigError
+from scratchllm.errors import ConfigError, ScratchLLMError
 
+logger = logging.getLogger(__name__)
 ROLES = ("primary", "secondary", "candidate")
 
 SCHEMA = """
@@ -69,6 +77,10 @@ class Output:
 _JSON_FIELDS = ("tokens", "token_ids", "logprobs", "top_logprobs", "timings")
 
 
+class RunFileError(ScratchLLMError):
+    """The run file could not be written (a full disk, a read-only file); what it held is kept."""
+
+
 class RunStore:
     def __init__(self, path: str | Path, create: bool = False):
         self.path = Path(path)
@@ -79,7 +91,8 @@ class RunStore:
         self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         self.lock = threading.RLock()
-        with self.lock:
+        self._warned = False
+        with self.lock, self._writing():
             self.conn.executescript(SCHEMA)
         if not create and self.run() is None:
             raise ConfigError(f"{self.path}: not a run file (no run row)")
@@ -88,8 +101,23 @@ class RunStore:
         self.conn.close()
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self.lock:
+        with self.lock, self._writing():
             return self.conn.execute(sql, args).fetchall()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """SQLite's errors of a write that did not fit (or could not be made) as RunFileError."""
+        try:
+            yield
+        except sqlite3.OperationalError as err:
+            text = str(err)
+            if not any(s in text for s in ("disk is full", "disk I/O error", "readonly", "unable to open")):
+                raise
+            if not self._warned:
+                self._warned = True
+                logger.warning("%s: cannot write (%s); the rows written before are kept", self.path, text)
+            raise RunFileError(f"{self.path}: cannot write the run file ({text}); the rows written before "
+                               "are kept: free space and run the command again") from None
 
     # --- the run and its requests -------------------------------------------------------------
     def create_run(self, capture: str, primary: str, secondary: str, candidate: str, options: dict[str, Any]) -> None:
@@ -113,7 +141,7 @@ class RunStore:
 
     def add_request(self, idx: int, endpoint: str, source: str, body: dict[str, Any], replay_body: dict[str, Any],
                     class_key: str) -> int:
-        with self.lock:
+        with self.lock, self._writing():
             cur = self.conn.execute("INSERT INTO request (idx, endpoint, source, body, replay_body, class_key) "
                                     "VALUES (?, ?, ?, ?, ?, ?)", (idx, endpoint, source, json.dumps(body),
                                                                   json.dumps(replay_body), class_key))

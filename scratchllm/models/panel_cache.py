@@ -62,8 +62,8 @@ def _drop_from_page_cache(fd: int) -> None:
     pages; read back after `_advise_huge_pages`, it comes in whole 2 MiB folios. Costs the first
     load a disk sync (10-60 ms for the default model's 96 MB here); the load itself uses the panels
     it just packed. Synced before the rename, a crash never leaves a renamed file half written."""
+    os.fdatasync(fd)  # only clean pages can be dropped; a failed sync (EIO, ENOSPC) fails the save
     try:
-        os.fdatasync(fd)  # only clean pages can be dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # no such call here: the cache still works, in small pages
         pass

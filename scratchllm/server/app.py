@@ -5,9 +5,17 @@ an EngineClient (engine/protocol.py), not a model path: the continuous engine, t
 baseline or the fake engine plug in the same way (server/backend.py builds them). Layout:
 uvicorn's event loop owns every socket, parses, tokenizes and streams; the engine steps in its
 own thread and wakes the loop once per event (no thread per request).
+
+Drain (SIGTERM, driven by cli/serve_cmd.py): `Drain.start()` turns every new request away with
+503 + Retry-After + Connection: close while the listening socket stays open (a load balancer
+still routing here gets an answer it can retry elsewhere, not a refused connection), /health
+answers 503 too, /metrics is still served, and the requests already in flight run to their end.
+`Drain.cut()` ends those that are left: a stream gets an SSE error event, a reply not yet
+started a 503; either way the request's generation is closed and its KV blocks freed.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +31,7 @@ from scratchllm.engine.protocol import EngineClient
 from scratchllm.server import access, chat, completions, embeddings, openapi, utility
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import APIError
+from scratchllm.server.sse import sse
 from scratchllm.server.state import Capture, RequestClassMap, ServedEmbedder, ServedModel, ServerConfig, ServerState
 from scratchllm.trace.writer import TraceWriter
 
@@ -75,13 +84,115 @@ class BodyLimit:
         await self.app(scope, limited_receive, send)
 
 
+DRAIN_RETRY_AFTER_S = 2  # what a request turned away by a draining server is told
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class Drain:
+    """The drain's state, shared by the server loop that starts and cuts it and the DrainGate
+    middleware that acts on it. Touched only on the event loop's thread (a signal handler only
+    sets flags that the loop reads)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.active = 0  # requests the gate let in that have not finished
+        self.refused = 0  # requests turned away with 503 while draining
+        self.cut_requests = 0  # requests ended by cut()
+        self._cut = asyncio.Event()
+
+    def start(self) -> None:
+        self.draining = True
+
+    def cut(self) -> None:
+        """End every request still in flight (the drain's deadline, or a second signal)."""
+        self.draining = True
+        self._cut.set()
+
+    async def wait_cut(self) -> None:
+        await self._cut.wait()
+
+    @property
+    def was_cut(self) -> bool:
+        return self._cut.is_set()
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0
+
+
+class DrainGate:
+    """Pure ASGI, outside the routes: counts the requests in flight, refuses new ones while
+    draining, and ends the ones in flight when the drain is cut."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app, self.drain = app, drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        drain = self.drain
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if drain.draining and scope["path"] != "/metrics":
+            drain.refused += 1
+            refused = APIError(503, f"{SHUTTING_DOWN}; retry (another replica, or this one once restarted)",
+                               type="server_error", code="shutting_down")
+            response = JSONResponse(refused.body(), status_code=503,
+                                    headers={"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"})
+            return await response(scope, receive, send)
+        sent: list[Message] = []  # the response's start message, then its last body message
+
+        async def tracked_send(message: Message) -> None:
+            if message["type"] == "http.response.start" or not message.get("more_body", False):
+                sent.append(message)
+            await send(message)
+
+        drain.active += 1
+        handler = asyncio.ensure_future(self.app(scope, receive, tracked_send))
+        cut = asyncio.ensure_future(drain.wait_cut())
+        try:
+            await asyncio.wait({handler, cut}, return_when=asyncio.FIRST_COMPLETED)
+            if handler.done():
+                return handler.result()
+            drain.cut_requests += 1
+            handler.cancel()  # its finally blocks close the generation: the engine aborts it
+            with contextlib.suppress(asyncio.CancelledError):
+                await handler
+            await _cut_response(sent, send)
+        finally:
+            drain.active -= 1
+            cut.cancel()
+            if not handler.done():  # this task itself was cancelled (the ASGI server gave up on it)
+                handler.cancel()
+
+
+async def _cut_response(sent: list[Message], send: Send) -> None:
+    """The end of a response cut by the drain: an SSE error event for a stream, a 503 for a
+    reply not yet begun, nothing for one already whole (any other begun body just ends: its
+    connection is closed). `sent`: the response's start message and last body message so far."""
+    error = APIError(503, f"{SHUTTING_DOWN}: the request was cut before it finished", type="server_error",
+                     code="shutting_down")
+    if len(sent) > 1:
+        return
+    if not sent:
+        body = JSONResponse(error.body()).body
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", str(DRAIN_RETRY_AFTER_S).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    content_type = dict(sent[0].get("headers", [])).get(b"content-type", b"")
+    if content_type.startswith(b"text/event-stream"):
+        await send({"type": "http.response.body", "body": sse(error.body()), "more_body": False})
+
+
 def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
                config: ServerConfig = DEFAULT_CONFIG, trace: TraceWriter | None = None, otlp: Any = None,
-               capture: Capture | None = None, classes: RequestClassMap | None = None) -> FastAPI:
+               capture: Capture | None = None, classes: RequestClassMap | None = None,
+               drain: Drain | None = None) -> FastAPI:
     """The app. `trace`: the ring the engine writes (the server adds serialize and network-send
     spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request;
     `capture`: where a sample of requests goes for the evaluation loop; `classes`: the map of
-    request ids to classes that the engine's priority feedback hook reads."""
+    request ids to classes that the engine's priority feedback hook reads; `drain`: the SIGTERM
+    drain's state (app.state.drain; a new one if not given)."""
     assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
 
     @asynccontextmanager
@@ -97,6 +208,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     app.state.server = ServerState(model, embedder, config, metrics, trace=trace, otlp=otlp, capture=capture,
                                    classes=classes)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.state.drain = drain = drain or Drain()
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -138,4 +250,5 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
                           ("/v1/embeddings", embeddings.create_embeddings)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
     openapi.install(app)
+    app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
     return access.wrap(app, config.api_key, config.allowed_origins)

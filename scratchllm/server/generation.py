@@ -161,6 +161,9 @@ class Generation:
         finally:
             hangup.cancel()
             results.cancel()
+            # a cancelled gather ends with CancelledError as its exception: retrieve it, or asyncio
+            # logs "exception was never retrieved" at ERROR for every client that hung up
+            results.add_done_callback(lambda f: f.cancelled() or f.exception())
             self.close()
 
     async def _collect_one(self, k: int) -> RequestOutput:

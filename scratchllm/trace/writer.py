@@ -6,6 +6,11 @@ nothing is allocated per token. Nothing is ever flushed: the pages belong to the
 cache the moment they are written, so they outlive this process (a SIGKILL, an OOM kill) but
 not the machine (call flush() to force them to disk).
 
+Disk space: the whole file is reserved when the ring is made (posix_fallocate), so a full disk
+fails the constructor with an OSError and nothing is left behind. A sparse file would fail later
+instead, at the first store into a page the file system can no longer back, and a store into a
+mapping that fails is a SIGBUS that kills the process mid-traffic, not an exception.
+
 The write protocol, per record (the reader's side is in reader.py):
     1. stamp := 0                (the slot is "being written": a reader discards it)
     2. bytes [0, 56) := payload
@@ -27,9 +32,12 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
 from scratchllm.trace.format import (
@@ -60,6 +68,7 @@ _SPAN = struct.Struct("<BBHIQqqQ16x")
 _NAME = struct.Struct(f"<BB6xQ{NAME_BYTES}s")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+Column = npt.NDArray[Any] | Sequence[int]  # one value per record of a tokens() call
 _KIND_STEP, _KIND_SPAN, _KIND_NAME = int(Kind.STEP), int(Kind.SPAN), int(Kind.NAME)  # plain ints pack faster
 assert _STEP.size == _SPAN.size == _NAME.size == STAMP_OFFSET
 
@@ -67,10 +76,11 @@ assert _STEP.size == _SPAN.size == _NAME.size == STAMP_OFFSET
 class TraceWriter:
     """Owns one ring file. `path` is created (an existing ring there is kept as PATH.prev, so
     a restart does not wipe the record of the run that crashed). `clock`: the nanosecond clock
-    the callers' times come from (its reading now is the ring's clock origin)."""
+    the callers' times come from (its reading now is the ring's clock origin). Raises OSError
+    when the file cannot be made or its space reserved (a full disk): no ring file is left."""
 
-    def __init__(self, path, ring_bytes: int = DEFAULT_RING_BYTES, max_batch: int = 4096,
-                 clock=time.monotonic_ns):
+    def __init__(self, path: str | os.PathLike[str], ring_bytes: int = DEFAULT_RING_BYTES, max_batch: int = 4096,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         if ring_bytes < MIN_RING_BYTES:
             raise ConfigError(f"a trace ring needs at least {MIN_RING_BYTES} bytes, got {ring_bytes}")
         self.path = Path(path)
@@ -82,8 +92,12 @@ class TraceWriter:
         size = HEADER_SIZE + self.capacity * RECORD_SIZE
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, size)  # sparse: zero pages (stamp 0 = empty) cost nothing until written
+            # every block reserved now (zeros: stamp 0 = empty), so no store into the mapping can fail
+            os.posix_fallocate(fd, 0, size)
             self._mm = mmap.mmap(fd, size)
+        except OSError:
+            self.path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         header = np.ndarray((), HEADER_DTYPE, buffer=self._mm)
@@ -100,6 +114,7 @@ class TraceWriter:
         # staging: token records are filled field by field, one NumPy call per field per step
         self._tok = np.zeros(self.max_batch, TOKEN_DTYPE)
         self._tok["kind"] = Kind.TOKEN
+        assert TOKEN_DTYPE.names is not None  # a structured dtype
         self._tok_fields = {name: self._tok[name] for name in TOKEN_DTYPE.names}
         self._tok_bytes = self._tok.view(np.uint8).reshape(self.max_batch, RECORD_SIZE)
         self._iota = np.arange(1, self.max_batch + 1, dtype=np.uint64)
@@ -107,9 +122,9 @@ class TraceWriter:
         logger.info("trace ring %s: %d records of %d bytes", self.path, self.capacity, RECORD_SIZE)
 
     # --- the records ---
-    def tokens(self, requests, positions, token_ids, latency_ns, *, step: int, time_ns: int | None = None,
-               kv_blocks=0, phase=Phase.DECODE, flags=0, batch_size: int | None = None,
-               step_tokens: int = 0) -> None:
+    def tokens(self, requests: Column, positions: Column, token_ids: Column, latency_ns: Column | int, *,
+               step: int, time_ns: int | None = None, kv_blocks: Column | int = 0, phase: Column | int = Phase.DECODE,
+               flags: Column | int = 0, batch_size: int | None = None, step_tokens: int = 0) -> None:
         """One token record per element of `requests` (request keys, uint64), all from one step:
         `positions` (index of the token among its request's outputs, 0 = first), `token_ids`,
         `latency_ns` (since the request's previous token; for the first token, since arrival),
@@ -156,7 +171,7 @@ class TraceWriter:
                         attention_ns, min(batch_size, 0xFFFF), min(preempted, 0xFFFF), step_tokens, kv_blocks,
                         kv_total)
 
-    def span(self, request, phase: Phase, start_ns: int, end_ns: int, *, count: int = 0, index: int = 0,
+    def span(self, request: int | str, phase: Phase, start_ns: int, end_ns: int, *, count: int = 0, index: int = 0,
              flags: int = 0) -> None:
         """One phase of one request (a key, or its string id): QUEUED, PREFILL, DECODE,
         DETOKENIZE, SERIALIZE, NETWORK_SEND or REQUEST. `count`: what the phase handled (prompt
@@ -175,7 +190,7 @@ class TraceWriter:
         return key
 
     # --- the ring ---
-    def _write_one(self, payload: struct.Struct, *values) -> None:
+    def _write_one(self, payload: struct.Struct, *values: Any) -> None:
         """One record straight into the mapping with struct: a third of the cost of NumPy's
         per-call overhead, which dominates for a single record."""
         if not self._lock.acquire(False):
@@ -193,7 +208,7 @@ class TraceWriter:
         finally:
             self._lock.release()
 
-    def _commit(self, staged: np.ndarray, k: int) -> None:  # [>=k, 64] uint8; caller holds the lock
+    def _commit(self, staged: npt.NDArray[np.uint8], k: int) -> None:  # [>=k, 64] uint8; caller holds the lock
         assert 0 < k <= self.max_batch <= self.capacity
         n, cap = self._n, self.capacity
         s = n % cap
@@ -233,9 +248,9 @@ class TraceWriter:
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _part(value, sl: slice):
+def _part(value: Any, sl: slice) -> Any:
     return value[sl] if isinstance(value, (np.ndarray, list, tuple)) else value
