@@ -236,6 +236,9 @@ class CompletionRequest(_Sampling):
     echo: bool = False  # the prompt's text before the completion (prompt logprobs: see check)
     best_of: int | None = Field(None, ge=1, le=128)
     suffix: Any = None
+    # not in OpenAI's legacy completions; here as on chat: metadata.request_class names the
+    # request's class for the evaluation loop's capture and priority feedback (docs/evaluation.md)
+    metadata: Any = None
 
     def check(self) -> None:
         super().check()
