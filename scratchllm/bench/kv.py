@@ -70,7 +70,7 @@ def measure(cfg: ModelConfig, prompt_len: int, max_tokens: int, block_size: int 
     while engine.scheduler.has_work():
         engine.step()
         steps += 1
-        if engine.scheduler.running:  # still running: what it keeps between steps
+        if engine.scheduler.num_running():  # still running: what it keeps between steps
             between = max(between, kv_held(engine))
     context = prompt_len + max_tokens
     peaks = [pool.peak_used * block_bytes(cfg, block_size, len(g.layers))

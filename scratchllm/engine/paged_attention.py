@@ -102,8 +102,9 @@ class PagedAttention:
         groups = [full, windowed] if full and windowed else [list(range(num_layers))]
         sizes = [num_blocks, num_blocks if num_window_blocks is None else num_window_blocks]
         # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]; one pair per group
-        self.pools = [(lazy_zeros((len(g), sizes[n], num_kv_heads, head_dim, block_size)),
-                       lazy_zeros((len(g), sizes[n], block_size, num_kv_heads, head_dim))) for n, g in enumerate(groups)]
+        self.pools = [(lazy_zeros((len(g), size, num_kv_heads, head_dim, block_size)),
+                       lazy_zeros((len(g), size, block_size, num_kv_heads, head_dim)))
+                      for g, size in zip(groups, sizes, strict=False)]
         self.k_cache, self.v_cache = self.pools[0]  # the first group's (every layer's, without windows)
         # each layer's pool as a view made once (indexing k_cache[layer] makes two arrays per call),
         # its group and its window
