@@ -144,3 +144,19 @@ def test_a_long_request_on_gemma3_attention_shape_keeps_to_the_bound():
     # within a step the windowed pool holds the window and the prefill chunk
     per_token = 2 * cfg.head_dim * 4
     assert r["kv_peak_in_step_bytes"] <= r["bound_bytes"] + 15 * per_token * (256 + 16)
+
+
+def test_memory_plan_sizes_the_windowed_pool_by_the_window():
+    from scratchllm.engine.memory_plan import plan_memory
+
+    model = windowed_tiny((5, 0, 7))
+    cfg = EngineConfig(max_num_seqs=4, block_size=4, max_num_batched_tokens=16, memory_budget_bytes=1 << 32)
+    plan = plan_memory(model, cfg, 512)
+    assert plan.window == 7 and plan.num_window_blocks == 4 * (window_blocks(7, 4) + 1) + 16 // 4
+    assert plan.num_kv_blocks == 4 * 512 // 4  # the full-attention layer: every sequence at full length
+    assert plan.kv_block_bytes == block_bytes(model.config, 4, 1)
+    assert plan.window_block_bytes == block_bytes(model.config, 4, 2)
+    assert plan.kv_bytes == plan.num_kv_blocks * plan.kv_block_bytes + plan.num_window_blocks * plan.window_block_bytes
+    assert "windowed (7 tokens)" in plan.describe()
+    fixed = plan_memory(model, replace(cfg, num_kv_blocks=10), 512)  # never more windowed blocks than full ones
+    assert fixed.num_kv_blocks == 10 and fixed.num_window_blocks == 10
