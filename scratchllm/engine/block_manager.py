@@ -5,6 +5,26 @@ A pre-allocated pool of `num_blocks` blocks of `block_size` token slots. Per blo
 count; per sequence a block table (list of block ids: slot s of the sequence is
 table[s // block_size] * block_size + s % block_size).
 
+Sliding windows (paged_attention.layer_groups): a model whose layers are some full-attention and
+some windowed keeps two pools, one per group (a BlockPool each), and two tables per sequence:
+Request.block_table for the full-attention layers, Request.window_table for the windowed ones.
+A windowed layer with window w: the query at position p reads positions p - w + 1..p only, and
+a sequence's future queries are at positions >= num_computed_tokens, so after each step the
+windowed blocks wholly before num_computed_tokens - w + 1 are released (their table entries
+become DROPPED), and a windowed table holds about w / block_size + 1 live blocks whatever the
+context. A model whose every layer is windowed has one pool, windowed, in Request.block_table.
+Why two pools rather than one: a block id is the same slots in every layer that reads its
+table, so a block the windowed layers no longer read could not be freed while the
+full-attention layers still read its slots.
+
+The prefix cache covers both groups with the same chained hashes: a full block is registered in
+each group that still holds it, and a released windowed block stays cached (at count 0, LRU) like
+any freed one. A hit of k blocks needs, in every group, the blocks that the first query after it
+(position k * block_size) reads: all k in the full-attention group, and only those inside the
+window in a windowed one (the entries before are DROPPED in the new table). The longest k for
+which every group holds them is taken, so a prefix whose windowed blocks were evicted is never
+handed out.
+
 Invariants (asserted in `check()`, relied on everywhere):
   I1 every block is in exactly one place: used (ref_count > 0), free, or pending-free;
      free + pending + used == num_blocks.
@@ -18,6 +38,9 @@ Invariants (asserted in `check()`, relied on everywhere):
      is checked token by token, never trusted on the hash alone.
   I5 slots are written only in a block with ref_count == 1 (a shared block is copied first:
      copy-on-write), and never in a cached full block.
+  I6 a DROPPED entry is only in a windowed table, and only before the window of the sequence's
+     next query: every block a future query reads is held.
+All of them hold in each group's pool.
 """
 
 from collections import OrderedDict, deque
@@ -36,12 +59,15 @@ class Block:
     token_ids: tuple[int, ...] = ()  # the tokens it holds, kept for the hit check (I4)
 
 
+DROPPED = -1  # a windowed table's entry whose block no future query reads (released)
+
+
 @dataclass
 class BlockStats:
     prefix_queries: int = 0  # full blocks looked up
     prefix_hits: int = 0
     cow_copies: int = 0
-    peak_used: int = 0
+    peak_used: int = 0  # blocks of every group together
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,12 +77,15 @@ def chain_hash(prev_hash: int | None, tokens: Sequence[int]) -> int:
     return hash((prev_hash, tuple(tokens)))
 
 
-class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        assert num_blocks >= 1 and block_size >= 1
+class BlockPool:
+    """One group's blocks: reference counts, the free lists, the step fence and the prefix cache.
+    Tables are the manager's (lists of ids); this class only counts."""
+
+    def __init__(self, num_blocks: int, block_size: int, window: int = 0) -> None:
+        assert num_blocks >= 1 and block_size >= 1 and window >= 0
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # 0: the group's layers attend to the whole context
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in two O(1) lists: plain ones are reused first, most recently freed first
         # (a stack: its pages are resident and likely in cache, while an untouched block would
@@ -67,9 +96,8 @@ class BlockManager:
         self.pending: list[int] = []  # ref_count 0, waiting for the in-flight step to end (I3)
         self.hash_to_block: dict[int, int] = {}
         self.in_step = False
-        self.stats = BlockStats()
+        self.peak_used = 0
 
-    # --- counts ---
     @property
     def num_free(self) -> int:
         return len(self.free_plain) + len(self.free_cached)
@@ -78,21 +106,9 @@ class BlockManager:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free - len(self.pending)
 
-    @property
-    def occupancy(self) -> float:
-        return self.num_used / self.num_blocks
-
-    def blocks_needed(self, seq: Request, num_tokens: int) -> int:
-        """New blocks `seq` needs for its table to cover `num_tokens` slots, CoW included."""
-        need = -(-num_tokens // self.block_size) - len(seq.block_table)
-        return max(need, 0) + (1 if self._cow_index(seq, num_tokens) is not None else 0)
-
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free
-
-    # --- the step fence (I3) ---
-    def begin_step(self) -> None:
-        self.in_step = True
+    def first_read(self, position: int) -> int:
+        """Index of the first block the query at `position` reads (0 without a window)."""
+        return max(0, position - self.window + 1) // self.block_size if self.window else 0
 
     def end_step(self) -> None:
         self.in_step = False
@@ -100,8 +116,7 @@ class BlockManager:
             self._to_free(block_id)
         self.pending.clear()
 
-    # --- allocation ---
-    def _pop_free(self) -> int:
+    def pop_free(self) -> int:
         if self.free_plain:
             block_id = self.free_plain.pop()
         else:
@@ -113,6 +128,7 @@ class BlockManager:
                 del self.hash_to_block[block.hash]
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
+        self.peak_used = max(self.peak_used, self.num_used)
         return block_id
 
     def _to_free(self, block_id: int) -> None:
@@ -123,7 +139,7 @@ class BlockManager:
         else:
             self.free_plain.append(block_id)
 
-    def _take(self, block_id: int) -> None:
+    def take(self, block_id: int) -> None:
         """One more reference to an existing block (a prefix hit or a fork)."""
         block = self.blocks[block_id]
         if block.ref_count == 0:  # a cached block coming back from the free or pending list
@@ -132,67 +148,206 @@ class BlockManager:
             else:
                 self.pending.remove(block_id)
         block.ref_count += 1
+        self.peak_used = max(self.peak_used, self.num_used)
 
+    def release(self, block_id: int) -> None:
+        """One reference fewer; at 0 the block is free (after the step in flight, I3)."""
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, "a block in a table has ref_count > 0 (I2)"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if self.in_step:
+                self.pending.append(block_id)  # I3: the running step may still read it
+            else:
+                self._to_free(block_id)
+
+    def cached(self, h: int, chunk: tuple[int, ...]) -> int | None:
+        """The block registered under hash h, if its tokens are `chunk` (I4: checked, not trusted)."""
+        block_id = self.hash_to_block.get(h)
+        if block_id is None or self.blocks[block_id].token_ids != chunk:
+            return None
+        return block_id
+
+    def register(self, block_id: int, h: int, chunk: tuple[int, ...]) -> None:
+        block = self.blocks[block_id]
+        if block.hash is None and h not in self.hash_to_block:
+            block.hash, block.token_ids = h, chunk
+            self.hash_to_block[h] = block_id
+
+    def check(self, tables: Iterable[list[int]]) -> None:
+        free = set(self.free_plain) | set(self.free_cached)
+        pending = set(self.pending)
+        used = {b.block_id for b in self.blocks if b.ref_count > 0}
+        assert len(free) == self.num_free and len(pending) == len(self.pending), "no duplicates"
+        assert not (free & pending) and not (free & used) and not (pending & used), "I1"
+        assert len(free) + len(pending) + len(used) == self.num_blocks, "I1"
+        counts: dict[int, int] = {}
+        for table in tables:
+            for block_id in table:
+                if block_id != DROPPED:
+                    counts[block_id] = counts.get(block_id, 0) + 1
+        for block in self.blocks:
+            assert block.ref_count == counts.get(block.block_id, 0), f"I2 block {block.block_id}"
+        for h, block_id in self.hash_to_block.items():
+            block = self.blocks[block_id]
+            assert block.hash == h and len(block.token_ids) == self.block_size, "I4"
+
+
+class BlockManager:
+    """The blocks of every sequence, in one pool per layer group.
+
+    `window` 0: one pool, full attention (the model has no windows). `window` > 0 and
+    `num_window_blocks` None: one pool, every layer windowed. Both: a full-attention pool of
+    `num_blocks` and a windowed one of `num_window_blocks`."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int = 0,
+                 num_window_blocks: int | None = None) -> None:
+        assert num_blocks >= 1 and block_size >= 1
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        if window and num_window_blocks is not None:
+            self.groups = [BlockPool(num_blocks, block_size), BlockPool(num_window_blocks, block_size, window)]
+        else:
+            self.groups = [BlockPool(num_blocks, block_size, window)]
+        self.stats = BlockStats()
+
+    # --- the first group's pool (the only one of a model without windows) ---
+    @property
+    def blocks(self) -> list[Block]:
+        return self.groups[0].blocks
+
+    @property
+    def free_plain(self) -> deque[int]:
+        return self.groups[0].free_plain
+
+    @property
+    def pending(self) -> list[int]:
+        return self.groups[0].pending
+
+    @property
+    def hash_to_block(self) -> dict[int, int]:
+        return self.groups[0].hash_to_block
+
+    # --- counts, over every group ---
+    @property
+    def num_blocks(self) -> int:
+        return sum(g.num_blocks for g in self.groups)
+
+    @property
+    def num_free(self) -> int:
+        return sum(g.num_free for g in self.groups)
+
+    @property
+    def num_used(self) -> int:
+        return sum(g.num_used for g in self.groups)
+
+    @property
+    def occupancy(self) -> float:
+        """Used / total of the fullest pool: memory is spent when either is."""
+        return max(g.num_used / g.num_blocks for g in self.groups)
+
+    def tables(self, seq: Request) -> list[list[int]]:
+        """`seq`'s table in each group: block_table, then window_table."""
+        return [seq.block_table, seq.window_table][: len(self.groups)]
+
+    def blocks_needed(self, seq: Request, num_tokens: int) -> tuple[int, ...]:
+        """New blocks `seq` needs, per group, for its tables to cover `num_tokens` slots, CoW included."""
+        need = []
+        for g, table in enumerate(self.tables(seq)):
+            grow = max(-(-num_tokens // self.block_size) - len(table), 0)
+            need.append(grow + (1 if self._cow_index(g, seq, num_tokens) is not None else 0))
+        return tuple(need)
+
+    def can_allocate(self, needed: Sequence[int], reserve: int = 0) -> bool:
+        """Whether each group has its `needed` blocks free, and `reserve` more besides."""
+        return all(n + reserve <= g.num_free for n, g in zip(needed, self.groups, strict=True))
+
+    # --- the step fence (I3) ---
+    def begin_step(self) -> None:
+        for g in self.groups:
+            g.in_step = True
+
+    def end_step(self) -> None:
+        for g in self.groups:
+            g.end_step()
+
+    # --- allocation ---
     def allocate_prefix(self, seq: Request) -> int:
-        """At admission of a sequence with an empty table: take every cached full block that
-        holds the start of its tokens. Returns the number of tokens whose K/V is reused.
-        At least one token is always left to compute: its forward makes the next token."""
-        assert not seq.block_table and seq.num_computed_tokens == 0
+        """At admission of a sequence with empty tables: take the cached full blocks that hold the
+        start of its tokens, in every group the ones the next query reads. Returns the number of
+        tokens whose K/V is reused. At least one token is always left to compute: its forward
+        makes the next token."""
+        assert not seq.block_table and not seq.window_table and seq.num_computed_tokens == 0
         seq.block_hashes = []
         if not self.enable_prefix_caching:
             return 0
         bs, tokens = self.block_size, seq.token_ids
+        hashes: list[int] = []
+        hits: list[list[int | None]] = [[] for _ in self.groups]  # per group, per block
         prev = None
         for i in range((len(tokens) - 1) // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = chain_hash(prev, chunk)
             self.stats.prefix_queries += 1
-            block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:  # I4: check tokens
-                break
-            self.stats.prefix_hits += 1
-            self._take(block_id)
-            seq.block_table.append(block_id)
-            seq.block_hashes.append(h)
+            for g, pool in enumerate(self.groups):
+                hits[g].append(pool.cached(h, chunk))
+            hashes.append(h)
             prev = h
-        seq.num_computed_tokens = len(seq.block_table) * bs
+            if not self.groups[0].window and hits[0][-1] is None:  # full attention reads every block
+                break
+        k = len(hashes)
+        while k and not all(all(hit[i] is not None for i in range(pool.first_read(k * bs), k))
+                            for pool, hit in zip(self.groups, hits, strict=True)):
+            k -= 1
+        self.stats.prefix_hits += k
+        for pool, hit, table in zip(self.groups, hits, self.tables(seq), strict=True):
+            first = pool.first_read(k * bs)
+            table.extend([DROPPED] * first)
+            for block_id in hit[first:k]:
+                assert block_id is not None
+                pool.take(block_id)
+                table.append(block_id)
+        seq.block_hashes = hashes[:k]
+        seq.num_computed_tokens = k * bs
         self._note_peak()
         return seq.num_computed_tokens
 
-    def _cow_index(self, seq: Request, num_tokens: int) -> int | None:
-        """Index in the table of a shared block the next writes would land in, if any (I5)."""
+    def _cow_index(self, g: int, seq: Request, num_tokens: int) -> int | None:
+        """Index in group g's table of a shared block the next writes would land in, if any (I5)."""
         first = seq.num_computed_tokens
         if num_tokens <= first:
             return None
-        i = first // self.block_size
-        if i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1:
+        i, table = first // self.block_size, self.tables(seq)[g]
+        if i < len(table) and self.groups[g].blocks[table[i]].ref_count > 1:
             return i
         return None
 
-    def ensure_slots(self, seq: Request, num_tokens: int) -> list[tuple[int, int]]:
-        """Grow `seq`'s table to cover `num_tokens` slots, copying a shared partial block first.
-        Returns the (src, dst) block copies the K/V pool must do before the next forward.
+    def ensure_slots(self, seq: Request, num_tokens: int) -> list[tuple[int, int, int]]:
+        """Grow `seq`'s tables to cover `num_tokens` slots, copying a shared partial block first.
+        Returns the (group, src, dst) block copies the K/V pools must do before the next forward.
         The caller checked `can_allocate(blocks_needed(...))`."""
-        copies: list[tuple[int, int]] = []
-        i = self._cow_index(seq, num_tokens)
-        if i is not None:
-            src = seq.block_table[i]
-            dst = self._pop_free()
-            self.blocks[src].ref_count -= 1  # still > 0: another table holds it
-            seq.block_table[i] = dst
-            copies.append((src, dst))
-            self.stats.cow_copies += 1
-        while len(seq.block_table) * self.block_size < num_tokens:
-            seq.block_table.append(self._pop_free())
-        # I5: every block that this step writes is private and not a cached full block
-        for j in range(seq.num_computed_tokens // self.block_size, len(seq.block_table)):
-            block = self.blocks[seq.block_table[j]]
-            assert block.ref_count == 1 and block.hash is None, "writes only into private blocks"
+        copies: list[tuple[int, int, int]] = []
+        for g, (pool, table) in enumerate(zip(self.groups, self.tables(seq), strict=True)):
+            i = self._cow_index(g, seq, num_tokens)
+            if i is not None:
+                src = table[i]
+                dst = pool.pop_free()
+                pool.blocks[src].ref_count -= 1  # still > 0: another table holds it
+                table[i] = dst
+                copies.append((g, src, dst))
+                self.stats.cow_copies += 1
+            while len(table) * self.block_size < num_tokens:
+                table.append(pool.pop_free())
+            # I5: every block that this step writes is private and not a cached full block
+            for j in range(seq.num_computed_tokens // self.block_size, len(table)):
+                block = pool.blocks[table[j]]
+                assert block.ref_count == 1 and block.hash is None, "writes only into private blocks"
         self._note_peak()
         return copies
 
     def cache_full_blocks(self, seq: Request) -> None:
-        """After a step computed K/V: register the sequence's newly full blocks by chained hash."""
+        """After a step computed K/V: register the sequence's newly full blocks by chained hash, in
+        every group that holds them."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -201,35 +356,45 @@ class BlockManager:
         for i in range(len(seq.block_hashes), num_full):
             chunk = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(prev, chunk)
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self.hash_to_block:
-                block.hash, block.token_ids = h, chunk
-                self.hash_to_block[h] = block.block_id
+            for pool, table in zip(self.groups, self.tables(seq), strict=True):
+                if table[i] != DROPPED:
+                    pool.register(table[i], h, chunk)
             seq.block_hashes.append(h)
             prev = h
 
+    def release_outside_window(self, seq: Request) -> int:
+        """After a step: release the windowed blocks that no future query of `seq` reads (every one
+        is at a position >= num_computed_tokens). Returns how many entries were dropped."""
+        dropped = 0
+        for pool, table in zip(self.groups, self.tables(seq), strict=True):
+            if not pool.window:
+                continue
+            for i in range(min(pool.first_read(seq.num_computed_tokens), len(table))):
+                if table[i] != DROPPED:
+                    pool.release(table[i])
+                    table[i] = DROPPED
+                    dropped += 1
+        return dropped
+
     def fork(self, parent: Request, child: Request) -> None:
         """`child` shares all of `parent`'s blocks (n > 1 sampling); writes will copy-on-write."""
-        assert not child.block_table
-        for block_id in parent.block_table:
-            self._take(block_id)
-        child.block_table = list(parent.block_table)
+        assert not child.block_table and not child.window_table
+        for pool, table, child_table in zip(self.groups, self.tables(parent), self.tables(child), strict=True):
+            for block_id in table:
+                if block_id != DROPPED:
+                    pool.take(block_id)
+            child_table.extend(table)
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
 
     def free(self, seq: Request) -> None:
         """Drop `seq`'s references (finish, abort or preemption). Tail blocks go first so that
         the prefix, the most reusable part, is evicted last."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            assert block.ref_count > 0, "a block in a table has ref_count > 0 (I2)"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if self.in_step:
-                    self.pending.append(block_id)  # I3: the running step may still read it
-                else:
-                    self._to_free(block_id)
-        seq.block_table = []
+        for pool, table in zip(self.groups, self.tables(seq), strict=True):
+            for block_id in reversed(table):
+                if block_id != DROPPED:
+                    pool.release(block_id)
+            table.clear()
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
@@ -238,18 +403,11 @@ class BlockManager:
 
     # --- the invariants, checked in full (tests call this after every operation) ---
     def check(self, seqs: Iterable[Request] = ()) -> None:
-        free = set(self.free_plain) | set(self.free_cached)
-        pending = set(self.pending)
-        used = {b.block_id for b in self.blocks if b.ref_count > 0}
-        assert len(free) == self.num_free and len(pending) == len(self.pending), "no duplicates"
-        assert not (free & pending) and not (free & used) and not (pending & used), "I1"
-        assert len(free) + len(pending) + len(used) == self.num_blocks, "I1"
-        counts: dict[int, int] = {}
-        for seq in seqs:
-            for block_id in seq.block_table:
-                counts[block_id] = counts.get(block_id, 0) + 1
-        for block in self.blocks:
-            assert block.ref_count == counts.get(block.block_id, 0), f"I2 block {block.block_id}"
-        for h, block_id in self.hash_to_block.items():
-            block = self.blocks[block_id]
-            assert block.hash == h and len(block.token_ids) == self.block_size, "I4"
+        seqs = list(seqs)
+        for g, pool in enumerate(self.groups):
+            tables = [self.tables(seq)[g] for seq in seqs]
+            pool.check(tables)
+            for seq, table in zip(seqs, tables, strict=True):  # I6
+                first = pool.first_read(seq.num_computed_tokens)
+                assert all(b != DROPPED for b in table[first:]), "I6: a block a future query reads is held"
+                assert pool.window or DROPPED not in table, "I6: only windowed tables drop blocks"

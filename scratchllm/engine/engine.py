@@ -56,12 +56,14 @@ class LLMEngine:
         ctx = min(mc.max_position_embeddings, config.max_model_len or mc.max_position_embeddings)
         self.plan: MemoryPlan = plan_memory(model, config, ctx)
         num_blocks = self.plan.num_kv_blocks
-        # a sequence can never outgrow the pool: cap the context there
-        self.max_model_len = min(ctx, num_blocks * config.block_size)
+        # a sequence can never outgrow the pool: cap the context there (a windowed pool holds windows)
+        self.max_model_len = ctx if self.plan.all_windowed else min(ctx, num_blocks * config.block_size)
         self.limits = RequestLimits(self.max_model_len, mc.vocab_size)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        window_pool = self.plan.num_window_blocks or None  # the windowed layers' own pool, if any
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          self.plan.window, window_pool)
         self.scheduler = Scheduler(config, self.block_manager, clock)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads, window_pool)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
         self._ids = RequestIds("req")  # for requests added without one

@@ -7,6 +7,13 @@ Activations of the largest step (max_num_batched_tokens = T tokens, float32): th
 stream and its norm [T, C] x 3, the fused qkv [T, (H + 2 KVH) D], the attention output [T, H D],
 the fused gate|up [T, 2I] and its product [T, I], plus the logits of the sampled rows
 [max_num_seqs, V] and the kernel's per-thread score buffers [H, max_model_len].
+
+KV with sliding windows (paged_attention.layer_groups): the full-attention layers' pool holds
+context, the windowed layers' pool only the window. Between steps a sequence holds, per windowed
+layer, the blocks of its last `window` positions: at most ceil((window - 1) / block_size) + 1
+blocks, the window plus the block being filled; during a step its prefill chunk besides. So the
+windowed pool is sized max_num_seqs x (that + 1) + the step's token budget in blocks, whatever
+the context, and `sequence_kv_bytes` is the bound one sequence keeps to.
 """
 
 import os
@@ -15,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.paged_attention import block_bytes, layer_groups
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import PackedWeight
@@ -27,24 +35,53 @@ DEFAULT_KV_BYTES = 1 << 30  # pool size when neither --kv-blocks nor a budget sa
 @dataclass(frozen=True)
 class MemoryPlan:
     weights_bytes: int
-    kv_block_bytes: int
+    kv_block_bytes: int  # the first pool's (every layer's without windows)
     num_kv_blocks: int
     activation_bytes: int
     budget_bytes: int
+    window: int = 0  # the windowed layers' window (0: no layer has one)
+    window_block_bytes: int = 0  # the windowed layers' pool, when the model has both kinds
+    num_window_blocks: int = 0
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv_block_bytes * self.num_kv_blocks
+        return self.kv_block_bytes * self.num_kv_blocks + self.window_block_bytes * self.num_window_blocks
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.activation_bytes
 
+    @property
+    def all_windowed(self) -> bool:
+        """Every layer has a window: the one pool bounds no sequence's length."""
+        return bool(self.window) and not self.num_window_blocks
+
     def describe(self) -> str:
-        return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool {self.num_kv_blocks} blocks x "
-                f"{self.kv_block_bytes / 1024:.1f} KiB = {self.kv_bytes / MiB:.1f} MiB + activations "
-                f"{self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
+        pools = f"{self.num_kv_blocks} blocks x {self.kv_block_bytes / 1024:.1f} KiB"
+        if self.num_window_blocks:
+            pools += (f" + windowed ({self.window} tokens) {self.num_window_blocks} blocks x "
+                      f"{self.window_block_bytes / 1024:.1f} KiB")
+        return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool {pools} = {self.kv_bytes / MiB:.1f} MiB"
+                f" + activations {self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
                 f"(budget {self.budget_bytes / MiB:.1f} MiB)")
+
+
+def window_blocks(window: int, block_size: int) -> int:
+    """Most blocks a windowed table holds between steps: those of the last `window` positions."""
+    return (window - 1 + block_size - 1) // block_size + 1
+
+
+def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, windows: bool = True) -> int:
+    """Most KV bytes one sequence of `context_len` tokens holds between steps: each full-attention
+    layer its context, each windowed layer its window plus the block being filled (in whole blocks).
+    windows=False: as if every layer attended to the whole context."""
+    blocks = -(-context_len // block_size)
+    layer_block = block_bytes(mc, block_size, 1)
+    total = 0
+    for layer in range(mc.num_layers):
+        w = mc.window(layer) if windows else None
+        total += layer_block * (min(blocks, window_blocks(w, block_size)) if w else blocks)
+    return total
 
 
 def weights_bytes(model: Model) -> int:
@@ -100,20 +137,32 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
     most 1 GiB and at most what the budget leaves."""
     mc = model.config
     w = weights_bytes(model)
-    block = 2 * mc.num_layers * cfg.block_size * mc.num_kv_heads * mc.head_dim * 4
+    groups = layer_groups(mc)
+    bs = cfg.block_size
+    block = block_bytes(mc, bs, len(groups[0].layers))
+    window = groups[-1].window
+    # the windowed pool: every sequence's window (+ a block) and the step's prefill chunks
+    windowed_need = cfg.max_num_seqs * (window_blocks(window, bs) + 1) + -(-cfg.max_num_batched_tokens // bs)
+    wblock = block_bytes(mc, bs, len(groups[1].layers)) if len(groups) == 2 else 0
+    full_need = -(-max_model_len // bs)  # blocks of one sequence at full length
+    wblocks = 0
     act = activation_bytes(mc, cfg, max_model_len)
     budget = cfg.memory_budget_bytes or (available_bytes() + (w if weights_already_loaded else 0))
-    if cfg.num_kv_blocks is not None:
+    if cfg.num_kv_blocks is not None:  # the windowed pool never needs more than the full one
         blocks = cfg.num_kv_blocks
+        wblocks = min(blocks, windowed_need)
     elif cfg.kv_cache_memory_bytes is not None:
-        blocks = cfg.kv_cache_memory_bytes // block
+        wblocks = min(windowed_need, cfg.kv_cache_memory_bytes // 2 // wblock) if wblock else 0
+        blocks = (cfg.kv_cache_memory_bytes - wblocks * wblock) // block
     else:  # every sequence at full length: more could never be used at once
-        wanted = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) * block
-        blocks = min(DEFAULT_KV_BYTES, wanted, budget - w - act) // block
-    plan = MemoryPlan(w, block, int(max(blocks, 0)), act, int(budget))
+        wblocks = windowed_need if wblock else 0
+        per_seq = windowed_need if window and not wblock else cfg.max_num_seqs * full_need
+        blocks = min(DEFAULT_KV_BYTES, per_seq * block, budget - w - act - wblocks * wblock) // block
+    plan = MemoryPlan(w, block, int(max(blocks, 0)), act, int(budget), window, wblock,
+                      int(max(wblocks, 0)) if wblock else 0)
     # one sequence of max_model_len must fit, or a long request could never run
-    min_blocks = -(-max_model_len // cfg.block_size)
-    if plan.total_bytes > budget or plan.num_kv_blocks < 1:
+    min_blocks = window_blocks(window, bs) + 1 if plan.all_windowed else full_need
+    if plan.total_bytes > budget or plan.num_kv_blocks < 1 or (wblock and plan.num_window_blocks < 1):
         raise MemoryPlanError(f"memory plan over budget: {plan.describe()}; lower --kv-blocks, "
                               "--max-num-batched-tokens or raise the memory budget")
     if plan.num_kv_blocks < min_blocks and cfg.num_kv_blocks is None and cfg.kv_cache_memory_bytes is None:

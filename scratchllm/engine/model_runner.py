@@ -21,14 +21,17 @@ SampledToken = tuple[int, float | None, list[tuple[int, float]] | None]
 
 
 class ModelRunner:
-    def __init__(self, model: Model, num_blocks: int, block_size: int, num_threads: int = 0) -> None:
+    def __init__(self, model: Model, num_blocks: int, block_size: int, num_threads: int = 0,
+                 num_window_blocks: int | None = None) -> None:
         self.model = model
         self.block_size = block_size
-        self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads)
+        self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads,
+                                                  num_window_blocks)
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Request], npt.NDArray[np.float32]]:
         """Run the step's forward. Returns (requests that get a token, their logits [R, V])."""
-        self.attention.copy_blocks(batch.copies)  # copy-on-write before anything reads them
+        for group in range(self.attention.num_groups):  # copy-on-write before anything reads them
+            self.attention.copy_blocks([(src, dst) for g, src, dst in batch.copies if g == group], group)
         items = batch.items
         ids: list[int] = []
         pos: list[int] = []
@@ -45,13 +48,11 @@ class ModelRunner:
             if c + n == req.num_tokens:  # the step reaches the last known token: sample after it
                 sample_reqs.append(req)
                 rows.append(n_total - 1)
-        max_blocks = max(len(req.block_table) for req, _ in items)
-        tables = np.zeros((len(items), max_blocks), dtype=np.int32)  # padding is never read
-        for s, (req, _) in enumerate(items):
-            tables[s, : len(req.block_table)] = req.block_table
         token_seq = np.repeat(np.arange(len(items), dtype=np.int32), lens)
         positions = np.asarray(pos, dtype=np.int64)
-        self.attention.set_layout(tables, token_seq, positions)
+        window_tables = self._tables([req.window_table for req, _ in items]) if self.attention.num_groups == 2 else None
+        self.attention.set_layout(self._tables([req.block_table for req, _ in items]), token_seq, positions,
+                                  window_tables)
         if not rows:  # only partial prefill chunks this step: K/V to fill, no token to sample
             rows = [n_total - 1]
         # the models' forward is not annotated: it returns the float32 logits [rows, V]
@@ -59,6 +60,15 @@ class ModelRunner:
             np.asarray(ids, dtype=np.int64), positions, self.attention,
             logits_rows=np.asarray(rows, dtype=np.int64))
         return sample_reqs, logits[: len(sample_reqs)]
+
+    @staticmethod
+    def _tables(tables: list[list[int]]) -> npt.NDArray[np.int32]:
+        """The step's block tables as one array [S, longest]; padding and dropped entries (a windowed
+        table's, block_manager.DROPPED) become block 0, never read."""
+        out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+        for s, table in enumerate(tables):
+            out[s, : len(table)] = table
+        return np.maximum(out, 0, out=out)
 
     @staticmethod
     def sample(reqs: list[Request], logits: npt.NDArray[np.float32]) -> list[SampledToken]:

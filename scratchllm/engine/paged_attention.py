@@ -7,6 +7,14 @@ layout of those tokens (`set_layout`): which sequence each belongs to (a row of 
 table array) and its position. The Cython kernel writes k/v into the pool and attends through
 the block tables (scratchllm/kernels/paged_attention.pyx).
 
+Sliding windows: a layer with a window of w tokens attends to the last w positions only
+(ModelConfig.window). Its layers form a group of their own with a pool of its own: the block
+manager frees a windowed group's blocks once every later query of the sequence is past them
+(block_manager.py), so that pool grows with the window, not the context. `layer_groups` says
+which layers share a pool; a model without windows has one group, every layer, as before. The
+softmax scale (ModelConfig.softmax_scale) and the tanh soft-capping of scores (attn_softcap)
+are the kernel's too.
+
 Pool layout, per layer, float32: V as [num_blocks, block_size, KVH, D] (a slot's values are
 one contiguous row) and K as [num_blocks, KVH, D, block_size] (a block's keys transposed, so a
 block's scores are computed 16 lanes at a time without a horizontal sum per key).
@@ -19,8 +27,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,60 +58,135 @@ def lazy_zeros(shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
     return np.frombuffer(region, dtype=np.float32).reshape(shape)  # the array keeps the mapping alive
 
 
+@dataclass(frozen=True)
+class LayerGroup:
+    """Layers that share a KV pool and a block table per sequence: the full-attention layers, or
+    the windowed ones (window: the largest window among them, 0 for full attention)."""
+
+    layers: tuple[int, ...]
+    window: int
+
+
+def layer_groups(config: ModelConfig) -> list[LayerGroup]:
+    """The KV pools of a model: one of every layer when no layer has a window, or when every layer
+    has one; else the full-attention layers first, then the windowed ones. Group g's block table
+    is Request.block_table for g = 0 and Request.window_table for g = 1 (block_manager.py)."""
+    windows = [config.window(i) or 0 for i in range(config.num_layers)]
+    full = tuple(i for i, w in enumerate(windows) if not w)
+    windowed = tuple(i for i, w in enumerate(windows) if w)
+    if not windowed:
+        return [LayerGroup(full, 0)]
+    group = LayerGroup(windowed, max(windows))
+    return [group] if not full else [LayerGroup(full, 0), group]
+
+
+def block_bytes(config: ModelConfig, block_size: int, num_layers: int | None = None) -> int:
+    """Bytes of one block of K and V (float32) over `num_layers` layers (default: every layer)."""
+    layers = config.num_layers if num_layers is None else num_layers
+    return 2 * layers * block_size * config.num_kv_heads * config.head_dim * 4
+
+
 class PagedAttention:
     accepts_out = True  # __call__ writes into a buffer the model passes (its step workspace)
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 num_threads: int = 0) -> None:
-        # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]
-        self.k_cache = lazy_zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size))
-        self.v_cache = lazy_zeros((num_layers, num_blocks, block_size, num_kv_heads, head_dim))
-        # each layer's pool as a view made once: indexing k_cache[layer] makes two arrays per call
-        self._layer_pools = [(self.k_cache[i], self.v_cache[i]) for i in range(num_layers)]
+                 num_threads: int = 0, *, windows: Sequence[int] = (), scale: float | None = None,
+                 softcap: float | None = None, num_window_blocks: int | None = None) -> None:
+        """`windows`: each layer's sliding window in tokens (0: full attention; (): none has one).
+        With both kinds of layer, the windowed ones keep a pool of `num_window_blocks` blocks
+        (default num_blocks) and read their tables from set_layout's `window_tables`."""
+        windows = tuple(windows) or (0,) * num_layers
+        assert len(windows) == num_layers and min(windows, default=0) >= 0, "one window >= 0 per layer"
+        full = [i for i in range(num_layers) if not windows[i]]
+        windowed = [i for i in range(num_layers) if windows[i]]
+        groups = [full, windowed] if full and windowed else [list(range(num_layers))]
+        sizes = [num_blocks, num_blocks if num_window_blocks is None else num_window_blocks]
+        # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]; one pair per group
+        self.pools = [(lazy_zeros((len(g), size, num_kv_heads, head_dim, block_size)),
+                       lazy_zeros((len(g), size, block_size, num_kv_heads, head_dim)))
+                      for g, size in zip(groups, sizes, strict=False)]
+        self.k_cache, self.v_cache = self.pools[0]  # the first group's (every layer's, without windows)
+        # each layer's pool as a view made once (indexing k_cache[layer] makes two arrays per call),
+        # its group and its window
+        self._layers: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int, int]] = [
+            (np.empty(0, np.float32), np.empty(0, np.float32), 0, 0)] * num_layers
+        for n, g in enumerate(groups):
+            for i, layer in enumerate(g):
+                self._layers[layer] = (self.pools[n][0][i], self.pools[n][1][i], n, windows[layer])
+        self.windows = windows
         self.block_size = block_size
-        self.scale = 1.0 / math.sqrt(head_dim)
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+        self.softcap = float(softcap or 0.0)  # 0: off
         self.num_threads = num_threads  # 0: the kernel pool's count (scratchllm/kernels/pool.pyx)
         self.block_tables: npt.NDArray[np.int32] | None = None  # [S, MB], set per step by set_layout
+        self.window_tables: npt.NDArray[np.int32] | None = None  # [S, MBW], with two groups
         self.token_seq: npt.NDArray[np.int32] | None = None  # [N]
         self.token_pos: npt.NDArray[np.int32] | None = None  # [N]
         self.max_ctx = 0
         self.elapsed_ns = 0  # attention time of the current step's forward, summed over layers
 
     @classmethod
-    def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, num_threads: int = 0) -> PagedAttention:
-        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads)
+    def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, num_threads: int = 0,
+                  num_window_blocks: int | None = None) -> PagedAttention:
+        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads,
+                   windows=[config.window(i) or 0 for i in range(config.num_layers)], scale=config.softmax_scale,
+                   softcap=config.attn_softcap, num_window_blocks=num_window_blocks)
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int) -> int:
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 4
+        return block_bytes(config, block_size)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.pools)
 
     def set_layout(self, block_tables: npt.ArrayLike, token_seq: npt.ArrayLike,
-                   token_pos: npt.ArrayLike) -> None:  # [S, MB], [N], [N]
+                   token_pos: npt.ArrayLike, window_tables: npt.ArrayLike | None = None) -> None:
+        # [S, MB], [N], [N]; with two groups also the windowed layers' tables [S, MBW]
         self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int32)
         self.token_pos = np.ascontiguousarray(token_pos, dtype=np.int32)
         # checked once per step here, so that the 30 calls per step need not
         self.max_ctx = layout_context(self.block_tables, self.token_seq, self.token_pos, self.block_size,
                                       self.k_cache.shape[1])
+        if self.num_groups == 2:
+            if window_tables is None:
+                raise ValueError("a model with full-attention and windowed layers needs window_tables")
+            self.window_tables = np.ascontiguousarray(window_tables, dtype=np.int32)
+            layout_context(self.window_tables, self.token_seq, self.token_pos, self.block_size,
+                           self.pools[1][0].shape[1])
         self.elapsed_ns = 0  # attention time of this step's forward, summed over layers
 
-    @contextmanager
-    def paged_step(self, n: int) -> Iterator[PagedAttention]:
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused block loop (kernels/llama_blocks.pyx) computes this attention: one pool,
+        no window, no soft-cap; it takes one pool and the scale, nothing else."""
+        return self.num_groups == 1 and not any(self.windows) and not self.softcap
+
+    @property
+    def paged_step(self) -> Callable[[int], AbstractContextManager[PagedAttention]]:
         """A forward of n tokens that runs every layer itself (models/llama.fused_blocks) on this
-        pool and the layout set_layout gave it."""
+        pool and the layout set_layout gave it. Absent (AttributeError: the model then calls the
+        layers one by one) when the fused loop would not honour a window or a soft-cap."""
+        if not self.fusable:
+            raise AttributeError("paged_step: this attention has windows or a soft-cap the fused blocks lack")
+        return self._paged_step
+
+    @contextmanager
+    def _paged_step(self, n: int) -> Iterator[PagedAttention]:
         if self.token_pos is None or len(self.token_pos) != n:
             have = None if self.token_pos is None else len(self.token_pos)
             raise ValueError(f"the layout holds {have} tokens, the step {n}: call set_layout first")
         yield self
 
-    def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints) -> None:
-        """Copy-on-write: block dst becomes a copy of block src, in every layer, K and V."""
-        if not pairs:
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints, group: int = 0) -> None:
+        """Copy-on-write: block dst becomes a copy of block src in `group`'s pool, every layer, K and V."""
+        if not len(pairs):
             return
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        for layer in range(self.k_cache.shape[0]):
-            copy_blocks(self.k_cache[layer], pairs)
-            copy_blocks(self.v_cache[layer], pairs)
+        for cache in self.pools[group]:
+            for layer in range(cache.shape[0]):
+                copy_blocks(cache[layer], pairs)
 
     def __call__(self, layer: int, q: Floats, k: Floats, v: Floats,
                  out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
@@ -112,9 +196,11 @@ class PagedAttention:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         if out is None:
             out = np.empty(q.shape, dtype=np.float32)
-        k_pool, v_pool = self._layer_pools[layer]
-        paged_attention(q, k, v, k_pool, v_pool, self.block_tables, self.token_seq, self.token_pos, self.scale, out,
-                        self.max_ctx, self.num_threads)
+        k_pool, v_pool, group, window = self._layers[layer]
+        tables = self.window_tables if group else self.block_tables
+        assert tables is not None and self.token_seq is not None and self.token_pos is not None, "set_layout first"
+        paged_attention(q, k, v, k_pool, v_pool, tables, self.token_seq, self.token_pos, self.scale, out,
+                        self.max_ctx, self.num_threads, window, self.softcap)
         self.elapsed_ns += time.perf_counter_ns() - start  # the trace's attention share of a step
         return out
 
@@ -130,7 +216,7 @@ class PagedSequence:
     def __init__(self, config: ModelConfig, max_len: int, block_size: int = 16, num_threads: int = 0) -> None:
         blocks = -(-max_len // block_size)
         self.attention = PagedAttention.for_model(config, blocks, block_size, num_threads)
-        self.table = np.arange(blocks, dtype=np.int32)[None]  # the sequence owns every block, in order
+        self.table = np.arange(blocks, dtype=np.int32)[None]  # the sequence owns every block, in order (each group)
         self.capacity = blocks * block_size
         self.num_layers = config.num_layers
         self.length = 0  # positions every layer holds (between forward passes)
@@ -139,11 +225,19 @@ class PagedSequence:
         if self.length + n > self.capacity:
             raise ValueError(f"this sequence holds {self.capacity} positions; the step needs {self.length + n}")
         pos = np.arange(self.length, self.length + n, dtype=np.int32)
-        self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos)
+        window_tables = self.table if self.attention.num_groups == 2 else None
+        self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos, window_tables)
+
+    @property
+    def paged_step(self) -> Callable[[int], AbstractContextManager[PagedAttention]]:
+        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks); absent
+        (AttributeError) where the fused loop would not honour a window or a soft-cap."""
+        if not self.attention.fusable:
+            raise AttributeError("paged_step: this attention has windows or a soft-cap the fused blocks lack")
+        return self._paged_step
 
     @contextmanager
-    def paged_step(self, n: int) -> Iterator[PagedAttention]:
-        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks)."""
+    def _paged_step(self, n: int) -> Iterator[PagedAttention]:
         self._lay_out(n)
         yield self.attention
         self.length += n
@@ -160,10 +254,12 @@ class PagedSequence:
 
 
 def reference_attention(q: Floats, k: Floats, v: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints,
-                        token_seq: Ints, token_pos: Ints) -> npt.NDArray[np.float32]:
+                        token_seq: Ints, token_pos: Ints, window: int = 0, scale: float | None = None,
+                        softcap: float = 0.0) -> npt.NDArray[np.float32]:
     """NumPy paged attention for one layer: the same contract as the kernel, written plainly.
     Writes k, v into the caches; returns [N, H, D]. Tokens of a sequence must be contiguous and
-    in position order (as the model runner packs them)."""
+    in position order (as the model runner packs them). With a window, only the table entries
+    inside the window of the sequence's first query are read (the ones before may be dropped)."""
     N, H, D = q.shape
     KVH, BS = k.shape[1], v_cache.shape[1]
     G = H // KVH
@@ -180,12 +276,14 @@ def reference_attention(q: Floats, k: Floats, v: Floats, k_cache: Floats, v_cach
     vb = np.zeros((B, K, KVH, D), np.float32)
     for b, (s, r) in enumerate(zip(seqs, rows, strict=True)):
         qb[b, : len(r)] = q[r]
-        t = np.arange(k_lens[b])
-        kb[b, : k_lens[b]] = k_cache[block_tables[s, t // BS], :, :, t % BS]  # the gather the kernel avoids
-        vb[b, : k_lens[b]] = v_cache[block_tables[s, t // BS], t % BS]
+        t = np.arange(max(0, token_pos[r[0]] - window + 1) if window else 0, k_lens[b])
+        kb[b, t] = k_cache[block_tables[s, t // BS], :, :, t % BS]  # the gather the kernel avoids
+        vb[b, t] = v_cache[block_tables[s, t // BS], t % BS]
     kb, vb = np.repeat(kb, G, axis=2), np.repeat(vb, G, axis=2)  # [B, K, H, D]
-    scores = np.einsum("bqhd,bkhd->bhqk", qb, kb) / math.sqrt(D)  # [B, H, Q, K]
-    mask = varlen_causal_mask(q_lens, k_lens)  # [B, Q, K]
+    scores = np.einsum("bqhd,bkhd->bhqk", qb, kb) * (1 / math.sqrt(D) if scale is None else scale)  # [B, H, Q, K]
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
+    mask = varlen_causal_mask(q_lens, k_lens, window)  # [B, Q, K]
     scores = np.where(mask[:, None], scores, -np.inf)
     scores = np.where(mask[:, None].any(-1, keepdims=True), scores, 0.0)  # padding rows: no NaN
     scores = np.exp(scores - scores.max(-1, keepdims=True))

@@ -52,6 +52,7 @@ class Request:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the cached full blocks
+    window_table: list[int] = field(default_factory=list)  # the windowed layers' blocks (block_manager.py)
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache held at first admission

@@ -37,7 +37,7 @@ class ScheduledBatch:
     """One step's work: for each request, how many of its uncomputed tokens to compute."""
 
     items: list[tuple[Request, int]] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # CoW block copies to do first
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # CoW (group, src, dst) copies to do first
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
 
@@ -175,6 +175,7 @@ class Scheduler:
             req.num_computed_tokens += n
             assert req.num_computed_tokens <= req.num_tokens
             self.bm.cache_full_blocks(req)
+            self.bm.release_outside_window(req)  # windowed layers: blocks no later query reads
         for parent, child in forks:
             assert child.fork_parent is parent and not child.block_table
             self.bm.fork(parent, child)
@@ -212,8 +213,8 @@ class Scheduler:
         cached = self.bm.allocate_prefix(req)  # prefix-cache hits: their K/V is not recomputed
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         # a watermark of one block per running sequence keeps the next decodes from preempting
-        need = self.bm.blocks_needed(req, req.num_computed_tokens + n) + len(self.running)
-        if not self.bm.can_allocate(need):
+        need = self.bm.blocks_needed(req, req.num_computed_tokens + n)
+        if not self.bm.can_allocate(need, reserve=len(self.running)):
             self.bm.free(req)
             return None
         batch.copies += self.bm.ensure_slots(req, req.num_computed_tokens + n)

@@ -5,6 +5,7 @@
 #ifndef SCRATCHLLM_PAGED_ATTENTION_H
 #define SCRATCHLLM_PAGED_ATTENTION_H
 
+#include <math.h>  /* tanhf */
 #include "simd.h"  /* scratchllm_vf, scratchllm_select, scratchllm_exp */
 #define SCRATCHLLM_INLINE static inline __attribute__((always_inline))
 
@@ -149,6 +150,18 @@ static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
     for (int u = 0; u < SA_NV; u++)
         for (int l = 0; l < SA_VL; l++) sum += acc[u][l];
     return sum;
+}
+
+/* Gemma 2's soft-capping of attention scores, s = cap * tanh(s / cap), on s[0:n] (after the
+   scale, before the mask and the softmax). */
+static inline void scratchllm_softcap_rows(float *s, Py_ssize_t n, float cap) {
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = cap * tanhf(s[i] / cap);
+}
+
+/* s[0:n] = a score that exp_rows turns into exactly 0: the keys before a sliding window's
+   start that share its first block. */
+static inline void scratchllm_mask_rows(float *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = -3.0e38f;
 }
 
 #endif

@@ -18,3 +18,12 @@ cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
                  float *k_cache, float *v_cache, const PagedLayout *layout,
                  Py_ssize_t H, Py_ssize_t KVH, Py_ssize_t D, Py_ssize_t BS, float scale, float *out,
                  int num_threads) noexcept nogil
+
+# The same with a layer's sliding window (0: the whole context; w: a token at position p sees
+# positions p - w + 1..p) and tanh soft-capping of its scores (0: off).
+cdef void attend_layer(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
+                       const float *k, Py_ssize_t ks0, Py_ssize_t ks1, Py_ssize_t ks2,
+                       const float *v, Py_ssize_t vs0, Py_ssize_t vs1, Py_ssize_t vs2,
+                       float *k_cache, float *v_cache, const PagedLayout *layout, Py_ssize_t window, float softcap,
+                       Py_ssize_t H, Py_ssize_t KVH, Py_ssize_t D, Py_ssize_t BS, float scale, float *out,
+                       int num_threads) noexcept nogil

@@ -5,8 +5,10 @@ One call per layer does two things, in this order:
   1. write this step's k, v of every token into its slot of the paged pool
      (slot of position p of sequence s: block block_tables[s, p // BS], offset p % BS);
   2. for every token i (sequence s, position p) and every query head, attend causally over
-     the keys at positions 0..p of sequence s, reading them through the block table where they
-     lie: no gather into a contiguous copy, ever.
+     the keys at positions 0..p of sequence s (a layer with a sliding window of w tokens: the
+     keys at p - w + 1..p), reading them through the block table where they lie: no gather
+     into a contiguous copy, ever. A windowed layer reads only the table entries of its window,
+     so the engine may drop (and mark -1) the entries before it.
 Writing first makes causality inside a prefill chunk free: token i sees the chunk's earlier
 tokens because they are already in the pool.
 
@@ -24,8 +26,11 @@ sequences is 48 items, enough to keep two threads busy. Items are the tasks of o
 its early ones, and a thread the OS has paused does not hold back items the other thread could
 take, nor make the call wait for it at a barrier.
 
-Per item: queries pre-scaled by 1/sqrt(D); the scores of the G heads over the whole context;
-their max, exp (our own 16-lane polynomial) and sum; then the weighted sum of values, written
+Per item: queries pre-scaled (by the model's softmax scale, 1/sqrt(D) unless it says otherwise);
+the scores of the G heads over the context (or the window's blocks; the keys of the first block
+before the window's start get a score whose exp is exactly 0); tanh soft-capping if the layer
+has it (Gemma 2, after the scale and before the softmax); their max, exp (our own 16-lane
+polynomial) and sum; then the weighted sum of values, written
 straight into `out` (the G heads of a kv head are adjacent there) and divided by the sum once.
 """
 
@@ -42,6 +47,8 @@ cdef extern from "paged_attention.h":
                                                     Py_ssize_t vs, Py_ssize_t m, float* acc,
                                                     Py_ssize_t D) noexcept nogil
     float exp_rows "scratchllm_exp_rows"(float* s, Py_ssize_t n) noexcept nogil
+    void softcap_rows "scratchllm_softcap_rows"(float* s, Py_ssize_t n, float cap) noexcept nogil
+    void mask_rows "scratchllm_mask_rows"(float* s, Py_ssize_t n) noexcept nogil
 
 
 cdef inline void block_scores(const float* q, Py_ssize_t G, const float* kt, float* s, Py_ssize_t ss, Py_ssize_t D,
@@ -103,7 +110,9 @@ cdef struct AttentionJob:
     const int* token_seq
     const int* token_pos
     Py_ssize_t MB, H, KVH, G, D, BS, ctx_pad
+    Py_ssize_t window  # 0: the whole context; w: the keys at p - w + 1..p
     float scale
+    float softcap  # 0: off
 
 
 cdef void attend_item(void* ctx, long w) noexcept nogil:
@@ -112,26 +121,35 @@ cdef void attend_item(void* ctx, long w) noexcept nogil:
     cdef Py_ssize_t G = j.G, D = j.D, BS = j.BS, ctx_pad = j.ctx_pad, H = j.H
     cdef Py_ssize_t i = w // j.KVH, g = w % j.KVH
     cdef Py_ssize_t s_idx = j.token_seq[i], p = j.token_pos[i]
-    cdef Py_ssize_t nb = p // BS + 1, kblock = j.KVH * D * BS, vrow = j.KVH * D, b, blk, h, d
+    # the keys lo..p, in the blocks b0..p // BS; scores[0] is position b0 * BS
+    cdef Py_ssize_t lo = p - j.window + 1 if j.window and p >= j.window else 0
+    cdef Py_ssize_t b0 = lo // BS, n = p + 1 - b0 * BS, nb = p // BS + 1 - b0
+    cdef Py_ssize_t kblock = j.KVH * D * BS, vrow = j.KVH * D, b, blk, h, d
+    cdef const int* table = j.block_tables + s_idx * j.MB + b0
     cdef float* scores = <float*> malloc((G * ctx_pad + G * D + G) * sizeof(float))
     if scores == NULL:
         return  # out of memory in a worker: the row stays as np.empty left it (cannot raise here)
     cdef float* qs = scores + G * ctx_pad
     cdef float* inv_sum = qs + G * D
     cdef float* o = j.out + (i * H + g * G) * D  # the G heads of kv head g: adjacent rows of out
-    for h in range(G):  # queries pre-scaled by 1/sqrt(D): G x D multiplies, not G x ctx
+    for h in range(G):  # queries pre-scaled: G x D multiplies, not G x ctx
         for d in range(D):
             qs[h * D + d] = j.q[i * j.qs0 + (g * G + h) * j.qs1 + d * j.qs2] * j.scale
             o[h * D + d] = 0.0
     for b in range(nb):  # one table lookup per block
-        blk = j.block_tables[s_idx * j.MB + b]
+        blk = table[b]
         block_scores(qs, G, j.k_cache + blk * kblock + g * D * BS, &scores[b * BS], ctx_pad, D, BS)
-    for h in range(G):  # softmax numerators; the division by their sum comes last
-        inv_sum[h] = 1.0 / exp_rows(&scores[h * ctx_pad], p + 1)
+    for h in range(G):
+        if j.softcap != 0.0:
+            softcap_rows(&scores[h * ctx_pad], n, j.softcap)
+        if lo > b0 * BS:  # the window starts inside its first block
+            mask_rows(&scores[h * ctx_pad], lo - b0 * BS)
+        # softmax numerators; the division by their sum comes last
+        inv_sum[h] = 1.0 / exp_rows(&scores[h * ctx_pad], n)
     for b in range(nb):
-        blk = j.block_tables[s_idx * j.MB + b]
+        blk = table[b]
         block_values(&scores[b * BS], ctx_pad, G, j.v_cache + blk * BS * vrow + g * D, vrow,
-                     min(BS, p + 1 - b * BS), o, D)
+                     min(BS, n - b * BS), o, D)
     for h in range(G):
         for d in range(D):
             o[h * D + d] = o[h * D + d] * inv_sum[h]
@@ -151,6 +169,8 @@ def paged_attention(
     float[:, :, ::1] out,  # [N, H, D]
     Py_ssize_t max_ctx,  # layout_context(block_tables, token_seq, token_pos, ...) of this layout
     int num_threads=0,
+    Py_ssize_t window=0,  # the layer's sliding window in tokens; 0: the whole context
+    float softcap=0.0,  # tanh soft-capping of the scores; 0: off
 ):
     """The layout must have passed layout_context against a pool of this shape: the kernel
     trusts its block ids and positions (checking them is per step, this call is per layer)."""
@@ -165,17 +185,18 @@ def paged_attention(
     assert v_cache.shape[2] == KVH and v_cache.shape[3] == D
     assert k_cache.shape[1] == KVH and k_cache.shape[2] == D and k_cache.shape[3] == BS
     assert k_cache.shape[0] == v_cache.shape[0]
+    assert window >= 0 and softcap >= 0.0, "a window and a soft-cap are >= 0"
     if N == 0:
         return
     cdef PagedLayout layout
     layout.block_tables, layout.token_seq, layout.token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
     layout.N, layout.MB, layout.max_ctx = N, block_tables.shape[1], max_ctx
     with nogil:
-        attend(&q[0, 0, 0], q.strides[0] // 4, q.strides[1] // 4, q.strides[2] // 4,
+        attend_layer(&q[0, 0, 0], q.strides[0] // 4, q.strides[1] // 4, q.strides[2] // 4,
                &k[0, 0, 0], k.strides[0] // 4, k.strides[1] // 4, k.strides[2] // 4,
                &v[0, 0, 0], v.strides[0] // 4, v.strides[1] // 4, v.strides[2] // 4,
-               &k_cache[0, 0, 0, 0], &v_cache[0, 0, 0, 0], &layout, H, KVH, D, BS, scale, &out[0, 0, 0],
-               num_threads)
+                     &k_cache[0, 0, 0, 0], &v_cache[0, 0, 0, 0], &layout, window, softcap, H, KVH, D, BS, scale,
+                     &out[0, 0, 0], num_threads)
 
 
 cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
@@ -184,6 +205,16 @@ cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
                  float *k_cache, float *v_cache, const PagedLayout *layout,
                  Py_ssize_t H, Py_ssize_t KVH, Py_ssize_t D, Py_ssize_t BS, float scale, float *out,
                  int num_threads) noexcept nogil:
+    attend_layer(q, qs0, qs1, qs2, k, ks0, ks1, ks2, v, vs0, vs1, vs2, k_cache, v_cache, layout, 0, 0.0,
+                 H, KVH, D, BS, scale, out, num_threads)
+
+
+cdef void attend_layer(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
+                       const float *k, Py_ssize_t ks0, Py_ssize_t ks1, Py_ssize_t ks2,
+                       const float *v, Py_ssize_t vs0, Py_ssize_t vs1, Py_ssize_t vs2,
+                       float *k_cache, float *v_cache, const PagedLayout *layout, Py_ssize_t window, float softcap,
+                       Py_ssize_t H, Py_ssize_t KVH, Py_ssize_t D, Py_ssize_t BS, float scale, float *out,
+                       int num_threads) noexcept nogil:
     cdef Py_ssize_t N = layout.N, i, g, d, p, blk, off, ctx_pad
     cdef Py_ssize_t kblock = KVH * D * BS, vrow = KVH * D
     # 1. this step's keys and values into their slots
@@ -197,6 +228,8 @@ cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
                 v_cache[(blk * BS + off) * vrow + g * D + d] = v[i * vs0 + g * vs1 + d * vs2]
     # whole blocks (the last one is scored in full) and whole 16-lane vectors for the softmax
     ctx_pad = (layout.max_ctx + BS - 1) // BS * BS
+    if window:  # w keys span at most this many blocks
+        ctx_pad = min(ctx_pad, ((window - 1 + BS - 1) // BS + 1) * BS)
     ctx_pad = (ctx_pad + 15) // 16 * 16
     # 2. attention, one (token, kv head) per pool task
     cdef AttentionJob job
@@ -204,7 +237,7 @@ cdef void attend(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_t qs2,
     job.k_cache, job.v_cache, job.out = k_cache, v_cache, out
     job.block_tables, job.token_seq, job.token_pos = layout.block_tables, layout.token_seq, layout.token_pos
     job.MB, job.H, job.KVH, job.G, job.D, job.BS = layout.MB, H, KVH, H // KVH, D, BS
-    job.ctx_pad, job.scale = ctx_pad, scale
+    job.ctx_pad, job.scale, job.window, job.softcap = ctx_pad, scale, window, softcap
     pool.run(attend_item, &job, N * KVH, num_threads if num_threads > 0 else pool.num_threads())
 
 

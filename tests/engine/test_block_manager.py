@@ -1,12 +1,13 @@
 """Block manager: unit tests of each rule, and a hypothesis state machine that runs random
-allocate / append / fork / free / preempt / resume sequences against a model of the K/V pool."""
+allocate / append / fork / free / preempt / resume sequences against a model of the K/V pool,
+with one pool (full attention) and with a full-attention and a windowed pool (sliding windows)."""
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_manager import DROPPED, BlockManager
 from scratchllm.engine.request import Priority, Request
 from scratchllm.sampling import SamplingParams
 
@@ -17,18 +18,22 @@ def make_seq(tokens, rid="r"):
     return Request(rid, list(tokens), SamplingParams(max_tokens=4), Priority.HIGH)
 
 
-def compute(bm, seq, pool=None):
-    """What a step does for `seq`: make room, (write K/V), mark computed, register full blocks."""
-    copies = bm.ensure_slots(seq, seq.num_tokens)
-    if pool is not None:
-        for src, dst in copies:
-            pool[dst] = list(pool[src])
-        for s in range(seq.num_computed_tokens, seq.num_tokens):
-            block_id = seq.block_table[s // BS]
-            assert bm.blocks[block_id].ref_count == 1, "a write lands only in a private block"
-            pool[block_id][s % BS] = seq.token_ids[s]
-    seq.num_computed_tokens = seq.num_tokens
+def compute(bm, seq, pools=None, upto=None):
+    """What a step does for `seq`: make room, (write K/V: pools[group][block][slot] = token), mark
+    computed, register full blocks, release the windowed blocks no later query reads."""
+    upto = seq.num_tokens if upto is None else upto
+    copies = bm.ensure_slots(seq, upto)
+    if pools is not None:
+        for g, src, dst in copies:
+            pools[g][dst] = list(pools[g][src])
+        for g, table in enumerate(bm.tables(seq)):
+            for s in range(seq.num_computed_tokens, upto):
+                block_id = table[s // BS]
+                assert bm.groups[g].blocks[block_id].ref_count == 1, "a write lands only in a private block"
+                pools[g][block_id][s % BS] = seq.token_ids[s]
+    seq.num_computed_tokens = upto
     bm.cache_full_blocks(seq)
+    bm.release_outside_window(seq)
     return copies
 
 
@@ -81,7 +86,7 @@ def test_copy_on_write_of_a_shared_partial_block():
     assert bm.blocks[a.block_table[1]].ref_count == 2
     b.token_ids.append(42)
     copies = compute(bm, b)
-    assert copies == [(a.block_table[1], b.block_table[1])]
+    assert copies == [(0, a.block_table[1], b.block_table[1])]
     assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
     bm.check([a, b])
 
@@ -104,12 +109,16 @@ def test_eviction_reuses_least_recently_freed_cached_block_and_drops_its_hash():
 
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random operations; after each, the invariants hold and every sequence's computed slots
-    hold exactly its own tokens in the modelled K/V pool (prefix hits included)."""
+    that its next query reads hold exactly its own tokens in the modelled K/V pools (prefix hits
+    included): all of them in the full-attention group, the last WINDOW in the windowed one."""
+
+    WINDOW = 0  # the windowed subclass: a second pool for layers with this window
 
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(12, BS)
-        self.pool = {i: [None] * BS for i in range(12)}
+        window_blocks = 8 if self.WINDOW else None
+        self.bm = BlockManager(12, BS, window=self.WINDOW, num_window_blocks=window_blocks)
+        self.pools = [{i: [None] * BS for i in range(g.num_blocks)} for g in self.bm.groups]
         self.live: list[Request] = []
         self.preempted: list[Request] = []
         self.n = 0
@@ -121,10 +130,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _admit(self, seq) -> bool:
         hit = self.bm.allocate_prefix(seq)
         assert hit % BS == 0 and hit < seq.num_tokens
-        if not self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_tokens)):
-            self.bm.free(seq)
-            return False
-        compute(self.bm, seq, self.pool)
+        # a prefill in chunks of up to 5 tokens, as the scheduler's token budget cuts it
+        while seq.num_computed_tokens < seq.num_tokens:
+            upto = min(seq.num_tokens, seq.num_computed_tokens + 5)
+            if not self.bm.can_allocate(self.bm.blocks_needed(seq, upto)):
+                self.bm.free(seq)
+                return False
+            compute(self.bm, seq, self.pools, upto)
         self.live.append(seq)
         return True
 
@@ -138,7 +150,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(self.live))
         seq.token_ids.append(token)
         if self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_tokens)):
-            compute(self.bm, seq, self.pool)
+            compute(self.bm, seq, self.pools)
         else:
             seq.token_ids.pop()
 
@@ -168,7 +180,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(self.live))
         self.live.remove(seq)
         self.bm.free(seq)
-        assert not seq.block_table and seq.num_computed_tokens == 0
+        assert not seq.block_table and not seq.window_table and seq.num_computed_tokens == 0
         self.preempted.append(seq)
 
     @precondition(lambda self: self.preempted)
@@ -182,16 +194,27 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def check(self):
         self.bm.check(self.live)
         bm = self.bm
-        assert bm.num_free + len(bm.pending) + bm.num_used == bm.num_blocks
+        assert bm.num_free + sum(len(g.pending) for g in bm.groups) + bm.num_used == bm.num_blocks
         for seq in self.live:
-            for s in range(seq.num_computed_tokens):
-                block_id = seq.block_table[s // BS]
-                assert bm.blocks[block_id].ref_count > 0
-                assert self.pool[block_id][s % BS] == seq.token_ids[s], "a sequence reads its own K/V"
+            for g, table in enumerate(bm.tables(seq)):
+                window = bm.groups[g].window
+                first = max(0, seq.num_computed_tokens - window + 1) if window else 0  # the next query's
+                for s in range(first, seq.num_computed_tokens):
+                    block_id = table[s // BS]
+                    assert block_id != DROPPED and bm.groups[g].blocks[block_id].ref_count > 0
+                    assert self.pools[g][block_id][s % BS] == seq.token_ids[s], "a sequence reads its own K/V"
+                if window:  # the bound: the window plus the block being filled
+                    assert sum(b != DROPPED for b in table) <= -(-(window - 1) // BS) + 1
+
+
+class WindowedBlockManagerMachine(BlockManagerMachine):
+    WINDOW = 6  # 1.5 blocks: windows that start inside a block
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestWindowedBlockManagerMachine = WindowedBlockManagerMachine.TestCase
+TestWindowedBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 
 def test_abort_returns_every_block():
@@ -211,7 +234,75 @@ def test_abort_returns_every_block():
 @pytest.mark.parametrize("n", [1, 4, 5, 17])
 def test_blocks_needed(n):
     bm = BlockManager(16, BS)
-    assert bm.blocks_needed(make_seq(range(n)), n) == -(-n // BS)
+    assert bm.blocks_needed(make_seq(range(n)), n) == (-(-n // BS),)
+    windowed = BlockManager(16, BS, window=8, num_window_blocks=6)
+    assert windowed.blocks_needed(make_seq(range(n)), n) == (-(-n // BS),) * 2  # a prefill writes every slot
+
+
+def test_windowed_blocks_are_released_once_no_query_reads_them():
+    bm = BlockManager(16, BS, window=6, num_window_blocks=8)
+    a = make_seq(range(10), "a")
+    bm.allocate_prefix(a)
+    compute(bm, a)  # the next query, at position 10, reads 5..10: blocks 1 and 2
+    assert len(a.block_table) == 3 and a.window_table[0] == DROPPED and DROPPED not in a.window_table[1:]
+    assert bm.groups[1].num_used == 2 and bm.groups[0].num_used == 3
+    for t in range(30):  # decode 30 tokens: the windowed pool stays at the window's blocks
+        a.token_ids.append(t)
+        compute(bm, a)
+        assert bm.groups[1].num_used <= -(-(6 - 1) // BS) + 1
+        bm.check([a])
+    assert bm.groups[0].num_used == -(-a.num_tokens // BS)  # the full-attention pool grows with the context
+    bm.free(a)
+    assert bm.num_used == 0
+    bm.check([])
+
+
+def test_prefix_hit_takes_only_the_window_and_stops_where_it_was_evicted():
+    bm = BlockManager(32, BS, window=6, num_window_blocks=8)
+    a = make_seq(range(22), "a")  # 5 full blocks + 2 tokens
+    bm.allocate_prefix(a)
+    for upto in (5, 10, 15, 20, 22):
+        compute(bm, a, upto=upto)
+    # full blocks 0..4 are registered in both pools; a's next query (22) reads 17..22, so its
+    # windowed blocks 0..3 were released (cached, at count 0) and 4 and 5 are held
+    assert a.window_table[:4] == [DROPPED] * 4
+    b = make_seq(list(range(20)) + [99, 98], "b")
+    assert bm.allocate_prefix(b) == 20  # the next query (20) reads 15..20: windowed blocks 3, 4
+    assert b.block_table == a.block_table[:5]
+    assert b.window_table[:3] == [DROPPED] * 3 and b.window_table[4] == a.window_table[4]
+    assert bm.groups[1].blocks[b.window_table[3]].token_ids == (12, 13, 14, 15)  # back from the free list
+    bm.check([a, b])
+    bm.free(a)
+    bm.free(b)
+    # evict every cached windowed block but the first ones: fill the windowed pool
+    c = make_seq(range(100, 132), "c")
+    bm.allocate_prefix(c)
+    for upto in range(4, 33, 4):
+        compute(bm, c, upto=upto)
+    bm.free(c)
+    d = make_seq(list(range(20)) + [7], "d")
+    hit = bm.allocate_prefix(d)
+    for g, table in enumerate(bm.tables(d)):  # whatever the hit, every block its next query reads is held
+        pool = bm.groups[g]
+        for i in range(pool.first_read(hit), hit // BS):
+            assert table[i] != DROPPED and pool.blocks[table[i]].token_ids == tuple(d.token_ids[i * BS : (i + 1) * BS])
+    assert hit < 20  # the windowed blocks 3 and 4 of the prefix were evicted by c
+    bm.check([d])
+
+
+def test_fork_shares_a_windowed_table_with_its_dropped_entries():
+    bm = BlockManager(16, BS, window=4, num_window_blocks=8)
+    a = make_seq(range(13), "a")
+    bm.allocate_prefix(a)
+    compute(bm, a)
+    b = make_seq(a.token_ids, "b")
+    bm.fork(a, b)
+    assert b.window_table == a.window_table and a.window_table.count(DROPPED) == 2
+    bm.check([a, b])
+    b.token_ids.append(5)
+    copies = compute(bm, b)
+    assert (1, a.window_table[3], b.window_table[3]) in copies  # copy-on-write in the windowed pool
+    bm.check([a, b])
 
 
 def test_recently_freed_plain_blocks_are_reused_before_untouched_ones():

@@ -215,3 +215,117 @@ def test_the_kv_pool_is_resident_only_where_written():
         pool[layer, 1000] = 1.0  # one 12 KiB block per layer
     grown = rss_kib() - before
     assert grown < 4 * 64, f"writing 48 KiB made {grown} KiB resident"
+
+
+def windowed_attention(q, keys, values, positions, window, scale, softcap=0.0):
+    """Plain windowed causal attention of one sequence, written from the definition: the query at
+    position p sees the keys at p - window + 1..p (all of 0..p without a window)."""
+    H, KVH = q.shape[1], keys.shape[1]
+    out = np.zeros(q.shape, np.float64)
+    for i, p in enumerate(positions):
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(H):
+            g = h // (H // KVH)
+            s = keys[lo : p + 1, g].astype(np.float64) @ q[i, h] * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ values[lo : p + 1, g]
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 3, 4, 6, 16, 40])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("H,KVH,D", [(4, 2, 16), (9, 3, 64)])
+def test_windowed_kernel_matches_the_definition(window, softcap, H, KVH, D):
+    """Windows that start inside a block, on a block edge, wider than the context; soft-capping
+    and a scale that is not 1/sqrt(D); prefill chunks and decodes in one step."""
+    rng = np.random.default_rng(window * 7 + D)
+    BS, NB, scale = 4, 64, 0.3
+    seqs = [(0, 9), (5, 1), (11, 6), (0, 1), (13, 1)]
+    tables, tseq, tpos = layout(rng, seqs, BS, NB)
+    N = len(tseq)
+    q = rng.standard_normal((N, H, D)).astype(np.float32)
+    k = rng.standard_normal((N, KVH, D)).astype(np.float32)
+    v = rng.standard_normal((N, KVH, D)).astype(np.float32)
+    attn = PagedAttention(1, NB, BS, KVH, D, windows=[window], scale=scale, softcap=softcap)
+    attn.k_cache[:] = rng.standard_normal(attn.k_cache.shape)  # the cached prefixes
+    attn.v_cache[:] = rng.standard_normal(attn.v_cache.shape)
+    kc, vc = attn.k_cache[0].copy(), attn.v_cache[0].copy()
+    ref = reference_attention(q, k, v, kc, vc, tables, tseq, tpos, window, scale, softcap)
+    attn.set_layout(tables, tseq, tpos)
+    got = attn(0, q, k, v)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    for s, (c, n) in enumerate(seqs):  # and against attention written from its definition
+        t = np.arange(c + n)
+        keys = kc[tables[s, t // BS], :, :, t % BS]  # [T, KVH, D] after this step's writes
+        values = vc[tables[s, t // BS], t % BS]
+        rows = np.flatnonzero(tseq == s)
+        want = windowed_attention(q[rows], keys, values, tpos[rows], window, scale, softcap)
+        np.testing.assert_allclose(got[rows], want, rtol=1e-4, atol=1e-5)
+
+
+def test_windowed_kernel_reads_no_block_before_the_window():
+    """The entries before a windowed query's window may be dropped: poisoned blocks there change nothing."""
+    rng = np.random.default_rng(3)
+    H, KVH, D, BS, window = 4, 2, 16, 4, 6
+    tables, tseq, tpos = layout(rng, [(20, 1), (9, 3)], BS, 32)
+    N = len(tseq)
+    q, k, v = (rng.standard_normal((N, h, D)).astype(np.float32) for h in (H, KVH, KVH))
+    attn = PagedAttention(1, 32, BS, KVH, D, windows=[window])
+    attn.set_layout(tables, tseq, tpos)
+    clean = attn(0, q, k, v).copy()
+    for s, first in ((0, 20), (1, 9)):  # blocks wholly before the first query's window
+        for b in range(max(0, first - window + 1) // BS):
+            attn.k_cache[0, tables[s, b]] = np.nan
+            attn.v_cache[0, tables[s, b]] = np.nan
+    np.testing.assert_array_equal(attn(0, q, k, v), clean)
+
+
+def test_windowless_layers_are_bit_identical_to_the_plain_kernel():
+    rng = np.random.default_rng(4)
+    H, KVH, D, BS = 9, 3, 64, 16
+    tables, tseq, tpos = layout(rng, [(40, 1), (0, 20), (100, 1)], BS, 32)
+    N = len(tseq)
+    q, k, v = (rng.standard_normal((N, h, D)).astype(np.float32) for h in (H, KVH, KVH))
+    plain, windowed = PagedAttention(1, 32, BS, KVH, D), PagedAttention(1, 32, BS, KVH, D, windows=[200])
+    for attn in (plain, windowed):
+        attn.set_layout(tables, tseq, tpos)
+    np.testing.assert_array_equal(plain(0, q, k, v), windowed(0, q, k, v))  # a window wider than every context
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("window", [1, 2, 5, 13])
+def test_windowed_masks_equal_brute_force(seed, window):
+    rng = np.random.default_rng(seed)
+    k_lens = rng.integers(1, 30, size=6)
+    q_lens = np.minimum(rng.integers(1, 8, size=6), k_lens)
+    Q, K = q_lens.max(), k_lens.max()
+    want = np.zeros((6, Q, K), bool)  # by the definition: query i of b is at position k - q + i
+    for b in range(6):
+        for i in range(q_lens[b]):
+            p = k_lens[b] - q_lens[b] + i
+            for j in range(K):
+                want[b, i, j] = p - window < j <= p
+    for fn in (varlen_causal_mask, varlen_causal_mask_loop, varlen_causal_mask_python):
+        np.testing.assert_array_equal(fn(q_lens.tolist(), k_lens.tolist(), window), want)
+    pad = rng.integers(0, 30, size=4)
+    lp = np.zeros((4, 5, 35), bool)
+    for b in range(4):
+        for i in range(5):
+            c = 30 + i
+            for j in range(35):
+                lp[b, i, j] = j == c or (pad[b] <= j <= c and c - window < j)
+    for fn in (left_padded_causal_mask, left_padded_causal_mask_loop, left_padded_causal_mask_python):
+        np.testing.assert_array_equal(fn(pad.tolist(), 5, 35, window), lp)
+
+
+def test_window_matches_the_transformers_sliding_window_convention():
+    """transformers' sliding-window mask (Mistral, Gemma 2/3): key j is visible from query p when
+    p - sliding_window < j <= p; a window of 3 at position 5 sees 3, 4, 5."""
+    torch = pytest.importorskip("torch")
+    masking = pytest.importorskip("transformers.masking_utils")
+    fn = masking.and_masks(masking.sliding_window_overlay(3), masking.causal_mask_function)
+    got = np.array([[bool(fn(0, 0, torch.tensor(p), torch.tensor(j))) for j in range(8)] for p in range(8)])
+    np.testing.assert_array_equal(got, varlen_causal_mask([8], [8], window=3)[0])
+    assert varlen_causal_mask([1], [6], window=3)[0, 0].tolist() == [False, False, False, True, True, True]
