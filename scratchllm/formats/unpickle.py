@@ -87,7 +87,9 @@ def _ints(value, what: str, problem) -> tuple[int, ...]:
     return tuple(value)
 
 
-class RestrictedUnpickler(pickle.Unpickler):
+# The pure-Python unpickler: its memo is a dict. The C one's is an array as long as the largest
+# memo index the file names, so a 20-byte pickle saying LONG_BINPUT 2**31 allocated 16 GiB.
+class RestrictedUnpickler(pickle._Unpickler):
     def __init__(self, data: bytes, path: str):
         super().__init__(io.BytesIO(data))
         self.path = path

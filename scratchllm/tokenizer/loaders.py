@@ -118,6 +118,8 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
             raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
     elif mtype == "WordPiece":
         vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        if model_spec.get("unk_token", "[UNK]") not in vocab:
+            raise FormatError(path, f"WordPiece unk_token {model_spec.get('unk_token', '[UNK]')!r} is not in the vocab")
         model = WordPiece(vocab, unk_token=model_spec.get("unk_token", "[UNK]"),
                           prefix=model_spec.get("continuing_subword_prefix", "##"),
                           max_chars=int(model_spec.get("max_input_chars_per_word", 100)))

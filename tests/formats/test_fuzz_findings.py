@@ -1,0 +1,49 @@
+"""Inputs the coverage-guided fuzzer (fuzz/) found raising something other than a FormatError, or
+exhausting memory, each now a clear FormatError: kept here so they stay fixed."""
+
+import io
+import json
+import struct
+import time
+import tracemalloc
+import zipfile
+
+import pytest
+
+from scratchllm import FormatError, load_checkpoint
+from scratchllm.formats.unpickle import load_state_dict_pickle
+from scratchllm.tokenizer import Tokenizer
+
+# PROTO 2, EMPTY_DICT, LONG_BINPUT 2**31 - 1, STOP: a memo index naming a slot 2 billion places on.
+HUGE_MEMO = b"\x80\x02}r" + struct.pack("<I", 2**31 - 1) + b"."
+
+
+def test_a_huge_memo_index_allocates_nothing():
+    tracemalloc.start()
+    try:
+        obj, storages = load_state_dict_pickle(HUGE_MEMO, "data.pkl")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert obj == {} and storages == {}  # a legal pickle: the index is only a name
+    assert peak < 1 << 20
+
+
+def test_a_huge_memo_index_in_a_torch_file(tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}r" + struct.pack("<I", 2**31 - 1) + b"X\x01\x00\x00\x00ah\x00s.")
+        z.writestr("archive/version", "3\n")
+    path = tmp_path / "m.bin"
+    path.write_bytes(buf.getvalue())
+    started = time.monotonic()
+    with pytest.raises(FormatError, match=r"m\.bin: .*data\.pkl"):
+        load_checkpoint(path)  # GET of a memo slot never PUT: malformed, said plainly
+    assert time.monotonic() - started < 1
+
+
+def test_wordpiece_without_its_unknown_token(tmp_path):
+    spec = {"model": {"type": "WordPiece", "vocab": {"a": 0}, "unk_token": "[UNK]"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(FormatError, match=r"tokenizer\.json: WordPiece unk_token '\[UNK\]' is not in the vocab"):
+        Tokenizer.from_pretrained(tmp_path / "tokenizer.json")
