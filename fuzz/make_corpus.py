@@ -59,7 +59,8 @@ def torch_seeds(tmp: str) -> None:
     import torch
 
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    for name, obj in (("views.bin", {"a": base, "t": base.t(), "row": base[1], "h": torch.ones(2, dtype=torch.bfloat16)}),
+    views = {"a": base, "t": base.t(), "row": base[1], "h": torch.ones(2, dtype=torch.bfloat16)}
+    for name, obj in (("views.bin", views),
                       ("nested.bin", {"state_dict": {"w": torch.zeros(2, 2, dtype=torch.float16)}, "step": 3,
                                       "i": torch.tensor([1, 2], dtype=torch.int64)})):
         buf = io.BytesIO()
@@ -75,7 +76,8 @@ def tokenizer_seeds(tmp: str) -> None:
     import tokenizers
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-    bpe = tokenizers.Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġa": 4, "<s>": 5}, [("a", "b"), ("Ġ", "a")]))
+    vocab = {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġa": 4, "<s>": 5}
+    bpe = tokenizers.Tokenizer(models.BPE(vocab, [("a", "b"), ("Ġ", "a")]))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.add_special_tokens(["<s>"])
@@ -87,7 +89,8 @@ def tokenizer_seeds(tmp: str) -> None:
                                                    pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)])
     split.decoder = decoders.ByteLevel()
     _out("tokenizer_json", "bpe-split.json", split.to_str().encode())
-    wp = tokenizers.Tokenizer(models.WordPiece({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "he": 3, "##llo": 4}, unk_token="[UNK]"))
+    pieces = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "he": 3, "##llo": 4}
+    wp = tokenizers.Tokenizer(models.WordPiece(pieces, unk_token="[UNK]"))
     wp.normalizer = normalizers.BertNormalizer(lowercase=True)
     wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     wp.decoder = decoders.WordPiece()

@@ -3,9 +3,10 @@
     python fuzz/run.py TARGET [libFuzzer options and corpus folders]
     python fuzz/run.py gguf fuzz/corpus/gguf -max_total_time=60
 
-TARGET is one of fuzz/targets.py's TARGETS. The scratchllm package is instrumented for coverage;
-an exception other than the project's own errors stops the run and writes the input that raised
-it (crash-<hash>) where -artifact_prefix says. `make fuzz` runs every target in turn.
+TARGET is one of fuzz/targets.py's TARGETS, or `all` (every_target: the first byte picks one).
+The scratchllm package is instrumented for coverage; an exception other than the project's own
+errors stops the run and writes the input that raised it (crash-<hash>) where -artifact_prefix
+says. `make fuzz` runs every target in turn.
 """
 
 import os
@@ -16,21 +17,22 @@ import atheris
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's scratchllm
 
 with atheris.instrument_imports(include=["scratchllm"]):
-    import scratchllm.formats.gguf  # noqa: F401 - imported here so that atheris instruments them
-    import scratchllm.formats.safetensors  # noqa: F401
-    import scratchllm.formats.torchzip  # noqa: F401
-    import scratchllm.formats.unpickle  # noqa: F401
-    import scratchllm.tokenizer.chat  # noqa: F401
+    import scratchllm.formats.gguf
+    import scratchllm.formats.safetensors
+    import scratchllm.formats.torchzip
+    import scratchllm.formats.unpickle
+    import scratchllm.tokenizer.chat
     import scratchllm.tokenizer.loaders  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from targets import TARGETS  # noqa: E402
+from targets import TARGETS, every_target
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
-        sys.exit(f"usage: fuzz/run.py {{{','.join(TARGETS)}}} [libFuzzer options] [corpus folders]")
-    target = TARGETS[sys.argv.pop(1)]
+    targets = {**TARGETS, "all": every_target}
+    if len(sys.argv) < 2 or sys.argv[1] not in targets:
+        sys.exit(f"usage: fuzz/run.py {{{','.join(targets)}}} [libFuzzer options] [corpus folders]")
+    target = targets[sys.argv.pop(1)]
     atheris.Setup(sys.argv, target)
     atheris.Fuzz()
 
