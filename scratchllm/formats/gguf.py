@@ -212,7 +212,8 @@ class GGUFFile:
         numel = 1
         for dim in ne:
             numel *= dim
-        if numel > file_size * max(block_size, 1):
+        # Each dimension too: (0, 2**62) holds no element, but no array can have that shape.
+        if numel > file_size * max(block_size, 1) or any(dim > file_size * max(block_size, 1) for dim in ne):
             raise FormatError(p, f"tensor '{name}' claims {numel} elements, more than the file can hold")
         if ne and ne[0] % block_size:
             raise FormatError(p, f"tensor '{name}': innermost dimension {ne[0]} is not a multiple of "

@@ -418,7 +418,9 @@ def _environment() -> "jinja2.Environment":
                 args = _check_str_method(budget, method, __obj.__self__, args)
             return budget.check(super().call(__context, __obj, *args, **kwargs), "a call's result")
 
-    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    # optimized=False: no constant folding, which tries every node of a chain of unary operators
+    # (`a - - - ... b`) down to its end, quadratic in its length: 120 of them took 13 s to compile.
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], optimized=False)
     env.concat = env.bounded_concat  # type: ignore[method-assign]
     for name in ("urlize", "pprint"):  # no chat template uses them; their output is hard to bound
         env.filters.pop(name, None)

@@ -7,6 +7,7 @@ import struct
 import time
 import tracemalloc
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,23 @@ def test_wordpiece_without_its_unknown_token(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(FormatError, match=r"tokenizer\.json: WordPiece unk_token '\[UNK\]' is not in the vocab"):
         Tokenizer.from_pretrained(tmp_path / "tokenizer.json")
+
+
+FOUND = Path(__file__).resolve().parents[2] / "fuzz" / "corpus"
+
+
+def test_found_inputs_are_format_errors(tmp_path):
+    """The fuzzer's own finds, kept in its corpus: each a FormatError now."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes((FOUND / "gguf" / "found-zero-by-huge.gguf").read_bytes())  # a (0, 2**62) tensor
+    with pytest.raises(FormatError, match=r"m\.gguf: tensor 'q' claims .* more than the file can hold"):
+        load_checkpoint(gguf)
+    tok = tmp_path / "tokenizer.json"
+    tok.write_bytes((FOUND / "tokenizer_json" / "found-text-for-an-id.json").read_bytes())  # "sep": [0, "vocab"]
+    with pytest.raises(FormatError, match=r"tokenizer\.json: malformed tokenizer\.json \(ValueError"):
+        Tokenizer.from_pretrained(tok)
+    tok.write_bytes((FOUND / "tokenizer_json" / "found-no-unk.json").read_bytes())
+    with pytest.raises(FormatError, match="tokenizer.json: "):
+        Tokenizer.from_pretrained(tok)
+    with pytest.raises(FormatError, match=r"data\.pkl: "):
+        load_state_dict_pickle((FOUND / "unpickle" / "found-huge-memo.pkl").read_bytes(), "data.pkl")

@@ -74,6 +74,7 @@ def hostile(canary):
         ("expandtabs", "{{ ('\t' * 1000000).expandtabs(100000000) }}", "characters"),
         ("batch-fill", "{{ [1]|batch(10000000000, 0)|list }}", "characters"),
         ("sum-lists", "{{ range(100000)|map('string')|map('list')|sum(start=[])|length }}", "time limit"),
+        ("unary-chain", "{{ bos_" + "-" * 120 + "token }}", "undefined"),  # compiling it took 13 s
         ("output-flood", "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "characters"),
     ]
 
