@@ -110,6 +110,12 @@ class RestrictedUnpickler(pickle._Unpickler):
         for name, dtype in TORCH_DTYPES.items():
             self.allowed[("torch", name)] = TorchDType(dtype)
 
+    def _load_bytearray8(self) -> None:
+        # The pure-Python unpickler allocates the length the file states before reading: 2**40.
+        raise self.problem("holds a BYTEARRAY8 (protocol 5): a state dict never does")
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _load_bytearray8}
+
     def problem(self, message: str) -> FormatError:
         return FormatError(self.path, f"data.pkl: {message}")
 

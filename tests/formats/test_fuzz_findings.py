@@ -68,3 +68,29 @@ def test_found_inputs_are_format_errors(tmp_path):
         Tokenizer.from_pretrained(tok)
     with pytest.raises(FormatError, match=r"data\.pkl: "):
         load_state_dict_pickle((FOUND / "unpickle" / "found-huge-memo.pkl").read_bytes(), "data.pkl")
+
+
+@pytest.mark.parametrize(("found", "said"), [
+    ("gguf/found-quantized-scalar.gguf", "innermost dimension 1 is not a multiple of the Q4_0 block size 32"),
+    ("safetensors/found-list-dtype.safetensors", r"tensor 'empty' has unknown dtype \[0, 2\]"),
+])
+def test_found_files_are_format_errors(tmp_path, found, said):
+    path = tmp_path / ("m." + found.rsplit(".", 1)[1])
+    path.write_bytes((FOUND / found).read_bytes())
+    with pytest.raises(FormatError, match=said):
+        load_checkpoint(path)
+
+
+def test_a_bytearray8_of_a_terabyte_is_refused_before_allocating():
+    """BYTEARRAY8 2**40: the unpickler would allocate the stated length before reading it."""
+    pkl = b"\x80\x05\x96" + struct.pack("<Q", 1 << 40) + b"xx."
+    tracemalloc.start()
+    try:
+        for data in (pkl, (FOUND / "unpickle" / "found-bytearray8.pkl").read_bytes()):
+            with pytest.raises(FormatError, match="BYTEARRAY8"):
+                load_state_dict_pickle(data, "data.pkl")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
