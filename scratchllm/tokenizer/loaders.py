@@ -91,7 +91,7 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         raise FormatError(path, f"cannot read tokenizer.json: {e}") from None
     try:
         return _from_tokenizer_json(spec, path)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:  # ValueError: int("vocab") and the like
+    except (LookupError, TypeError, AttributeError, ValueError) as e:  # ValueError: int("vocab") and the like
         raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
 
 

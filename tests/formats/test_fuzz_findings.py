@@ -63,9 +63,10 @@ def test_found_inputs_are_format_errors(tmp_path):
     tok.write_bytes((FOUND / "tokenizer_json" / "found-text-for-an-id.json").read_bytes())  # "sep": [0, "vocab"]
     with pytest.raises(FormatError, match=r"tokenizer\.json: malformed tokenizer\.json \(ValueError"):
         Tokenizer.from_pretrained(tok)
-    tok.write_bytes((FOUND / "tokenizer_json" / "found-no-unk.json").read_bytes())
-    with pytest.raises(FormatError, match="tokenizer.json: "):
-        Tokenizer.from_pretrained(tok)
+    for found in ("found-no-unk.json", "found-short-post-processor.json"):
+        tok.write_bytes((FOUND / "tokenizer_json" / found).read_bytes())
+        with pytest.raises(FormatError, match="tokenizer.json: "):
+            Tokenizer.from_pretrained(tok)
     with pytest.raises(FormatError, match=r"data\.pkl: "):
         load_state_dict_pickle((FOUND / "unpickle" / "found-huge-memo.pkl").read_bytes(), "data.pkl")
 
