@@ -91,6 +91,8 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         raise FormatError(path, f"cannot read tokenizer.json: {e}") from None
     try:
         return _from_tokenizer_json(spec, path)
+    except FormatError:  # a ValueError too: already says what is wrong
+        raise
     except (LookupError, TypeError, AttributeError, ValueError) as e:  # ValueError: int("vocab") and the like
         raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
 
@@ -118,10 +120,12 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
             raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
     elif mtype == "WordPiece":
         vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
-        if model_spec.get("unk_token", "[UNK]") not in vocab:
-            raise FormatError(path, f"WordPiece unk_token {model_spec.get('unk_token', '[UNK]')!r} is not in the vocab")
-        model = WordPiece(vocab, unk_token=model_spec.get("unk_token", "[UNK]"),
-                          prefix=model_spec.get("continuing_subword_prefix", "##"),
+        unk, prefix = model_spec.get("unk_token", "[UNK]"), model_spec.get("continuing_subword_prefix", "##")
+        if unk not in vocab:
+            raise FormatError(path, f"WordPiece unk_token {unk!r} is not in the vocab")
+        if not isinstance(prefix, str):
+            raise FormatError(path, f"WordPiece continuing_subword_prefix {prefix!r} is not a string")
+        model = WordPiece(vocab, unk_token=unk, prefix=prefix,
                           max_chars=int(model_spec.get("max_input_chars_per_word", 100)))
         kind = "wordpiece"
     else:
