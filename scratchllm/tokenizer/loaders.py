@@ -131,6 +131,10 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     else:
         raise FormatError(path, f"model type {mtype!r} is not supported (BPE and WordPiece are)")
 
+    # The id table is as long as the largest id: an id past any plausible gap (or below 0) is a lie.
+    limit = 4 * (len(vocab) + len(added)) + 1024
+    if bad := [i for i in vocab.values() if not 0 <= i < limit][:1]:
+        raise FormatError(path, f"vocab id {bad[0]} is outside 0..{limit - 1} for {len(vocab)} tokens")
     id_to_token = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():
         id_to_token[i] = token

@@ -63,7 +63,8 @@ def test_found_inputs_are_format_errors(tmp_path):
     tok.write_bytes((FOUND / "tokenizer_json" / "found-text-for-an-id.json").read_bytes())  # "sep": [0, "vocab"]
     with pytest.raises(FormatError, match=r"tokenizer\.json: malformed tokenizer\.json \(ValueError"):
         Tokenizer.from_pretrained(tok)
-    for found in ("found-no-unk.json", "found-short-post-processor.json", "found-null-prefix.json"):
+    for found in ("found-no-unk.json", "found-short-post-processor.json", "found-null-prefix.json",
+                  "found-huge-id.json"):
         tok.write_bytes((FOUND / "tokenizer_json" / found).read_bytes())
         with pytest.raises(FormatError, match="tokenizer.json: "):
             Tokenizer.from_pretrained(tok)
@@ -94,4 +95,13 @@ def test_a_bytearray8_of_a_terabyte_is_refused_before_allocating():
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+@pytest.mark.parametrize("bad_id", [10**12, 2**63, -1])
+def test_a_vocab_id_far_out_is_refused_before_the_id_table(tmp_path, bad_id):
+    """The id -> token table is as long as the largest id: 10**12 was 8 TB, 2**63 an OverflowError."""
+    spec = {"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": bad_id}, "unk_token": "[UNK]"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(FormatError, match=rf"tokenizer\.json: vocab id {bad_id} is outside 0\.\.1031"):
+        Tokenizer.from_pretrained(tmp_path / "tokenizer.json")
 
