@@ -110,7 +110,7 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     # by tokenizers; the two differ only where the normalizer changes the token's own characters.
 
     if mtype == "BPE":
-        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        vocab = _vocab(model_spec["vocab"], added, path)
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model_spec.get("merges", [])]
         unk = model_spec.get("unk_token")
         model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
@@ -119,7 +119,7 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
         if not _is_byte_level(spec):
             raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
     elif mtype == "WordPiece":
-        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        vocab = _vocab(model_spec["vocab"], added, path)
         unk, prefix = model_spec.get("unk_token", "[UNK]"), model_spec.get("continuing_subword_prefix", "##")
         if unk not in vocab:
             raise FormatError(path, f"WordPiece unk_token {unk!r} is not in the vocab")
@@ -131,10 +131,6 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
     else:
         raise FormatError(path, f"model type {mtype!r} is not supported (BPE and WordPiece are)")
 
-    # The id table is as long as the largest id: an id past any plausible gap (or below 0) is a lie.
-    limit = 4 * (len(vocab) + len(added)) + 1024
-    if bad := [i for i in vocab.values() if not 0 <= i < limit][:1]:
-        raise FormatError(path, f"vocab id {bad[0]} is outside 0..{limit - 1} for {len(vocab)} tokens")
     id_to_token = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():
         id_to_token[i] = token
@@ -151,6 +147,16 @@ def _from_tokenizer_json(spec: dict, path: Path) -> TokenizerSpec:
         chat_template=_chat_template(config, path.parent), model_max_length=_max_length(config, path.parent),
         source=str(path),
     )
+
+
+def _vocab(entries: dict, added: dict[str, int], path: Path) -> dict[str, int]:
+    """The model's vocab, its ids checked: tables are as long as the largest id, so an id past any
+    plausible gap (or below 0) is refused (2**63 was an OverflowError, 10**12 a table of 8 TB)."""
+    vocab = {str(k): int(v) for k, v in entries.items()}
+    limit = 4 * (len(vocab) + len(added)) + 1024
+    if bad := [i for i in (*vocab.values(), *added.values()) if not 0 <= i < limit][:1]:
+        raise FormatError(path, f"vocab id {bad[0]} is outside 0..{limit - 1} for {len(vocab)} tokens")
+    return vocab
 
 
 def _is_byte_level(spec) -> bool:

@@ -97,10 +97,12 @@ def test_a_bytearray8_of_a_terabyte_is_refused_before_allocating():
     assert peak < 1 << 20
 
 
+@pytest.mark.parametrize("kind", ["WordPiece", "BPE"])
 @pytest.mark.parametrize("bad_id", [10**12, 2**63, -1])
-def test_a_vocab_id_far_out_is_refused_before_the_id_table(tmp_path, bad_id):
+def test_a_vocab_id_far_out_is_refused_before_the_id_table(tmp_path, bad_id, kind):
     """The id -> token table is as long as the largest id: 10**12 was 8 TB, 2**63 an OverflowError."""
-    spec = {"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": bad_id}, "unk_token": "[UNK]"}}
+    spec = {"model": {"type": kind, "vocab": {"[UNK]": 0, "a": bad_id}, "unk_token": "[UNK]", "merges": []},
+            "pre_tokenizer": {"type": "ByteLevel"}}
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(FormatError, match=rf"tokenizer\.json: vocab id {bad_id} is outside 0\.\.1031"):
         Tokenizer.from_pretrained(tmp_path / "tokenizer.json")
