@@ -93,7 +93,7 @@ def from_tokenizer_json(path) -> TokenizerSpec:
         return _from_tokenizer_json(spec, path)
     except FormatError:  # a ValueError too: already says what is wrong
         raise
-    except (LookupError, TypeError, AttributeError, ValueError) as e:  # ValueError: int("vocab") and the like
+    except (LookupError, TypeError, AttributeError, ValueError, OverflowError) as e:  # int("vocab"), int(inf)
         raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
 
 

@@ -64,7 +64,7 @@ def test_found_inputs_are_format_errors(tmp_path):
     with pytest.raises(FormatError, match=r"tokenizer\.json: malformed tokenizer\.json \(ValueError"):
         Tokenizer.from_pretrained(tok)
     for found in ("found-no-unk.json", "found-short-post-processor.json", "found-null-prefix.json",
-                  "found-huge-id.json"):
+                  "found-huge-id.json", "found-infinite-id.json"):
         tok.write_bytes((FOUND / "tokenizer_json" / found).read_bytes())
         with pytest.raises(FormatError, match="tokenizer.json: "):
             Tokenizer.from_pretrained(tok)
