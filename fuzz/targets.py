@@ -10,32 +10,43 @@ a bug in the parser, and the fuzzer reports it as a crash.
   time limit.
 """
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 
 from scratchllm.errors import ScratchLLMError
 
-SCRATCH = tempfile.mkdtemp(prefix="scratchllm-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None  # a RAM disk where there is one
 
 
-def _file(data: bytes, name: str) -> str:
-    path = os.path.join(SCRATCH, name)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
+@contextlib.contextmanager
+def _file(data: bytes, name: str) -> Iterator[str]:
+    """`data` as the file `name` in a folder of its own, removed afterwards (libFuzzer's exit runs
+    no atexit hook, so nothing may be left for one)."""
+    folder = tempfile.mkdtemp(prefix="scratchllm-fuzz-", dir=SHM)
+    try:
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _checkpoint(data: bytes, name: str) -> None:
     from scratchllm import load_checkpoint
 
-    try:
-        ckpt = load_checkpoint(_file(data, name))
-        for key in ckpt:
-            np.asarray(ckpt[key]).sum()
-    except ScratchLLMError:
-        pass
+    with _file(data, name) as path:
+        try:
+            ckpt = load_checkpoint(path)
+            for key in ckpt:
+                np.asarray(ckpt[key]).sum()
+        except ScratchLLMError:
+            pass
 
 
 def gguf(data: bytes) -> None:
@@ -62,14 +73,12 @@ def unpickle(data: bytes) -> None:
 def tokenizer_json(data: bytes) -> None:
     from scratchllm.tokenizer import Tokenizer
 
-    folder = os.path.join(SCRATCH, "tok")
-    os.makedirs(folder, exist_ok=True)
-    path = _file(data, os.path.join("tok", "tokenizer.json"))
-    try:
-        tok = Tokenizer.from_pretrained(path)
-        tok.decode(tok.encode("Hello, wörld! 12 345  \n\tok"))
-    except ScratchLLMError:
-        pass
+    with _file(data, "tokenizer.json") as path:
+        try:
+            tok = Tokenizer.from_pretrained(path)
+            tok.decode(tok.encode("Hello, wörld! 12 345  \n\tok"))
+        except ScratchLLMError:
+            pass
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 👋"},
