@@ -66,3 +66,16 @@ clean:
 .PHONY: peers
 peers: $(VENV)/.run-deps
 	$(PY) scripts/build_peers.py
+
+# Coverage-guided fuzzing (atheris) of each parser for FUZZ_SECONDS (default 60) in turn, from the
+# seed corpora in fuzz/corpus (docs/fuzzing.md); new inputs go to .fuzz/corpus, crashes to .fuzz/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := gguf safetensors torch unpickle tokenizer_json chat_template
+.PHONY: fuzz
+fuzz: build $(VENV)/.test-deps
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p .fuzz/corpus/$$t; \
+		echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+		$(PY) fuzz/run.py $$t .fuzz/corpus/$$t fuzz/corpus/$$t -max_total_time=$(FUZZ_SECONDS) \
+			-artifact_prefix=.fuzz/$$t- -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 || exit 1; \
+	done

@@ -216,11 +216,12 @@ class GGUFFile:
         numel = 1
         for dim in ne:
             numel *= dim
-        if numel > file_size * max(block_size, 1):
+        # Each dimension too: (0, 2**62) holds no element, but no array can have that shape.
+        if numel > file_size * max(block_size, 1) or any(dim > file_size * max(block_size, 1) for dim in ne):
             raise FormatError(p, f"tensor '{name}' claims {numel} elements, more than the file can hold")
-        if ne and ne[0] % block_size:
-            raise FormatError(p, f"tensor '{name}': innermost dimension {ne[0]} is not a multiple of "
-                                 f"the {type_name} block size {block_size}")
+        if (ne[0] if ne else 1) % block_size:  # a quantized scalar (no dimension) is one element
+            raise FormatError(p, f"tensor '{name}': innermost dimension {ne[0] if ne else 1} is not a "
+                                 f"multiple of the {type_name} block size {block_size}")
         nbytes = numel // block_size * block_bytes
         if offset % self.alignment:
             raise FormatError(p, f"tensor '{name}': offset {offset} is not a multiple of the alignment "

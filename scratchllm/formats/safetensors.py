@@ -106,7 +106,7 @@ def _entry(path: str, name: str, entry: object, data_start: int, data_len: int) 
     if not isinstance(entry, dict):
         raise FormatError(path, f"tensor '{name}': entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise FormatError(path, f"tensor '{name}' has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise FormatError(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative ints")

@@ -89,7 +89,15 @@ def _ints(value: object, what: str, problem: Callable[[str], FormatError]) -> tu
     return tuple(value)
 
 
-class RestrictedUnpickler(pickle.Unpickler):
+def _refuse_bytearray8(unpickler: pickle.Unpickler) -> None:
+    # The pure-Python unpickler allocates the length the file states before reading: 2**40.
+    assert isinstance(unpickler, RestrictedUnpickler)
+    raise unpickler.problem("holds a BYTEARRAY8 (protocol 5): a state dict never does")
+
+
+# The pure-Python unpickler: its memo is a dict. The C one's is an array as long as the largest
+# memo index the file names, so a 20-byte pickle saying LONG_BINPUT 2**31 allocated 16 GiB.
+class RestrictedUnpickler(pickle._Unpickler):
     def __init__(self, data: bytes, path: str) -> None:
         super().__init__(io.BytesIO(data))
         self.path = path
@@ -109,6 +117,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             self.allowed[("torch", name)] = StorageType(name, dtype)
         for name, dtype in TORCH_DTYPES.items():
             self.allowed[("torch", name)] = TorchDType(dtype)
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _refuse_bytearray8}
 
     def problem(self, message: str) -> FormatError:
         return FormatError(self.path, f"data.pkl: {message}")

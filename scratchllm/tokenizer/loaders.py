@@ -101,7 +101,9 @@ def from_tokenizer_json(path: str | Path) -> TokenizerSpec:
         raise FormatError(path, f"cannot read tokenizer.json: {e}") from None
     try:
         return _from_tokenizer_json(spec, path)
-    except (KeyError, TypeError, AttributeError) as e:
+    except FormatError:  # a ValueError too: already says what is wrong
+        raise
+    except (LookupError, TypeError, AttributeError, ValueError, OverflowError) as e:  # int("vocab"), int(inf)
         raise FormatError(path, f"malformed tokenizer.json ({type(e).__name__}: {e})") from None
 
 
@@ -119,7 +121,7 @@ def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
 
     model: BPE | WordPiece
     if mtype == "BPE":
-        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
+        vocab = _vocab(model_spec["vocab"], added, path)
         merges = [_merge_pair(m, path) for m in model_spec.get("merges", [])]
         unk = model_spec.get("unk_token")
         model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
@@ -128,9 +130,13 @@ def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
         if not _is_byte_level(spec):
             raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
     elif mtype == "WordPiece":
-        vocab = {str(k): int(v) for k, v in model_spec["vocab"].items()}
-        model = WordPiece(vocab, unk_token=model_spec.get("unk_token", "[UNK]"),
-                          prefix=model_spec.get("continuing_subword_prefix", "##"),
+        vocab = _vocab(model_spec["vocab"], added, path)
+        unk, prefix = model_spec.get("unk_token", "[UNK]"), model_spec.get("continuing_subword_prefix", "##")
+        if unk not in vocab:
+            raise FormatError(path, f"WordPiece unk_token {unk!r} is not in the vocab")
+        if not isinstance(prefix, str):
+            raise FormatError(path, f"WordPiece continuing_subword_prefix {prefix!r} is not a string")
+        model = WordPiece(vocab, unk_token=unk, prefix=prefix,
                           max_chars=int(model_spec.get("max_input_chars_per_word", 100)))
         kind = "wordpiece"
     else:
@@ -160,6 +166,16 @@ def _merge_pair(merge: Json, path: Path) -> tuple[str, str]:
     if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(half, str) for half in pair):
         raise FormatError(path, f"merge {merge!r:.60} is not two halves")
     return pair[0], pair[1]
+
+
+def _vocab(entries: Json, added: dict[str, int], path: Path) -> dict[str, int]:
+    """The model's vocab, its ids checked: tables are as long as the largest id, so an id past any
+    plausible gap (or below 0) is refused (2**63 was an OverflowError, 10**12 a table of 8 TB)."""
+    vocab = {str(k): int(v) for k, v in entries.items()}
+    limit = 4 * (len(vocab) + len(added)) + 1024
+    if bad := [i for i in (*vocab.values(), *added.values()) if not 0 <= i < limit][:1]:
+        raise FormatError(path, f"vocab id {bad[0]} is outside 0..{limit - 1} for {len(vocab)} tokens")
+    return vocab
 
 
 def _is_byte_level(spec: Json) -> bool:
