@@ -68,6 +68,7 @@ class BlockStats:
     prefix_hits: int = 0
     cow_copies: int = 0
     peak_used: int = 0  # blocks of every group together
+    peak_bytes: int = 0  # their KV bytes together, each group's blocks at that group's size
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -201,7 +202,7 @@ class BlockManager:
     `num_blocks` and a windowed one of `num_window_blocks`."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int = 0,
-                 num_window_blocks: int | None = None) -> None:
+                 num_window_blocks: int | None = None, block_bytes: tuple[int, ...] = ()) -> None:
         assert num_blocks >= 1 and block_size >= 1
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -209,6 +210,9 @@ class BlockManager:
             self.groups = [BlockPool(num_blocks, block_size), BlockPool(num_window_blocks, block_size, window)]
         else:
             self.groups = [BlockPool(num_blocks, block_size, window)]
+        # KV bytes of one block of each group (the groups' layers differ in count): () = not known
+        assert not block_bytes or len(block_bytes) == len(self.groups), (block_bytes, len(self.groups))
+        self.block_bytes = block_bytes
         self.stats = BlockStats()
 
     # --- the first group's pool (the only one of a model without windows) ---
@@ -398,8 +402,14 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    @property
+    def bytes_used(self) -> int:
+        """KV bytes of the blocks in use, each group's at its own block size (0 when not known)."""
+        return sum(g.num_used * b for g, b in zip(self.groups, self.block_bytes, strict=False))
+
     def _note_peak(self) -> None:
         self.stats.peak_used = max(self.stats.peak_used, self.num_used)
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes_used)
 
     # --- the invariants, checked in full (tests call this after every operation) ---
     def check(self, seqs: Iterable[Request] = ()) -> None:

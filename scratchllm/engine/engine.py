@@ -60,8 +60,10 @@ class LLMEngine:
         self.max_model_len = ctx if self.plan.all_windowed else min(ctx, num_blocks * config.block_size)
         self.limits = RequestLimits(self.max_model_len, mc.vocab_size)
         window_pool = self.plan.num_window_blocks or None  # the windowed layers' own pool, if any
+        group_bytes = (self.plan.kv_block_bytes, self.plan.window_block_bytes) if window_pool else \
+            (self.plan.kv_block_bytes,)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                          self.plan.window, window_pool)
+                                          self.plan.window, window_pool, block_bytes=group_bytes)
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads, window_pool)
         self.requests: dict[str, Request] = {}
@@ -246,8 +248,8 @@ class LLMEngine:
             "kv_blocks_used": bm.num_used,
             "kv_blocks_peak": bm.stats.peak_used,
             "kv_block_bytes": self.plan.kv_block_bytes,
-            "kv_bytes_used": bm.num_used * self.plan.kv_block_bytes,
-            "kv_bytes_peak": bm.stats.peak_used * self.plan.kv_block_bytes,
+            "kv_bytes_used": bm.bytes_used,  # each pool's blocks at its own size (windowed layers' differ)
+            "kv_bytes_peak": bm.stats.peak_bytes,
             "kv_occupancy": bm.occupancy,
             "utilization": s.last_utilization,
             "prefix_cache_queries": bm.stats.prefix_queries,

@@ -160,3 +160,20 @@ def test_memory_plan_sizes_the_windowed_pool_by_the_window():
     assert "windowed (7 tokens)" in plan.describe()
     fixed = plan_memory(model, replace(cfg, num_kv_blocks=10), 512)  # never more windowed blocks than full ones
     assert fixed.num_kv_blocks == 10 and fixed.num_window_blocks == 10
+
+
+def test_stats_count_each_pools_blocks_at_their_own_size():
+    """kv_bytes_used / kv_bytes_peak add each pool's blocks at its block size: the windowed pool's
+    blocks hold fewer layers than the full-attention pool's."""
+    model = windowed_tiny((8, 0, 8), seed=2)
+    engine = LLMEngine(model, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=64))
+    engine.add_request("a", list(range(1, 60)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    full, windowed = engine.block_manager.groups
+    plan, peak = engine.plan, 0
+    assert plan.window_block_bytes != plan.kv_block_bytes  # 2 windowed layers, 1 full one
+    while engine.scheduler.has_work():
+        engine.step()
+        used = full.num_used * plan.kv_block_bytes + windowed.num_used * plan.window_block_bytes
+        peak = max(peak, used)
+        assert engine.stats()["kv_bytes_used"] == used
+    assert engine.stats()["kv_bytes_peak"] >= peak > 0
