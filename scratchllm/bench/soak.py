@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
     p.add_argument("--sample-s", type=float, default=None,
                    help="seconds between samples of the process (default: the run's length / 60, 1 to 30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the request mix")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw RSS, fds, threads and KV use over time")
 
 

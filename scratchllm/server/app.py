@@ -98,7 +98,11 @@ class Drain:
         self.active = 0  # requests the gate let in that have not finished
         self.refused = 0  # requests turned away with 503 while draining
         self.cut_requests = 0  # requests ended by cut()
-        self._cut = asyncio.Event()
+        self._was_cut = False
+        # made on the loop that first waits: an app may be served by one event loop after another
+        # (tests, TestClient), and an asyncio.Event belongs to the first loop that waits on it
+        self._cut: asyncio.Event | None = None
+        self._cut_loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         self.draining = True
@@ -106,14 +110,21 @@ class Drain:
     def cut(self) -> None:
         """End every request still in flight (the drain's deadline, or a second signal)."""
         self.draining = True
-        self._cut.set()
+        self._was_cut = True
+        if self._cut is not None:
+            self._cut.set()
 
     async def wait_cut(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._cut is None or self._cut_loop is not loop:
+            self._cut, self._cut_loop = asyncio.Event(), loop
+            if self._was_cut:
+                self._cut.set()
         await self._cut.wait()
 
     @property
     def was_cut(self) -> bool:
-        return self._cut.is_set()
+        return self._was_cut
 
     @property
     def idle(self) -> bool:

