@@ -315,13 +315,18 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
     from scratchllm.models import load_model
+    from scratchllm.models.bert import BertModel
 
     skip, policies = _settle(args)
     t = time.perf_counter()
     checkpoint = load_checkpoint(resolve_model(args.model))  # one header parse for the model and its tokenizer
     if args.peer and checkpoint.format != "gguf":
         raise ConfigError(f"--peer llama.cpp runs on a GGUF file; {checkpoint.path} is {checkpoint.format}")
-    model: LoadedModel = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
+    loaded = load_model(args.model, dtype=args.dtype, checkpoint=checkpoint)
+    if not loaded.config.is_decoder:
+        raise ConfigError(f"{args.model} is an encoder; bench engine needs a decoder")
+    assert not isinstance(loaded, BertModel), "BERT is the one encoder family"
+    model: LoadedModel = loaded
     result: dict[str, Any]
     result = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "load_s": time.perf_counter() - t,
               "figures": {}, "ratios": {}, "published": PUBLISHED, "goals": GOALS, "peer": None}

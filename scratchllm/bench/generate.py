@@ -19,7 +19,7 @@ slower, not faster (see scratchllm/models/threads.py); the headline is the best 
 import argparse
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,9 @@ import numpy.typing as npt
 from scratchllm.bench import peers
 from scratchllm.bench.common import LoadedModel, machine_facts, measure_bandwidth, median, weight_bytes_per_token
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
+
+if TYPE_CHECKING:
+    from scratchllm.models.loader import FamilyModel
 
 PEER_ROWS = ("load_s", "rss_after_load_mb", "prefill_tok_s", "decode_tok_s")  # what both sides measure
 GOALS = {"decode_fraction_of_bound": 0.5, "load_s": 1.0, "decode_over_peer": 1.25, "prefill_over_peer": 1.5}
@@ -147,6 +150,7 @@ def _peer_runs(args: argparse.Namespace, path: str, threads: int) -> dict[str, A
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.models import load_model
+    from scratchllm.models.bert import BertModel
     from scratchllm.models.threads import blas_threads
 
     if args.peer:
@@ -156,18 +160,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError("--peer llama.cpp needs llama-cpp-python, which is not installed: `make peers` builds "
                               "it from source for this CPU")
     load_times = []
-    model: LoadedModel | None
+    loaded: FamilyModel | None
     for _ in range(args.repeat):
-        model = None  # the previous copy is freed before the next load, so RSS counts one model
+        loaded = None  # the previous copy is freed before the next load, so RSS counts one model
         t = time.perf_counter()
-        model = load_model(args.model, dtype=args.dtype)
+        loaded = load_model(args.model, dtype=args.dtype)
         load_times.append(time.perf_counter() - t)
-    assert model is not None  # the last load
+    assert loaded is not None  # the last load
     rss_after_load = rss_mb()
-    if not model.config.is_decoder:
+    if not loaded.config.is_decoder:
         from scratchllm.errors import ConfigError
 
         raise ConfigError(f"{args.model} is an encoder; bench generate needs a decoder")
+    assert not isinstance(loaded, BertModel), "BERT is the one encoder family"
+    model: LoadedModel = loaded
     bytes_per_token = weight_bytes_per_token(model)
     if args.peer and model.format != "gguf":
         from scratchllm.errors import ConfigError

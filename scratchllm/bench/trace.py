@@ -31,7 +31,7 @@ from scratchllm.bench.common import machine_facts, median
 from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:
-    from scratchllm.models.llama import LlamaModel
+    from scratchllm.models.protocol import Model
     from scratchllm.tokenizer import Tokenizer
 
 GOALS = {"ns_per_token_record": 2000.0, "throughput_on_over_off": 0.97}
@@ -115,7 +115,7 @@ def _per_call(fn: Callable[[int], object], calls: int, repeat: int, per: int = 1
             "records_per_call": per}
 
 
-def engine_run(model: LlamaModel, prompts: list[list[int]], output_len: int, threads: int, ring: Path | None,
+def engine_run(model: Model, prompts: list[list[int]], output_len: int, threads: int, ring: Path | None,
                max_num_seqs: int = 0, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     """The workload to completion; with `ring`, the engine traces every token into it; with
     `tokenizer`, it detokenizes every token (as a server's engine does)."""
@@ -142,7 +142,7 @@ def engine_run(model: LlamaModel, prompts: list[list[int]], output_len: int, thr
     return result
 
 
-def engine_overhead(model: LlamaModel, args: argparse.Namespace, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
+def engine_overhead(model: Model, args: argparse.Namespace, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     lo = min(100, model.config.vocab_size // 4)
     prompts = [rng.integers(lo, model.config.vocab_size - 1, args.prompt_len).tolist() for _ in range(args.requests)]
@@ -175,8 +175,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["ratios"]["cpu_ns_per_token_record_step_16"] = figs["writer"]["token_step_16"]["cpu_median_ns"]
     if not args.skip_engine:
         from scratchllm.models import load_model
+        from scratchllm.models.bert import BertModel
 
         model = load_model(args.model)
+        if isinstance(model, BertModel):
+            raise ConfigError(f"{args.model} is an encoder; bench trace needs a decoder")
         tokenizer: Tokenizer | None = None
         if not args.no_tokenizer:
             from scratchllm.tokenizer import Tokenizer

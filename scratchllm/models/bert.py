@@ -73,6 +73,12 @@ def _layer_shapes(C: int, I: int) -> dict[str, tuple[int, ...]]:
 
 
 class BertModel:
+    # set by models.loader.load_model:
+    path: str  # the file or folder it was loaded from
+    format: str  # the checkpoint's format, "gguf", "safetensors", ...
+    dtype: str  # what dtype "auto" resolved to: "float32", the one this family runs in
+    panels_from_cache: bool  # always False: panels are the quantized Llama's
+
     def __init__(self, config: ModelConfig, weights: Mapping[str, npt.NDArray[Any]]) -> None:
         """`weights`: HF names, with or without the "bert." prefix of the task heads' checkpoints."""
         self.config = config

@@ -8,7 +8,7 @@
 GPT-2 stores its linear layers as "Conv1D": weights are [in, out] and apply as x @ w + b.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ def transformer_block(x: Floats, layer: int, p: dict[str, Any], cfg: ModelConfig
 
 
 def gpt2(input_ids: Ints, positions: Ints, attention: Attention, w: dict[str, Any], cfg: ModelConfig,
-         logits_rows: Ints | None = None) -> npt.NDArray[np.float32]:  # [N] -> [rows, V]
+         logits_rows: Ints | Sequence[int] | None = None) -> npt.NDArray[np.float32]:  # [N] -> [rows, V]
     x: Floats = w["wte.weight"][input_ids] + w["wpe.weight"][positions]  # [N, C]
     for layer, p in enumerate(w["h"]):
         x = transformer_block(x, layer, p, cfg, attention)
@@ -57,6 +57,12 @@ BLOCK_SHAPES: Callable[[int, int], dict[str, tuple[int, ...]]] = lambda C, I: { 
 
 
 class GPT2Model:
+    # set by models.loader.load_model:
+    path: str  # the file or folder it was loaded from
+    format: str  # the checkpoint's format, "gguf", "safetensors", ...
+    dtype: str  # what dtype "auto" resolved to: "float32", the one this family runs in
+    panels_from_cache: bool  # always False: panels are the quantized Llama's
+
     def __init__(self, config: ModelConfig, weights: Mapping[str, npt.NDArray[Any]]) -> None:
         """`weights`: HF names, with or without the "transformer." prefix of GPT2LMHeadModel."""
         self.config = config
@@ -74,7 +80,7 @@ class GPT2Model:
         }
 
     def forward(self, input_ids: Ints, positions: Ints, attention: Attention,
-                logits_rows: Ints | None = None) -> npt.NDArray[np.float32]:
+                logits_rows: Ints | Sequence[int] | None = None) -> npt.NDArray[np.float32]:  # Model's, lists too
         if positions.max() >= self.config.max_position_embeddings:
             raise ValueError(f"position {positions.max()} exceeds GPT-2's {self.config.max_position_embeddings}")
         return gpt2(input_ids, positions, attention, self.params, self.config, logits_rows)

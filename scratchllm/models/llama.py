@@ -33,9 +33,9 @@ the packed matrices when asked for (CheckpointView).
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -46,26 +46,42 @@ from scratchllm.kernels.llama_blocks import LlamaBlocks
 from scratchllm.models.arena import PanelArena
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig, RopeScaling
-from scratchllm.models.packed import DTYPES, PackedWeight
+from scratchllm.models.packed import DTYPES, PackedWeight, QuantizedPart
+from scratchllm.models.protocol import Attention, Ints, Logits
 from scratchllm.models.threads import single_blas_thread
 from scratchllm.models.workspace import StepBuffers, Workspace
+
+if TYPE_CHECKING:  # for the annotations only: the loader hands the cache in
+    from scratchllm.models.panel_cache import PanelCache, QuantizedPanels
 
 LOAD_THREADS = min(2, os.cpu_count() or 1)
 
 Floats = npt.NDArray[np.floating[Any]]
+F32 = npt.NDArray[np.float32]
+Matrix = PackedWeight | F32  # a layer's [in, out] weight: packed (as `pack` stores them) or a plain array
+Layer = dict[str, PackedWeight | F32]  # one block's params, by the names `block` reads (Packer.layer)
+Angles = tuple[F32, F32]  # cos, sin [N, D/2] of one layer's rotation
+
+
+class AttentionInto(Protocol):
+    """An Attention that writes its output into a buffer the model passes (it has ``accepts_out =
+    True``: the engine's PagedAttention, PagedSequence)."""
+
+    def __call__(self, layer: int, q: Floats, k: Floats, v: Floats, out: F32 | None = None) -> F32: ...
 
 
 # NumPy arrays take the fused C kernels of scratchllm/kernels/pointwise.pyx (one pass each, no
 # temporaries); the NumPy lines are what those compute, and what other array modules run.
 
 
-def rms_norm(x, w, eps: float):  # [N, C], [C] -> [N, C]
+def rms_norm(x: Floats, w: F32, eps: float) -> Floats:  # [N, C], [C] -> [N, C]
     if isinstance(x, np.ndarray):
         return pointwise.rms_norm(np.ascontiguousarray(x), w, eps)
     xp = array_module(x)
     ms = xp.einsum("nc,nc->n", x, x)[:, None] * (1.0 / x.shape[-1])  # mean of squares, [N, 1]
     ms += eps
-    return x * (1.0 / xp.sqrt(ms, out=ms)) * w
+    y: Floats = x * (1.0 / xp.sqrt(ms, out=ms)) * w
+    return y
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> Floats:  # -> [D/2] float64
@@ -86,44 +102,44 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
     return out
 
 
-def rope_angles(positions, inv_freq):  # [N] ints, [D/2] -> cos, sin [N, D/2] float32
+def rope_angles(positions: npt.ArrayLike, inv_freq: Floats) -> Angles:  # [N] ints, [D/2] -> cos, sin [N, D/2] float32
     """Angles pos * theta^(-2i/D), computed in float64 (exact at long positions), rounded to float32."""
     angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def rope_tables(head_dim: int, theta: float, max_pos: int):  # -> cos, sin [max_pos, D/2] float32
+def rope_tables(head_dim: int, theta: float, max_pos: int) -> Angles:  # -> cos, sin [max_pos, D/2] float32
     """rope_angles of every position 0..max_pos-1: the same floats, tabulated."""
     return rope_angles(np.arange(max_pos), rope_frequencies(head_dim, theta))
 
 
-def rope(x, cos, sin):  # [N, h, D], [N, D/2], [N, D/2] -> [N, h, D]
+def rope(x: Floats, cos: F32, sin: F32) -> Floats:  # [N, h, D], [N, D/2], [N, D/2] -> [N, h, D]
     """Rotate pairs (x_i, x_{i+D/2}) by the position's angle: the "rotate half" layout of HF Llama
     (GGUF files store q/k rows permuted for llama.cpp's adjacent-pair layout; the loader undoes it)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, None, :], sin[:, None, :]
-    out = array_module(x).empty_like(x)
+    out: Floats = array_module(x).empty_like(x)
     out[..., :half] = x1 * c - x2 * s
     out[..., half:] = x2 * c + x1 * s
     return out
 
 
-def rope_(qkv, heads: int, cos, sin) -> None:  # [N, h, D]: rotate heads 0..heads-1 in place
+def rope_(qkv: Floats, heads: int, cos: F32, sin: F32) -> None:  # [N, h, D]: rotate heads 0..heads-1 in place
     if isinstance(qkv, np.ndarray) and qkv.flags.c_contiguous:
         pointwise.rope_(qkv, heads, cos, sin)
     else:
         qkv[:, :heads] = rope(qkv[:, :heads], cos, sin)
 
 
-def linear(x, w, b=None):  # [N, in], [in, out] (PackedWeight or array), [out] -> [N, out]
+def linear(x: Floats, w: Matrix, b: F32 | None = None) -> Floats:  # [N, in], [in, out], [out] -> [N, out]
     y = x @ w
     if b is not None:
         y += b
     return y
 
 
-def swiglu(x, gate_up, down):  # [N, C], [C, 2I], [I, C] -> [N, C]
+def swiglu(x: Floats, gate_up: Matrix, down: Matrix) -> Floats:  # [N, C], [C, 2I], [I, C] -> [N, C]
     return gated_act(x @ gate_up, "silu") @ down
 
 
@@ -168,7 +184,8 @@ def head_norm_(qkv: Floats, p: Mapping[str, Any], H: int, KVH: int, eps: float) 
         qkv[:, heads] = rms_norm(part.reshape(-1, D), w, eps).reshape(part.shape)
 
 
-def attention_block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N, C] -> [N, C]
+def attention_block(x: Floats, layer: int, p: Mapping[str, Any], cfg: ModelConfig, cos: F32, sin: F32,
+                    attention: Attention) -> Floats:  # [N, C] -> [N, C]
     N = x.shape[0]
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = linear(x, p["qkv_proj"], p.get("qkv_bias")).reshape(N, H + 2 * KVH, D)
@@ -180,11 +197,13 @@ def attention_block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attentio
     return linear(out.reshape(N, H * D), p["o_proj"], p.get("o_bias"))
 
 
-def post_norm(y, w, eps: float):  # [N, C] -> [N, C]: Gemma's norm of a sublayer's output (None: none)
+def post_norm(y: Floats, w: F32 | None, eps: float) -> Floats:
+    # [N, C] -> [N, C]: Gemma's norm of a sublayer's output (None: none)
     return y if w is None else rms_norm(y, w, eps)
 
 
-def block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N, C] -> [N, C]
+def block(x: Floats, layer: int, p: Mapping[str, Any], cfg: ModelConfig, cos: F32, sin: F32,
+          attention: Attention) -> Floats:  # [N, C] -> [N, C]
     eps = cfg.norm_eps
     x = x + post_norm(attention_block(rms_norm(x, p["input_layernorm"], eps), layer, p, cfg, cos, sin, attention),
                       p.get("attn_out_norm"), eps)
@@ -193,7 +212,7 @@ def block(x, layer: int, p: dict, cfg: ModelConfig, cos, sin, attention):  # [N,
     return x
 
 
-def linear_into(x, w, b, out):  # [N, in], [in, out], [out] or None, [N, out] -> out
+def linear_into(x: F32, w: Matrix, b: F32 | None, out: F32) -> F32:  # [N, in], [in, out], [out] or None, [N, out]
     if isinstance(w, PackedWeight):  # straight to the kernel: no __rmatmul__ dispatch, no new array
         w.matmul_into(x, out)
     else:
@@ -203,7 +222,8 @@ def linear_into(x, w, b, out):  # [N, in], [in, out], [out] or None, [N, out] ->
     return out
 
 
-def blocks_into(x, params: dict, cfg: ModelConfig, angles, attention, buf: StepBuffers):  # [N, C], in place
+def blocks_into(x: F32, params: Mapping[str, Any], cfg: ModelConfig, angles: Sequence[Angles], attention: Attention,
+                buf: StepBuffers) -> F32:  # [N, C], in place
     """Every `block` over x, the residual stream, updated in place; the intermediates live in buf.
     The order of float operations is block's: `x = x + attn; h = rms_norm(x)` is add_rms_norm,
     and the MLP's `x += mlp` waits in buf.delta to be added by the next layer's first norm.
@@ -212,6 +232,7 @@ def blocks_into(x, params: dict, cfg: ModelConfig, angles, attention, buf: StepB
     N, eps = x.shape[0], cfg.norm_eps
     H, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     into = getattr(attention, "accepts_out", False)  # the paged attention writes into buf.attn
+    attention_into = cast(AttentionInto, attention)  # the same object, as what `into` says it is
     pending = False  # buf.delta holds the last sublayer's output, not yet added into x
     for layer, p in enumerate(params["layers"]):
         if pending:
@@ -224,7 +245,7 @@ def blocks_into(x, params: dict, cfg: ModelConfig, angles, attention, buf: StepB
         cos, sin = angles[layer]
         pointwise.rope_(buf.qkv, H + KVH, cos, sin)
         if into:
-            attention(layer, buf.q, buf.k, buf.v, out=buf.attn)
+            attention_into(layer, buf.q, buf.k, buf.v, out=buf.attn)
             out = buf.attn_rows
         else:  # any other cache object: its own array
             out = attention(layer, buf.q, buf.k, buf.v).reshape(N, H * D)
@@ -251,19 +272,20 @@ def fused_blocks_cover(cfg: ModelConfig) -> bool:
     return not (cfg.qk_norm or cfg.post_norms or cfg.hidden_act != "silu" or cfg.rope_local_theta is not None)
 
 
-def fused_blocks(x, blocks: LlamaBlocks, cos, sin, attention, buf: StepBuffers) -> None:
+def fused_blocks(x: F32, blocks: LlamaBlocks, cos: F32, sin: F32, attention: Any, buf: StepBuffers) -> None:
     """blocks_into's arithmetic in one C call (kernels/llama_blocks.pyx): the same bits, without
     Python between the kernels. `attention` is the engine's paged attention (or a sequence of its
     own, engine/paged_attention.PagedSequence): `paged_step(n)` lays out this step's n tokens and
-    yields the PagedAttention that holds the pools."""
+    yields the PagedAttention that holds the pools. (Typed Any: that class lives in the engine, a
+    layer above this one.)"""
     with attention.paged_step(x.shape[0]) as paged:
         blocks.run(x, buf, cos, sin, paged.k_cache, paged.v_cache, paged.block_tables, paged.token_seq,
                    paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads)
         paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
 
 
-def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logits_rows=None,
-          workspace: Workspace | None = None):
+def llama(input_ids: Ints, positions: Ints, attention: Attention, params: Mapping[str, Any], cfg: ModelConfig,
+          logits_rows: Ints | Sequence[int] | None = None, workspace: Workspace | None = None) -> Logits:
     """[N] ids, [N] positions -> logits [len(logits_rows) or N, V]. With a workspace the blocks
     run in its buffers (blocks_into); without, as the expressions of `block`: the same logits."""
     x = embed(params, input_ids)  # [N, C], a new array: the residual stream
@@ -281,7 +303,7 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
             x = block(x, layer, p, cfg, *angles[layer], attention)
     if logits_rows is not None:
         x = x[logits_rows]  # the LM head is the biggest matmul: only rows that need logits pay it
-    logits = rms_norm(x, params["norm"], cfg.norm_eps) @ params["lm_head"]  # [rows, C] @ [C, V]
+    logits: Logits = rms_norm(x, params["norm"], cfg.norm_eps) @ params["lm_head"]  # [rows, C] @ [C, V]
     if cfg.final_softcap is not None:  # Gemma 2
         cap = np.float32(cfg.final_softcap)
         logits /= cap
@@ -290,7 +312,7 @@ def llama(input_ids, positions, attention, params: dict, cfg: ModelConfig, logit
     return logits
 
 
-def layer_angles(positions, params: dict, cfg: ModelConfig) -> list:  # -> [(cos, sin) [N, D/2]] per layer
+def layer_angles(positions: Ints, params: Mapping[str, Any], cfg: ModelConfig) -> list[Angles]:  # -> per layer
     """The rotation of each layer at these positions. Computed per step for its positions, not
     tabulated for the whole context (2 MB for 8192 positions): the same float64 products and
     roundings, a few microseconds per decode step. Gemma 3's sliding-window layers rotate with a
@@ -303,17 +325,27 @@ def layer_angles(positions, params: dict, cfg: ModelConfig) -> list:  # -> [(cos
     return [local_angles if cfg.window(i) is not None else angles for i in range(cfg.num_layers)]
 
 
-def embed(params: dict, input_ids):  # [N] -> [N, C]
+def embed(params: Mapping[str, Any], input_ids: Ints) -> F32:  # [N] -> [N, C]
     if params["embed_tokens"] is not None:
-        return params["embed_tokens"][input_ids]
+        rows: F32 = params["embed_tokens"][input_ids]
+        return rows
     # tied: the embedding rows are the LM head's columns
-    return params["lm_head"].columns(input_ids)
+    head: PackedWeight = params["lm_head"]
+    return head.columns(input_ids)
 
 
 class LlamaModel:
     """A loaded Llama-family model: config, packed params, and the HF-named weight views."""
 
-    def __init__(self, config: ModelConfig, weights, dtype: str = "float32", panel_cache=None):
+    params: dict[str, Any]  # what `llama` reads: "layers" (a Layer each), "norm", "lm_head", "blocks", ...
+    weights: "CheckpointView"
+    # set by models.loader.load_model:
+    path: str  # the file or folder it was loaded from
+    format: str  # the checkpoint's format, "gguf", "safetensors", ...
+    panels_from_cache: bool  # its panels were mapped from the panel cache, packed by an earlier load
+
+    def __init__(self, config: ModelConfig, weights: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
+                 panel_cache: "PanelCache | None" = None) -> None:
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
         `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized".
         `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only)."""
@@ -324,7 +356,8 @@ class LlamaModel:
         self.params, self.weights = pack(config, weights, dtype, panel_cache)
         self.workspace = Workspace(config)  # a step's buffers, reused across layers and steps
 
-    def forward(self, input_ids, positions, attention, logits_rows=None):
+    def forward(self, input_ids: Ints, positions: Ints, attention: Attention,
+                logits_rows: Ints | Sequence[int] | None = None) -> Logits:  # Model's, lists of rows too
         context = self.params["context"]
         if positions.max() >= context:  # packed sequences: positions need not be sorted
             raise ValueError(f"position {positions.max()} exceeds the model's context of {context}")
@@ -332,32 +365,33 @@ class LlamaModel:
             return llama(input_ids, positions, attention, self.params, self.config, logits_rows, self.workspace)
 
 
-class CheckpointView(Mapping):
+class CheckpointView(Mapping[str, F32]):
     """The model's tensors under their Hugging Face names: norms as the arrays the model uses,
     matrices as [out, in] float32 copies unpacked from their PackedWeight on lookup."""
 
-    def __init__(self):
-        self.arrays = {}  # name -> array
-        self.parts = {}  # name -> (PackedWeight, slice of its out columns)
+    def __init__(self) -> None:
+        self.arrays: dict[str, F32] = {}  # name -> array
+        self.parts: dict[str, tuple[PackedWeight, slice]] = {}  # name -> (PackedWeight, slice of its out columns)
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> F32:
         if name in self.arrays:
             return self.arrays[name]
         packed, cols = self.parts[name]
         return np.ascontiguousarray(packed.numpy()[:, cols].T)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         yield from self.arrays
         yield from self.parts
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.arrays) + len(self.parts)
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self.arrays or name in self.parts
 
 
-def pack(cfg: ModelConfig, w, dtype: str = "float32", panel_cache=None) -> tuple[dict, CheckpointView]:
+def pack(cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
+         panel_cache: "PanelCache | None" = None) -> tuple[dict[str, Any], CheckpointView]:
     """HF-named arrays -> (params for `llama`, a CheckpointView of them). Shapes are asserted.
 
     Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
@@ -371,12 +405,13 @@ class Packer:
     each made of `matrix` and `vector`, which read the file's tensors under their HF names,
     assert their shapes and record them in the CheckpointView."""
 
-    def __init__(self, cfg: ModelConfig, w, dtype: str, panel_cache=None):
+    def __init__(self, cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str,
+                 panel_cache: "PanelCache | None" = None) -> None:
         self.cfg, self.w, self.dtype, self.panel_cache = cfg, w, dtype, panel_cache
         self.view = CheckpointView()
         self.arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
 
-    def pack(self) -> tuple[dict, CheckpointView]:
+    def pack(self) -> tuple[dict[str, Any], CheckpointView]:
         cfg = self.cfg
         # Packing runs in kernels and NumPy calls that release the GIL: two matrices at a time use
         # both cores of a small machine (load time is a goal). The LM head, the largest, goes first,
@@ -385,8 +420,9 @@ class Packer:
             head = pool.submit(self.head)
             layers = list(pool.map(self.layer, range(cfg.num_layers)))
             lm_head, embed_tokens = head.result()
-        params = {"embed_tokens": embed_tokens, "layers": layers, "norm": self.norm("model.norm.weight"),
-                  "lm_head": lm_head, "context": cfg.max_position_embeddings} | self.rope()
+        params: dict[str, Any] = {"embed_tokens": embed_tokens, "layers": layers,
+                                  "norm": self.norm("model.norm.weight"), "lm_head": lm_head,
+                                  "context": cfg.max_position_embeddings} | self.rope()
         params["blocks"] = None
         if fused_blocks_cover(cfg):
             try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
@@ -399,7 +435,7 @@ class Packer:
 
     # --- the kinds of tensor ---------------------------------------------------------------------
 
-    def head(self):  # -> (lm_head [C, V], embed_tokens [V, C] or None)
+    def head(self) -> tuple[PackedWeight, F32 | None]:  # -> (lm_head [C, V], embed_tokens [V, C] or None)
         if self.cfg.tie_word_embeddings:
             # one copy serves both: the LM head multiplies by it as [C, V], the lookup reads its columns
             return self.matrix(["model.embed_tokens.weight"], [(self.cfg.vocab_size, self.cfg.hidden_size)]), None
@@ -408,10 +444,11 @@ class Packer:
     def lm_head(self) -> PackedWeight:  # [C, V]
         return self.matrix(["lm_head.weight"], [(self.cfg.vocab_size, self.cfg.hidden_size)])
 
-    def embedding(self):  # the untied table [V, C]
+    def embedding(self) -> F32:  # the untied table [V, C]
         return self.vector("model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size))
 
-    def rope(self) -> dict:  # the rotary frequencies [D/2] float64 (and Gemma 3's of its sliding layers)
+    def rope(self) -> dict[str, Floats | None]:
+        # the rotary frequencies [D/2] float64 (and Gemma 3's of its sliding layers)
         cfg = self.cfg
         inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         if "rope_freqs.weight" in self.w:  # Llama 3 GGUF: llama.cpp divides each frequency by its factor
@@ -419,15 +456,15 @@ class Packer:
         local = None if cfg.rope_local_theta is None else rope_frequencies(cfg.head_dim, cfg.rope_local_theta)
         return {"rope_inv_freq": inv_freq, "rope_local_inv_freq": local}
 
-    def norm(self, name: str, size: int | None = None):  # an RMSNorm's weight [C] (or [D]: QK-norm)
+    def norm(self, name: str, size: int | None = None) -> F32:  # an RMSNorm's weight [C] (or [D]: QK-norm)
         w = self.vector(name, (size or self.cfg.hidden_size,))
         if self.cfg.norm_weight_offset:  # Gemma's x * (1 + w), as the weight the kernel multiplies by
             w += np.float32(self.cfg.norm_weight_offset)
         return w
 
-    def layer(self, i: int) -> dict:  # -> params of block i
+    def layer(self, i: int) -> Layer:  # -> params of block i
         prefix = f"model.layers.{i}."
-        p = {"input_layernorm": self.norm(prefix + "input_layernorm.weight")}
+        p: Layer = {"input_layernorm": self.norm(prefix + "input_layernorm.weight")}
         p |= self.attention(prefix + "self_attn.")
         # "post_attention_layernorm" in params is the MLP's input norm (Llama's name, the fused
         # kernel's key); Gemma's file calls that one pre_feedforward_layernorm and gives its own
@@ -441,13 +478,13 @@ class Packer:
         p |= self.mlp(prefix + "mlp.")
         return p
 
-    def attention(self, a: str) -> dict:  # q|k|v fused [C, q+2kv], o [q, C], biases, QK-norms
+    def attention(self, a: str) -> Layer:  # q|k|v fused [C, q+2kv], o [q, C], biases, QK-norms
         cfg, C = self.cfg, self.cfg.hidden_size
         names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
         shapes = [(cfg.q_size, C), (cfg.kv_size, C), (cfg.kv_size, C)]
         fused = ([a + "qkv_proj.weight"], [(cfg.q_size + 2 * cfg.kv_size, C)])  # Phi-3's file
-        p = {"qkv_proj": self.matrix(*(fused if cfg.fused_checkpoint else (names, shapes))),
-             "o_proj": self.matrix([a + "o_proj.weight"], [(C, cfg.q_size)])}
+        p: Layer = {"qkv_proj": self.matrix(*(fused if cfg.fused_checkpoint else (names, shapes))),
+                    "o_proj": self.matrix([a + "o_proj.weight"], [(C, cfg.q_size)])}
         if cfg.qk_norm:
             p["q_norm"] = self.norm(a + "q_norm.weight", cfg.head_dim)
             p["k_norm"] = self.norm(a + "k_norm.weight", cfg.head_dim)
@@ -458,19 +495,19 @@ class Packer:
             p["o_bias"] = self.vector(a + "o_proj.bias", (C,))
         return p
 
-    def mlp(self, m: str) -> dict:  # gate|up fused [C, 2I], down [I, C]
+    def mlp(self, m: str) -> Layer:  # gate|up fused [C, 2I], down [I, C]
         C, I = self.cfg.hidden_size, self.cfg.intermediate_size
         gate_up = ([m + "gate_up_proj.weight"], [(2 * I, C)]) if self.cfg.fused_checkpoint else \
             ([m + "gate_proj.weight", m + "up_proj.weight"], [(I, C), (I, C)])
-        p = {"gate_up_proj": self.matrix(*gate_up),
-             "down_proj": self.matrix([m + "down_proj.weight"], [(C, I)])}
+        p: Layer = {"gate_up_proj": self.matrix(*gate_up),
+                    "down_proj": self.matrix([m + "down_proj.weight"], [(C, I)])}
         if self.cfg.mlp_bias:
             raise NotImplementedError("mlp_bias")
         return p
 
     # --- how a tensor is read and stored ---------------------------------------------------------
 
-    def tensor(self, name: str, shape: tuple):
+    def tensor(self, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
         if name not in self.w:
             raise KeyError(f"checkpoint lacks tensor {name!r}")
         a = self.w[name]
@@ -478,7 +515,7 @@ class Packer:
             raise ValueError(f"tensor {name!r} has shape {tuple(a.shape)}, expected {shape}")
         return a
 
-    def vector(self, name: str, shape: tuple):  # a norm, a bias or the untied embedding table, float32
+    def vector(self, name: str, shape: tuple[int, ...]) -> F32:  # a norm, a bias or the untied embedding table, float32
         a = self.tensor(name, shape)
         # Norms and biases (a few KiB each) are copied out of the file: a view would fault its
         # pages back in at every load's first forward, and each fault maps 64 KiB of neighbours
@@ -488,7 +525,7 @@ class Packer:
         self.view.arrays[name] = a
         return a
 
-    def matrix(self, names: list[str], shapes: list[tuple]) -> PackedWeight:
+    def matrix(self, names: list[str], shapes: list[tuple[int, int]]) -> PackedWeight:
         """[out_i, in] each -> one PackedWeight [in, sum(out_i)], its parts recorded in the view."""
         packed = self.from_blocks(names, shapes)  # the fast path: the file's blocks, moved once
         if packed is None:
@@ -504,11 +541,12 @@ class Packer:
             col += shape[0]
         return packed
 
-    def quantized(self, names, shapes):  # the file's quantized blocks of every part, or None
+    def quantized(self, names: list[str], shapes: list[tuple[int, int]]) -> list[QuantizedPart] | None:
+        # the file's quantized blocks of every part, or None
         w = self.w
         if self.dtype != "quantized" or not hasattr(w, "quantized"):
             return None
-        parts = []
+        parts: list[QuantizedPart] = []
         for name, shape in zip(names, shapes, strict=True):
             part = w.quantized(name) if name in w else None
             if part is None:
@@ -518,7 +556,8 @@ class Packer:
             parts.append(part)
         return parts
 
-    def from_blocks(self, names, shapes) -> PackedWeight | None:  # the file's blocks moved into panels, or None
+    def from_blocks(self, names: list[str], shapes: list[tuple[int, int]]) -> PackedWeight | None:
+        # the file's blocks moved into panels, or None
         w, cache = self.w, self.panel_cache
         if self.dtype != "quantized" or not hasattr(w, "blocks") or any(n not in w for n in names):
             return None
@@ -543,5 +582,5 @@ class Packer:
             for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
                 release_range(raw)
             if cache is not None:
-                cache.put("|".join(names), packed.panels)
+                cache.put("|".join(names), cast("QuantizedPanels", packed.panels))  # pack_blocks' kinds
         return packed

@@ -9,15 +9,17 @@ loudly on a missing, extra or mis-shaped tensor.
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from scratchllm.dtypes import DTYPES
 from scratchllm.errors import ConfigError, FormatError
+from scratchllm.formats import Checkpoint, load_checkpoint
 from scratchllm.formats import ggml_quants as gq
-from scratchllm.formats import load_checkpoint
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
 from scratchllm.kernels import packed_gemm
@@ -26,10 +28,17 @@ from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
 from scratchllm.models.llama import LlamaModel
+from scratchllm.models.packed import QuantizedPart
 
 logger = logging.getLogger(__name__)
 
-FAMILIES = {"llama": LlamaModel, "gpt2": GPT2Model, "bert": BertModel}
+S = TypeVar("S", bound=np.generic)
+FamilyModel = LlamaModel | GPT2Model | BertModel  # what load_model returns: one per family
+Weights = Mapping[str, npt.NDArray[Any]]  # a checkpoint's tensors under Hugging Face names
+# (type name, raw uint8 [rows, row bytes], row order or None): a GGUF tensor's blocks (GGUFAsHF.blocks)
+Blocks = tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.integer[Any]] | None]
+
+FAMILIES: dict[str, type[FamilyModel]] = {"llama": LlamaModel, "gpt2": GPT2Model, "bert": BertModel}
 
 # Tensors a checkpoint may carry that the forward pass never needs: buffers older transformers
 # saved, task heads and poolers we do not run, a stored copy of a tied LM head.
@@ -84,7 +93,7 @@ def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     return None
 
 
-def unpermute_rotary(w, n_head: int):  # [n_head * D, ...] -> [n_head * D, ...]
+def unpermute_rotary(w: npt.NDArray[S], n_head: int) -> npt.NDArray[S]:  # [n_head * D, ...] -> [n_head * D, ...]
     """Undo llama.cpp's q/k row permutation.
 
     Hugging Face Llama rotates the pair (x_i, x_{i + D/2}) of each head ("rotate half"); ggml's
@@ -99,22 +108,22 @@ def unpermute_rotary(w, n_head: int):  # [n_head * D, ...] -> [n_head * D, ...]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-class GGUFAsHF(Mapping):
+class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
     """A GGUF checkpoint seen through Hugging Face names; q/k rows unpermuted on lookup (Llama only)."""
 
-    def __init__(self, ckpt, config: ModelConfig):
+    def __init__(self, ckpt: Checkpoint, config: ModelConfig) -> None:
         self.ckpt, self.config = ckpt, config
-        self.names = {}
+        self.names: dict[str, str] = {}  # Hugging Face name -> the file's name
         for name in ckpt:
             hf = gguf_to_hf_name(name, config.model_type)
             if hf is None:
                 raise FormatError(ckpt.path, f"tensor '{name}' has no place in a {config.model_type} model")
             self.names[hf] = name
 
-    def __getitem__(self, hf_name: str):
+    def __getitem__(self, hf_name: str) -> npt.NDArray[Any]:
         return self._unpermute(hf_name, self.ckpt[self.names[hf_name]])
 
-    def _unpermute(self, hf_name: str, a):
+    def _unpermute(self, hf_name: str, a: npt.NDArray[S]) -> npt.NDArray[S]:
         if self.config.model_type == "llama":
             if ".q_proj." in hf_name:
                 a = unpermute_rotary(a, self.config.num_heads)
@@ -122,7 +131,7 @@ class GGUFAsHF(Mapping):
                 a = unpermute_rotary(a, self.config.num_kv_heads)
         return a
 
-    def quantized(self, hf_name: str):
+    def quantized(self, hf_name: str) -> QuantizedPart | None:
         """(q, d, m) of a 2-D tensor of a type the quantized kernels keep (ggml_quants.KERNEL_TYPES),
         value = d * q + m exactly as the dequantized tensor: Q4_0 / Q4_1 as 4-bit values (q uint8
         0..15, d and m float16; ggml_quants.as_q4), the others (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K,
@@ -133,9 +142,10 @@ class GGUFAsHF(Mapping):
             return None
         four = gq.as_q4(info.dtype, self.ckpt.raw(info.name), info.shape) if info.dtype in ("Q4_0", "Q4_1") else None
         q, d, m = four or gq.as_q8(info.dtype, self.ckpt.raw(info.name), info.shape)
-        return tuple(self._unpermute(hf_name, a) for a in (q, d, m))  # whole rows move: blocks stay intact
+        # whole rows move: blocks stay intact
+        return self._unpermute(hf_name, q), self._unpermute(hf_name, d), self._unpermute(hf_name, m)
 
-    def blocks(self, hf_name: str):
+    def blocks(self, hf_name: str) -> Blocks | None:
         """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D Q8_0 / Q4_0 / Q4_1
         tensor: its blocks as the file stores them (a view of the mapped file, nothing read yet),
         and for q/k rows the order that undoes llama.cpp's permutation (output row i is stored
@@ -148,53 +158,54 @@ class GGUFAsHF(Mapping):
         order = self._unpermute(hf_name, np.arange(rows))
         return info.dtype, raw, None if np.array_equal(order, np.arange(rows)) else order
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.names)
 
-    def __contains__(self, hf_name):  # Mapping's default would read (dequantize) the tensor to answer
+    def __contains__(self, hf_name: object) -> bool:  # Mapping's default would read (dequantize) the tensor to answer
         return hf_name in self.names
 
 
-class _Recorder(Mapping):
+class _Recorder(Mapping[str, npt.NDArray[Any]]):
     """Remembers which tensors the model read, so that leftovers can be reported."""
 
-    def __init__(self, inner):
-        self.inner, self.read = inner, set()
+    def __init__(self, inner: Weights) -> None:
+        self.inner = inner
+        self.read: set[str] = set()
         self.names = set(inner)  # membership from the table of contents, never by reading a tensor
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
         value = self.inner[name]
         self.read.add(name)
         return value
 
-    def quantized(self, name):
+    def quantized(self, name: str) -> QuantizedPart | None:
         """The inner checkpoint's quantized form of `name` (GGUF only), or None."""
-        value = self.inner.quantized(name) if hasattr(self.inner, "quantized") else None
+        value: QuantizedPart | None = self.inner.quantized(name) if hasattr(self.inner, "quantized") else None
         if value is not None:
             self.read.add(name)
         return value
 
-    def blocks(self, name):
+    def blocks(self, name: str) -> Blocks | None:
         """The inner checkpoint's raw blocks of `name` (GGUF only; see GGUFAsHF.blocks), or None."""
-        value = self.inner.blocks(name) if hasattr(self.inner, "blocks") else None
+        value: Blocks | None = self.inner.blocks(name) if hasattr(self.inner, "blocks") else None
         if value is not None:
             self.read.add(name)
         return value
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.inner)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.inner)
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self.names
 
 
-def read_config(path: Path, ckpt) -> ModelConfig:
+def read_config(path: Path, ckpt: Checkpoint) -> ModelConfig:
     if ckpt.format == "gguf":
         names = set(ckpt)
         return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names,
@@ -209,12 +220,12 @@ def read_config(path: Path, ckpt) -> ModelConfig:
         raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
 
 
-def _has_quantized_blocks(ckpt) -> bool:
+def _has_quantized_blocks(ckpt: Checkpoint) -> bool:
     """True when a GGUF file has tensors of a type the quantized kernels keep (ggml_quants.KERNEL_TYPES)."""
     return ckpt.format == "gguf" and any(i.dtype in gq.KERNEL_TYPES for i in ckpt.infos.values())
 
 
-def check_tensor_types(ckpt) -> None:
+def check_tensor_types(ckpt: Checkpoint) -> None:
     """Refuse, before anything is read, a GGUF tensor of a type we cannot decode."""
     if ckpt.format != "gguf":
         return
@@ -224,7 +235,7 @@ def check_tensor_types(ckpt) -> None:
                                          f"supported: {', '.join(sorted(gq.SUPPORTED))}")
 
 
-def log_float32_matrices(model, weights, ckpt) -> None:
+def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint) -> None:
     """One line saying which quantized matrices of a "quantized" model run in float32 (types with no
     exact quantized kernel: ggml_quants.GROUP 16, or fused with such a part) and what it costs."""
     parts = getattr(getattr(model, "weights", None), "parts", {})
@@ -244,14 +255,14 @@ def log_float32_matrices(model, weights, ckpt) -> None:
                     len(names), f32_bytes / 2**20, file_bytes / 2**20, ", ".join(n for _, n in sorted(names)))
 
 
-def auto_dtype(ckpt, config) -> str:
+def auto_dtype(ckpt: Checkpoint, config: ModelConfig) -> str:
     """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
     compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. Both
     give float32's logits."""
     return "quantized" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
 
 
-def load_model(ref="default", dtype: str = "auto", checkpoint=None):
+def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Checkpoint | None = None) -> FamilyModel:
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
     `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is "quantized"
@@ -286,7 +297,7 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
                           f"quantized; {path} has none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
-        options = {"dtype": dtype} if config.family == "llama" else {}
+        options: dict[str, Any] = {"dtype": dtype} if config.family == "llama" else {}
         if config.family == "llama" and dtype == "quantized" and ckpt.format == "gguf" and panel_cache.enabled():
             options["panel_cache"] = panel_cache.PanelCache(ckpt.path)
         model = FAMILIES[config.family](config, weights, **options)
@@ -297,6 +308,7 @@ def load_model(ref="default", dtype: str = "auto", checkpoint=None):
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
                                      + ", ".join(extra[:5]))
     if ckpt.format == "gguf" and dtype == "quantized":
+        assert isinstance(weights.inner, GGUFAsHF), "a GGUF file is read through GGUFAsHF"
         log_float32_matrices(model, weights.inner, ckpt)
         # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the
         # forward reads nothing of the file but the rows of an untied float32 embedding table

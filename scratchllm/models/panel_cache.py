@@ -24,12 +24,15 @@ import mmap
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from scratchllm.kernels import packed_gemm
 
 logger = logging.getLogger(__name__)
+
+QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels  # what the cache keeps: a file's blocks, packed
 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
@@ -96,11 +99,11 @@ class PanelCache:
     """The cached panels of one model file: `get(name)` before packing a matrix, `put(name, panels)`
     after, `save()` once the model is packed (writes only if something was packed)."""
 
-    def __init__(self, model_path, directory: Path | None = None):
+    def __init__(self, model_path: str | os.PathLike[str], directory: Path | None = None) -> None:
         self.model_path = Path(model_path)
         self.path = (directory or cache_dir()) / f"{_key(self.model_path)}.panels"
-        self.hits: dict = {}
-        self.fresh: dict = {}
+        self.hits: dict[str, QuantizedPanels] = {}  # name -> panels mapped from the cache file
+        self.fresh: dict[str, QuantizedPanels] = {}  # name -> panels this load packed
         self._read()
 
     def _read(self) -> None:
@@ -127,8 +130,8 @@ class PanelCache:
                 if entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
                     self.hits[name] = packed_gemm.Q4Panels(*arrays, *([None] if len(arrays) == 2 else []))
                 else:  # q, d (float16 and no m: a file's Q8_0) or q, d, m
-                    self.hits[name] = packed_gemm.Q8Panels(*arrays, None, entry["exact"]) if len(arrays) == 2 \
-                        else packed_gemm.Q8Panels(*arrays, entry["exact"])
+                    self.hits[name] = packed_gemm.Q8Panels._make([*arrays, None, entry["exact"]] if len(arrays) == 2
+                                                                 else [*arrays, entry["exact"]])
             try:  # map every page now (from the page cache), as llama.cpp's loader does with MAP_POPULATE
                 mm.madvise(MADV_POPULATE_READ)
             except OSError:
@@ -137,7 +140,7 @@ class PanelCache:
             logger.warning("ignoring the unreadable panel cache %s (%s); packing instead", self.path, err)
             self.hits = {}
 
-    def get(self, name: str, shape: tuple) -> object | None:
+    def get(self, name: str, shape: tuple[int, ...]) -> QuantizedPanels | None:
         """The cached panels of matrix `name`, if they have the panel shape `shape` [P, rows, NR]."""
         panels = self.hits.get(name)
         if panels is None or panels[0].shape != tuple(shape):
@@ -173,19 +176,24 @@ class PanelCache:
             except OSError:
                 continue
 
-    def put(self, name: str, panels) -> None:
+    def put(self, name: str, panels: QuantizedPanels) -> None:
         self.fresh[name] = panels
 
     def save(self) -> None:
         if not self.fresh:
             return
         everything = {**self.hits, **self.fresh}
-        index, offset, blobs = {}, 0, []
+        index: dict[str, Any] = {}  # name -> entry, and SOURCE, SOURCE_STAT
+        offset, blobs = 0, []
         for name, panels in everything.items():
-            q8 = isinstance(panels, packed_gemm.Q8Panels)
-            arrays = [panels.q, panels.d, panels.m] if q8 else [panels.q4, panels.d, panels.m]
-            arrays = [a for a in arrays if a is not None]  # Q8_0 and Q4_0 panels have no offsets
-            entry = {"kind": "q8" if q8 else "q4", "exact": bool(q8 and panels.exact), "arrays": []}
+            entry: dict[str, Any]
+            if isinstance(panels, packed_gemm.Q8Panels):
+                parts = [panels.q, panels.d, panels.m]
+                entry = {"kind": "q8", "exact": bool(panels.exact), "arrays": []}
+            else:
+                parts = [panels.q4, panels.d, panels.m]
+                entry = {"kind": "q4", "exact": False, "arrays": []}
+            arrays = [a for a in parts if a is not None]  # Q8_0 and Q4_0 panels have no offsets
             for a in arrays:
                 entry["arrays"].append([a.dtype.str, list(a.shape), offset])  # relative for now
                 blobs.append(a)
@@ -208,7 +216,7 @@ class PanelCache:
                 f.write(MAGIC + struct.pack("<Q", len(body)) + body)
                 f.write(b"\0" * (start - 16 - len(body)))
                 for a in blobs:
-                    f.write(memoryview(np.ascontiguousarray(a)).cast("B"))  # its own buffer: no copy to free
+                    f.write(np.ascontiguousarray(a).data.cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
                 f.flush()
                 _drop_from_page_cache(f.fileno())
