@@ -177,6 +177,7 @@ class RemoteEngine:
             for attempt in range(self.max_attempts):
                 replica, gen = None, self.handle.generate.remote(ids, params, rid, tuple(avoid))
                 held: list[TokenEvent] = []  # tokens with no text yet: the client has seen nothing
+                finished = False  # the last event is delivered: a replica lost after it loses nothing
                 try:
                     async for item in gen:
                         if isinstance(item, str):
@@ -189,6 +190,7 @@ class RemoteEngine:
                             continue
                         if item.finish_reason is not None:
                             self._finished(rid, len(ids), item)
+                            finished = True
                         for event in [*held, item]:
                             self._streams.deliver(event)
                             index += 1
@@ -198,6 +200,8 @@ class RemoteEngine:
                     gen.cancel()  # the replica aborts the request and frees its blocks
                     raise
                 except Exception as err:  # noqa: BLE001 - a replica's failure is reported, never raised here
+                    if finished:  # the stream's end went out before the replica went: nothing to report
+                        return
                     self._settle(rid)
                     last_error = err
                     if not _replica_gone(err) or index > 0:
