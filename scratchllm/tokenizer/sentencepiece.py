@@ -41,6 +41,7 @@ import regex
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer._sentencepiece import PieceMerger
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
+from scratchllm.tokenizer.gguf_meta import meta_int, tokens_and_types
 from scratchllm.tokenizer.spec import TokenizerSpec
 
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
@@ -152,12 +153,8 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
         # and their decoder strips it again; not built here yet.
         raise FormatError(path, f"tokenizer.ggml.model 'llama' (SentencePiece) is read for the Gemma family "
                                 f"only, not for architecture {arch!r}")
-    tokens = _array(meta, "tokenizer.ggml.tokens", str, path)
+    tokens, types = tokens_and_types(meta, path)
     n = len(tokens)
-    types = _array(meta, "tokenizer.ggml.token_type", int, path) if "tokenizer.ggml.token_type" in meta \
-        else [GGUF_NORMAL] * n
-    if len(types) != n:
-        raise FormatError(path, f"{n} tokens but {len(types)} token types")
     # Tokens of nothing but whitespace with a real space in them are stored with spaces ("  ");
     # they join text as "▁" runs (the reference respells them so).
     pieces = list(tokens)
@@ -177,7 +174,7 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
             raise FormatError(path, f"tokenizer.ggml.{name}_token_id {value} is outside the {n} tokens")
     if unk is None and (unk_id := vocab.get("<unk>")) is not None:
         unk = unk_id
-    model = SentencePieceBPE(vocab, order, _int(unk), max(map(len, pieces), default=1))
+    model = SentencePieceBPE(vocab, order, meta_int(unk), max(map(len, pieces), default=1))
     # Matched whole in the raw text: control pieces (special: skip_special_tokens drops them) and
     # user-defined ones as the vocabulary spells them (a stored "  " is not: it became "▁▁").
     control = list(compress(count(), map(GGUF_CONTROL.__eq__, types)))
@@ -194,21 +191,8 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
         normalizer=normalize,
         added=added, special_ids=special,
         prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
-        bos_token_id=_int(bos), eos_token_id=_int(eos), pad_token_id=_int(pad),
+        bos_token_id=meta_int(bos), eos_token_id=meta_int(eos), pad_token_id=meta_int(pad),
         chat_template=meta.get("tokenizer.chat_template"),
-        model_max_length=_int(meta.get(f"{arch}.context_length")),
+        model_max_length=meta_int(meta.get(f"{arch}.context_length")),
         source=str(path),
     )
-
-
-def _array(meta: Mapping[str, Any], key: str, kind: type, path: str | Path) -> list[Any]:
-    if key not in meta:
-        raise FormatError(path, f"{key} is missing: this GGUF carries no complete SentencePiece tokenizer")
-    values = meta[key]
-    if not isinstance(values, list) or not set(map(type, values)) <= {kind}:
-        raise FormatError(path, f"{key} must be an array of {'strings' if kind is str else 'integers'}")
-    return values
-
-
-def _int(v: Any) -> int | None:  # a metadata value, or None
-    return None if v is None else int(v)
