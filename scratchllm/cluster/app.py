@@ -40,10 +40,15 @@ from scratchllm.cluster.router import STRATEGIES
 from scratchllm.cluster.usage import CachedTokensUsage
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
-from scratchllm.server.app import ServedEmbedder, ServedModel, ServerConfig, create_app
+from scratchllm.server.app import Drain, ServedEmbedder, ServedModel, ServerConfig, create_app
 
 logger = logging.getLogger(__name__)
 APP_NAME = "scratchllm"
+# After the ingress has handed a response's last bytes to Serve's HTTP proxy, the proxy still has
+# to write them to the client's socket; Serve's shutdown kills the proxy without waiting for that.
+# Serve exposes no count of the proxy's open responses short of its node-drain protocol (which
+# waits at least 30 s), so the drain gives it this long.
+PROXY_FLUSH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,10 @@ class Ingress:
         self.embedder = served_embedder(spec)
         assert isinstance(self.model.engine, RemoteEngine)
         self.engine = self.model.engine
+        self.http_drain = Drain()  # the app's: counts the HTTP responses still being written
 
     def __serve_build_asgi_app__(self) -> Any:
-        app = create_app(self.model, self.embedder, self.spec.server)
+        app = create_app(self.model, self.embedder, self.spec.server, drain=self.http_drain)
 
         @app.get("/cluster/stats")
         async def cluster_stats() -> dict[str, Any]:
@@ -145,12 +151,21 @@ class Ingress:
 
     async def drain(self, timeout_s: float) -> int:
         """Refuse new requests (503) and wait up to `timeout_s` for the open ones to end; returns
-        how many are still open (the shutdown's first half: `start` calls it on SIGTERM)."""
+        how many are still open (the shutdown's first half: `start` calls it on SIGTERM).
+
+        Open means either side: a request whose replica has sent its last event may still have
+        events queued behind a slow HTTP send, so the engine's stream count alone reads 0 while
+        the client has not got its answer; the app's drain gate counts responses until their
+        last byte has been handed to Serve's proxy."""
+        self.http_drain.start()
         self.engine.shutdown(drain=True)
         deadline = time.monotonic() + timeout_s
-        while self.engine.stats()["running"] and time.monotonic() < deadline:
+        while self._open() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return int(self.engine.stats()["running"])
+        return self._open()
+
+    def _open(self) -> int:
+        return max(int(self.engine.stats()["running"]), self.http_drain.active)
 
 
 ROUTER_TOTALS = ("requests", "predicted_hits", "actual_hits", "hit_agreement", "exact", "predicted_tokens",
@@ -302,6 +317,8 @@ def start(spec: ClusterSpec, ray_address: str | None, host: str, port: int) -> N
               file=say, flush=True)
         left = 0 if ingress is None else \
             ingress.drain.remote(spec.server.drain_timeout_s).result(timeout_s=spec.server.drain_timeout_s + 30)
+        if ingress is not None:
+            time.sleep(PROXY_FLUSH_S)
         print(f"scratchllm serve: stopped ({left} requests cut by the drain timeout)" if left else
               "scratchllm serve: stopped (drained)", file=say, flush=True)
     finally:
