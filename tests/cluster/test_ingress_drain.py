@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("ray", reason="the cluster extra (ray[serve]) is not installed")
 
-from scratchllm.cluster.app import ClusterSpec, Ingress  # noqa: E402
-from scratchllm.cluster.replica import ReplicaSpec  # noqa: E402
-from scratchllm.engine.fake import FakeEngine  # noqa: E402
-from tests.engine.test_conformance import LocalReplicas  # noqa: E402
+from scratchllm.cluster.app import ClusterSpec, Ingress
+from scratchllm.cluster.replica import ReplicaSpec
+from scratchllm.engine.fake import FakeEngine
+from tests.engine.test_conformance import LocalReplicas
 
 
 def test_drain_waits_for_the_last_bytes_of_a_response_behind_a_slow_send():
