@@ -20,7 +20,7 @@ def test_a_short_round_measures_every_row(monkeypatch):
     ours = r["figures"]["ours"]
     for key, _, _ in peers.ROWS:
         assert ours[key] > 0, key
-    assert r["inputs"]["ours_dtype"] == "quantized"  # the default dtype on a quantized GGUF file
+    assert r["inputs"]["ours_dtype"] == "int16"  # the default dtype on a quantized GGUF file
     assert ours["peak_rss_mb"] >= ours["rss_after_load_mb"]
     assert len(r["rounds"]["ours"][0]["greedy"]) == 3
     text = peers.render(r)

@@ -81,10 +81,10 @@ cdef class LlamaBlocks:
             for name, shape in shapes.items():
                 if tuple(getattr(p[name], "shape", ())) != shape or not hasattr(p[name], "panels"):
                     raise TypeError(f"block {i}: {name} is not a packed [{shape[0]}, {shape[1]}] matrix")
-            packed_gemm.bind_weight(p["qkv_proj"].panels, shapes["qkv_proj"][1], &self.blocks[i].qkv)
-            packed_gemm.bind_weight(p["o_proj"].panels, self.C, &self.blocks[i].o)
-            packed_gemm.bind_weight(p["gate_up_proj"].panels, 2 * self.I, &self.blocks[i].gate_up)
-            packed_gemm.bind_weight(p["down_proj"].panels, self.C, &self.blocks[i].down)
+            packed_gemm.bind_weight(p["qkv_proj"], shapes["qkv_proj"][1], &self.blocks[i].qkv)
+            packed_gemm.bind_weight(p["o_proj"], self.C, &self.blocks[i].o)
+            packed_gemm.bind_weight(p["gate_up_proj"], 2 * self.I, &self.blocks[i].gate_up)
+            packed_gemm.bind_weight(p["down_proj"], self.C, &self.blocks[i].down)
             for name in ("input_layernorm", "post_attention_layernorm"):
                 if p[name].shape != (self.C,):
                     raise ValueError(f"block {i}: {name} has shape {p[name].shape}, expected ({self.C},)")

@@ -209,24 +209,27 @@ static void pg_gemm_bf16_task(void *ctx, long p) {
     }
 }
 
-/* PG_VL int8 -> PG_VL floats (exact). GCC does not vectorize __builtin_convertvector from int8,
-   so this is the sign extension and conversion spelled out. */
-static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, pg_vec *out) {
+/* a * b + c rounded once, lane by lane: an FMA by instruction, never left to the compiler's
+   choice of contracting (or not) where the rounding matters. */
+static inline __attribute__((always_inline)) pg_vec pg_fma(pg_vec a, pg_vec b, pg_vec c) {
 #if PG_VL == 16
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-    memcpy(out, &f, sizeof f);
-#elif defined(__AVX2__)
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-    memcpy(out, &f, sizeof f);
+    return (pg_vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif PG_VL == 8 && defined(__FMA__)
+    return (pg_vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    float f[PG_VL];
-    for (int i = 0; i < PG_VL; i++) f[i] = (float)q[i];
-    memcpy(out, f, sizeof f);
+    for (int i = 0; i < PG_VL; i++)
+        c[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return c;
 #endif
 }
 
 /* ---- quantized panels, w = d * q + m per quantization group of 32 rows and column ----
-   8-bit: q int8 [P, K, NR], d and m float32 [P, K/32, NR].
+   8-bit: q uint8 [P, K, NR] in words of 4 rows: for each run of 4 rows of k (k = 4 r .. 4 r + 3)
+          the NR columns' 32-bit words lie one after another, byte t of word (r, j) holding
+          q[4 r + t, j] + 128 (the int8 biased to an unsigned byte). d and m float32 [P, K/32, NR],
+          or d float16 and no m (half: a file's Q8_0). Why words of biased bytes: a 32-bit lane
+          holds 4 consecutive k of a column, what an integer dot product instruction multiplies
+          with 4 bytes of x (packed_int8.h); and row t of a word is one AND away (pg_q8_weight).
    4-bit: q4 uint8 [P, K/2, NR] in words: for each run of 8 rows of k (k = 8 r .. 8 r + 7) the
           NR columns' 32-bit words lie one after another, word (r, j) = sum over t of
           q[8 r + t, j] << 4 t, q in 0..15 (so its byte s holds rows 8 r + 2 s and 8 r + 2 s + 1,
@@ -289,40 +292,59 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q4_group_at(const ui
     return s;
 }
 
-/* d * a + m as ggml's (and our loader's) dequantization computes it: the product rounded, then
-   the sum rounded; so the GEMM is bit-identical to the float32 kernel on the dequantized matrix.
-   `exact`: the caller knows d * a is exact in float32 (4-bit panels: an 11-bit float16 d times a
-   4-bit a has at most 15 significant bits), so rounding it changes nothing and one FMA (which
-   rounds d * a + m once) gives the same float; GCC contracts it. Otherwise (8-bit panels take
-   any float32 d) the empty asm stops GCC from contracting the two operations into an FMA. */
-static inline __attribute__((always_inline)) void pg_scale_row(pg_vec a, pg_vec b, const pg_q8_group *s,
-                                                              pg_vec *w0, pg_vec *w1, const int exact) {
-    a *= s->d0;
-    b *= s->d1;
-    if (!exact) {
-        SCRATCHLLM_OPAQUE(a);  /* round the products here */
-        SCRATCHLLM_OPAQUE(b);
+typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in one instruction */
+typedef unsigned int pg_vu __attribute__((vector_size(4 * PG_VL)));
+
+/* An 8-bit group's scales for its word rows: s[t] = d 256^-t for rows t = 0, 1, 2 of a word
+   and d for row 3 (see pg_q8_weight), z = -128 d, and m (zero where the panels have none).
+   d 256^-t is exact: the panels' scales are 0 or at least 2^-100 in magnitude (pack_q8 checks),
+   so no scaled copy is subnormal. */
+typedef struct { pg_vec s0[4], s1[4], z0, z1, m0, m1; } pg_q8_scales;
+
+static inline __attribute__((always_inline)) pg_q8_scales pg_q8_scales_of(const pg_q8_group *g) {
+    pg_q8_scales s;
+    const float step[4] = {1.0f, 1.0f / 256, 1.0f / 65536, 1.0f};
+    for (int t = 0; t < 4; t++) {
+        s.s0[t] = g->d0 * step[t];
+        s.s1[t] = g->d1 * step[t];
     }
-    *w0 = a + s->m0;
-    *w1 = b + s->m1;
+    s.z0 = g->d0 * -128.0f;
+    s.z1 = g->d1 * -128.0f;
+    s.m0 = g->m0;
+    s.m1 = g->m1;
+    return s;
 }
 
-/* Row k of an 8-bit panel as NR floats. `exact`: the panels' d are float16 values (a GGUF
-   file's), so d * q is exact and one FMA gives d * q + m (see pg_scale_row). */
-static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                           pg_vec *w0, pg_vec *w1, const int exact) {
-    pg_vec a, b;
-    pg_int8_to_f32(qrow, &a);
-    pg_int8_to_f32(qrow + PG_VL, &b);
-    pg_scale_row(a, b, s, w0, w1, exact);
+/* Row t of an 8-bit word row as floats, v the words of NR / 2 columns: (q + 128) 256^t is one
+   AND for t < 3 (the top byte is shifted down instead: its bits would make the lane negative),
+   converted exactly, and fma((q + 128) 256^t, d 256^-t, -128 d) is d q rounded once: ggml's
+   d * q (exact for a float16 d). The product is rounded on its own, as ggml's is, and then the
+   offset added (has_m: the panels store m): d * q + m with its two roundings, bit for bit. */
+static inline __attribute__((always_inline)) pg_vec pg_q8_weight(pg_vi v, const int t, pg_vec s, pg_vec z, pg_vec m,
+                                                               const int has_m) {
+    pg_vi b = t == 3 ? (pg_vi)((pg_vu)v >> 24) : v & ((pg_vi){0} + (0xFF << (8 * t)));
+    pg_vec w = pg_fma(__builtin_convertvector(b, pg_vec), s, z);
+    return has_m ? w + m : w;
 }
+
+/* The words of 8-bit word row r (rows 4 r .. 4 r + 3) of a panel, the NR columns' two halves. */
+static inline __attribute__((always_inline)) void pg_q8_words_at(const uint8_t *q, long r, pg_vi *v0, pg_vi *v1) {
+    memcpy(v0, q + r * 4 * PG_NR, sizeof *v0);
+    memcpy(v1, q + r * 4 * PG_NR + 4 * PG_VL, sizeof *v1);
+}
+
+/* PG_Q8_ROWS(BODY): BODY once per row t = 0..3 of a word row, with w0, w1 that row's weights
+   (v0, v1: the word row's words, s: the group's pg_q8_scales, has_m in scope). */
+#define PG_Q8_ROW(t, BODY) { const int tt = (t); \
+    pg_vec w0 = pg_q8_weight(v0, tt, s.s0[tt], s.z0, s.m0, has_m), w1 = pg_q8_weight(v1, tt, s.s1[tt], s.z1, s.m1, has_m); \
+    BODY }
+#define PG_Q8_ROWS(BODY) PG_Q8_ROW(0, BODY) PG_Q8_ROW(1, BODY) PG_Q8_ROW(2, BODY) PG_Q8_ROW(3, BODY)
 
 /* A 4-bit group's scales for the word rows: d 16^-u for u = 0..3 (exact: a power of two times
    a float16 value stays a normal float), and m. Row 8 r + t of a column is
    q 16^(t % 4) = (word >> (t < 4 ? 0 : 16)) & (0xF << 4 (t % 4)), converted exactly (< 2^16),
    times d 16^-(t % 4): d q exactly; plus m, rounded once: ggml's d * q + m, bit for bit. */
 typedef struct { pg_vec s0[4], s1[4], m0, m1; } pg_q4_group;
-typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in one instruction */
 
 static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
                                                                      long g) {
@@ -436,12 +458,14 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q8h_group_at(const u
 }
 
 /* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it.
-   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). */
-typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;  /* exact: see pg_q8_row */
+   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). exact: Q8Panels.exact
+   (kept for the panels' record; the 8-bit kernels round d * q by FMA whatever d is). */
+typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;
 
-static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
-    return a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
-                   : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
+static inline __attribute__((always_inline)) pg_q8_scales pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
+    pg_q8_group b = a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
+                            : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
+    return pg_q8_scales_of(&b);
 }
 
 static inline long pg_scale_size(int bits, int half) {  /* bytes of one d (or m) */
@@ -469,19 +493,22 @@ static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
             }
             continue;
         }
-        pg_q8_group s = pg_group(a, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {
-            pg_vec w[2];
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1], a->exact);
-            memcpy(buf + k * PG_NR, w, sizeof w);  /* row k, NR floats */
+        pg_q8_scales s = pg_group(a, g);
+        const int has_m = !a->half;
+        for (long r = 8 * g; r < 8 * g + 8; r++) {
+            pg_vi v0, v1;
+            pg_q8_words_at((const uint8_t *)a->q, r, &v0, &v1);
+            float *row = buf + 4 * r * PG_NR;
+            PG_Q8_ROWS(memcpy(row + tt * PG_NR, &w0, sizeof w0); memcpy(row + tt * PG_NR + PG_VL, &w1, sizeof w1);)
         }
     }
 }
 
 /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
    at once, so the panel streams from memory without pauses (a block-then-compute loop would
-   let the prefetcher stall between blocks). bits and exact are constants at every call site. */
-static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int exact,
+   let the prefetcher stall between blocks). bits and has_m (8-bit: the panels store offsets) are
+   constants at every call site. */
+static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int has_m,
                                                               const float *x,
                                                               long lda, const pg_qpanel *a, long kc, float *c,
                                                               long ldc, int cols, int first) {
@@ -501,15 +528,15 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
             }
             continue;
         }
-        pg_q8_group s = pg_group(a, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {  /* one row at a time: 2 R + 2 + 1 live vectors */
-            pg_vec w0, w1;
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
-            for (int r = 0; r < R; r++) {
-                float xr = x[r * lda + k];
-                acc[2 * r] += xr * w0;
-                acc[2 * r + 1] += xr * w1;
-            }
+        pg_q8_scales s = pg_group(a, g);
+        for (long r4 = 8 * g; r4 < 8 * g + 8; r4++) {  /* a word row is four rows of k, in order */
+            pg_vi v0, v1;
+            pg_q8_words_at((const uint8_t *)a->q, r4, &v0, &v1);
+            PG_Q8_ROWS(for (int r = 0; r < R; r++) {
+                           float xr = x[r * lda + 4 * r4 + tt];
+                           acc[2 * r] += xr * w0;
+                           acc[2 * r + 1] += xr * w1;
+                       })
         }
     }
     pg_store(R, acc, c, ldc, cols, first);
@@ -517,7 +544,7 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
 
 static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
                        int cols, int first) {
-    if (a->bits == 8 && a->exact) {
+    if (a->bits == 8 && !a->half) {
         switch (R) {
 #define PG_CASE(n) case n: pg_micro_q_r(n, 8, 1, x, lda, a, kc, c, ldc, cols, first); break;
         PG_CASES
@@ -540,7 +567,7 @@ static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long
 
 typedef struct {
     const float *x;           /* [M, K] */
-    const void *q;            /* 8-bit: int8 [P, K, NR]; 4-bit: uint8 [P, K/2, NR] */
+    const void *q;            /* 8-bit: uint8 [P, K, NR] in words of biased bytes; 4-bit: uint8 [P, K/2, NR] in words */
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
     float *c;                 /* [M, n] */
     long M, K, n, kc, P, chunk, fused_tiles;
@@ -580,7 +607,7 @@ static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p
    independent, so one panel's FMA latency overlaps the other's unpacking (about 12% faster
    single-stream on Zen 3). Every output is still one chain over k in order, block by block:
    the same sums as pg_gemm_q8_panel. */
-static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int exact,
+static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int has_m,
                                                                   const float *x, const pg_qpanel *a,
                                                                   const pg_qpanel *b, long kc, float *c,
                                                                   int cols_b, int first, long ahead) {
@@ -609,15 +636,18 @@ static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits
             }
             continue;
         }
-        pg_q8_group sa = pg_group(a, g), sb = pg_group(b, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {
-            pg_vec w0, w1, w2, w3;
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &sa, &w0, &w1, exact);
-            pg_q8_row((const int8_t *)b->q + k * PG_NR, &sb, &w2, &w3, exact);
-            acc[0] += x[k] * w0;
-            acc[1] += x[k] * w1;
-            acc[2] += x[k] * w2;
-            acc[3] += x[k] * w3;
+        pg_q8_scales sa = pg_group(a, g), sb = pg_group(b, g);
+        for (long r = 8 * g; r < 8 * g + 8; r++) {
+            pg_vi a0, a1, b0, b1;
+            pg_q8_words_at((const uint8_t *)a->q, r, &a0, &a1);
+            pg_q8_words_at((const uint8_t *)b->q, r, &b0, &b1);
+            for (int t = 0; t < 4; t++) {
+                float xk = x[4 * r + t];
+                acc[0] += xk * pg_q8_weight(a0, t, sa.s0[t], sa.z0, sa.m0, has_m);
+                acc[1] += xk * pg_q8_weight(a1, t, sa.s1[t], sa.z1, sa.m1, has_m);
+                acc[2] += xk * pg_q8_weight(b0, t, sb.s0[t], sb.z0, sb.m0, has_m);
+                acc[3] += xk * pg_q8_weight(b1, t, sb.s1[t], sb.z1, sb.m1, has_m);
+            }
         }
     }
     pg_store(1, acc, c, 0, PG_NR, first);  /* panel p is whole: another one follows it */
@@ -640,27 +670,26 @@ static void pg_gemm_q8_pair(const pg_q8_job *j, long p) {
         float *c = j->c + p * PG_NR;
         if (j->bits == 4)
             pg_micro_q1x2_r(4, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 2 * (j->K / 2) * PG_NR);
-        else if (j->exact)
-            pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
-        else
+        else if (j->half)
             pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+        else
+            pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
     }
 }
 
 /* One row of x against four 8-bit panels without offsets (a file's Q8_0, w = d * q, exact):
    eight accumulator chains, so that neither the FMA latency nor the register file binds (two
    panels at a time left 4 chains for 8 FMAs per k, and their scales spilled). The group's
-   scales are widened once into ds, in L1, and read by the multiplies from there. w = d * q
-   is one rounding-free multiply (d * q + 0 would only turn a -0 weight into +0, which adds
-   the same to every sum), then the float32 kernel's FMA: every output is one chain over k in
-   order, block by block, the same sums as pg_gemm_q8_panel. */
+   scales (pg_q8_scales: four scaled copies of d and -128 d per half panel) are made once into
+   ds, in L1, and read by the weights' FMAs from there. Then the float32 kernel's FMA: every
+   output is one chain over k in order, block by block, the same sums as pg_gemm_q8_panel. */
 static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
     const long K = j->K, G = K / 32;
-    const int8_t *q[4];
+    const uint8_t *q[4];
     const uint16_t *d[4];
-    float ds[8][PG_VL] __attribute__((aligned(64)));
+    pg_q8_scales ds[4];
     for (int i = 0; i < 4; i++) {
-        q[i] = (const int8_t *)j->q + (p + i) * K * PG_NR;
+        q[i] = (const uint8_t *)j->q + (p + i) * K * PG_NR;
         d[i] = (const uint16_t *)j->d + (p + i) * G * PG_NR;
     }
     float *c = j->c + p * PG_NR;
@@ -672,27 +701,22 @@ static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
             acc[r] = (pg_vec){0};
         for (long g = k0 / 32; g < kend / 32; g++) {
             for (int i = 0; i < 4; i++) {
-                pg_vec h0, h1;
-                pg_f16_to_f32(d[i] + g * PG_NR, &h0);
-                pg_f16_to_f32(d[i] + g * PG_NR + PG_VL, &h1);
-                memcpy(ds[2 * i], &h0, sizeof h0);
-                memcpy(ds[2 * i + 1], &h1, sizeof h1);
+                pg_q8_group b = pg_q8h_group_at(d[i], g);
+                ds[i] = pg_q8_scales_of(&b);
             }
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                float xk = j->x[k];
-                if (!(k & 3))  /* the next four panels' line of rows k..k+3: see pg_gemm_q8_pair */
-                    for (int i = 0; i < 4; i++)
-                        __builtin_prefetch(q[i] + k * PG_NR + 4 * K * PG_NR);
-                for (int i = 0; i < 4; i++) {
-                    pg_vec a, b, da, db;
-                    pg_int8_to_f32(q[i] + k * PG_NR, &a);
-                    pg_int8_to_f32(q[i] + k * PG_NR + PG_VL, &b);
-                    memcpy(&da, ds[2 * i], sizeof da);
-                    memcpy(&db, ds[2 * i + 1], sizeof db);
-                    a *= da;
-                    b *= db;
-                    acc[2 * i] += xk * a;
-                    acc[2 * i + 1] += xk * b;
+            for (long r = 8 * g; r < 8 * g + 8; r++) {
+                /* the next four panels' line of this word row: see pg_gemm_q8_pair */
+                for (int i = 0; i < 4; i++)
+                    __builtin_prefetch(q[i] + r * 4 * PG_NR + 4 * K * PG_NR);
+                pg_vi v[8];
+                for (int i = 0; i < 4; i++)
+                    pg_q8_words_at(q[i], r, &v[2 * i], &v[2 * i + 1]);
+                for (int t = 0; t < 4; t++) {
+                    float xk = j->x[4 * r + t];
+                    for (int i = 0; i < 4; i++) {
+                        acc[2 * i] += xk * pg_q8_weight(v[2 * i], t, ds[i].s0[t], ds[i].z0, ds[i].m0, 0);
+                        acc[2 * i + 1] += xk * pg_q8_weight(v[2 * i + 1], t, ds[i].s1[t], ds[i].z1, ds[i].m1, 0);
+                    }
                 }
             }
         }
@@ -744,7 +768,7 @@ typedef struct {
     const uint8_t *const *rows;
     const uint8_t *types;
     long N, K;
-    uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs; Q8_0: int8 [P, K, NR] */
+    uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs in words; Q8_0: [P, K, NR] biased bytes in words */
     uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (m NULL: Q8_0, or Q4_0 only) */
     int overflow;             /* set (atomically) when a Q4_0 scale's -8 d is beyond float16 */
 } pg_repack_job;
@@ -752,6 +776,8 @@ typedef struct {
 /* Where byte row k2 (rows 2 k2, 2 k2 + 1 of k) of column j lies in a 4-bit panel's words: byte
    k2 % 4 of word (k2 / 4, j). */
 #define PG_Q4_AT(k2, j) (((k2) / 4 * PG_NR + (j)) * 4 + (k2) % 4)
+/* Where row k of column j lies in an 8-bit panel's words: byte k % 4 of word (k / 4, j). */
+#define PG_Q8_AT(k, j) (((k) / 4 * PG_NR + (j)) * 4 + (k) % 4)
 
 /* -8 d for a float16 d, as float16 bits: exact (a power of two times a half) unless it
    overflows, which returns 0xFFFF (not a value -8 d can take: that is a NaN pattern). */
@@ -860,13 +886,17 @@ static void pg_repack_task(void *ctx, long p) {
        columns) is written whole before the next, while the panel's rows are read as NR
        sequential streams */
     for (long g = 0; g < G; g++) {
+        if (rows < PG_NR && j->types[p * PG_NR] == PG_Q8_0)  /* the right edge's missing columns: q = 0 */
+            for (long jj = rows; jj < PG_NR; jj++)
+                for (int i = 0; i < 32; i++)
+                    j->q[(p * j->K + 32 * g) * PG_NR + PG_Q8_AT(i, jj)] = 0x80;
         for (long jj = 0; jj < rows; jj++) {
             long o = p * PG_NR + jj;
             const uint8_t *qs = pg_repack_scales(j, o, g, (p * G + g) * PG_NR + jj);
-            if (j->types[o] == PG_Q8_0) {
-                int8_t *q = (int8_t *)j->q + (p * j->K + 32 * g) * PG_NR + jj;
+            if (j->types[o] == PG_Q8_0) {  /* row i of the group, column jj: PG_Q8_AT, biased by 128 */
+                uint8_t *q = j->q + (p * j->K + 32 * g) * PG_NR;
                 for (int i = 0; i < 32; i++)
-                    q[i * PG_NR] = (int8_t)qs[i];
+                    q[PG_Q8_AT(i, jj)] = (uint8_t)(qs[i] ^ 0x80);
                 continue;
             }
             uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR;  /* byte row t, column jj: PG_Q4_AT */

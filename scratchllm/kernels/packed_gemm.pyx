@@ -58,7 +58,7 @@ import numpy as np
 from scratchllm.kernels import pool as pool_module
 
 from scratchllm.kernels cimport pool
-from libc.stdint cimport int8_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport free, malloc
 
 
@@ -102,11 +102,44 @@ cdef extern from "packed_gemm.h":
     void pg_repack_task(void *ctx, long p) noexcept nogil
 
 
+cdef extern from "packed_int8.h":
+    ctypedef struct pg_x8:
+        int8_t *q
+        int8_t *q2
+        float *d
+        float *s
+        int32_t *sum
+        long M, K
+    int PG_X8_NATURAL, PG_X8_EVEN_ODD
+    const char *PG_INT8_DOT
+    int pg_x8_reserve(pg_x8 *x, long M, long K, int two) noexcept nogil
+    ctypedef struct pg_x8_job:
+        const float *x
+        pg_x8 out
+        int order
+        long rows_per_task
+    void pg_x8_task(void *ctx, long t) noexcept nogil
+    ctypedef struct pg_i8_job:
+        const pg_x8 *x
+        const void *q
+        const void *d
+        const void *m
+        float *c
+        long n, P, chunk
+        int bits, half
+    void pg_i8_task(void *ctx, long t) noexcept nogil
+
+
 NR = PG_NR
 MAXR = PG_MAXR
 HAVE_AVX512_BF16 = bool(SCRATCHLLM_BF16_DOT)
 COMPILED_FEATURES = tuple(SCRATCHLLM_COMPILED_FEATURES.decode().split())  # as /proc/cpuinfo names them
 DTYPES = ("float32", "bfloat16")
+# How a quantized matrix multiplies x: exactly ("float32"), or with x rounded to integers per 32 values and
+# integer dot products (packed_int8.h): 8 bits ("int8", llama.cpp's arithmetic) or 16 bits in two 8-bit levels
+# ("int16": two dot products per weight byte, about 256 times finer)
+ACTIVATIONS = ("float32", "int8", "int16")
+INT8_DOT = PG_INT8_DOT.decode()  # the integer dot product this build uses
 
 set_num_threads, get_num_threads = pool_module.set_num_threads, pool_module.get_num_threads  # the pool's
 
@@ -174,9 +207,14 @@ def _column_panels(a, Py_ssize_t P, dtype) -> np.ndarray:
 class Q8Panels(NamedTuple):
     """Quantized panels: w[k, j] = d * q + m with q int8 and, per 32 rows of k and per column, a
     float32 scale d and offset m. GGUF's Q8_0 (m = 0), Q4_0 (q - 8, m = 0) and Q4_1 (q in 0..15)
-    all fit, value for value: see `pack_q8`."""
+    all fit, value for value: see `pack_q8`.
 
-    q: np.ndarray  # [P, K, NR] int8
+    Byte order: in words of biased bytes. Each run of 4 rows of k holds NR 32-bit words, one per
+    column, byte t of column j's word being q[4 r + t, j] + 128 as an unsigned byte; `rows` gives
+    the plain int8 [P, K, NR]. A 32-bit lane then holds 4 consecutive k of a column, as integer
+    dot products take them, and the kernel reads a row from a word with one AND."""
+
+    q: np.ndarray  # [P, K, NR] uint8, in words of biased bytes (see above)
     d: np.ndarray  # [P, K/32, NR] float32, or float16 where m is None
     m: np.ndarray | None  # [P, K/32, NR] float32, or None: no offset (GGUF's Q8_0, as pack_blocks keeps it)
     exact: bool = False  # every d is a float16 value, so d * q is exact and the kernel may fuse d * q + m
@@ -189,14 +227,20 @@ class Q8Panels(NamedTuple):
     def dtype(self):
         return self.q.dtype
 
+    def rows(self) -> np.ndarray:
+        """[P, K, NR] int8 in plain row order (a copy)."""
+        return _q8_rows(self.q)
+
     def dequantize(self) -> np.ndarray:
         """[P, K, NR] float32."""
-        return _scaled(self.q, self.d, self.m)
+        return _scaled(self.rows(), self.d, self.m)
 
     def columns(self, p, j) -> np.ndarray:
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        P, K, _ = self.q.shape
+        q = (self.q.reshape(P, K // 4, PG_NR, 4)[p, :, j].reshape(len(p), K) ^ np.uint8(0x80)).view(np.int8)
         m = None if self.m is None else self.m[p, :, j][..., None]
-        return _scaled(self.q[p, :, j][..., None], self.d[p, :, j][..., None], m)[..., 0]
+        return _scaled(q[..., None], self.d[p, :, j][..., None], m)[..., 0]
 
 
 def _q4_offsets(d, m) -> np.ndarray:
@@ -251,17 +295,37 @@ class Q4Panels(NamedTuple):
         return _scaled(nibbles[..., None], self.d[p, :, j][..., None], m[..., None])[..., 0]
 
 
+def _q8_words(rows) -> np.ndarray:
+    """int8 [P, K, NR] in plain row order -> Q8Panels' words of biased bytes (uint8, a copy)."""
+    P, K, NR = rows.shape
+    biased = rows.view(np.uint8) ^ np.uint8(0x80)
+    return np.ascontiguousarray(biased.reshape(P, K // 4, 4, NR).transpose(0, 1, 3, 2)).reshape(P, K, NR)
+
+
+def _q8_rows(words) -> np.ndarray:
+    """Q8Panels' words of biased bytes -> int8 [P, K, NR] in plain row order (a copy)."""
+    P, K, NR = words.shape
+    rows = np.ascontiguousarray(words.reshape(P, K // 4, NR, 4).transpose(0, 1, 3, 2)).reshape(P, K, NR)
+    return (rows ^ np.uint8(0x80)).view(np.int8)
+
+
+SMALLEST_SCALE = 2.0 ** -100  # 8-bit panels' |d| is 0 or at least this: d 256^-t stays a normal float (the kernel's)
+
+
 def pack_q8(q, d, m) -> Q8Panels:
     """q int8 [K, N] (any strides), d and m float32 [K/32, N]: w[k, j] = d[k // 32, j] * q[k, j] +
     m[k // 32, j] -> its Q8Panels (columns zero-padded to whole panels: q = d = m = 0)."""
     K, N = _check_groups(q, d, m)
     P = -(-N // PG_NR)
     d32 = np.asarray(d, dtype=np.float32)
+    tiny = (d32 != 0) & (np.abs(d32) < SMALLEST_SCALE)
+    if tiny.any():
+        raise ValueError(f"8-bit panels take scales of 0 or at least {SMALLEST_SCALE} in magnitude, got {d32[tiny][0]}")
     with np.errstate(over="ignore"):
         d16 = d32.astype(np.float16)
     exact = bool(np.array_equal(d16.astype(np.float32), d32))  # 11 bits x 8 bits: exact
-    return Q8Panels(_column_panels(q, P, np.int8), _column_panels(d, P, np.float32), _column_panels(m, P, np.float32),
-                    exact)
+    return Q8Panels(_q8_words(_column_panels(q, P, np.int8)), _column_panels(d, P, np.float32),
+                    _column_panels(m, P, np.float32), exact)
 
 
 def _byte_rows(q4) -> np.ndarray:
@@ -320,12 +384,12 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     cdef const uint8_t[::1] kind = type_ids
     cdef Py_ssize_t N = addr.shape[0], P = (N + PG_NR - 1) // PG_NR  # C division here: no -(-N // NR)
     q8 = "Q8_0" in kinds
-    q = alloc((P, K if q8 else K // 2, PG_NR), np.int8 if q8 else np.uint8)
+    q = alloc((P, K if q8 else K // 2, PG_NR), np.uint8)  # 8-bit: biased bytes in words
     d = alloc((P, K // 32, PG_NR), np.uint16)
     offsets = "Q4_1" in kinds  # Q8_0 has none and Q4_0's are -8 d: stored only beside Q4_1's
     cdef Py_ssize_t m_panels = P if offsets else 1, m_groups = K // 32 if offsets else 1
     m = alloc((m_panels, m_groups, PG_NR), np.uint16)
-    cdef uint8_t[:, :, ::1] qv = q.view(np.uint8)
+    cdef uint8_t[:, :, ::1] qv = q
     cdef uint16_t[:, :, ::1] dv = d, mv = m
     cdef pg_repack_job job
     job.rows, job.types, job.N, job.K = <const uint8_t *const *> &addr[0], &kind[0], N, K
@@ -366,8 +430,10 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     return np.ascontiguousarray(panels[p, :, j])
 
 
-def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
-    """x [M, K] float32 @ the packed [K, n] matrix -> out [M, n] float32 (new unless given)."""
+def matmul(x, panels, Py_ssize_t n, out=None, str activations="float32") -> np.ndarray:
+    """x [M, K] float32 @ the packed [K, n] matrix -> out [M, n] float32 (new unless given).
+    activations "int8" (quantized panels): x rounded to int8 per 32 values, integer dot products
+    (packed_int8.h; see quantize_x8); "float32": the exact products."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D, got shape {x.shape}")
@@ -383,7 +449,7 @@ def matmul(x, panels, Py_ssize_t n, out=None) -> np.ndarray:
             raise ValueError(f"bfloat16 panels {panels.shape} do not fit x of shape {x.shape}")
         _matmul_bf16(x, panels, n, out)
     else:
-        _matmul(panels, x, n, out)
+        _matmul(panels, x, n, out, activations)
     return out
 
 
@@ -396,6 +462,7 @@ cdef enum:
     _Q8_TASKS_PER_THREAD_ROW = 2
     _Q8_FUSED_TILES = 2  # up to 2 row tiles dequantize in registers (tile 2 re-reads q from L1); more use the buffer
     _KC = 256  # rows (bfloat16: pairs) of K per block of a panel: 256 x 32 x 4 B = 32 KiB, L1's size
+    _X8_SERIAL = 1 << 15  # x of fewer values (M x K) is rounded to int8 by the calling thread alone
 Q8_TASKS_PER_THREAD, Q8_FUSED_TILES, KC = _Q8_TASKS_PER_THREAD, _Q8_FUSED_TILES, _KC
 assert KC % 32 == 0 and KC <= 256, "blocks of whole quantization groups that fit a task's buffer"
 
@@ -409,9 +476,15 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     cdef const float[:, :, ::1] f32
     cdef Py_ssize_t width  # NR of the build that made the panels: it must be this build's
     cdef const uint8_t[:, :, ::1] q4
-    cdef const int8_t[:, :, ::1] q8
+    cdef const uint8_t[:, :, ::1] q8
     cdef const uint16_t[:, :, ::1] d16, m16
     cdef const float[:, :, ::1] d32, m32
+    activations = "float32"
+    if hasattr(panels, "panels"):  # a models.packed.PackedWeight: its panels, multiplied as it says
+        activations = panels.activations
+        panels = panels.panels
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
     if isinstance(panels, Q4Panels):
         q4, d16 = panels.q4, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], NULL, 4, 1, 0
@@ -440,6 +513,31 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
         raise ValueError(f"panels of {w.P} x {w.K} x {width} do not fit {n} columns of this build's "
                          f"{PG_NR}-wide panels" + ("" if w.kind == 32 else " in whole 32-row groups"))
     w.n = n
+    w.act8 = 0 if w.kind == 32 else ACTIVATIONS.index(activations)  # float32 panels always multiply in float32
+    return 0
+
+
+cdef int _gemm_int8(const GemmWeight *w, const float *x, Py_ssize_t M, float *c, int threads) noexcept nogil:
+    """c = x @ w with x rounded to int8 (packed_int8.h); -1 (nothing done) where the panels have
+    no int8 kernel or the buffer for the rounded x cannot be had."""
+    cdef pg_x8 x8
+    cdef pg_x8_job xjob
+    cdef pg_i8_job job
+    if w.kind not in (4, 8) or pg_x8_reserve(&x8, M, w.K, w.act8 == 2) != 0:
+        return -1
+    xjob.x, xjob.out, xjob.order = x, x8, PG_X8_EVEN_ODD if w.kind == 4 else PG_X8_NATURAL
+    xjob.rows_per_task = (M + 4 * threads - 1) // (4 * threads)
+    if M * w.K < _X8_SERIAL or threads == 1:  # a decode step's rows: not worth waking a helper
+        xjob.rows_per_task = M
+        pg_x8_task(&xjob, 0)
+    else:
+        pool.run(pg_x8_task, &xjob, (M + xjob.rows_per_task - 1) // xjob.rows_per_task, threads)
+    job.x, job.q, job.d, job.m, job.c, job.bits, job.half = &x8, w.q, w.d, w.m, c, w.kind, w.half
+    job.n, job.P = w.n, w.P
+    job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
+    if job.chunk < 1:
+        job.chunk = 1
+    pool.run(pg_i8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
     return 0
 
 
@@ -449,6 +547,8 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
     cdef int threads = _threads_for(M * w.K * w.n)
     cdef long step
     if M == 0:
+        return
+    if w.act8 and _gemm_int8(w, x, M, c, threads) == 0:
         return
     if w.kind == 32:
         fjob.x, fjob.x2, fjob.panels, fjob.c = x, NULL, w.q, c
@@ -468,9 +568,44 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
     pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
 
 
-cdef void _matmul(panels, const float[:, ::1] x, Py_ssize_t n, float[:, ::1] c) except *:
+def quantize_x8(x, str order="natural", bint two=False):
+    """x [M, K] float32 (K a multiple of 32) rounded as the integer products round it
+    (packed_int8.h): (q1 int8 [M, K], q2 int8 [M, K] or None, d float32 [M, K/32], s float32
+    [M, K/32], sum int32 [M, K/32]): per group of 32, x ~= d Q with Q = q1 (one level) or
+    256 q1 + q2 (two, `two`), sum = sum(Q), s = d * sum(Q). order "even-odd": q's k in the order
+    of the 4-bit panels' words (rows 0 2 4 6 1 3 5 7 of every 8), "natural": as x's."""
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef Py_ssize_t M = xv.shape[0], K = xv.shape[1]
+    if K % 32 or order not in ("natural", "even-odd"):
+        raise ValueError(f"x needs K % 32 == 0 (got {K}) and order natural or even-odd (got {order!r})")
+    q, q2 = np.empty((M, K), dtype=np.int8), np.empty((M, K), dtype=np.int8) if two else None
+    d, s = np.empty((M, K // 32), dtype=np.float32), np.empty((M, K // 32), dtype=np.float32)
+    total = np.empty((M, K // 32), dtype=np.int32)
+    if M == 0 or K == 0:
+        return q, q2, d, s, total
+    cdef int8_t[:, ::1] qv = q, q2v
+    cdef float[:, ::1] dv = d, sv = s
+    cdef int32_t[:, ::1] tv = total
+    cdef pg_x8_job job
+    job.x, job.order, job.rows_per_task = &xv[0, 0], PG_X8_EVEN_ODD if order == "even-odd" else PG_X8_NATURAL, M
+    job.out.q, job.out.d, job.out.s, job.out.sum, job.out.M, job.out.K = &qv[0, 0], &dv[0, 0], &sv[0, 0], &tv[0, 0], M, K
+    job.out.q2 = NULL
+    if two:
+        q2v = q2
+        job.out.q2 = &q2v[0, 0]
+    with nogil:
+        pg_x8_task(&job, 0)
+    return q, q2, d, s, total
+
+
+class _Bound(NamedTuple):  # what bind_weight takes: panels and how they multiply x
+    panels: object
+    activations: str
+
+
+cdef void _matmul(panels, const float[:, ::1] x, Py_ssize_t n, float[:, ::1] c, str activations) except *:
     cdef GemmWeight w
-    bind_weight(panels, n, &w)
+    bind_weight(_Bound(panels, activations), n, &w)
     if w.K != x.shape[1]:
         raise ValueError(f"panels of {w.P} x {w.K} do not fit x of shape {tuple(x.shape)[:2]}")
     with nogil:
@@ -502,10 +637,10 @@ cdef class QuantizedGemm:
     cdef object panels  # keeps the arrays alive: the pointers in w point into them
     cdef GemmWeight w
 
-    def __init__(self, panels, Py_ssize_t n):
+    def __init__(self, panels, Py_ssize_t n, str activations="float32"):
         if not isinstance(panels, (Q4Panels, Q8Panels)):
             raise TypeError(f"QuantizedGemm takes Q4Panels or Q8Panels, not {type(panels).__name__}")
-        bind_weight(panels, n, &self.w)
+        bind_weight(_Bound(panels, activations), n, &self.w)
         self.panels = panels
 
     @property

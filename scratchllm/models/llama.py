@@ -345,15 +345,16 @@ class LlamaModel:
     panels_from_cache: bool  # its panels were mapped from the panel cache, packed by an earlier load
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
-                 panel_cache: "PanelCache | None" = None) -> None:
+                 panel_cache: "PanelCache | None" = None, activations: str = "float32") -> None:
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
         `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized".
-        `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only)."""
+        `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only).
+        `activations`: how quantized matrices multiply x, "float32" (exact) or "int8" (PackedWeight)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
         self.dtype = dtype
-        self.params, self.weights = pack(config, weights, dtype, panel_cache)
+        self.params, self.weights = pack(config, weights, dtype, panel_cache, activations)
         self.workspace = Workspace(config)  # a step's buffers, reused across layers and steps
 
     def forward(self, input_ids: Ints, positions: Ints, attention: Attention,
@@ -391,13 +392,14 @@ class CheckpointView(Mapping[str, F32]):
 
 
 def pack(cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
-         panel_cache: "PanelCache | None" = None) -> tuple[dict[str, Any], CheckpointView]:
+         panel_cache: "PanelCache | None" = None,
+         activations: str = "float32") -> tuple[dict[str, Any], CheckpointView]:
     """HF-named arrays -> (params for `llama`, a CheckpointView of them). Shapes are asserted.
 
     Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
     module docstring for why. `panel_cache` (models/panel_cache.py): panels packed by an earlier
     load of the same file, and where this load's go."""
-    return Packer(cfg, w, dtype, panel_cache).pack()
+    return Packer(cfg, w, dtype, panel_cache, activations).pack()
 
 
 class Packer:
@@ -406,8 +408,9 @@ class Packer:
     assert their shapes and record them in the CheckpointView."""
 
     def __init__(self, cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str,
-                 panel_cache: "PanelCache | None" = None) -> None:
+                 panel_cache: "PanelCache | None" = None, activations: str = "float32") -> None:
         self.cfg, self.w, self.dtype, self.panel_cache = cfg, w, dtype, panel_cache
+        self.activations = activations  # of the quantized matrices (PackedWeight.activations)
         self.view = CheckpointView()
         self.arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
 
@@ -535,6 +538,8 @@ class Packer:
             else:  # "quantized" with a matrix the file stores unquantized: float32
                 rows = [self.tensor(n, s) for n, s in zip(names, shapes, strict=True)]
                 packed = PackedWeight.from_rows(rows, "float32" if self.dtype == "quantized" else self.dtype)
+        if packed.dtype == "quantized":
+            packed.activations = self.activations
         col = 0
         for name, shape in zip(names, shapes, strict=True):
             self.view.parts[name] = (packed, slice(col, col + shape[0]))

@@ -38,6 +38,10 @@ class PackedWeight:
 
     shape: tuple[int, int]
     panels: "packed_gemm.Panels"  # a stub-only alias (kernels/packed_gemm.pyi)
+    # How quantized panels multiply x (dtypes.ACTIVATIONS): "float32" (exact), "int8" or "int16" (x
+    # rounded to integers per 32 values, integer dot products; kernels/packed_int8.h). Set before the first
+    # product: the kernel binding reads it once. Float32 and bfloat16 panels ignore it.
+    activations: str = "float32"
 
     def __init__(self, w: npt.NDArray[Any], dtype: str = "float32") -> None:
         """w: the [in, out] matrix, any strides (a transposed [out, in] checkpoint tensor is fine)."""
@@ -96,7 +100,7 @@ class PackedWeight:
         gemm: packed_gemm.QuantizedGemm | None = getattr(self, "_gemm", None)
         if gemm is None:  # checked and bound once (packed_gemm.QuantizedGemm)
             assert not isinstance(self.panels, np.ndarray), "quantized weights have quantized panels"
-            gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1])
+            gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1], self.activations)
         gemm(x, out)
         return out
 
@@ -106,7 +110,7 @@ class PackedWeight:
         if self.dtype == "quantized" and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32 \
                 and x.flags.c_contiguous:  # the LM head of a decode step: the product bound once (matmul_into)
             return self.matmul_into(x, np.empty((x.shape[0], self.shape[1]), dtype=np.float32))
-        return packed_gemm.matmul(x, self.panels, self.shape[1])
+        return packed_gemm.matmul(x, self.panels, self.shape[1], activations=self.activations)
 
     @property
     def nbytes(self) -> int:
@@ -121,4 +125,5 @@ class PackedWeight:
         return packed_gemm.columns(self.panels, self.shape[0], ids)
 
     def __repr__(self) -> str:
-        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, {self.nbytes / 2**20:.1f} MiB)"
+        x8 = f", {self.activations} activations" if self.activations != "float32" else ""
+        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}{x8}, {self.nbytes / 2**20:.1f} MiB)"

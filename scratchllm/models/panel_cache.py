@@ -37,9 +37,10 @@ QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels  # what the cache 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
-FORMAT = 5  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
+FORMAT = 6  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
 # 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
-# cache written before is written once more instead of being read in small pages for ever
+# cache written before is written once more instead of being read in small pages for ever;
+# 6: 8-bit panels in words of 4 rows, bytes biased by 128 (packed_gemm.Q8Panels)
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 

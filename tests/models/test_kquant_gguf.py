@@ -118,7 +118,7 @@ def test_logits_and_greedy_ids_equal_transformers(files, mix):
 @pytest.mark.parametrize("mix", MIXES)
 def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, mix, caplog):
     with caplog.at_level(logging.INFO, logger="scratchllm.models.loader"):
-        q = load_model(files[mix])  # "auto": quantized
+        q = load_model(files[mix], dtype="quantized")  # the exact path
     f32 = load_model(files[mix], dtype="float32")
     assert q.dtype == "quantized"
     line = [r.getMessage() for r in caplog.records if "dequantized to float32" in r.getMessage()]
@@ -172,7 +172,7 @@ def test_packed_products_equal_the_float32_products_of_the_dequantized_matrix(ki
             parts.append(gq.as_q8(kind, raw, (n, K)))
         dense.append(gguf.quants.dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType[kind]).astype(np.float32))
     packed = PackedWeight.from_quantized_rows(parts)
-    assert packed.dtype == "quantized" and packed.panels.q.dtype == np.int8 and packed.shape == (K, sum(rows))
+    assert packed.dtype == "quantized" and packed.panels.q.dtype == np.uint8 and packed.shape == (K, sum(rows))
     want = PackedWeight.from_rows(dense)
     np.testing.assert_array_equal(packed.numpy() + 0.0, want.numpy() + 0.0)  # + 0.0: m = +0 turns -0 into +0
     x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
