@@ -296,10 +296,10 @@ typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in 
 typedef unsigned int pg_vu __attribute__((vector_size(4 * PG_VL)));
 
 /* An 8-bit group's scales for its word rows: s[t] = d 256^-t for rows t = 0, 1, 2 of a word
-   and d for row 3 (see pg_q8_weight), z = -128 d, and m (zero where the panels have none).
-   d 256^-t is exact: the panels' scales are 0 or at least 2^-100 in magnitude (pack_q8 checks),
-   so no scaled copy is subnormal. */
-typedef struct { pg_vec s0[4], s1[4], z0, z1, m0, m1; } pg_q8_scales;
+   and d for row 3 (see pg_q8_weight), and m (zero where the panels have none). d 256^-t is
+   exact: the panels' scales are 0 or at least 2^-100 in magnitude (pack_q8 checks), so no
+   scaled copy is subnormal. */
+typedef struct { pg_vec s0[4], s1[4], z0, z1, m0, m1; } pg_q8_scales;  /* z: -128 d */
 
 static inline __attribute__((always_inline)) pg_q8_scales pg_q8_scales_of(const pg_q8_group *g) {
     pg_q8_scales s;
@@ -315,17 +315,30 @@ static inline __attribute__((always_inline)) pg_q8_scales pg_q8_scales_of(const 
     return s;
 }
 
-/* Row t of an 8-bit word row as floats, v the words of NR / 2 columns: (q + 128) 256^t is one
-   AND for t < 3 (the top byte is shifted down instead: its bits would make the lane negative),
-   converted exactly, and fma((q + 128) 256^t, d 256^-t, -128 d) is d q rounded once: ggml's
-   d * q (exact for a float16 d). The product is rounded on its own, as ggml's is, and then the
-   offset added (has_m: the panels store m): d * q + m with its two roundings, bit for bit. */
-static inline __attribute__((always_inline)) pg_vec pg_q8_weight(pg_vi v, const int t, pg_vec s, pg_vec z, pg_vec m,
-                                                               const int has_m) {
-    pg_vi b = t == 3 ? (pg_vi)((pg_vu)v >> 24) : v & ((pg_vi){0} + (0xFF << (8 * t)));
-    pg_vec w = pg_fma(__builtin_convertvector(b, pg_vec), s, z);
-    return has_m ? w + m : w;
+/* Row t of an 8-bit word row as floats, v the words of NR / 2 columns, by `mode`:
+   PG_Q8_NO_M (a file's Q8_0: float16 d, no offset): (q + 128) 256^t is one AND for t < 3 (the
+     top byte is shifted down instead: its bits would make the lane negative), converted
+     exactly, and fma((q + 128) 256^t, d 256^-t, -128 d) is d q: d (q + 128) and 128 d are exact
+     for a float16 d, so the one rounding is of the exact d q, which is a float. ggml's d * q.
+   PG_Q8_M_EXACT (offsets, float16 d): q 256^t is the AND less the bias, converted; times
+     d 256^-t plus m in one FMA: d q is exact, so its one rounding is ggml's d * q + m.
+   PG_Q8_M (offsets, any d): the same q 256^t, times d 256^-t rounded on its own (the empty asm
+     keeps GCC from fusing it with the sum), then + m: ggml's two roundings, bit for bit. */
+enum { PG_Q8_NO_M = 0, PG_Q8_M_EXACT = 1, PG_Q8_M = 2 };
+
+static inline __attribute__((always_inline)) pg_vec pg_q8_weight(pg_vi v, const int t, pg_vec s, pg_vec z,
+                                                               pg_vec m, const int mode) {
+    pg_vi u = t == 3 ? (pg_vi)((pg_vu)v >> 24) : v & (0xFF << (8 * t));
+    if (mode == PG_Q8_NO_M)
+        return pg_fma(__builtin_convertvector(u, pg_vec), s, z);
+    pg_vec w = __builtin_convertvector(u - (128 << (8 * (t == 3 ? 0 : t))), pg_vec) * s;
+    if (mode == PG_Q8_M)
+        SCRATCHLLM_OPAQUE(w);
+    return w + m;
 }
+
+/* The mode of a panel's 8-bit weights (pg_q8_weight). */
+#define PG_Q8_MODE(half, exact) ((half) ? PG_Q8_NO_M : (exact) ? PG_Q8_M_EXACT : PG_Q8_M)
 
 /* The words of 8-bit word row r (rows 4 r .. 4 r + 3) of a panel, the NR columns' two halves. */
 static inline __attribute__((always_inline)) void pg_q8_words_at(const uint8_t *q, long r, pg_vi *v0, pg_vi *v1) {
@@ -334,9 +347,9 @@ static inline __attribute__((always_inline)) void pg_q8_words_at(const uint8_t *
 }
 
 /* PG_Q8_ROWS(BODY): BODY once per row t = 0..3 of a word row, with w0, w1 that row's weights
-   (v0, v1: the word row's words, s: the group's pg_q8_scales, has_m in scope). */
+   (v0, v1: the word row's words, s: the group's pg_q8_scales, mode in scope). */
 #define PG_Q8_ROW(t, BODY) { const int tt = (t); \
-    pg_vec w0 = pg_q8_weight(v0, tt, s.s0[tt], s.z0, s.m0, has_m), w1 = pg_q8_weight(v1, tt, s.s1[tt], s.z1, s.m1, has_m); \
+    pg_vec w0 = pg_q8_weight(v0, tt, s.s0[tt], s.z0, s.m0, mode), w1 = pg_q8_weight(v1, tt, s.s1[tt], s.z1, s.m1, mode); \
     BODY }
 #define PG_Q8_ROWS(BODY) PG_Q8_ROW(0, BODY) PG_Q8_ROW(1, BODY) PG_Q8_ROW(2, BODY) PG_Q8_ROW(3, BODY)
 
@@ -494,7 +507,7 @@ static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
             continue;
         }
         pg_q8_scales s = pg_group(a, g);
-        const int has_m = !a->half;
+        const int mode = PG_Q8_MODE(a->half, a->exact);
         for (long r = 8 * g; r < 8 * g + 8; r++) {
             pg_vi v0, v1;
             pg_q8_words_at((const uint8_t *)a->q, r, &v0, &v1);
@@ -506,9 +519,9 @@ static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
 
 /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
    at once, so the panel streams from memory without pauses (a block-then-compute loop would
-   let the prefetcher stall between blocks). bits and has_m (8-bit: the panels store offsets) are
-   constants at every call site. */
-static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int has_m,
+   let the prefetcher stall between blocks). bits and mode (8-bit: pg_q8_weight's) are constants
+   at every call site. */
+static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int mode,
                                                               const float *x,
                                                               long lda, const pg_qpanel *a, long kc, float *c,
                                                               long ldc, int cols, int first) {
@@ -544,15 +557,22 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
 
 static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
                        int cols, int first) {
-    if (a->bits == 8 && !a->half) {
+    int mode = PG_Q8_MODE(a->half, a->exact);
+    if (a->bits == 8 && mode == PG_Q8_M) {
         switch (R) {
-#define PG_CASE(n) case n: pg_micro_q_r(n, 8, 1, x, lda, a, kc, c, ldc, cols, first); break;
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_M, x, lda, a, kc, c, ldc, cols, first); break;
+        PG_CASES
+#undef PG_CASE
+        }
+    } else if (a->bits == 8 && mode == PG_Q8_M_EXACT) {
+        switch (R) {
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_M_EXACT, x, lda, a, kc, c, ldc, cols, first); break;
         PG_CASES
 #undef PG_CASE
         }
     } else if (a->bits == 8) {
         switch (R) {
-#define PG_CASE(n) case n: pg_micro_q_r(n, 8, 0, x, lda, a, kc, c, ldc, cols, first); break;
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_NO_M, x, lda, a, kc, c, ldc, cols, first); break;
         PG_CASES
 #undef PG_CASE
         }
@@ -607,7 +627,7 @@ static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p
    independent, so one panel's FMA latency overlaps the other's unpacking (about 12% faster
    single-stream on Zen 3). Every output is still one chain over k in order, block by block:
    the same sums as pg_gemm_q8_panel. */
-static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int has_m,
+static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int mode,
                                                                   const float *x, const pg_qpanel *a,
                                                                   const pg_qpanel *b, long kc, float *c,
                                                                   int cols_b, int first, long ahead) {
@@ -643,10 +663,10 @@ static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits
             pg_q8_words_at((const uint8_t *)b->q, r, &b0, &b1);
             for (int t = 0; t < 4; t++) {
                 float xk = x[4 * r + t];
-                acc[0] += xk * pg_q8_weight(a0, t, sa.s0[t], sa.z0, sa.m0, has_m);
-                acc[1] += xk * pg_q8_weight(a1, t, sa.s1[t], sa.z1, sa.m1, has_m);
-                acc[2] += xk * pg_q8_weight(b0, t, sb.s0[t], sb.z0, sb.m0, has_m);
-                acc[3] += xk * pg_q8_weight(b1, t, sb.s1[t], sb.z1, sb.m1, has_m);
+                acc[0] += xk * pg_q8_weight(a0, t, sa.s0[t], sa.z0, sa.m0, mode);
+                acc[1] += xk * pg_q8_weight(a1, t, sa.s1[t], sa.z1, sa.m1, mode);
+                acc[2] += xk * pg_q8_weight(b0, t, sb.s0[t], sb.z0, sb.m0, mode);
+                acc[3] += xk * pg_q8_weight(b1, t, sb.s1[t], sb.z1, sb.m1, mode);
             }
         }
     }
@@ -671,9 +691,11 @@ static void pg_gemm_q8_pair(const pg_q8_job *j, long p) {
         if (j->bits == 4)
             pg_micro_q1x2_r(4, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 2 * (j->K / 2) * PG_NR);
         else if (j->half)
-            pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+            pg_micro_q1x2_r(8, PG_Q8_NO_M, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+        else if (j->exact)
+            pg_micro_q1x2_r(8, PG_Q8_M_EXACT, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
         else
-            pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+            pg_micro_q1x2_r(8, PG_Q8_M, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
     }
 }
 
@@ -714,8 +736,9 @@ static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
                 for (int t = 0; t < 4; t++) {
                     float xk = j->x[4 * r + t];
                     for (int i = 0; i < 4; i++) {
-                        acc[2 * i] += xk * pg_q8_weight(v[2 * i], t, ds[i].s0[t], ds[i].z0, ds[i].m0, 0);
-                        acc[2 * i + 1] += xk * pg_q8_weight(v[2 * i + 1], t, ds[i].s1[t], ds[i].z1, ds[i].m1, 0);
+                        acc[2 * i] += xk * pg_q8_weight(v[2 * i], t, ds[i].s0[t], ds[i].z0, ds[i].m0, PG_Q8_NO_M);
+                        acc[2 * i + 1] += xk * pg_q8_weight(v[2 * i + 1], t, ds[i].s1[t], ds[i].z1, ds[i].m1,
+                                                            PG_Q8_NO_M);
                     }
                 }
             }
