@@ -359,9 +359,7 @@ static inline __attribute__((always_inline)) void pg_q8_words_at(const uint8_t *
    times d 16^-(t % 4): d q exactly; plus m, rounded once: ggml's d * q + m, bit for bit. */
 typedef struct { pg_vec s0[4], s1[4], m0, m1; } pg_q4_group;
 
-static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
-                                                                     long g) {
-    pg_q8_group b = pg_q4_group_at(d, m, g);
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales_of(pg_q8_group b) {
     pg_q4_group s;
     float u = 1.0f;
     for (int i = 0; i < 4; i++, u *= 0.0625f) {
@@ -371,6 +369,83 @@ static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint
     s.m0 = b.m0;
     s.m1 = b.m1;
     return s;
+}
+
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
+                                                                     long g) {
+    return pg_q4_scales_of(pg_q4_group_at(d, m, g));
+}
+
+/* PG_VL bytes -> PG_VL floats (exact): unsigned (sgn 0) or signed (sgn 1). */
+static inline __attribute__((always_inline)) pg_vec pg_bytes_to_f32(const void *p, const int sgn) {
+#if PG_VL == 16
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return (pg_vec)_mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#elif PG_VL == 8 && defined(__AVX2__)
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    return (pg_vec)_mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#else
+    pg_vec f;
+    for (int i = 0; i < PG_VL; i++)
+        f[i] = sgn ? (float)((const int8_t *)p)[i] : (float)((const uint8_t *)p)[i];
+    return f;
+#endif
+}
+
+/* ---- K-quant panels (kernels/kpanels.py: Q4_K, Q6_K) ----
+   q (the panel's q4) holds the low 4 bits in the 4-bit panels' words; per super-block of 256 rows
+   and column a float16 D (and Dmin), per group (Q4_K: 32 rows, Q6_K: 16) and column an integer
+   scale sc (and min mn); Q6_K's high 2 bits in qh, one word per 16 rows and column (row
+   8 r + 2 j + p in bits 2 v of byte j, v = 2 r + p). A group's scale D sc and offset -(Dmin mn)
+   are exact float32 products, as ggml makes them. */
+enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2 };
+typedef struct {
+    int kind;
+    const uint8_t *qh;        /* Q6_K: [P, K/4, NR] */
+    const void *sc;           /* uint8 [P, K/32, NR] (Q4_K), int8 [P, K/16, NR] (Q6_K) */
+    const uint8_t *mn;        /* Q4_K: [P, K/32, NR] */
+    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K */
+} pg_kq;
+
+/* Q4_K group g (rows 32 g .. 32 g + 31 from the panel pointers' row 0, a super-block's first):
+   d = D sc and m = -(Dmin mn) for the NR columns. */
+static inline __attribute__((always_inline)) pg_q8_group pg_q4k_group_at(const pg_kq *k, long g) {
+    pg_q8_group b;
+    pg_vec D0, D1, M0, M1;
+    pg_f16_to_f32(k->D + (g / 8) * PG_NR, &D0);
+    pg_f16_to_f32(k->D + (g / 8) * PG_NR + PG_VL, &D1);
+    pg_f16_to_f32(k->Dmin + (g / 8) * PG_NR, &M0);
+    pg_f16_to_f32(k->Dmin + (g / 8) * PG_NR + PG_VL, &M1);
+    const uint8_t *sc = (const uint8_t *)k->sc + g * PG_NR, *mn = k->mn + g * PG_NR;
+    b.d0 = D0 * pg_bytes_to_f32(sc, 0);
+    b.d1 = D1 * pg_bytes_to_f32(sc + PG_VL, 0);
+    b.m0 = -(M0 * pg_bytes_to_f32(mn, 0));
+    b.m1 = -(M1 * pg_bytes_to_f32(mn + PG_VL, 0));
+    return b;
+}
+
+/* Q6_K group g of 16 rows: d = D sc for the NR columns (D of super-block g / 16). */
+static inline __attribute__((always_inline)) void pg_q6k_scale_at(const pg_kq *k, long g, pg_vec *d0, pg_vec *d1) {
+    pg_vec D0, D1;
+    pg_f16_to_f32(k->D + (g / 16) * PG_NR, &D0);
+    pg_f16_to_f32(k->D + (g / 16) * PG_NR + PG_VL, &D1);
+    const int8_t *sc = (const int8_t *)k->sc + g * PG_NR;
+    *d0 = D0 * pg_bytes_to_f32(sc, 1);
+    *d1 = D1 * pg_bytes_to_f32(sc + PG_VL, 1);
+}
+
+/* The K-quant pointers from row k0 on (k0 a multiple of 256). */
+static inline pg_kq pg_kq_from(const pg_kq *k, long k0) {
+    pg_kq b = *k;
+    if (k->kind == PG_K_NONE)
+        return b;
+    long groups = k0 / (k->kind == PG_K_Q6K ? 16 : 32);
+    b.sc = (const uint8_t *)k->sc + groups * PG_NR;
+    b.mn = k->mn ? k->mn + groups * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + (k0 / 16) * 4 * PG_NR : NULL;
+    b.D = k->D + (k0 / 256) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + (k0 / 256) * PG_NR : NULL;
+    return b;
 }
 
 /* The words of word row r (NR columns: two native vectors); hi: the same shifted right by 16
@@ -470,10 +545,17 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q8h_group_at(const u
     return s;
 }
 
-/* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it.
-   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). exact: Q8Panels.exact
-   (kept for the panels' record; the 8-bit kernels round d * q by FMA whatever d is). */
-typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;
+/* A panel's quantized data (bits 8 or 4; 6: Q6_K) and the offsets of row k and group g in it.
+   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). exact: Q8Panels.exact.
+   k: K-quant panels' scales (k.kind PG_K_NONE: d and m hold them). */
+typedef struct { const void *q, *d, *m; int bits, exact, half; pg_kq k; } pg_qpanel;
+
+/* A 4-bit panel's group g: its float16 d and m, or a Q4_K panel's D sc and -(Dmin mn). */
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales_at(const pg_qpanel *a, long g) {
+    if (a->k.kind == PG_K_Q4K)
+        return pg_q4_scales_of(pg_q4k_group_at(&a->k, g));
+    return pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+}
 
 static inline __attribute__((always_inline)) pg_q8_scales pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
     pg_q8_group b = a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
@@ -489,16 +571,44 @@ static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the pa
     pg_qpanel b = *a;
     long scale = pg_scale_size(a->bits, a->half);
     b.q = (const char *)a->q + (a->bits == 8 ? k0 : k0 / 2) * PG_NR;
-    b.d = (const char *)a->d + (k0 / 32) * PG_NR * scale;
+    b.d = a->d ? (const char *)a->d + (k0 / 32) * PG_NR * scale : NULL;
     b.m = a->m ? (const char *)a->m + (k0 / 32) * PG_NR * scale : NULL;
+    b.k = pg_kq_from(&a->k, k0);
     return b;
+}
+
+/* Rows 16 g .. 16 g + 15 of a Q6_K panel into buf (rows 16 g on): u = low | high << 4 of each
+   row, w = fma(u, D sc, -32 D sc): the exact d (u - 32) (at most 11 + 7 + 5 significant bits),
+   ggml's value. */
+static void pg_q6k_rows(const pg_qpanel *a, long g, float *buf) {
+    pg_vec d[2], z[2];
+    pg_q6k_scale_at(&a->k, g, &d[0], &d[1]);
+    z[0] = d[0] * -32.0f;
+    z[1] = d[1] * -32.0f;
+    for (int h = 0; h < 2; h++) {
+        pg_vi H, w[2];
+        memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
+        for (int r = 0; r < 2; r++)
+            memcpy(&w[r], (const uint8_t *)a->q + (2 * g + r) * 4 * PG_NR + h * 4 * PG_VL, sizeof w[r]);
+        for (int i = 0; i < 16; i++) {
+            const int r = i / 8, t = i % 8, at = 8 * (t / 2) + 2 * (2 * r + t % 2);
+            pg_vi u = (pg_vi)(((pg_vu)w[r] >> (4 * t)) & 0xF) | (pg_vi)((((pg_vu)H >> at) & 3) << 4);
+            pg_vec wt = pg_fma(__builtin_convertvector(u, pg_vec), d[h], z[h]);
+            memcpy(buf + (16 * g + i) * PG_NR + h * PG_VL, &wt, sizeof wt);
+        }
+    }
 }
 
 /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
 static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
     for (long g = 0; g < kc / 32; g++) {
+        if (a->bits == 6) {
+            pg_q6k_rows(a, 2 * g, buf);
+            pg_q6k_rows(a, 2 * g + 1, buf);
+            continue;
+        }
         if (a->bits == 4) {
-            pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+            pg_q4_group s = pg_q4_scales_at(a, g);
             for (long r = 4 * g; r < 4 * g + 4; r++) {
                 pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r);
                 float *row = buf + 8 * r * PG_NR;
@@ -530,7 +640,7 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
         acc[r] = (pg_vec){0};
     for (long g = 0; g < kc / 32; g++) {
         if (bits == 4) {  /* a word row is eight rows of k, in order */
-            pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+            pg_q4_group s = pg_q4_scales_at(a, g);
             for (long r8 = 4 * g; r8 < 4 * g + 4; r8++) {
                 pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r8);
                 PG_Q4_ROWS(for (int r = 0; r < R; r++) {
@@ -591,7 +701,8 @@ typedef struct {
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
     float *c;                 /* [M, n] */
     long M, K, n, kc, P, chunk, fused_tiles;
-    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL) */
+    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 6: Q6_K */
+    pg_kq k;                  /* K-quant panels (k.kind != PG_K_NONE): their scales, d and m NULL */
 } pg_q8_job;
 
 static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -608,18 +719,33 @@ static void pg_gemm_q8_task(void *ctx, long t) {
     if (j->M == 1 && j->half)
         for (; p + 3 < end; p += 4)
             pg_gemm_q8h_quad(j, p);
-    if (j->M == 1)
+    if (j->M == 1 && j->bits != 6)  /* Q6_K: a block at a time through the buffer */
         for (; p + 1 < end; p += 2)
             pg_gemm_q8_pair(j, p);
     for (; p < end; p++)
         pg_gemm_q8_panel(j, p, buf);
 }
 
+/* The K-quant pointers of panel p (K rows). */
+static inline pg_kq pg_kq_panel(const pg_kq *k, long K, long p) {
+    pg_kq b = *k;
+    if (k->kind == PG_K_NONE)
+        return b;
+    long groups = K / (k->kind == PG_K_Q6K ? 16 : 32);
+    b.sc = (const uint8_t *)k->sc + p * groups * PG_NR;
+    b.mn = k->mn ? k->mn + p * groups * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + p * (K / 4) * PG_NR : NULL;
+    b.D = k->D + p * (K / 256) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + p * (K / 256) * PG_NR : NULL;
+    return b;
+}
+
 static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p, from row 0 */
     long scale = pg_scale_size(j->bits, j->half), groups = p * (j->K / 32) * PG_NR;
     pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
-                       (const char *)j->d + groups * scale, j->m ? (const char *)j->m + groups * scale : NULL,
-                       j->bits, j->exact, j->half};
+                       j->d ? (const char *)j->d + groups * scale : NULL,
+                       j->m ? (const char *)j->m + groups * scale : NULL,
+                       j->bits, j->exact, j->half, pg_kq_panel(&j->k, j->K, p)};
     return whole;
 }
 
@@ -636,8 +762,7 @@ static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits
         acc[r] = (pg_vec){0};
     for (long g = 0; g < kc / 32; g++) {
         if (bits == 4) {
-            pg_q4_group sa = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g),
-                        sb = pg_q4_scales((const uint16_t *)b->d, (const uint16_t *)b->m, g);
+            pg_q4_group sa = pg_q4_scales_at(a, g), sb = pg_q4_scales_at(b, g);
             for (long r = 4 * g; r < 4 * g + 4; r++) {
                 /* the next pair's row r, a pair's time ahead: see pg_gemm_q8_pair */
                 __builtin_prefetch((const char *)a->q + r * 4 * PG_NR + ahead);
@@ -755,7 +880,8 @@ static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
     for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
         long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
         pg_qpanel block = pg_qpanel_from(&whole, k0);
-        int fused = ntiles <= j->fused_tiles;  /* dequantize in registers, no buffer (tile 2+: q from L1) */
+        /* dequantize in registers, no buffer (tile 2+: q from L1); Q6_K always through the buffer */
+        int fused = ntiles <= j->fused_tiles && j->bits != 6;
         if (!fused)
             pg_dequant_block(&block, kcur, buf);
         for (long t = 0; t < ntiles; t++) {

@@ -55,7 +55,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.kernels import kpanels
 from scratchllm.kernels import pool as pool_module
+from scratchllm.kernels.kpanels import KPanels
 
 from scratchllm.kernels cimport pool
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint32_t
@@ -81,6 +83,14 @@ cdef extern from "packed_gemm.h":
     void pg_gemm_f32_task(void *ctx, long p) noexcept nogil
     void pg_gemm_bf16_task(void *ctx, long p) noexcept nogil
     void pg_round_x(const float *x, uint32_t *x2, long M, long K, long K2) noexcept nogil
+    ctypedef struct pg_kq:
+        int kind
+        const uint8_t *qh
+        const void *sc
+        const uint8_t *mn
+        const uint16_t *D
+        const uint16_t *Dmin
+    int PG_K_NONE, PG_K_Q4K, PG_K_Q6K
     ctypedef struct pg_q8_job:
         const float *x
         const void *q
@@ -89,6 +99,7 @@ cdef extern from "packed_gemm.h":
         float *c
         long M, K, n, kc, P, chunk, fused_tiles
         int bits, exact, half
+        pg_kq k
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
     int PG_Q4_0, PG_Q4_1, PG_Q8_0
     ctypedef struct pg_repack_job:
@@ -109,6 +120,7 @@ cdef extern from "packed_int8.h":
         float *d
         float *s
         int32_t *sum
+        int32_t *sum16
         long M, K
     int PG_X8_NATURAL, PG_X8_EVEN_ODD
     const char *PG_INT8_DOT
@@ -127,6 +139,7 @@ cdef extern from "packed_int8.h":
         float *c
         long n, P, chunk
         int bits, half
+        pg_kq k
     void pg_i8_task(void *ctx, long t) noexcept nogil
 
 
@@ -353,32 +366,60 @@ def pack_q4(q, d, m) -> Q4Panels:
 
 BLOCK_TYPES = {"Q4_0": PG_Q4_0, "Q4_1": PG_Q4_1, "Q8_0": PG_Q8_0}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+PANEL_TYPES = (*BLOCK_TYPES, *kpanels.KTYPES)  # the GGUF types pack_blocks keeps in panels of their own
+
+
+def row_bytes(str type_name, Py_ssize_t K) -> int:
+    """Bytes of one row of K weights of a PANEL_TYPES type, as a GGUF file stores it."""
+    if type_name in kpanels.KTYPES:
+        return K // kpanels.SUPER * {"Q4_K": 144, "Q6_K": 210}[type_name]
+    return K // 32 * BLOCK_BYTES[type_name]
+
+
+def _pack_kquant(parts, Py_ssize_t K, alloc) -> KPanels:
+    """pack_blocks for Q4_K or Q6_K parts (one type): their rows in order, then kpanels.pack."""
+    rows = [raw if order is None else raw[np.asarray(order)] for _, raw, order in parts]
+    packed = kpanels.pack(parts[0][0], rows[0] if len(rows) == 1 else np.concatenate(rows), K, PG_NR)
+    fields = []
+    for a in packed[:6]:  # into the caller's memory (huge pages: models/arena.py)
+        if a is None:
+            fields.append(None)
+            continue
+        out = alloc(a.shape, a.dtype)
+        out[...] = a
+        fields.append(out)
+    return KPanels(*fields, packed.kind)
 
 
 def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     """Panels straight from a GGUF file's blocks: `parts` is a list of (type name, raw uint8 array
-    [rows, K / 32 * block bytes] (a view of the mapped file), row order or None), fused along the
+    [rows, row_bytes(type, K)] (a view of the mapped file), row order or None), fused along the
     output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
     parts -> Q4Panels (Q4_0 parts only: no offsets stored, the kernel makes -8 d; Q4_0 beside Q4_1:
     None if a Q4_0 scale's -8 d overflows float16, see ggml_quants.as_q4); Q8_0 parts only ->
-    Q8Panels (no offsets). The bytes are moved once, by the kernel pool's threads; no
+    Q8Panels (no offsets); Q4_K parts only or Q6_K parts only -> KPanels (kernels/kpanels.py). The bytes are moved once, by the kernel pool's threads; no
     temporary as large as the matrix is made. `alloc(shape, dtype)` makes the zeroed output arrays
     (models.arena.PanelArena.zeros puts a model's panels in huge pages)."""
     if K % 32:
         raise ValueError(f"K = {K} is not a whole number of 32-weight blocks")
     kinds = {t for t, _, _ in parts}
-    if not kinds <= set(BLOCK_TYPES) or ("Q8_0" in kinds and len(kinds) > 1):
-        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts or Q8_0 parts, not {sorted(kinds)}")
+    one_k = len(kinds) == 1 and kinds <= set(kpanels.KTYPES)
+    if not (one_k or kinds <= set(BLOCK_TYPES)) or ("Q8_0" in kinds and len(kinds) > 1):
+        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts, Q8_0 parts, Q4_K parts or Q6_K parts, not {sorted(kinds)}")
     addresses, types = [], []
     for type_name, raw, order in parts:
-        row_bytes = K // 32 * BLOCK_BYTES[type_name]
-        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != row_bytes or not raw.flags.c_contiguous:
-            raise ValueError(f"{type_name} rows must be C-contiguous uint8 [rows, {row_bytes}], got {raw.shape}")
+        nbytes = row_bytes(type_name, K)
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != nbytes or not raw.flags.c_contiguous:
+            raise ValueError(f"{type_name} rows must be C-contiguous uint8 [rows, {nbytes}], got {raw.shape}")
         rows = np.arange(raw.shape[0]) if order is None else np.asarray(order)
         if rows.shape != (raw.shape[0],) or (len(rows) and (rows.min() < 0 or rows.max() >= raw.shape[0])):
             raise ValueError("the row order must be a permutation of the part's rows")
-        addresses.append(raw.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes))
+        if one_k:
+            continue
+        addresses.append(raw.ctypes.data + rows.astype(np.uint64) * np.uint64(nbytes))
         types.append(np.full(raw.shape[0], BLOCK_TYPES[type_name], dtype=np.uint8))
+    if one_k:
+        return _pack_kquant(parts, K, alloc)
     cdef const unsigned long long[::1] addr = np.ascontiguousarray(np.concatenate(addresses), dtype=np.uint64)
     type_ids = np.concatenate(types)
     cdef const uint8_t[::1] kind = type_ids
@@ -408,7 +449,7 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
 
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
     """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
-    if isinstance(panels, (Q8Panels, Q4Panels)):
+    if isinstance(panels, (Q8Panels, Q4Panels, KPanels)):
         panels = panels.dequantize()
     P = panels.shape[0]
     if panels.dtype == np.uint16:
@@ -423,7 +464,7 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     This is how an embedding lookup reads a tied LM head."""
     ids = np.asarray(ids, dtype=np.int64)
     p, j = ids // PG_NR, ids % PG_NR
-    if isinstance(panels, (Q8Panels, Q4Panels)):  # [len, K]: d * q + m, in the kernel's order
+    if isinstance(panels, (Q8Panels, Q4Panels, KPanels)):  # [len, K]: d * q + m, in the kernel's order
         return panels.columns(p, j)
     if panels.dtype == np.uint16:  # [P, K2, NR, 2] -> [len, K2, 2]
         return np.ascontiguousarray(from_bfloat16(panels[p, :, j]).reshape(len(ids), -1)[:, :k])
@@ -479,13 +520,28 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     cdef const uint8_t[:, :, ::1] q8
     cdef const uint16_t[:, :, ::1] d16, m16
     cdef const float[:, :, ::1] d32, m32
+    cdef const uint8_t[:, :, ::1] qh, sc, mn
     activations = "float32"
     if hasattr(panels, "panels"):  # a models.packed.PackedWeight: its panels, multiplied as it says
         activations = panels.activations
         panels = panels.panels
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-    if isinstance(panels, Q4Panels):
+    w.kq, w.qh, w.sc, w.mn, w.D, w.Dmin = PG_K_NONE, NULL, NULL, NULL, NULL, NULL
+    if isinstance(panels, KPanels):
+        q4, sc, d16 = panels.q4, panels.sc.view(np.uint8), panels.d.view(np.uint16)
+        w.q, w.d, w.m, w.exact, w.half = &q4[0, 0, 0], NULL, NULL, 1, 0
+        w.sc, w.D = &sc[0, 0, 0], &d16[0, 0, 0]
+        if panels.kind == "Q4_K":
+            mn, m16 = panels.mn, panels.dmin.view(np.uint16)
+            w.kind, w.kq, w.mn, w.Dmin = 4, PG_K_Q4K, &mn[0, 0, 0], &m16[0, 0, 0]
+        else:
+            qh = panels.qh
+            w.kind, w.kq, w.qh = 6, PG_K_Q6K, &qh[0, 0, 0]
+        w.P, w.K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
+        if w.K % kpanels.SUPER:
+            raise ValueError(f"K-quant panels of {w.K} rows: not whole 256-row super-blocks")
+    elif isinstance(panels, Q4Panels):
         q4, d16 = panels.q4, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], NULL, 4, 1, 0
         if panels.m is not None:
@@ -507,7 +563,7 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
         w.q, w.d, w.m, w.kind, w.exact, w.half = &f32[0, 0, 0], NULL, NULL, 32, 0, 0
         w.P, w.K, width = f32.shape[0], f32.shape[1], f32.shape[2]
     else:
-        raise TypeError(f"float32, Q8Panels or Q4Panels panels, not {type(panels).__name__} "
+        raise TypeError(f"float32, Q8Panels, Q4Panels or KPanels panels, not {type(panels).__name__} "
                         f"{getattr(panels, 'dtype', '')}")
     if width != PG_NR or (w.kind != 32 and w.K % 32) or not (0 < n <= w.P * PG_NR):
         raise ValueError(f"panels of {w.P} x {w.K} x {width} do not fit {n} columns of this build's "
@@ -517,15 +573,22 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
     return 0
 
 
+cdef inline pg_kq _kq(const GemmWeight *w) noexcept nogil:
+    cdef pg_kq k
+    k.kind, k.qh, k.sc, k.mn = w.kq, <const uint8_t *> w.qh, w.sc, <const uint8_t *> w.mn
+    k.D, k.Dmin = <const uint16_t *> w.D, <const uint16_t *> w.Dmin
+    return k
+
+
 cdef int _gemm_int8(const GemmWeight *w, const float *x, Py_ssize_t M, float *c, int threads) noexcept nogil:
     """c = x @ w with x rounded to int8 (packed_int8.h); -1 (nothing done) where the panels have
     no int8 kernel or the buffer for the rounded x cannot be had."""
     cdef pg_x8 x8
     cdef pg_x8_job xjob
     cdef pg_i8_job job
-    if w.kind not in (4, 8) or pg_x8_reserve(&x8, M, w.K, w.act8 == 2) != 0:
+    if w.kind not in (4, 6, 8) or pg_x8_reserve(&x8, M, w.K, w.act8 == 2) != 0:
         return -1
-    xjob.x, xjob.out, xjob.order = x, x8, PG_X8_EVEN_ODD if w.kind == 4 else PG_X8_NATURAL
+    xjob.x, xjob.out, xjob.order = x, x8, PG_X8_NATURAL if w.kind == 8 else PG_X8_EVEN_ODD
     xjob.rows_per_task = (M + 4 * threads - 1) // (4 * threads)
     if M * w.K < _X8_SERIAL or threads == 1:  # a decode step's rows: not worth waking a helper
         xjob.rows_per_task = M
@@ -533,7 +596,7 @@ cdef int _gemm_int8(const GemmWeight *w, const float *x, Py_ssize_t M, float *c,
     else:
         pool.run(pg_x8_task, &xjob, (M + xjob.rows_per_task - 1) // xjob.rows_per_task, threads)
     job.x, job.q, job.d, job.m, job.c, job.bits, job.half = &x8, w.q, w.d, w.m, c, w.kind, w.half
-    job.n, job.P = w.n, w.P
+    job.n, job.P, job.k = w.n, w.P, _kq(w)
     job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
     if job.chunk < 1:
         job.chunk = 1
@@ -556,13 +619,14 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
         pool.run(pg_gemm_f32_task, &fjob, w.P, threads)
         return
     job.x, job.q, job.d, job.m, job.c, job.bits, job.exact, job.half = x, w.q, w.d, w.m, c, w.kind, w.exact, w.half
+    job.k = _kq(w)
     job.M, job.K, job.n, job.kc = M, w.K, w.n, _KC  # the float32 kernel's blocks: the same sums
     job.P = w.P
     job.fused_tiles = _Q8_FUSED_TILES
     job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
     if job.chunk < 1:
         job.chunk = 1  # enough tasks to even out the threads
-    if job.M == 1:  # a single row takes panels in pairs (pg_gemm_q8_pair), or fours (pg_gemm_q8h_quad)
+    if job.M == 1 and w.kind != 6:  # a single row takes panels in pairs (pg_gemm_q8_pair), or fours (pg_gemm_q8h_quad)
         step = 4 if w.half else 2
         job.chunk = (job.chunk + step - 1) // step * step
     pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
@@ -580,16 +644,16 @@ def quantize_x8(x, str order="natural", bint two=False):
         raise ValueError(f"x needs K % 32 == 0 (got {K}) and order natural or even-odd (got {order!r})")
     q, q2 = np.empty((M, K), dtype=np.int8), np.empty((M, K), dtype=np.int8) if two else None
     d, s = np.empty((M, K // 32), dtype=np.float32), np.empty((M, K // 32), dtype=np.float32)
-    total = np.empty((M, K // 32), dtype=np.int32)
+    total, half = np.empty((M, K // 32), dtype=np.int32), np.empty((M, K // 16), dtype=np.int32)
     if M == 0 or K == 0:
         return q, q2, d, s, total
     cdef int8_t[:, ::1] qv = q, q2v
     cdef float[:, ::1] dv = d, sv = s
-    cdef int32_t[:, ::1] tv = total
+    cdef int32_t[:, ::1] tv = total, hv = half
     cdef pg_x8_job job
     job.x, job.order, job.rows_per_task = &xv[0, 0], PG_X8_EVEN_ODD if order == "even-odd" else PG_X8_NATURAL, M
     job.out.q, job.out.d, job.out.s, job.out.sum, job.out.M, job.out.K = &qv[0, 0], &dv[0, 0], &sv[0, 0], &tv[0, 0], M, K
-    job.out.q2 = NULL
+    job.out.q2, job.out.sum16 = NULL, &hv[0, 0]
     if two:
         q2v = q2
         job.out.q2 = &q2v[0, 0]
@@ -638,8 +702,8 @@ cdef class QuantizedGemm:
     cdef GemmWeight w
 
     def __init__(self, panels, Py_ssize_t n, str activations="float32"):
-        if not isinstance(panels, (Q4Panels, Q8Panels)):
-            raise TypeError(f"QuantizedGemm takes Q4Panels or Q8Panels, not {type(panels).__name__}")
+        if not isinstance(panels, (Q4Panels, Q8Panels, KPanels)):
+            raise TypeError(f"QuantizedGemm takes Q4Panels, Q8Panels or KPanels, not {type(panels).__name__}")
         bind_weight(_Bound(panels, activations), n, &self.w)
         self.panels = panels
 

@@ -36,7 +36,7 @@
 typedef struct {
     int8_t *q, *q2;
     float *d, *s;
-    int32_t *sum;
+    int32_t *sum, *sum16;     /* sum(Q) per group of 32, and per half group of 16 [M, K/16] */
     long M, K;
 } pg_x8;
 
@@ -61,7 +61,8 @@ static inline void pg_x8_order(const int8_t *tmp, int8_t *q, int order) {
    q1 = rint(x inv) (nearest, ties to even); two levels: r = x - q1 d1 (one FMA: rounded once),
    q2 = rint(r (256 inv)) clamped to +-127. The same scalar and lane operations on every
    instruction set, so every build rounds x alike. */
-static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, float *s, int32_t *sum, int order) {
+static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, float *s, int32_t *sum,
+                               int32_t *sum16, int order) {
     float amax = 0.0f;
 #if PG_VL == 16
     __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
@@ -83,25 +84,18 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
 #endif
     const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f, inv2 = inv * 256.0f;
     int8_t t1[32], t2[32];  /* rint(x inv) and the clamped rint(r 256 inv): integers in -127..127 */
-    int32_t total1 = 0, total2 = 0;
 #if PG_VL == 16
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512i sum1 = _mm512_setzero_si512(), sum2 = _mm512_setzero_si512();
     for (int i = 0; i < 2; i++) {
         __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(v[i], _mm512_set1_ps(inv)), rn);
-        __m512i ia = _mm512_cvtps_epi32(a);  /* integral: exact */
-        _mm_storeu_si128((__m128i *)(t1 + 16 * i), _mm512_cvtepi32_epi8(ia));
-        sum1 = _mm512_add_epi32(sum1, ia);
+        _mm_storeu_si128((__m128i *)(t1 + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a)));  /* integral: exact */
         if (q2) {
             __m512 r = _mm512_fnmadd_ps(a, _mm512_set1_ps(scale), v[i]);
             __m512 b = _mm512_roundscale_ps(_mm512_mul_ps(r, _mm512_set1_ps(inv2)), rn);
             __m512i ib = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(b, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f)));
             _mm_storeu_si128((__m128i *)(t2 + 16 * i), _mm512_cvtepi32_epi8(ib));
-            sum2 = _mm512_add_epi32(sum2, ib);
         }
     }
-    total1 = _mm512_reduce_add_epi32(sum1);
-    total2 = _mm512_reduce_add_epi32(sum2);
 #elif defined(__AVX2__) && defined(__FMA__)
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m256i i1[4], i2[4];
@@ -119,11 +113,6 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
     const __m256i order8 = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int level = 0; level < (q2 ? 2 : 1); level++) {
         __m256i *iv = level ? i2 : i1;
-        __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
-        *(level ? &total2 : &total1) = _mm_cvtsi128_si32(t4);
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
         _mm256_storeu_si256((__m256i *)(level ? t2 : t1), _mm256_permutevar8x32_epi32(p, order8));
     }
@@ -131,22 +120,25 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
     for (int i = 0; i < 32; i++) {
         float a = rintf(x[i] * inv);  /* the rounding mode's nearest, ties to even */
         t1[i] = (int8_t)a;
-        total1 += t1[i];
         if (q2) {
             float b = rintf(fmaf(-a, scale, x[i]) * inv2);
             t2[i] = (int8_t)(b < -127.0f ? -127.0f : b > 127.0f ? 127.0f : b);
-            total2 += t2[i];
         }
     }
 #endif
+    int32_t half[2] = {0, 0};  /* sum(Q) of rows 0..15 and 16..31 */
+    for (int i = 0; i < 32; i++)
+        half[i / 16] += q2 ? 256 * t1[i] + t2[i] : t1[i];
     pg_x8_order(t1, q, order);
     if (q2)
         pg_x8_order(t2, q2, order);
-    int32_t total = q2 ? 256 * total1 + total2 : total1;
+    int32_t total = half[0] + half[1];
     float dq = q2 ? scale * (1.0f / 256) : scale;  /* exact: a power of two */
     *d = dq;
     *s = dq * (float)total;
     *sum = total;
+    sum16[0] = half[0];
+    sum16[1] = half[1];
 }
 
 /* x's M x K rounded values in this thread's buffer (grown as needed, kept for the next product:
@@ -155,7 +147,7 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
 static int pg_x8_reserve(pg_x8 *x, long M, long K, int two) {
     static __thread char *buf = NULL;
     static __thread size_t cap = 0;
-    size_t groups = (size_t)M * (size_t)(K / 32), need = (size_t)M * (size_t)K * 2 + 3 * 4 * groups + 64;
+    size_t groups = (size_t)M * (size_t)(K / 32), need = (size_t)M * (size_t)K * 2 + 5 * 4 * groups + 64;
     if (need > cap) {
         char *grown = (char *)realloc(buf, need);
         if (!grown)
@@ -167,7 +159,8 @@ static int pg_x8_reserve(pg_x8 *x, long M, long K, int two) {
     x->d = (float *)at;
     x->s = x->d + groups;
     x->sum = (int32_t *)(x->s + groups);
-    x->q = (int8_t *)(x->sum + groups);
+    x->sum16 = x->sum + groups;
+    x->q = (int8_t *)(x->sum16 + 2 * groups);
     x->q2 = two ? x->q + (size_t)M * (size_t)K : NULL;
     x->M = M;
     x->K = K;
@@ -189,7 +182,7 @@ static void pg_x8_task(void *ctx, long t) {
         for (long g = 0; g < G; g++) {
             long at = r * o->K + 32 * g;
             pg_x8_block(j->x + at, o->q + at, o->q2 ? o->q2 + at : NULL, o->d + r * G + g, o->s + r * G + g,
-                        o->sum + r * G + g, j->order);
+                        o->sum + r * G + g, o->sum16 + 2 * (r * G + g), j->order);
         }
 }
 
@@ -298,15 +291,19 @@ static inline __attribute__((always_inline)) pg_iv pg_dot8(pg_iv acc, pg_iv u, p
 #endif
 
 /* ---- the micro-kernel, per kind of panel ----
-   A step is 8 rows of k: per half of the panel (NR / 2 columns) two byte vectors, b0 holding
-   the rows x's bytes 0..3 of the step stand for, b1 those of bytes 4..7.
-   PG_I8_Q4 (Q4Panels: Q4_0, Q4_1): the step is a word row; word & 0x0F0F0F0F holds its rows
-     0 2 4 6, (word >> 4) & 0x0F0F0F0F rows 1 3 5 7: x in even-odd order. Per group of 32 k a
-     16-bit lane (no VNNI) sums 8 x 2 products <= 8 x 2 x 15 x 127 = 30480 < 2^15.
+   A step is 8 rows of k (step ks: rows 8 ks .. 8 ks + 7): per half of the panel (NR / 2 columns)
+   two byte vectors, b0 holding the rows x's bytes 0..3 of the step stand for, b1 those of 4..7.
+   PG_I8_Q4 (Q4Panels: Q4_0, Q4_1; and PG_I8_Q4K, Q4_K's KPanels): the step is a word row; word &
+     0x0F0F0F0F holds its rows 0 2 4 6, (word >> 4) & 0x0F0F0F0F rows 1 3 5 7: x in even-odd
+     order. Per group of 32 k a 16-bit lane (no VNNI) sums 8 x 2 products <= 8 x 2 x 15 x 127
+     = 30480 < 2^15.
+   PG_I8_Q6K (Q6_K's KPanels): the same low nibbles, each byte's bits 4 and 5 from the high-bit
+     word of the step's 16 rows (one shift and one AND per vector); u <= 63, so without VNNI the
+     16-bit pairs are widened at once (pg_dot_wide). Its scale groups are 16 rows: 2 steps.
    PG_I8_Q8 (Q8Panels): the step is two word rows of 4 rows each, biased bytes: x in order.
    Two levels: each byte vector meets q1's bytes and q2's, into two integer sums combined per
-   group as 256 sum(q1 u) + sum(q2 u) = sum(Q u): |.| < 256 x 32 x 255 x 128 < 2^31. */
-enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1 };
+   scale group as 256 sum(q1 u) + sum(q2 u) = sum(Q u): |.| < 256 x 32 x 255 x 128 < 2^31. */
+enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3 };
 
 /* Register budget: per row of a tile 2 float accumulators and, per half of a pass, 1 integer
    sum per level; per pass 2 byte vectors per half, 2 broadcasts of x per level, 1 mask.
@@ -325,73 +322,110 @@ enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1 };
 #define PG_I8_CASES1 PG_CASE(1) PG_CASE(2) PG_CASE(3)
 #define PG_I8_CASES2 PG_CASE(1) PG_CASE(2)
 #endif
-#define PG_I8_MAXR PG_I8_MAXR1
 #define PG_I8_KC 512  /* k per block of a panel: 4-bit 8 KiB, 8-bit 16 KiB, read once per row tile from L1 */
 
-/* Step st of group g, half h of the panel: b[0] and b[1]. */
-static inline __attribute__((always_inline)) void pg_i8_step(const int kind, const uint8_t *q, long g, int st, int h,
-                                                            pg_iv b[2]) {
-    if (kind == PG_I8_Q4) {
-        const pg_iv low = pg_iv_set1(0x0F0F0F0F);
-        pg_iv w = pg_iv_load(q + (4 * g + st) * 4 * PG_NR + h * 4 * PG_VL);
-        b[0] = pg_iv_and(w, low);
-        b[1] = pg_iv_and(pg_iv_srl(w, 4), low);
-    } else {
-        const uint8_t *wp = q + (32 * g + 8 * st) * PG_NR + h * 4 * PG_VL;
+/* Q6_K: bits 2 v, 2 v + 1 of each byte of the high-bit word H moved to bits 4, 5. */
+static inline __attribute__((always_inline)) pg_iv pg_q6k_high(pg_iv H, const int v) {
+    const pg_iv mask = pg_iv_set1(0x30303030);
+    return pg_iv_and(v == 0 ? pg_iv_sll(H, 4) : v == 1 ? pg_iv_sll(H, 2) : v == 2 ? H : pg_iv_srl(H, 2), mask);
+}
+
+/* Step ks of the panel, half h: b[0] and b[1]. */
+static inline __attribute__((always_inline)) void pg_i8_step(const int kind, const uint8_t *q, const uint8_t *qh,
+                                                            long ks, int h, pg_iv b[2]) {
+    if (kind == PG_I8_Q8) {
+        const uint8_t *wp = q + 8 * ks * PG_NR + h * 4 * PG_VL;
         b[0] = pg_iv_load(wp);
         b[1] = pg_iv_load(wp + 4 * PG_NR);
+        return;
+    }
+    const pg_iv low = pg_iv_set1(0x0F0F0F0F);
+    pg_iv w = pg_iv_load(q + ks * 4 * PG_NR + h * 4 * PG_VL);
+    b[0] = pg_iv_and(w, low);
+    b[1] = pg_iv_and(pg_iv_srl(w, 4), low);
+    if (kind == PG_I8_Q6K) {  /* word row ks % 2 of the 16 rows' high-bit word ks / 2 */
+        pg_iv H = pg_iv_load(qh + (ks / 2) * 4 * PG_NR + h * 4 * PG_VL);
+        const int v = 2 * (int)(ks % 2);
+        b[0] = pg_iv_or(b[0], pg_q6k_high(H, v));
+        b[1] = pg_iv_or(b[1], pg_q6k_high(H, v + 1));
     }
 }
 
-/* The group's scales (and offsets) of the panel's two halves: float16 (4-bit panels, a file's
-   Q8_0) or float32 (8-bit panels with offsets). */
-static inline __attribute__((always_inline)) void pg_i8_scales(const int f16, const void *d, const void *m, long g,
-                                                              pg_vec dv[2], pg_vec mv[2]) {
+/* Scale group sg's scales (and offsets) of the panel's two halves: float16 d, m (4-bit panels, a
+   file's Q8_0), float32 (8-bit panels with offsets), or a K-quant's D sc and -(Dmin mn). */
+static inline __attribute__((always_inline)) void pg_i8_scales(const int kind, const int f16, const void *d,
+                                                              const void *m, const pg_kq *k, long sg, pg_vec dv[2],
+                                                              pg_vec mv[2]) {
+    if (kind == PG_I8_Q4K) {
+        pg_q8_group b = pg_q4k_group_at(k, sg);
+        dv[0] = b.d0, dv[1] = b.d1, mv[0] = b.m0, mv[1] = b.m1;
+        return;
+    }
+    if (kind == PG_I8_Q6K) {
+        pg_q6k_scale_at(k, sg, &dv[0], &dv[1]);
+        return;
+    }
     for (int h = 0; h < 2; h++) {
         if (f16) {
-            pg_f16_to_f32((const uint16_t *)d + g * PG_NR + h * PG_VL, &dv[h]);
+            pg_f16_to_f32((const uint16_t *)d + sg * PG_NR + h * PG_VL, &dv[h]);
             if (m)
-                pg_f16_to_f32((const uint16_t *)m + g * PG_NR + h * PG_VL, &mv[h]);
+                pg_f16_to_f32((const uint16_t *)m + sg * PG_NR + h * PG_VL, &mv[h]);
         } else {
-            memcpy(&dv[h], (const float *)d + g * PG_NR + h * PG_VL, sizeof dv[h]);
+            memcpy(&dv[h], (const float *)d + sg * PG_NR + h * PG_VL, sizeof dv[h]);
             if (m)
-                memcpy(&mv[h], (const float *)m + g * PG_NR + h * PG_VL, sizeof mv[h]);
+                memcpy(&mv[h], (const float *)m + sg * PG_NR + h * PG_VL, sizeof mv[h]);
         }
     }
 }
 
+/* Without VNNI, 16-bit pairs widened to 32 bits at once: for u up to 63 (Q6_K), where a scale
+   group's pairs would not fit 16 bits. */
+#if PG_DOT_VNNI
+#define pg_dot_wide(acc, u, s) pg_dot(acc, u, s)
+#elif PG_VL == 16
+#define pg_dot_wide(acc, u, s) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)))
+#else
+#define pg_dot_wide(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
 static inline __attribute__((always_inline)) pg_iv pg_i8_dot(const int kind, pg_iv acc, pg_iv u, pg_iv s) {
-    return kind == PG_I8_Q8 ? pg_dot8(acc, u, s) : pg_dot(acc, u, s);
+    return kind == PG_I8_Q8 ? pg_dot8(acc, u, s) : kind == PG_I8_Q6K ? pg_dot_wide(acc, u, s) : pg_dot(acc, u, s);
 }
 
-/* Rows r0 .. r0 + R - 1 of x against groups g0 .. g1 - 1 of one panel (q, d, m from its row 0);
-   c[0:R, 0:cols] (+)= the products. has_m: the panels store offsets (w = d u + m, or for 8-bit
-   d q + m); otherwise w = d (u - 8) (Q4_0) or d q (Q8_0). two: x in two levels. R, kind, has_m,
-   f16 and two are constants at every call site. Per group, row and column: the integer sum of
-   Q u, less the zero point times sum(Q), converted, times d dx, then + m s: the float operations
-   of every build, in the same order. */
+static inline __attribute__((always_inline)) pg_iv pg_i8_finish(const int kind, pg_iv acc) {
+    return kind == PG_I8_Q8 || kind == PG_I8_Q6K ? acc : pg_dot_finish(acc);
+}
+
+/* Rows r0 .. r0 + R - 1 of x against k = 32 g0 .. 32 g1 - 1 of one panel (q, d, m, k from its
+   row 0); c[0:R, 0:cols] (+)= the products. has_m: the panels store offsets (w = d u + m, or
+   for 8-bit d q + m); otherwise the zero point: w = d (u - 8) (Q4_0), d (u - 32) (Q6_K) or d q
+   (Q8_0). two: x in two levels. R, kind, has_m, f16 and two are constants at every call site.
+   Per scale group, row and column: the integer sum of Q u, less the zero point times sum(Q),
+   converted, times d dx, then + m s: the float operations of every build, in the same order. */
 static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int kind, const int has_m, const int f16,
                                                          const int two, const pg_x8 *x, long r0, const uint8_t *q,
-                                                         const void *d, const void *m, long g0, long g1, float *c,
-                                                         long ldc, int cols, int first) {
+                                                         const void *d, const void *m, const pg_kq *k, long g0,
+                                                         long g1, float *c, long ldc, int cols, int first) {
     const long G = x->K / 32;
-    const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : has_m ? 0 : 8;
+    const int gsize = kind == PG_I8_Q6K ? 16 : 32, steps = gsize / 8;
+    const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : kind == PG_I8_Q6K ? 32 : has_m ? 0 : 8;
     pg_vec acc[2 * PG_I8_MAXR1];
     for (int i = 0; i < 2 * R; i++)
         acc[i] = (pg_vec){0};
-    for (long g = g0; g < g1; g++) {
+    for (long sg = g0 * 32 / gsize; sg < g1 * 32 / gsize; sg++) {
         pg_vec dv[2], mv[2] = {(pg_vec){0}, (pg_vec){0}};
-        pg_i8_scales(f16, d, has_m ? m : NULL, g, dv, mv);
+        pg_i8_scales(kind, f16, d, has_m ? m : NULL, k, sg, dv, mv);
         for (int h0 = 0; h0 < 2; h0 += PG_I8_HALVES) {
             pg_iv is[PG_I8_HALVES * PG_I8_MAXR1], is2[PG_I8_HALVES * PG_I8_MAXR1];
             for (int i = 0; i < PG_I8_HALVES * R; i++)
                 is[i] = is2[i] = PG_IV_ZERO;
-            for (int st = 0; st < 4; st++) {
+            for (int st = 0; st < steps; st++) {
+                const long ks = sg * steps + st;
                 pg_iv b[2 * PG_I8_HALVES];
                 for (int hh = 0; hh < PG_I8_HALVES; hh++)
-                    pg_i8_step(kind, q, g, st, h0 + hh, b + 2 * hh);
+                    pg_i8_step(kind, q, k->qh, ks, h0 + hh, b + 2 * hh);
                 for (int r = 0; r < R; r++) {
-                    long at = (r0 + r) * x->K + 32 * g + 8 * st;
+                    long at = (r0 + r) * x->K + 8 * ks;
                     int32_t lo, hi;
                     memcpy(&lo, x->q + at, 4);
                     memcpy(&hi, x->q + at + 4, 4);
@@ -410,16 +444,15 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
                 }
             }
             for (int r = 0; r < R; r++) {
-                long at = (r0 + r) * G + g;
+                long at = (r0 + r) * G + sg * gsize / 32;
                 pg_vec xd = (pg_vec){0} + x->d[at], xs = (pg_vec){0} + x->s[at];
+                int32_t total = gsize == 16 ? x->sum16[(r0 + r) * 2 * G + sg] : x->sum[at];
                 for (int hh = 0; hh < PG_I8_HALVES; hh++) {
-                    pg_iv i = kind == PG_I8_Q8 ? is[PG_I8_HALVES * r + hh] : pg_dot_finish(is[PG_I8_HALVES * r + hh]);
-                    if (two) {
-                        pg_iv i2 = kind == PG_I8_Q8 ? is2[PG_I8_HALVES * r + hh] : pg_dot_finish(is2[PG_I8_HALVES * r + hh]);
-                        i = pg_iv_add(pg_iv_sll(i, 8), i2);
-                    }
+                    pg_iv i = pg_i8_finish(kind, is[PG_I8_HALVES * r + hh]);
+                    if (two)
+                        i = pg_iv_add(pg_iv_sll(i, 8), pg_i8_finish(kind, is2[PG_I8_HALVES * r + hh]));
                     if (zero)
-                        i = pg_iv_sub(i, pg_iv_set1(zero * x->sum[at]));
+                        i = pg_iv_sub(i, pg_iv_set1(zero * total));
                     const int h = h0 + hh;
                     acc[2 * r + h] = pg_fma(pg_iv_to_vec(i), dv[h] * xd, acc[2 * r + h]);
                     if (has_m)
@@ -432,23 +465,26 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
 }
 
 /* The panel kinds there are: 4-bit (offsets or not, float16 scales), 8-bit float16 without
-   offsets (Q8_0), 8-bit float32 with offsets. */
-enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3 };
+   offsets (Q8_0), 8-bit float32 with offsets, Q4_K, Q6_K. */
+enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q4_K = 4, PG_I8_Q6_K = 5 };
 
 static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
-                       const void *m, long g0, long g1, float *c, long ldc, int cols, int first) {
+                       const void *m, const pg_kq *k, long g0, long g1, float *c, long ldc, int cols, int first) {
 #define PG_I8_CALL(v, kind, has_m, f16, two, n) \
-    case ((v) * 2 + (two)) * 16 + n: pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, g0, g1, c, ldc, cols, first); break;
+    case ((v) * 2 + (two)) * 16 + n: \
+        pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, k, g0, g1, c, ldc, cols, first); break;
+#define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, two, n) \
+    PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n)
     switch ((variant * 2 + two) * 16 + R) {
-#define PG_CASE(n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, 0, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, 0, n) \
-                   PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, 0, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, 0, n)
+#define PG_CASE(n) PG_I8_CALLS(0, n)
     PG_I8_CASES1
 #undef PG_CASE
-#define PG_CASE(n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, 1, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, 1, n) \
-                   PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, 1, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, 1, n)
+#define PG_CASE(n) PG_I8_CALLS(1, n)
     PG_I8_CASES2
 #undef PG_CASE
     }
+#undef PG_I8_CALLS
 #undef PG_I8_CALL
 }
 
@@ -459,7 +495,8 @@ typedef struct {
     const void *d, *m;
     float *c;                 /* [M, n] */
     long n, P, chunk;
-    int bits, half;           /* 4 or 8; half: 8-bit panels with float16 d and no m */
+    int bits, half;           /* 4 or 8 (6: Q6_K); half: 8-bit panels with float16 d and no m */
+    pg_kq k;                  /* K-quant panels' scales (k.kind PG_K_NONE: d and m hold them) */
 } pg_i8_job;
 
 /* Task t: panels t*chunk .. (t+1)*chunk - 1, one after another (one stream per thread); each
@@ -468,20 +505,22 @@ static void pg_i8_task(void *ctx, long t) {
     const pg_i8_job *j = (const pg_i8_job *)ctx;
     const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_MAXR1;
     const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
-    const int variant = j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
-    const long qbytes = (j->bits == 4 ? K / 2 : K) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
+    const int variant = j->k.kind == PG_K_Q4K ? PG_I8_Q4_K : j->k.kind == PG_K_Q6K ? PG_I8_Q6_K :
+                        j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
+    const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
     long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P;
     for (long p = t * j->chunk; p < end; p++) {
         int cols = pg_panel_cols(j->n, p);
         const uint8_t *q = (const uint8_t *)j->q + p * qbytes;
-        const char *d = (const char *)j->d + p * sbytes, *m = j->m ? (const char *)j->m + p * sbytes : NULL;
+        const char *d = j->d ? (const char *)j->d + p * sbytes : NULL, *m = j->m ? (const char *)j->m + p * sbytes : NULL;
+        const pg_kq k = pg_kq_panel(&j->k, K, p);
         for (long g0 = 0; g0 < G; g0 += PG_I8_KC / 32) {
             long g1 = g0 + PG_I8_KC / 32 < G ? g0 + PG_I8_KC / 32 : G, r0;
             int rows;
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
-                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, g0, g1, j->c + r0 * j->n + p * PG_NR, j->n, cols,
-                           g0 == 0);
+                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, j->c + r0 * j->n + p * PG_NR, j->n,
+                           cols, g0 == 0);
             }
         }
     }

@@ -573,7 +573,7 @@ class Packer:
         if "Q8_0" in kinds and len(kinds) > 1:  # Q8_0 beside Q4: the 8-bit panels of from_quantized_rows
             return None
         for name, shape, (kind, raw, _) in zip(names, shapes, parts, strict=True):
-            if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
+            if shape[1] % 32 or raw.shape != (shape[0], packed_gemm.row_bytes(kind, shape[1])):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
         shape = (shapes[0][1], sum(s[0] for s in shapes))

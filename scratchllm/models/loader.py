@@ -146,12 +146,13 @@ class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
         return self._unpermute(hf_name, q), self._unpermute(hf_name, d), self._unpermute(hf_name, m)
 
     def blocks(self, hf_name: str) -> Blocks | None:
-        """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D Q8_0 / Q4_0 / Q4_1
-        tensor: its blocks as the file stores them (a view of the mapped file, nothing read yet),
-        and for q/k rows the order that undoes llama.cpp's permutation (output row i is stored
-        row order[i]); None for any other type. What packed_gemm.pack_blocks takes."""
+        """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D tensor of a type
+        with panels of its own (packed_gemm.PANEL_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): its blocks
+        as the file stores them (a view of the mapped file, nothing read yet), and for q/k rows
+        the order that undoes llama.cpp's permutation (output row i is stored row order[i]); None
+        for any other type. What packed_gemm.pack_blocks takes."""
         info = self.ckpt.tensor_info(self.names[hf_name])
-        if info.dtype not in packed_gemm.BLOCK_TYPES or len(info.shape) != 2:
+        if info.dtype not in packed_gemm.PANEL_TYPES or len(info.shape) != 2:
             return None
         rows = info.shape[0]
         raw = self.ckpt.raw(info.name).reshape(rows, -1)

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
 from scratchllm.kernels import packed_gemm
+from scratchllm.kernels.kpanels import KTYPES
 
 __all__ = ["DTYPES", "PackedWeight"]  # DTYPES re-exported: models.llama checks against it
 
@@ -89,7 +90,11 @@ class PackedWeight:
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
         `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
-        -8 d overflows float16): `from_quantized_rows` handles those."""
+        -8 d overflows float16; K-quant parts beside parts of another type): `from_quantized_rows`
+        handles those."""
+        kinds = {kind for kind, _, _ in parts}
+        if len(kinds) > 1 and kinds & set(KTYPES):
+            return None
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
         return None if panels is None else cls.from_panels(panels, shape)
 

@@ -28,19 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from scratchllm.kernels import packed_gemm
+from scratchllm.kernels import kpanels, packed_gemm
+from scratchllm.kernels.kpanels import KPanels
 
 logger = logging.getLogger(__name__)
 
-QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels  # what the cache keeps: a file's blocks, packed
+# what the cache keeps: a file's blocks, packed
+QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels
 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
-FORMAT = 6  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
+FORMAT = 7  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
 # 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
 # cache written before is written once more instead of being read in small pages for ever;
-# 6: 8-bit panels in words of 4 rows, bytes biased by 128 (packed_gemm.Q8Panels)
+# 6: 8-bit panels in words of 4 rows, bytes biased by 128 (packed_gemm.Q8Panels); 7: K-quant panels
+# (kernels/kpanels.py), where format 6 had Q4_K in 8-bit panels
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 
@@ -128,7 +131,10 @@ class PanelCache:
                     if offset + count * np.dtype(dtype).itemsize > len(mm):
                         raise ValueError(f"{name}: array past the end of the file")
                     arrays.append(np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape))
-                if entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
+                if entry["kind"] == "k":  # K-quant panels: the fields present, by name
+                    named = dict(zip(entry["fields"], arrays, strict=True))
+                    self.hits[name] = KPanels._make([*(named.get(f) for f in kpanels.ARRAYS), entry["ktype"]])
+                elif entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
                     self.hits[name] = packed_gemm.Q4Panels(*arrays, *([None] if len(arrays) == 2 else []))
                 else:  # q, d (float16 and no m: a file's Q8_0) or q, d, m
                     self.hits[name] = packed_gemm.Q8Panels._make([*arrays, None, entry["exact"]] if len(arrays) == 2
@@ -188,7 +194,11 @@ class PanelCache:
         offset, blobs = 0, []
         for name, panels in everything.items():
             entry: dict[str, Any]
-            if isinstance(panels, packed_gemm.Q8Panels):
+            if isinstance(panels, KPanels):
+                fields = [f for f in kpanels.ARRAYS if getattr(panels, f) is not None]
+                parts = [getattr(panels, f) for f in fields]
+                entry = {"kind": "k", "ktype": panels.kind, "fields": fields, "arrays": []}
+            elif isinstance(panels, packed_gemm.Q8Panels):
                 parts = [panels.q, panels.d, panels.m]
                 entry = {"kind": "q8", "exact": bool(panels.exact), "arrays": []}
             else:

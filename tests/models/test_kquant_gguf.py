@@ -2,8 +2,9 @@
 Q2_K..Q6_K, IQ4_NL, IQ4_XS), written by scripts/make_random_gguf.py with random but valid blocks.
 
 transformers reads the same files (it dequantizes with the gguf package): the weights are equal,
-the logits close and the greedy ids equal. Our quantized model (the 32-wide types kept quantized,
-Q6_K / Q3_K / Q2_K dequantized at load) gives our float32 model's logits bit for bit.
+the logits close and the greedy ids equal. Our quantized model (Q4_K and Q6_K in panels of their
+own, the other 32-wide types in 8-bit panels, Q3_K / Q2_K dequantized at load) gives our float32
+model's logits bit for bit.
 """
 
 import importlib.util
@@ -124,13 +125,14 @@ def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, mix, caplog
     line = [r.getMessage() for r in caplog.records if "dequantized to float32" in r.getMessage()]
     assert len(line) == 1, line
     if mix == "q4_k_m":
-        # layers 0 and 1 are all Q4_K: kept quantized; layer 2's q|k|v holds a Q6_K part, and the LM
-        # head is Q6_K: float32, and said so
+        # layers 0 and 1 are all Q4_K: kept quantized, in K-quant panels; layer 2's q|k|v holds a Q6_K
+        # part beside Q4_K ones: float32, and said so; the LM head is Q6_K, in panels of its own
         for i in (0, 1):
             assert {p.dtype for k, p in q.params["layers"][i].items() if k.endswith("_proj")} == {"quantized"}
-        assert q.params["layers"][2]["qkv_proj"].dtype == "float32" and q.params["lm_head"].dtype == "float32"
+            assert q.params["layers"][i]["qkv_proj"].panels.kind == "Q4_K"
+        assert q.params["layers"][2]["qkv_proj"].dtype == "float32" and q.params["lm_head"].panels.kind == "Q6_K"
         assert q.params["layers"][2]["o_proj"].dtype == "quantized"
-        assert "output.weight (Q6_K)" in line[0] and "blk.2.attn_q.weight (Q4_K)" in line[0]
+        assert "output.weight" not in line[0] and "blk.2.attn_q.weight (Q4_K)" in line[0]
         assert "blk.0." not in line[0] and "blk.1." not in line[0]
         assert q.params["embed_tokens"].dtype == np.float32  # the untied Q4_K table, dequantized
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))

@@ -1,0 +1,157 @@
+"""K-quant panels: a GGUF file's Q4_K and Q6_K blocks in the packed GEMM's panel layout, at about
+the file's bits per weight (Q4_K: 4.625, the file 4.5; Q6_K: 6.5625, the file's own).
+
+The K-quants (llama.cpp's Q4_K_M files: Q4_K for most matrices, Q6_K for some) keep, per
+super-block of 256 weights of a row, a float16 scale D (Q4_K: and Dmin), and per group (Q4_K: 32
+weights, Q6_K: 16) a small integer scale sc (Q4_K: and min mn). A weight is (formats/ggml_quants.py)
+    Q4_K: w = (D sc) u - (Dmin mn),   u the 4-bit value in 0..15
+    Q6_K: w = (D sc) (u - 32),        u the 6-bit value in 0..63
+each product of the reference's float32 operations exact (D sc has at most 11 + 7 significant
+bits, times u at most 24), so one FMA gives ggml's value and the kernels can be exact.
+
+Layout (P panels of NR columns, as packed_gemm's panels; row k of W is input k):
+  q4    uint8 [P, K/2, NR]: the low 4 bits of u in Q4Panels' words (8 rows of k per 32-bit word
+        and column, row t in bits 4t..4t+3)
+  qh    Q6_K: uint8 [P, K/4, NR]: the high 2 bits, one 32-bit word per 16 rows and column: row
+        8 r + 2 j + p (r, p in 0..1, j in 0..3) in bits 2 v, 2 v + 1 of byte j, v = 2 r + p, so
+        that one shift and one AND put the high bits of a word's even (p = 0) or odd rows under
+        their low nibbles (kernels/packed_int8.h)
+  sc    Q4_K: uint8 [P, K/32, NR] (6 bits); Q6_K: int8 [P, K/16, NR]
+  mn    Q4_K: uint8 [P, K/32, NR] (6 bits); Q6_K: None
+  d     float16 [P, K/256, NR]: D
+  dmin  Q4_K: float16 [P, K/256, NR]: Dmin; Q6_K: None
+Columns past the matrix's last (the right edge of the last panel) are all zeros: weight 0.
+"""
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from scratchllm.formats import ggml_quants as gq
+
+KTYPES = ("Q4_K", "Q6_K")
+SUPER = 256  # weights per super-block (K-quants' block)
+GROUP = {"Q4_K": 32, "Q6_K": 16}
+ARRAYS = ("q4", "qh", "sc", "mn", "d", "dmin")  # KPanels' fields that are arrays (or None), in order
+
+
+class KPanels(NamedTuple):
+    """The fields of the layout above; q4 first, as every quantized panel type's data is."""
+
+    q4: npt.NDArray[np.uint8]  # [P, K/2, NR] low 4 bits, in words
+    qh: npt.NDArray[np.uint8] | None  # Q6_K: [P, K/4, NR] high 2 bits, in words
+    sc: npt.NDArray[Any]  # group scales: uint8 [P, K/32, NR] (Q4_K) or int8 [P, K/16, NR] (Q6_K)
+    mn: npt.NDArray[np.uint8] | None  # Q4_K: [P, K/32, NR]
+    d: npt.NDArray[np.float16]  # [P, K/256, NR]
+    dmin: npt.NDArray[np.float16] | None  # Q4_K: [P, K/256, NR]
+    kind: str  # "Q4_K" or "Q6_K"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self[:6] if a is not None)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.q4.dtype
+
+    def values(self) -> npt.NDArray[np.uint8]:
+        """u [P, K, NR] (0..15 for Q4_K, 0..63 for Q6_K), a copy."""
+        P, K2, NR = self.q4.shape
+        rows = self.q4.reshape(P, K2 // 4, NR, 4).transpose(0, 1, 3, 2).reshape(P, K2, NR)  # byte rows
+        u = np.stack([rows & 0x0F, rows >> 4], axis=2).reshape(P, 2 * K2, NR)
+        if self.qh is not None:
+            u |= _high_bits(self.qh) << 4
+        return u
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        """[P, K, NR] float32: ggml's values, bit for bit."""
+        return _weights(self.kind, self.values(), self.sc, self.mn, self.d, self.dmin)
+
+    def columns(self, p: npt.NDArray[np.integer[Any]], j: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.float32]:
+        """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
+        u = self.values()[p, :, j][..., None]  # [L, K, 1]
+        mn = None if self.mn is None else self.mn[p, :, j][..., None]
+        dmin = None if self.dmin is None else self.dmin[p, :, j][..., None]
+        return _weights(self.kind, u, self.sc[p, :, j][..., None], mn, self.d[p, :, j][..., None], dmin)[..., 0]
+
+
+def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any], mn: npt.NDArray[Any] | None,
+             d: npt.NDArray[np.float16], dmin: npt.NDArray[np.float16] | None) -> npt.NDArray[np.float32]:
+    """[A, K, C] weights from u [A, K, C] and the scales [A, groups, C]: ggml's float32 operations."""
+    A, K, C = u.shape
+    g = GROUP[kind]
+    big = np.repeat(d.astype(np.float32), SUPER // g, axis=1)  # D per group: [A, K/g, C]
+    scale = big * sc.astype(np.float32)  # exact
+    if kind == "Q6_K":
+        w = (u.astype(np.int8).astype(np.float32) - 32).reshape(A, K // g, g, C) * scale[:, :, None]
+        return w.reshape(A, K, C)
+    assert mn is not None and dmin is not None
+    offset = np.repeat(dmin.astype(np.float32), SUPER // g, axis=1) * mn.astype(np.float32)
+    w = u.astype(np.float32).reshape(A, K // g, g, C) * scale[:, :, None]
+    w -= offset[:, :, None]
+    return w.reshape(A, K, C)
+
+
+def _high_bits(qh: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Q6_K's high-bit words [P, K/4, NR] -> the high 2 bits per row [P, K, NR]."""
+    P, K4, NR = qh.shape
+    words = qh.reshape(P, K4 // 4, NR * 4).view("<u4")  # [P, K/16, NR]
+    out = np.empty((P, K4 // 4, 16, NR), dtype=np.uint8)
+    for i in range(16):
+        out[:, :, i] = (words >> _SHIFT[i]) & 3
+    return out.reshape(P, 4 * K4, NR)
+
+
+# Where row i (0..15) of a 16-row run keeps its high bits in the word: byte j = (i % 8) // 2,
+# bits 2 v with v = 2 (i // 8) + i % 2
+_SHIFT = [8 * ((i % 8) // 2) + 2 * (2 * (i // 8) + i % 2) for i in range(16)]
+
+
+def _panels(a: npt.NDArray[Any], nr: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+    """[N, rows] (output columns first, as a file's tensor rows) -> [P, rows, NR] of `dtype`."""
+    N, rows = a.shape
+    P = -(-N // nr)
+    out = np.zeros((P * nr, rows), dtype=dtype)
+    out[:N] = a
+    return np.ascontiguousarray(out.reshape(P, nr, rows).transpose(0, 2, 1))
+
+
+def _low_words(u: npt.NDArray[np.uint8], nr: int) -> npt.NDArray[np.uint8]:
+    """u [N, K] -> its low 4 bits as Q4Panels' words [P, K/2, NR]."""
+    qp = _panels(u & 0x0F, nr, np.uint8)  # [P, K, NR]
+    P, K, _ = qp.shape
+    rows = qp[:, 0::2] | (qp[:, 1::2] << 4)  # [P, K/2, NR] byte rows
+    return np.ascontiguousarray(rows.reshape(P, K // 8, 4, nr).transpose(0, 1, 3, 2)).reshape(P, K // 2, nr)
+
+
+def _high_words(u: npt.NDArray[np.uint8], nr: int) -> npt.NDArray[np.uint8]:
+    """u [N, K] (0..63) -> the high 2 bits as Q6_K's words [P, K/4, NR]."""
+    hp = _panels(u >> 4, nr, np.uint32)  # [P, K, NR]
+    P, K, _ = hp.shape
+    runs = hp.reshape(P, K // 16, 16, nr)
+    words = np.zeros((P, K // 16, nr), dtype=np.uint32)
+    for i in range(16):
+        words |= runs[:, :, i] << np.uint32(_SHIFT[i])
+    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(P, K // 4, nr)
+
+
+def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
+    """A [N, K] tensor's Q4_K or Q6_K blocks (raw uint8 [N, K/256 x block bytes], rows already in the
+    order wanted) -> its KPanels for panels of nr columns."""
+    if kind not in KTYPES or K % SUPER:
+        raise ValueError(f"K-quant panels take Q4_K or Q6_K rows of whole 256-weight blocks, not {kind} of {K}")
+    N, nb = raw.shape[0], K // SUPER
+    blocks = np.ascontiguousarray(raw).view(gq.BLOCK_DTYPES[kind]).reshape(N * nb)
+    d = _panels(blocks["d"].reshape(N, nb), nr, np.float16)
+    if kind == "Q4_K":
+        sc, mn = gq._scale_min_k4(np.ascontiguousarray(blocks["scales"]))  # [N nb, 8] each
+        u = gq._nibbles(np.ascontiguousarray(blocks["qs"]), 32).reshape(N, K)
+        return KPanels(_low_words(u, nr), None, _panels(sc.reshape(N, K // 32), nr, np.uint8),
+                       _panels(mn.reshape(N, K // 32), nr, np.uint8), d,
+                       _panels(blocks["dmin"].reshape(N, nb), nr, np.float16), kind)
+    low = gq._nibbles(np.ascontiguousarray(blocks["ql"]), 64)  # [N nb, 256]
+    high = gq._bits(np.ascontiguousarray(blocks["qh"]).reshape(N * nb * 2, 32), (0, 2, 4, 6), 3)
+    u = (low | (high.reshape(N * nb, 256) << 4)).reshape(N, K)
+    sc = blocks["scales"].reshape(N, K // 16)
+    return KPanels(_low_words(u, nr), _high_words(u, nr), _panels(sc, nr, np.int8), None, d, None, kind)
