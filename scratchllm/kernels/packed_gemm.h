@@ -699,8 +699,8 @@ typedef struct {
     const float *x;           /* [M, K] */
     const void *q;            /* 8-bit: uint8 [P, K, NR] in words of biased bytes; 4-bit: uint8 [P, K/2, NR] in words */
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
-    float *c;                 /* [M, n] */
-    long M, K, n, kc, P, chunk, fused_tiles;
+    float *c;                 /* [M, n] columns of rows ldc apart */
+    long M, K, n, ldc, kc, P, chunk, fused_tiles;
     int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 6: Q6_K */
     pg_kq k;                  /* K-quant panels (k.kind != PG_K_NONE): their scales, d and m NULL */
 } pg_q8_job;
@@ -887,11 +887,11 @@ static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
         for (long t = 0; t < ntiles; t++) {
             pg_tile(j->M, t, ntiles, &r0, &rows);
             if (fused)
-                pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->n + p * PG_NR,
-                           j->n, cols, k0 == 0);
+                pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->ldc + p * PG_NR,
+                           j->ldc, cols, k0 == 0);
             else
                 pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
-                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+                             j->c + r0 * j->ldc + p * PG_NR, j->ldc, cols, k0 == 0);
         }
     }
 }

@@ -97,7 +97,7 @@ cdef extern from "packed_gemm.h":
         const void *d
         const void *m
         float *c
-        long M, K, n, kc, P, chunk, fused_tiles
+        long M, K, n, ldc, kc, P, chunk, fused_tiles
         int bits, exact, half
         pg_kq k
     void pg_gemm_q8_task(void *ctx, long p) noexcept nogil
@@ -124,7 +124,7 @@ cdef extern from "packed_int8.h":
         long M, K
     int PG_X8_NATURAL, PG_X8_EVEN_ODD
     const char *PG_INT8_DOT
-    int pg_x8_reserve(pg_x8 *x, long M, long K, int two) noexcept nogil
+    int pg_x8_reserve(pg_x8 *x, long M, long K, int two, int slot) noexcept nogil
     ctypedef struct pg_x8_job:
         const float *x
         pg_x8 out
@@ -137,7 +137,7 @@ cdef extern from "packed_int8.h":
         const void *d
         const void *m
         float *c
-        long n, P, chunk
+        long n, ldc, P, chunk
         int bits, half
         pg_kq k
     void pg_i8_task(void *ctx, long t) noexcept nogil
@@ -308,6 +308,23 @@ class Q4Panels(NamedTuple):
         return _scaled(nibbles[..., None], self.d[p, :, j][..., None], m[..., None])[..., 0]
 
 
+class SegmentedPanels(NamedTuple):
+    """A fused matrix whose parts are of types that share no panels (a Q4_K q|k beside a Q6_K v):
+    part i in panels of its own, giving output columns sum(cols[:i]) .. sum(cols[:i+1]) - 1. Every
+    part but the last is whole panels wide, so each writes straight into its columns of y."""
+
+    parts: tuple  # Q4Panels, Q8Panels or KPanels each
+    cols: tuple  # int each
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def dtype(self):
+        return self.parts[0].dtype
+
+
 def _q8_words(rows) -> np.ndarray:
     """int8 [P, K, NR] in plain row order -> Q8Panels' words of biased bytes (uint8, a copy)."""
     P, K, NR = rows.shape
@@ -449,6 +466,8 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
 
 def unpack(panels, Py_ssize_t k, Py_ssize_t n) -> np.ndarray:
     """Panels -> the [k, n] float32 matrix they hold (a copy; bfloat16 values widen exactly)."""
+    if isinstance(panels, SegmentedPanels):
+        return np.concatenate([unpack(p, k, c) for p, c in zip(panels.parts, panels.cols)], axis=1)
     if isinstance(panels, (Q8Panels, Q4Panels, KPanels)):
         panels = panels.dequantize()
     P = panels.shape[0]
@@ -463,6 +482,14 @@ def columns(panels, Py_ssize_t k, ids) -> np.ndarray:
     """Columns `ids` of the packed [k, n] matrix as rows: [len(ids), k] float32 (W[:, ids].T).
     This is how an embedding lookup reads a tied LM head."""
     ids = np.asarray(ids, dtype=np.int64)
+    if isinstance(panels, SegmentedPanels):
+        out, start = np.empty((len(ids), k), dtype=np.float32), 0
+        for part, cols in zip(panels.parts, panels.cols):
+            mine = (ids >= start) & (ids < start + cols)
+            if mine.any():
+                out[mine] = columns(part, k, ids[mine] - start)
+            start += cols
+        return out
     p, j = ids // PG_NR, ids % PG_NR
     if isinstance(panels, (Q8Panels, Q4Panels, KPanels)):  # [len, K]: d * q + m, in the kernel's order
         return panels.columns(p, j)
@@ -513,20 +540,15 @@ cdef inline int _threads_for(long work) noexcept nogil:
     return 1 if work < (1 << 18) else pool.num_threads()
 
 
-cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
+cdef int _bind_part(object panels, GemmPart *w) except -1:
+    """One part's fields from its panels; returns K (its rows)."""
     cdef const float[:, :, ::1] f32
-    cdef Py_ssize_t width  # NR of the build that made the panels: it must be this build's
+    cdef Py_ssize_t width, K  # width: NR of the build that made the panels: it must be this build's
     cdef const uint8_t[:, :, ::1] q4
     cdef const uint8_t[:, :, ::1] q8
     cdef const uint16_t[:, :, ::1] d16, m16
     cdef const float[:, :, ::1] d32, m32
     cdef const uint8_t[:, :, ::1] qh, sc, mn
-    activations = "float32"
-    if hasattr(panels, "panels"):  # a models.packed.PackedWeight: its panels, multiplied as it says
-        activations = panels.activations
-        panels = panels.panels
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
     w.kq, w.qh, w.sc, w.mn, w.D, w.Dmin = PG_K_NONE, NULL, NULL, NULL, NULL, NULL
     if isinstance(panels, KPanels):
         q4, sc, d16 = panels.q4, panels.sc.view(np.uint8), panels.d.view(np.uint16)
@@ -538,69 +560,116 @@ cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
         else:
             qh = panels.qh
             w.kind, w.kq, w.qh = 6, PG_K_Q6K, &qh[0, 0, 0]
-        w.P, w.K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
-        if w.K % kpanels.SUPER:
-            raise ValueError(f"K-quant panels of {w.K} rows: not whole 256-row super-blocks")
+        w.P, K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
+        if K % kpanels.SUPER:
+            raise ValueError(f"K-quant panels of {K} rows: not whole 256-row super-blocks")
     elif isinstance(panels, Q4Panels):
         q4, d16 = panels.q4, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], NULL, 4, 1, 0
         if panels.m is not None:
             m16 = panels.m.view(np.uint16)
             w.m = &m16[0, 0, 0]
-        w.P, w.K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
+        w.P, K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
     elif isinstance(panels, Q8Panels) and panels.m is None:  # float16 d, no offset (Q8_0)
         if panels.d.dtype != np.float16 or not panels.exact:
             raise ValueError("8-bit panels without offsets take float16 scales")
         q8, d16 = panels.q, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d16[0, 0, 0], NULL, 8, 1, 1
-        w.P, w.K, width = q8.shape[0], q8.shape[1], q8.shape[2]
+        w.P, K, width = q8.shape[0], q8.shape[1], q8.shape[2]
     elif isinstance(panels, Q8Panels):
         q8, d32, m32 = panels.q, panels.d, panels.m
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q8[0, 0, 0], &d32[0, 0, 0], &m32[0, 0, 0], 8, panels.exact, 0
-        w.P, w.K, width = q8.shape[0], q8.shape[1], q8.shape[2]
+        w.P, K, width = q8.shape[0], q8.shape[1], q8.shape[2]
     elif isinstance(panels, np.ndarray) and panels.dtype == np.float32:
         f32 = panels
         w.q, w.d, w.m, w.kind, w.exact, w.half = &f32[0, 0, 0], NULL, NULL, 32, 0, 0
-        w.P, w.K, width = f32.shape[0], f32.shape[1], f32.shape[2]
+        w.P, K, width = f32.shape[0], f32.shape[1], f32.shape[2]
     else:
         raise TypeError(f"float32, Q8Panels, Q4Panels or KPanels panels, not {type(panels).__name__} "
                         f"{getattr(panels, 'dtype', '')}")
-    if width != PG_NR or (w.kind != 32 and w.K % 32) or not (0 < n <= w.P * PG_NR):
-        raise ValueError(f"panels of {w.P} x {w.K} x {width} do not fit {n} columns of this build's "
-                         f"{PG_NR}-wide panels" + ("" if w.kind == 32 else " in whole 32-row groups"))
-    w.n = n
-    w.act8 = 0 if w.kind == 32 else ACTIVATIONS.index(activations)  # float32 panels always multiply in float32
+    if width != PG_NR or (w.kind != 32 and K % 32):
+        raise ValueError(f"panels of {w.P} x {K} x {width} are not this build's {PG_NR}-wide panels"
+                         + ("" if w.kind == 32 else " in whole 32-row groups"))
+    return K
+
+
+cdef int bind_weight(object panels, Py_ssize_t n, GemmWeight *w) except -1:
+    activations = "float32"
+    if hasattr(panels, "panels"):  # a models.packed.PackedWeight: its panels, multiplied as it says
+        activations = panels.activations
+        panels = panels.panels
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    parts, cols = (panels.parts, panels.cols) if isinstance(panels, SegmentedPanels) else ((panels,), (n,))
+    if not 1 <= len(parts) <= 4 or len(cols) != len(parts) or sum(cols) != n:
+        raise ValueError(f"{len(parts)} parts of {list(cols)} columns do not make a matrix of {n} columns")
+    cdef Py_ssize_t i, K, col0 = 0
+    w.nparts, w.n, w.P = len(parts), n, 0
+    for i in range(len(parts)):
+        K = _bind_part(parts[i], &w.part[i])
+        if i == 0:
+            w.K = K
+        w.part[i].col0, w.part[i].n = col0, cols[i]
+        if K != w.K or not (0 < cols[i] <= w.part[i].P * PG_NR) or (i + 1 < len(parts) and cols[i] % PG_NR):
+            raise ValueError(f"panels of {w.part[i].P} x {K} do not fit {cols[i]} of the {n} columns of a "
+                             f"[{w.K}, {n}] matrix" + (" in whole panels" if i + 1 < len(parts) else ""))
+        if len(parts) > 1 and w.part[i].kind == 32:
+            raise TypeError("a matrix in parts has quantized parts")
+        col0 += cols[i]
+        w.P += w.part[i].P
+    w.act8 = 0 if w.part[0].kind == 32 else ACTIVATIONS.index(activations)  # float32 panels: float32 products
     return 0
 
 
-cdef inline pg_kq _kq(const GemmWeight *w) noexcept nogil:
+cdef inline pg_kq _kq(const GemmPart *w) noexcept nogil:
     cdef pg_kq k
     k.kind, k.qh, k.sc, k.mn = w.kq, <const uint8_t *> w.qh, w.sc, <const uint8_t *> w.mn
     k.D, k.Dmin = <const uint16_t *> w.D, <const uint16_t *> w.Dmin
     return k
 
 
-cdef int _gemm_int8(const GemmWeight *w, const float *x, Py_ssize_t M, float *c, int threads) noexcept nogil:
-    """c = x @ w with x rounded to int8 (packed_int8.h); -1 (nothing done) where the panels have
-    no int8 kernel or the buffer for the rounded x cannot be had."""
-    cdef pg_x8 x8
+cdef int _round_x(const float *x, Py_ssize_t M, Py_ssize_t K, int two, int order, int threads,
+                  pg_x8 *x8) noexcept nogil:
+    """x rounded for the integer products into this thread's buffer of that k order; -1 where
+    the buffer cannot be had."""
     cdef pg_x8_job xjob
-    cdef pg_i8_job job
-    if w.kind not in (4, 6, 8) or pg_x8_reserve(&x8, M, w.K, w.act8 == 2) != 0:
+    if pg_x8_reserve(x8, M, K, two, order) != 0:
         return -1
-    xjob.x, xjob.out, xjob.order = x, x8, PG_X8_NATURAL if w.kind == 8 else PG_X8_EVEN_ODD
+    xjob.x, xjob.out, xjob.order = x, x8[0], order
     xjob.rows_per_task = (M + 4 * threads - 1) // (4 * threads)
-    if M * w.K < _X8_SERIAL or threads == 1:  # a decode step's rows: not worth waking a helper
+    if M * K < _X8_SERIAL or threads == 1:  # a decode step's rows: not worth waking a helper
         xjob.rows_per_task = M
         pg_x8_task(&xjob, 0)
     else:
         pool.run(pg_x8_task, &xjob, (M + xjob.rows_per_task - 1) // xjob.rows_per_task, threads)
-    job.x, job.q, job.d, job.m, job.c, job.bits, job.half = &x8, w.q, w.d, w.m, c, w.kind, w.half
-    job.n, job.P, job.k = w.n, w.P, _kq(w)
-    job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
-    if job.chunk < 1:
-        job.chunk = 1
-    pool.run(pg_i8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
+    return 0
+
+
+cdef int _gemm_int8(const GemmWeight *w, const float *x, Py_ssize_t M, float *c, int threads) noexcept nogil:
+    """c = x @ w with x rounded to integers (packed_int8.h); -1 (nothing done) where a buffer for
+    the rounded x cannot be had. x is rounded once per k order its parts need: natural for
+    8-bit panels, even-odd for the 4-bit words (Q4Panels, KPanels)."""
+    cdef pg_x8 x8[2]
+    cdef int have[2]
+    cdef pg_i8_job job
+    cdef const GemmPart *part
+    cdef int i, order
+    have[0] = have[1] = 0
+    for i in range(w.nparts):
+        order = PG_X8_NATURAL if w.part[i].kind == 8 else PG_X8_EVEN_ODD
+        if not have[order]:
+            if _round_x(x, M, w.K, w.act8 == 2, order, threads, &x8[order]) != 0:
+                return -1
+            have[order] = 1
+    for i in range(w.nparts):
+        part = &w.part[i]
+        order = PG_X8_NATURAL if part.kind == 8 else PG_X8_EVEN_ODD
+        job.x, job.q, job.d, job.m, job.bits, job.half = &x8[order], part.q, part.d, part.m, part.kind, part.half
+        job.c, job.n, job.ldc, job.P, job.k = c + part.col0, part.n, w.n, part.P, _kq(part)
+        job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
+        if job.chunk < 1:
+            job.chunk = 1
+        pool.run(pg_i8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
     return 0
 
 
@@ -609,27 +678,31 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
     cdef pg_q8_job job
     cdef int threads = _threads_for(M * w.K * w.n)
     cdef long step
+    cdef const GemmPart *part
+    cdef int i
     if M == 0:
         return
     if w.act8 and _gemm_int8(w, x, M, c, threads) == 0:
         return
-    if w.kind == 32:
-        fjob.x, fjob.x2, fjob.panels, fjob.c = x, NULL, w.q, c
+    if w.part[0].kind == 32:  # float32 panels: one part
+        fjob.x, fjob.x2, fjob.panels, fjob.c = x, NULL, w.part[0].q, c
         fjob.M, fjob.K, fjob.K2, fjob.n, fjob.kc = M, w.K, 0, w.n, _KC
         pool.run(pg_gemm_f32_task, &fjob, w.P, threads)
         return
-    job.x, job.q, job.d, job.m, job.c, job.bits, job.exact, job.half = x, w.q, w.d, w.m, c, w.kind, w.exact, w.half
-    job.k = _kq(w)
-    job.M, job.K, job.n, job.kc = M, w.K, w.n, _KC  # the float32 kernel's blocks: the same sums
-    job.P = w.P
-    job.fused_tiles = _Q8_FUSED_TILES
-    job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
-    if job.chunk < 1:
-        job.chunk = 1  # enough tasks to even out the threads
-    if job.M == 1 and w.kind != 6:  # a single row takes panels in pairs (pg_gemm_q8_pair), or fours (pg_gemm_q8h_quad)
-        step = 4 if w.half else 2
-        job.chunk = (job.chunk + step - 1) // step * step
-    pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
+    for i in range(w.nparts):
+        part = &w.part[i]
+        job.x, job.q, job.d, job.m, job.bits, job.exact, job.half = x, part.q, part.d, part.m, part.kind, part.exact, part.half
+        job.k, job.c, job.n, job.ldc = _kq(part), c + part.col0, part.n, w.n
+        job.M, job.K, job.kc = M, w.K, _KC  # the float32 kernel's blocks: the same sums
+        job.P = part.P
+        job.fused_tiles = _Q8_FUSED_TILES
+        job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
+        if job.chunk < 1:
+            job.chunk = 1  # enough tasks to even out the threads
+        if job.M == 1 and part.kind != 6:  # one row takes panels in pairs (pg_gemm_q8_pair) or fours (_q8h_quad)
+            step = 4 if part.half else 2
+            job.chunk = (job.chunk + step - 1) // step * step
+        pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)
 
 
 def quantize_x8(x, str order="natural", bint two=False):
@@ -671,7 +744,7 @@ cdef void _matmul(panels, const float[:, ::1] x, Py_ssize_t n, float[:, ::1] c, 
     cdef GemmWeight w
     bind_weight(_Bound(panels, activations), n, &w)
     if w.K != x.shape[1]:
-        raise ValueError(f"panels of {w.P} x {w.K} do not fit x of shape {tuple(x.shape)[:2]}")
+        raise ValueError(f"panels of {w.P} panels x {w.K} rows do not fit x of shape {tuple(x.shape)[:2]}")
     with nogil:
         gemm(&w, &x[0, 0], x.shape[0], &c[0, 0])
 
@@ -702,14 +775,18 @@ cdef class QuantizedGemm:
     cdef GemmWeight w
 
     def __init__(self, panels, Py_ssize_t n, str activations="float32"):
-        if not isinstance(panels, (Q4Panels, Q8Panels, KPanels)):
-            raise TypeError(f"QuantizedGemm takes Q4Panels, Q8Panels or KPanels, not {type(panels).__name__}")
+        if not isinstance(panels, (Q4Panels, Q8Panels, KPanels, SegmentedPanels)):
+            raise TypeError(f"QuantizedGemm takes quantized panels, not {type(panels).__name__}")
         bind_weight(_Bound(panels, activations), n, &self.w)
         self.panels = panels
 
     @property
     def K(self):
         return self.w.K
+
+    @property
+    def parts(self):
+        return self.w.nparts
 
     @property
     def n(self):

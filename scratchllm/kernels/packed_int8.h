@@ -144,16 +144,18 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
 /* x's M x K rounded values in this thread's buffer (grown as needed, kept for the next product:
    a decode step rounds ~100 rows of x, each of a few KiB); -1 where memory ran out. The buffer
    is the calling thread's, so two threads multiplying at once never share one. two: two levels. */
-static int pg_x8_reserve(pg_x8 *x, long M, long K, int two) {
-    static __thread char *buf = NULL;
-    static __thread size_t cap = 0;
+static int pg_x8_reserve(pg_x8 *x, long M, long K, int two, int slot) {
+    static __thread char *bufs[2] = {NULL, NULL};  /* slot: one per k order, for a matrix of both kinds */
+    static __thread size_t caps[2] = {0, 0};
+    char *buf = bufs[slot];
+    size_t cap = caps[slot];
     size_t groups = (size_t)M * (size_t)(K / 32), need = (size_t)M * (size_t)K * 2 + 5 * 4 * groups + 64;
     if (need > cap) {
         char *grown = (char *)realloc(buf, need);
         if (!grown)
             return -1;
-        buf = grown;
-        cap = need;
+        bufs[slot] = buf = grown;
+        caps[slot] = cap = need;
     }
     char *at = (char *)(((uintptr_t)buf + 3) & ~(uintptr_t)3);
     x->d = (float *)at;
@@ -493,8 +495,8 @@ typedef struct {
     const pg_x8 *x;
     const void *q;            /* the panels' quantized data (packed_gemm.h's layouts) */
     const void *d, *m;
-    float *c;                 /* [M, n] */
-    long n, P, chunk;
+    float *c;                 /* [M, n] columns of rows ldc apart */
+    long n, ldc, P, chunk;
     int bits, half;           /* 4 or 8 (6: Q6_K); half: 8-bit panels with float16 d and no m */
     pg_kq k;                  /* K-quant panels' scales (k.kind PG_K_NONE: d and m hold them) */
 } pg_i8_job;
@@ -519,7 +521,7 @@ static void pg_i8_task(void *ctx, long t) {
             int rows;
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
-                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, j->c + r0 * j->n + p * PG_NR, j->n,
+                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, j->c + r0 * j->ldc + p * PG_NR, j->ldc,
                            cols, g0 == 0);
             }
         }

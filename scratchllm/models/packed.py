@@ -89,12 +89,14 @@ class PackedWeight:
                     shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
-        `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
-        -8 d overflows float16; K-quant parts beside parts of another type): `from_quantized_rows`
-        handles those."""
+        `shape`: (in, out). K-quant parts beside parts of another type: packed_gemm.SegmentedPanels,
+        each run of parts of one kind in panels of its own. None where the blocks cannot be kept
+        as they are (a Q4_0 scale whose -8 d overflows float16; a run of parts that is not whole
+        panels wide before another): `from_quantized_rows` handles those."""
         kinds = {kind for kind, _, _ in parts}
         if len(kinds) > 1 and kinds & set(KTYPES):
-            return None
+            segmented = _segments(parts, shape[0], alloc)
+            return None if segmented is None else cls.from_panels(segmented, shape)
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
         return None if panels is None else cls.from_panels(panels, shape)
 
@@ -132,3 +134,31 @@ class PackedWeight:
     def __repr__(self) -> str:
         x8 = f", {self.activations} activations" if self.activations != "float32" else ""
         return f"PackedWeight(shape={self.shape}, dtype={self.dtype}{x8}, {self.nbytes / 2**20:.1f} MiB)"
+
+
+def _family(kind: str) -> str:
+    """Parts of one family share panels: Q4_0 and Q4_1 (Q4Panels); each other type its own."""
+    return "Q4" if kind in ("Q4_0", "Q4_1") else kind
+
+
+def _segments(parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], K: int,
+              alloc: Callable[..., npt.NDArray[Any]]) -> "packed_gemm.SegmentedPanels | None":
+    """Consecutive parts of one family, each run in its own panels (pack_blocks); None where a run
+    before the last is not whole panels wide (its panels could not write straight into its columns)
+    or a run cannot be kept as it is."""
+    runs: list[list[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]]] = []
+    for part in parts:
+        if runs and _family(runs[-1][-1][0]) == _family(part[0]):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    cols = [sum(raw.shape[0] for _, raw, _ in run) for run in runs]
+    if any(c % packed_gemm.NR for c in cols[:-1]):
+        return None
+    panels = []
+    for run in runs:
+        packed = packed_gemm.pack_blocks(run, K, alloc)
+        if packed is None:
+            return None
+        panels.append(packed)
+    return packed_gemm.SegmentedPanels(tuple(panels), tuple(cols))

@@ -90,3 +90,35 @@ def test_pack_blocks_refuses_mixed_k_quants():
                        256)
     with pytest.raises(ValueError, match="rows must be"):
         pg.pack_blocks([("Q6_K", random_raw("Q6_K", 32, 256)[:, :-1].copy(), None)], 256)
+
+
+@pytest.mark.parametrize("M", [1, 5])
+def test_a_fused_matrix_of_k_quants_beside_other_types_keeps_each_run_in_its_panels(M):
+    """q|k in Q4_K beside v in Q6_K (a Q4_K_M file's layer): each run of one type in panels of its
+    own (SegmentedPanels), writing its columns of y; the same bits as the float32 kernel."""
+    from scratchllm.models.packed import PackedWeight
+
+    K = 512
+    kinds, rows = ("Q4_K", "Q4_K", "Q6_K", "Q4_0"), (2 * pg.NR, pg.NR, pg.NR, 24)
+    raws = [random_raw(k, n, K, seed=i, tame=True) if k != "Q4_0" else
+            np.random.default_rng(i).integers(0, 256, (n, K // 32 * 18), dtype=np.uint8) for i, (k, n) in
+            enumerate(zip(kinds, rows, strict=True))]
+    for raw, k in zip(raws, kinds, strict=True):  # Q4_0: tame scales too
+        if k == "Q4_0":
+            raw.reshape(-1, 18)[:, :2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    packed = PackedWeight.from_blocks(list(zip(kinds, raws, [None] * 4, strict=True)), (K, sum(rows)))
+    panels = packed.panels
+    assert isinstance(panels, pg.SegmentedPanels) and panels.cols == (3 * pg.NR, pg.NR, 24)
+    assert [getattr(p, "kind", "Q4") for p in panels.parts] == ["Q4_K", "Q6_K", "Q4"]
+    want = np.concatenate([dequantized(k, r) for k, r in zip(kinds, raws, strict=True)]).T  # [K, N]
+    np.testing.assert_array_equal(packed.numpy(), want)
+    np.testing.assert_array_equal(packed.columns([0, 3 * pg.NR, sum(rows) - 1]), want[:, [0, 3 * pg.NR, -1]].T)
+    x = np.random.default_rng(M).standard_normal((M, K), dtype=np.float32)
+    np.testing.assert_array_equal(x @ packed, pg.matmul(x, pg.pack(want), sum(rows)))
+    packed.activations = "int16"
+    y = np.empty((M, sum(rows)), dtype=np.float32)
+    packed.matmul_into(x, y)
+    assert np.abs(y - x @ want).max() < 1e-4 * np.abs(x @ want).max()
+    # a run before the last that is not whole panels wide cannot write its columns straight
+    ragged = [("Q4_K", raws[0][:pg.NR + 8], None), ("Q6_K", raws[2], None)]
+    assert PackedWeight.from_blocks(ragged, (K, 2 * pg.NR + 8)) is None
