@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for the bandwidth probe")
     parser.add_argument("--threads", default=None,
                         help="comma-separated BLAS thread counts to measure (default: 1 and one per core)")
+    parser.add_argument("--sequences", type=int, default=16,
+                        help="also split an engine step of this many sequences decoding at once into its parts "
+                             "(default 16; 1 skips it)")
     parser.add_argument("--compare", default="quantized",
                         help="a second dtype measured beside --dtype, interleaved, on the same weights (default "
                              "quantized: the exact path beside the default integer products; `none` skips it; "
@@ -240,10 +243,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "decode_tok_s_best_run": args.new_tokens / min(decode),
                 "decode_step_ms_best_run": 1e3 * min(decode) / args.new_tokens,
             }
-    from scratchllm.bench.step_profile import step_breakdown
+    from scratchllm.bench.step_profile import batched_breakdown, step_breakdown
 
     with blas_threads(max(per_threads)):
         breakdown = step_breakdown(model)
+        sequences = getattr(args, "sequences", 16)
+        batched = batched_breakdown(model, sequences) if sequences > 1 else None
     bound = max(bandwidth.values()) / bytes_per_token
     best_decode = max(per_threads, key=lambda n: per_threads[n]["decode_tok_s"])
     best_prefill = max(per_threads, key=lambda n: per_threads[n]["prefill_tok_s"])
@@ -260,6 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # one BLAS thread, timed by its own CPU time: the figures with a core to ourselves
         "one_thread_cpu_time": cpu_view,
         "decode_step_ms": breakdown,  # matmuls / attention / rest / python, at the most threads measured
+        "batched_step_ms": batched,  # the same of an engine step of --sequences sequences decoding
     }
     ratios = {"decode_vs_bound": figures["decode_tok_s"] / bound}
     figures["compare"] = None
@@ -343,6 +349,10 @@ def render(r: dict[str, Any]) -> str:
         from scratchllm.bench.step_profile import render_breakdown
 
         lines.append(render_breakdown(f["decode_step_ms"]))
+    if f.get("batched_step_ms"):
+        from scratchllm.bench.step_profile import render_batched
+
+        lines.append(render_batched(f["batched_step_ms"]))
     for n, t in f["by_threads"].items():
         lines.append(f"BLAS threads {n}: prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s "
                      f"(best run {t['decode_tok_s_best_run']:.1f})")
