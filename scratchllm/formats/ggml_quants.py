@@ -39,7 +39,8 @@ Which types the quantized GEMM kernels keep as they are (`KERNEL_TYPES`): those 
 are 32 wide, the kernels' group. Their (q, d, m) go to the kernels as they come from `groups`
 (`as_q8`, or `as_q4` for Q4_0 / Q4_1), and the kernels compute d * q + m with the same two
 roundings, so the product equals the float32 product on `dequantize`'s matrix bit for bit. The
-16-wide types (Q6_K, Q3_K, Q2_K) have no such kernel: a model dequantizes them to float32 once.
+16-wide types have no 8-bit form: Q6_K has panels of its own (kernels/kpanels.py, which reads
+the blocks themselves); a model dequantizes Q3_K and Q2_K to float32 once.
 """
 
 from collections.abc import Iterable

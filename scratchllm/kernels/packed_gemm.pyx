@@ -43,12 +43,15 @@ error <= 2^-9). In this mode x is rounded to bfloat16 too (round to nearest even
 products are summed in fp32: half the weight bytes and twice the multiplies per instruction.
 Without AVX512-BF16 the same numbers come from a plain C loop (slow, for correctness only).
 
-Quantized panels (Q4Panels, Q8Panels: a GGUF file's blocks) are widened in registers to exactly
-the float32 values the float32 path holds, and then multiplied by the float32 kernel's FMAs, in
-its order. So a weight costs two FMAs (d * q + m, then the product's), plus the unpacking: about
-6 cycles per 32 weights of one row on Zen 3 (4-bit), where an integer dot product on x quantized to
-8 bits (llama.cpp's way) costs less than half of that. The price of logits equal to float32's
-bit for bit; at one row the product is bound by this arithmetic more than by memory.
+Quantized panels (Q4Panels, Q8Panels, KPanels: a GGUF file's blocks) multiply x two ways. The
+exact path (activations "float32") widens them in registers to exactly the float32 values the
+float32 path holds, and then multiplies by the float32 kernel's FMAs, in its order. So a weight
+costs two FMAs (d * q + m, then the product's), plus the unpacking: about 6 cycles per 32 weights
+of one row on Zen 3 (4-bit); the price of logits equal to float32's bit for bit. The integer path
+(activations "int8" or "int16", packed_int8.h) rounds x to integers per 32 values and multiplies
+the panels' integers with integer dot products (llama.cpp's way), a quarter of an instruction per
+weight: at one row the product is bound by memory again, and its logits are close to float32's,
+not equal.
 """
 
 from typing import NamedTuple

@@ -271,12 +271,12 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     for a Llama-family GGUF file that has quantized matrices and "float32" otherwise. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
-    (Llama family, GGUF files) keeps the file's matrices of ggml_quants.KERNEL_TYPES quantized in
-    memory (Q4_0 / Q4_1 as 4 bits per weight, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS as one
-    int8 per weight; a scale and offset per 32) and dequantizes them inside the GEMM exactly as the
-    float32 path does: the same logits, bit for bit, from a third of the bytes or less. Matrices
-    the file stores unquantized, or in a type with 16-wide groups (Q6_K, Q3_K, Q2_K), are float32
-    (dequantized once at load; logged). "int16" and "int8" store them as "quantized" does and
+    (Llama family, GGUF files) keeps the file's quantized matrices in memory (Q4_0 / Q4_1 as 4 bits
+    per weight, Q4_K and Q6_K at about the file's bits, Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL, IQ4_XS as
+    one int8 per weight with a scale and offset per 32) and dequantizes them inside the GEMM
+    exactly as the float32 path does: the same logits, bit for bit, from a third of the bytes or
+    less. Matrices the file stores unquantized, or in Q3_K or Q2_K, are float32 (dequantized once
+    at load; logged). "int16" and "int8" store them as "quantized" does and
     multiply them by activations rounded to integers per 32 values with integer dot products:
     faster, with logits close to float32's but not equal (scratchllm/bench/accuracy.py measures
     how close): "int8" rounds x to 8 bits, as llama.cpp does; "int16" to 16, in two 8-bit levels.
