@@ -247,7 +247,7 @@ class FakeEngine:
         if self.eos_after is not None and n >= self.eos_after and not params.ignore_eos:
             token = EOS
         else:
-            token = PHRASE[(request.offset + n) % len(PHRASE)] + 3
+            token = self.next_token(request.prompt, request.offset, n)
         request.num_output_tokens += 1
         now = time.monotonic()
         if n == 0:
@@ -262,6 +262,11 @@ class FakeEngine:
             self._streams.deliver(event)
         else:
             self._finish(request, event)
+
+    def next_token(self, prompt: list[int], offset: int, n: int) -> int:
+        """Output token n of a request whose phrase starts at `offset` (a subclass may write
+        other text: the server's tests script model replies this way)."""
+        return PHRASE[(offset + n) % len(PHRASE)] + 3
 
     def _finish(self, request: _FakeRequest, event: TokenEvent) -> None:
         # Invariant: a request's blocks go back exactly once, when it leaves the running or waiting set.
