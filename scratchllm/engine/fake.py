@@ -258,6 +258,8 @@ class FakeEngine:
             top = [(token, logprob), ((token - 2) % (BYTE_TOKENS - 3) + 3, logprob - 1.0)][: params.logprobs]
         context_full = len(request.prompt) + request.num_output_tokens >= self.max_model_len
         event = request.output.process(token, logprob, top, context_full=context_full, now=now)
+        if n == 0 and params.prompt_logprobs is not None:  # a fixed stand-in, like its token logprobs
+            event.prompt_logprobs = [(-1.0, 1, [(t, -1.0)][:params.prompt_logprobs]) for t in request.prompt[1:]]
         if event.finish_reason is None:
             self._streams.deliver(event)
         else:
