@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, openapi, rerank, utility
+from scratchllm.server import access, chat, completions, embeddings, openapi, rerank, responses, utility
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.sse import sse
@@ -259,7 +259,7 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
 
     for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
                           ("/v1/embeddings", embeddings.create_embeddings), ("/v1/score", rerank.score),
-                          ("/v1/rerank", rerank.rerank)):
+                          ("/v1/rerank", rerank.rerank), ("/v1/responses", responses.create_response)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
     for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
         app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings

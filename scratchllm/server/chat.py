@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from scratchllm.engine.protocol import RequestMetrics, TopLogprobs
+from scratchllm.sampling import SamplingParams
 from scratchllm.server.generation import (
     EventStream,
     Generation,
@@ -94,11 +95,11 @@ def reply_format(state: ServerState, plan: ToolPlan, fmt: str | None, prompt: st
                        thinks and prompt_opens_thinking(prompt))
 
 
-async def chat_completions(request: Request) -> Response | dict[str, Any]:
-    state, raw, req = await read_request(request, ChatCompletionRequest)
+async def prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], ReplyFormat, SamplingParams]:
+    """A chat request's prompt ids, how its replies are read, and its SamplingParams (also the
+    Responses endpoint's way in: responses.py builds a ChatCompletionRequest)."""
     plan = req.tool_plan()
-    tok = state.model.tokenizer
-    fmt = tool_format_name(state, tok) if plan.mode == "auto" else None
+    fmt = tool_format_name(state, state.model.tokenizer) if plan.mode == "auto" else None
     prompt = render(state, req, plan, fmt)
     reading = reply_format(state, plan, fmt, prompt)
     # The template already spells the special tokens (e.g. <|im_start|>): add none of our own.
@@ -107,6 +108,13 @@ async def chat_completions(request: Request) -> Response | dict[str, Any]:
     params = await sampling_params(state, req, max_tokens)
     if reading.tools is not None and reading.tools.special_tokens:  # its call marker is a special token
         params = dataclasses.replace(params, skip_special_tokens=False)
+    return ids, reading, params
+
+
+async def chat_completions(request: Request) -> Response | dict[str, Any]:
+    state, raw, req = await read_request(request, ChatCompletionRequest)
+    tok = state.model.tokenizer
+    ids, reading, params = await prepare(state, req)
     rid, created = new_id("chatcmpl"), now_s()
     gen = Generation(state, [ids], [choice_params(params, req.n)], rid,
                      origin_of(state, request, raw, "/v1/chat/completions"))

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from scratchllm.server.rerank import RerankRequest, ScoreRequest
+from scratchllm.server.responses import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 BODIES: dict[str, type[BaseModel]] = {
@@ -22,6 +23,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/embeddings": EmbeddingRequest,
     "/v1/score": ScoreRequest,
     "/v1/rerank": RerankRequest,
+    "/v1/responses": ResponsesRequest,
 }
 
 
