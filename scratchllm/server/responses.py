@@ -43,6 +43,7 @@ class InputText(Strict):
     text: str
     annotations: list[Any] | None = None  # an output_text sent back: accepted, no effect
     logprobs: list[Any] | None = None  # as above
+    prompt_cache_breakpoint: Any = None  # accepted, no effect: a caching hint
 
 
 class Refusal(Strict):
@@ -71,7 +72,10 @@ class FunctionCallItem(Strict):
     arguments: str
     id: str | None = None
     status: str | None = None
-    namespace: str | None = None  # accepted, no effect
+    # accepted, no effect: how the client's own program made or ran the call
+    namespace: str | None = None
+    caller: Any = None
+    async_: Any = Field(None, alias="async")
 
 
 class FunctionCallOutputItem(Strict):
@@ -80,6 +84,10 @@ class FunctionCallOutputItem(Strict):
     output: str | list[InputText]
     id: str | None = None
     status: str | None = None
+    # accepted, no effect: the call is matched by call_id
+    name: str | None = None
+    namespace: str | None = None
+    caller: Any = None
 
 
 class ReasoningText(Strict):
@@ -112,7 +120,11 @@ class FunctionTool(Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-    defer_loading: bool | None = None  # accepted, no effect: every tool is shown
+    # accepted, no effect: every tool is shown at once, to the model alone, whatever it returns
+    defer_loading: bool | None = None
+    allowed_callers: Any = None
+    async_: Any = Field(None, alias="async")
+    output_schema: Any = None
 
     def chat(self) -> dict[str, Any]:
         fn = {k: v for k, v in {"name": self.name, "description": self.description, "parameters": self.parameters,
