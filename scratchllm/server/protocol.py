@@ -282,7 +282,8 @@ _NOT_AUDIO = "this server generates text only"
 # Chat-template variables the server sets from the request itself (chat_template_kwargs cannot)
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
                                "special_tokens"})
-_NO_REASONING = "the models served here do not reason in a separate channel"
+_NO_REASONING = ("no model here takes a reasoning effort (Qwen3's thinking is switched by "
+                 "chat_template_kwargs: {\"enable_thinking\": false})")
 
 
 class ChatCompletionRequest(_Sampling):
