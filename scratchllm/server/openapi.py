@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from scratchllm.server.rerank import RerankRequest, ScoreRequest
-from scratchllm.server.responses import ResponsesRequest
+from scratchllm.server.responses_request import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 BODIES: dict[str, type[BaseModel]] = {

@@ -12,15 +12,12 @@ same builder over the whole text, so both carry the same items.
 """
 
 import uuid
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.server.generation import Generation
 from scratchllm.server.tool_calls import ReplyParser
-
-if TYPE_CHECKING:
-    from scratchllm.server.responses import ResponsesRequest
 
 Event = dict[str, Any]
 
@@ -121,37 +118,11 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return {**item, **({"content": [dict(p) for p in item["content"]]} if "content" in item else {})}
 
 
-def response_body(head: dict[str, Any], req: "ResponsesRequest", output: list[dict[str, Any]], finish: str | None,
-                  prompt_tokens: int, output_tokens: int, metrics: RequestMetrics | None) -> dict[str, Any]:
-    """The Response object: `finish` None while it is in progress."""
-    status = "in_progress" if finish is None else "incomplete" if finish in ("length", "abort") else "completed"
-    cached = metrics.cached_tokens if metrics is not None else 0
-    usage = None if finish is None else {
-        "input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-        "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt_tokens + output_tokens}
-    fmt = req.text.format if req.text is not None and req.text.format is not None else None
-    return {
-        "id": head["id"], "object": "response", "created_at": head["created_at"], "status": status,
-        "completed_at": head["created_at"] if status == "completed" else None, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": head["model"],
-        "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": req.temperature,
-        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-        "tool_choice": _tool_choice(req),
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "top_p": req.top_p,
-        "truncation": "disabled", "usage": usage, "metadata": req.metadata or {}, "background": False,
-    }
+# The Response object for (output items, finish_reason or None while in progress, output tokens, metrics)
+ResponseBody = Callable[[list[dict[str, Any]], str | None, int, RequestMetrics | None], dict[str, Any]]
 
 
-def _tool_choice(req: "ResponsesRequest") -> Any:
-    choice = req.tool_choice
-    return choice if isinstance(choice, str) else "auto" if choice is None else choice.model_dump()
-
-
-async def stream_events(gen: Generation, head: dict[str, Any], req: "ResponsesRequest", prompt_tokens: int,
-                        builder: OutputBuilder) -> AsyncGenerator[bytes, None]:
+async def stream_events(gen: Generation, builder: OutputBuilder, body: ResponseBody) -> AsyncGenerator[bytes, None]:
     """The Responses event stream of one generation (no [DONE]: the last event ends it)."""
     seq = 0
 
@@ -161,7 +132,7 @@ async def stream_events(gen: Generation, head: dict[str, Any], req: "ResponsesRe
         seq += 1
         return f"event: {event['type']}\n".encode() + gen.chunks.encode(event)
 
-    started = response_body(head, req, [], None, prompt_tokens, 0, None)
+    started = body([], None, 0, None)
     yield encode({"type": "response.created", "response": started})
     yield encode({"type": "response.in_progress", "response": started})
     tokens = 0
@@ -173,7 +144,7 @@ async def stream_events(gen: Generation, head: dict[str, Any], req: "ResponsesRe
             finish = builder.finish(event.finish_reason)
             for e in builder.take():
                 yield encode(e)
-            done = response_body(head, req, builder.output, finish, prompt_tokens, tokens, event.metrics)
+            done = body(builder.output, finish, tokens, event.metrics)
             kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
             yield encode({"type": kind, "response": done})
             return

@@ -17,7 +17,8 @@ from openai.types.responses import response_create_params, response_input_param
 from openai.types.shared_params import response_format_json_schema
 from pydantic import BaseModel
 
-from scratchllm.server import messages, responses
+from scratchllm.server import messages
+from scratchllm.server import responses_request as responses
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, StreamOptions
@@ -143,9 +144,9 @@ PAIRS = [
     (resp_types.ResponseFunctionToolCallParam, responses.FunctionCallItem),
     (response_input_param.FunctionCallOutput, responses.FunctionCallOutputItem),
     (resp_types.ResponseReasoningItemParam, responses.ReasoningItem),
-    (resp_types.FunctionToolParam, responses.FunctionTool),
-    (resp_types.ToolChoiceFunctionParam, responses.NamedFunction),
-    (resp_types.ToolChoiceAllowedParam, responses.AllowedTools),
+    (resp_types.FunctionToolParam, responses.ResponsesFunctionTool),
+    (resp_types.ToolChoiceFunctionParam, responses.ResponsesNamedFunction),
+    (resp_types.ToolChoiceAllowedParam, responses.ResponsesAllowedTools),
     (resp_types.ResponseTextConfigParam, responses.TextConfig),
     (resp_types.ResponseFormatTextJSONSchemaConfigParam, responses.TextFormat),
 ]
