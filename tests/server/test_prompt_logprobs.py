@@ -57,9 +57,9 @@ def test_vllm_prompt_logprobs_shape(fake_server):
 
 def test_streamed_echo_brings_the_prompt_logprobs_first(fake_server):
     url, _ = fake_server
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
-    chunks = list(client.completions.create(model="fake", prompt=PROMPT, echo=True, logprobs=0, max_tokens=3,
-                                            temperature=0, stream=True, extra_body={"prompt_logprobs": 0}))
+    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20) as client:
+        chunks = list(client.completions.create(model="fake", prompt=PROMPT, echo=True, logprobs=0, max_tokens=3,
+                                                temperature=0, stream=True, extra_body={"prompt_logprobs": 0}))
     first = chunks[0].choices[0]
     assert first.text == PROMPT and first.logprobs.tokens == list(PROMPT)
     assert first.logprobs.token_logprobs[0] is None and len(first.model_extra["prompt_logprobs"]) == len(IDS)
@@ -89,8 +89,8 @@ def test_prompt_logprobs_equal_transformers_on_the_default_model(serve, default_
     # chunks of 8 tokens: every prompt's prefill runs in several steps
     served = load_model("default", "default", {"dtype": "float32", "max_num_batched_tokens": 8})
     worst = 0.0
-    with serve(create_app(served, None, ServerConfig())) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with serve(create_app(served, None, ServerConfig())) as url, \
+            openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
         for text in PROMPTS:
             ids = served.tokenizer.encode(text)
             r = client.completions.create(model="default", prompt=ids, echo=True, logprobs=1, max_tokens=0,

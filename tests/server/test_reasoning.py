@@ -42,8 +42,7 @@ def _client(url):
 def test_qwen3_thinking_in_reasoning_content_streamed_and_not(serve):
     app, engine = scripted_app("qwen3")
     engine.reply = QWEN3_REPLY
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         full = client.chat.completions.create(model="fake", messages=QUESTION, max_tokens=400).choices[0]
         thought, answer = "", ""
         for chunk in client.chat.completions.create(model="fake", messages=QUESTION, max_tokens=400, stream=True):
@@ -57,8 +56,8 @@ def test_qwen3_thinking_in_reasoning_content_streamed_and_not(serve):
 def test_thinking_then_tool_calls(serve):
     app, engine = scripted_app("qwen3")
     engine.reply = template_reply("qwen3", [("add", {"a": 2, "b": 3})], reasoning=THOUGHT)
-    with serve(app) as url:
-        r = _client(url).chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, max_tokens=400)
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, max_tokens=400)
     msg = r.choices[0].message
     assert msg.model_extra["reasoning_content"] == THOUGHT and msg.content is None
     assert arguments(msg.tool_calls) == [("add", {"a": 2, "b": 3})] and r.choices[0].finish_reason == "tool_calls"

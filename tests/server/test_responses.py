@@ -23,8 +23,7 @@ def _client(url):
 
 
 def test_create_and_stream_against_scratchllm_serve():
-    with serve_process("--fake-step-ms", "1") as (_, url, _log):
-        client = _client(url)
+    with serve_process("--fake-step-ms", "1") as (_, url, _log), _client(url) as client:
         chat = client.chat.completions.create(model="fake", messages=[
             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], max_tokens=12,
             temperature=0)
@@ -51,8 +50,7 @@ def test_create_and_stream_against_scratchllm_serve():
 def test_a_whole_reply_streams_to_the_helpers_final_response(serve):
     app, engine = scripted_app("llama3")
     engine.reply = "Lyon is sunny today."
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         full = client.responses.create(model="fake", input="Weather in Lyon?")
         with client.responses.stream(model="fake", input="Weather in Lyon?") as stream:
             final = stream.get_final_response()
@@ -66,8 +64,7 @@ def test_function_calls_and_thinking_as_output_items(serve):
     engine.reply = template_reply("qwen3", [("get_weather", {"city": "Lyon"}), ("add", {"a": 2, "b": 3})],
                                   content="Checking.", reasoning="Two tools are needed.")
     kw = {"model": "fake", "input": QUESTION[0]["content"], "tools": RESPONSE_TOOLS}
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         full = client.responses.create(**kw)
         with client.responses.stream(**kw) as stream:
             final = stream.get_final_response()
@@ -90,8 +87,8 @@ def test_a_tool_loop_sent_back_as_input_items_renders_as_the_chat_conversation(s
                 "name": "get_weather", "arguments": {"city": "Lyon"}}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'}]
     tok = TemplateTokenizer("qwen3")
-    with serve(app) as url:
-        r = _client(url).responses.create(model="fake", instructions="Use tools.", input=items, tools=RESPONSE_TOOLS)
+    with serve(app) as url, _client(url) as client:
+        r = client.responses.create(model="fake", instructions="Use tools.", input=items, tools=RESPONSE_TOOLS)
     assert r.output_text == "It is 21 degrees."
     assert r.usage.input_tokens == len(tok.encode(tok.apply_chat_template(chat, tools=TOOLS)))
 
@@ -111,8 +108,7 @@ def test_structured_output_on_the_default_model(serve):
               "required": ["city", "country"], "additionalProperties": False}
     text = {"format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}}
     app = create_app(load_model("default", "default", {}), None, ServerConfig())
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         kw = {"model": "default", "input": "Name the capital of France as JSON.", "text": text,
               "max_output_tokens": 60, "temperature": 0}
         r = client.responses.create(**kw)

@@ -110,8 +110,7 @@ def test_a_family_reply_through_the_server_streamed_and_not(serve, family):
     app, engine = scripted_app(family)
     engine.reply = template_reply(family, family_calls(family), content="Let me check.")
     kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": 400}
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         full = client.chat.completions.create(**kw).choices[0]
         with client.chat.completions.stream(**kw) as stream:
             streamed = stream.get_final_completion().choices[0]
@@ -128,8 +127,7 @@ def test_a_call_cut_by_max_tokens_through_the_server(serve, family):
     engine.reply = template_reply(family, CALLS[:1])
     cut = len(engine.reply[:engine.reply.index("Lyon") + 2].encode())  # byte tokens: the cut is inside "Lyon"
     kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": cut}
-    with serve(app) as url:
-        client = _client(url)
+    with serve(app) as url, _client(url) as client:
         full = client.chat.completions.create(**kw).choices[0]
         deltas, finish = [], None
         for chunk in client.chat.completions.create(stream=True, **kw):
@@ -149,8 +147,8 @@ def test_tool_choice_none_shows_no_tools_and_parses_no_calls(serve):
     app, engine = scripted_app("qwen3")
     engine.reply = template_reply("qwen3", CALLS[:1])
     tok = TemplateTokenizer("qwen3")
-    with serve(app) as url:
-        r = _client(url).chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice="none",
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice="none",
                                                  max_tokens=400)
     assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(QUESTION)))
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
@@ -159,8 +157,8 @@ def test_tool_choice_none_shows_no_tools_and_parses_no_calls(serve):
 def test_the_parser_option_overrides_the_template(serve):
     app, engine = scripted_app("qwen3", ServerConfig(tool_call_parser="llama3_json"))
     engine.reply = '{"name": "add", "parameters": {"a": 1}}'
-    with serve(app) as url:
-        r = _client(url).chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, max_tokens=400)
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, max_tokens=400)
     assert arguments(r.choices[0].message.tool_calls) == [("add", {"a": 1})]
 
 
@@ -170,8 +168,8 @@ def test_allowed_tools_in_auto_mode_show_only_those(serve):
     tok = TemplateTokenizer("qwen3")
     allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
         {"type": "function", "function": {"name": "add"}}]}}
-    with serve(app) as url:
-        r = _client(url).chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice=allowed,
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice=allowed,
                                                  max_tokens=5)
     assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(QUESTION, tools=TOOLS[1:])))
     assert r.choices[0].message.content == "ok" and r.choices[0].finish_reason == "stop"
