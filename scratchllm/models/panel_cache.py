@@ -99,8 +99,14 @@ def _key(model_path: Path) -> str:
 def read_source(path: Path) -> tuple[str | None, list[int] | None]:
     """The model file a cache file's panels came from, and its [size, mtime_ns] when they were
     packed, from the file's index. Raises OSError, ValueError or struct.error on a file that is
-    not a whole panel cache (another process's, mid-write)."""
-    with open(path, "rb") as f:
+    not a whole panel cache (another process's, mid-write). Read without touching the file's
+    access time where the system allows (O_NOATIME: the file's owner), so looking at a cache is
+    not using it (see _mark_used)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+    except PermissionError:  # not the owner: O_NOATIME is refused, a plain read is not
+        fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
         head = f.read(16)
         if head[:8] != MAGIC:
             raise ValueError(f"{path} is not a panel cache")

@@ -55,7 +55,7 @@ class FakeHub:
 
     def __enter__(self) -> "FakeHub":
         for server in (self.hub, self.cdn):
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
