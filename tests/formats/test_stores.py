@@ -7,6 +7,9 @@ the hand-made Hugging Face layout is the one it writes."""
 
 import io
 import json
+import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -18,6 +21,7 @@ from scratchllm.formats.refs import resolve_model
 from tests.formats.stores_layout import COMMIT, hf_file, ollama_model, sha256_of
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The capital of France is"
 
 
 @pytest.fixture
@@ -95,14 +99,31 @@ def test_an_ambiguous_or_unknown_name_lists_the_candidates(machine):
         resolve_model("tiny")  # someone/tiny is not in the library namespace
 
 
-def test_generate_runs_a_model_by_its_store_name(machine, capsys):
-    """The Hugging Face name and the Ollama name run the default model's file: the same greedy
-    text as `generate default`."""
-    answers = []
-    for name in ("default", f"org/SmolLM2-GGUF/{GGUF_NAME}", "smol:135m"):
-        assert main(["generate", name, "The capital of France is", "--raw", "-n", "6", "-q"]) == 0
-        answers.append(capsys.readouterr().out)
-    assert answers[0].strip() and answers == [answers[0]] * 3
+@pytest.mark.slow  # runs the default model twice (a server and generate)
+def test_serve_and_generate_run_a_model_by_its_store_name(machine, capsys, tmp_path):
+    """`serve smol:135m` (Ollama's name) answers the official openai client under that name, and
+    `generate` takes the Hugging Face name: the same greedy text from the two stores' copies of
+    the default model's file."""
+    openai = pytest.importorskip("openai")
+    server = subprocess.Popen([sys.executable, "-m", "scratchllm.cli.main", "serve", "smol:135m", "--port", "0",
+                               "--embedding-model", "none", "--trace", "none", "--max-num-seqs", "2"],
+                              stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        answers = []  # in this process while the server loads
+        assert main(["generate", f"org/SmolLM2-GGUF/{GGUF_NAME}", PROMPT, "--raw", "-n", "6", "-q"]) == 0
+        answers.append(capsys.readouterr().out.rstrip("\n"))
+        line = server.stderr.readline()
+        found = re.search(r"smol:135m on (http://\S+)", line)
+        assert found, line + (server.stderr.read() if server.poll() is not None else "")
+        client = openai.OpenAI(base_url=found.group(1) + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["smol:135m"]
+        reply = client.completions.create(model="smol:135m", prompt=PROMPT, max_tokens=6, temperature=0)
+        answers.append(reply.choices[0].text)
+    finally:
+        server.kill()
+        server.wait()
+        server.stderr.close()
+    assert answers[0].strip() and answers[1] == answers[0]
 
 
 def test_rm_keeps_what_other_models_use(machine, capsys, monkeypatch, default_gguf):
