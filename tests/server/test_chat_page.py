@@ -1,8 +1,9 @@
 """The chat page at `/` (server/chat_page.py), driven in a real browser (Debian's chromium through
 Playwright) against the fake engine behind an API key: the key asked for, a message typed and
-sent, the answer streamed in with its timings and request id, a second answer stopped midway
-(the engine aborts it and frees its KV blocks); and the page itself: no API, no outside request,
-a config block no value can break out of."""
+sent, the answer streamed in with its timings and its request id (the one the server's spans of
+that reply carry in the token trace ring), a second answer stopped midway (the engine aborts it
+and frees its KV blocks); and the page itself: no API, no outside request, a config block no
+value can break out of."""
 
 import json
 import os
@@ -15,6 +16,9 @@ import pytest
 from scratchllm.server import chat_page
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
+from scratchllm.trace.format import request_key
+from scratchllm.trace.views.analysis import Trace
+from scratchllm.trace.writer import TraceWriter
 
 from .conftest import live_server
 
@@ -44,7 +48,8 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     model, _ = fake_backend(step_ms=25.0)
     engine = model.engine
-    app = create_app(model, None, ServerConfig(api_key=KEY))
+    ring = TraceWriter(tmp_path / "trace.ring", ring_bytes=1 << 20)
+    app = create_app(model, None, ServerConfig(api_key=KEY), trace=ring)
     with live_server(app) as url, sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -79,7 +84,10 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
                 assert part in timings, (part, timings)
             request_id = first.locator(".request-id").text_content()
             assert request_id.startswith("chatcmpl-") and request_id != reference["id"]
-            assert "this server writes no token trace" in first.locator(".trace").text_content()
+            command = first.locator(".trace-command").text_content()
+            assert command == f"scratchllm trace export {tmp_path / 'trace.ring'} -o trace.json"
+            # the id the page shows is the one the server's spans of that reply carry in the ring
+            assert request_key(request_id) in Trace.load(tmp_path / "trace.ring").spans["request"].tolist()
             assert sent[0] == {"model": "fake", "messages": [{"role": "user", "content": "Hello there"}],
                                "stream": True, "temperature": 0, "top_p": 1, "max_tokens": 24}
 
@@ -110,3 +118,4 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         finally:
             browser.close()
+            ring.close()
