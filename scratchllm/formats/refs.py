@@ -86,8 +86,8 @@ def resolve_model(ref: str | Path) -> Path:
     packages = [*MODEL_PACKAGES, *JOINED_MODELS]
     close = difflib.get_close_matches(ref_str, packages + [m.name for m in stored], n=8, cutoff=0.5)
     raise ConfigError(
-        f"no model '{ref_str}': it is no file or folder, no package model ({', '.join(packages)}), and not in the "
-        f"Hugging Face cache ({stores.hf_hub_cache()}) or Ollama's store ({stores.ollama_models()})"
+        f"no model at '{ref_str}': no such file or folder, no package model ({', '.join(packages)}), and not a name "
+        f"in the Hugging Face cache ({stores.hf_hub_cache()}) or Ollama's store ({stores.ollama_models()})"
         + (f"; did you mean: {', '.join(close)}" if close else "")
         + "; `scratchllm models list` shows what is there, `scratchllm models pull ORG/REPO[/FILE]` fetches a model")
 

@@ -92,10 +92,10 @@ def test_a_listed_name_resolves_to_its_file(machine, default_gguf):
 def test_an_ambiguous_or_unknown_name_lists_the_candidates(machine):
     with pytest.raises(ConfigError, match="ambiguous: it names org/Two/two-1.gguf, org/Two/two-2.gguf"):
         resolve_model("org/Two")
-    with pytest.raises(ConfigError, match=r"no model 'smol:136m'.*did you mean: smol:135m") as err:
+    with pytest.raises(ConfigError, match=r"no model at 'smol:136m'.*did you mean: smol:135m") as err:
         resolve_model("smol:136m")
     assert "scratchllm models list" in str(err.value)
-    with pytest.raises(ConfigError, match="no model 'tiny'"):
+    with pytest.raises(ConfigError, match="no model at 'tiny'"):
         resolve_model("tiny")  # someone/tiny is not in the library namespace
 
 
