@@ -33,6 +33,8 @@ class Bar(tqdm):
 
     def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
         kwargs.pop("name", None)  # huggingface_hub names its bars; tqdm itself takes no name
+        if kwargs.get("unit") == "B":
+            kwargs.setdefault("unit_divisor", 1024)  # MiB, as the lines (and `models list`) count
         super().__init__(*args, **{**kwargs, **({"desc": label} if label else {})})
 
 
