@@ -21,6 +21,7 @@ Only file names and headers are read here; nothing is loaded, nothing downloaded
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from scratchllm.formats.folder import PREFERENCE
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,9 @@ def manifest_blobs(manifest: Path, root: Path) -> dict[str, Path]:
     blobs = {}
     for layer in [doc.get("config") or {}, *doc.get("layers", [])]:
         digest = str(layer.get("digest", ""))
-        if digest:
+        # only a well-formed digest names a file: anything else could point outside blobs/
+        # (and `rm` deletes what manifests name)
+        if DIGEST.fullmatch(digest):
             # `ollama pull` names blobs sha256-HEX; a digest is written sha256:HEX
             blobs[str(layer.get("mediaType"))] = root / "blobs" / digest.replace(":", "-")
     return blobs

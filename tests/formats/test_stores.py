@@ -171,3 +171,18 @@ def test_list_takes_folders_and_refuses_a_missing_one(tmp_path, capsys, monkeypa
     assert main(["models", "list", "--dir", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert stores.candidates("m", stores.scan()) == []
+
+
+def test_a_manifest_naming_a_file_outside_the_blobs_is_not_a_model(machine, capsys, tmp_path):
+    """A manifest is trusted for names only: a digest that is not sha256:HEX names no file (rm
+    deletes the blobs a manifest names)."""
+    _, ollama = machine
+    victim = tmp_path / "victim.gguf"
+    victim.write_bytes(b"GGUF" + bytes(60))
+    evil = ollama / "manifests/registry.ollama.ai/library/evil/1"
+    evil.parent.mkdir(parents=True)
+    (ollama / "blobs" / "sha256-x").mkdir()  # a folder the path can climb out of
+    evil.write_text(json.dumps({"layers": [{"mediaType": stores.MODEL_LAYER,
+                                            "digest": "sha256:x/../../../victim.gguf"}]}))
+    assert "evil:1" not in listed(capsys)
+    assert main(["models", "rm", "evil:1", "--yes"]) == 2 and victim.exists()
