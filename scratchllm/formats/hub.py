@@ -74,12 +74,14 @@ def _hub_error(err: Exception, repo_id: str, revision: str, filename: str | None
         return ConfigError(f"repository '{repo_id}' has no file '{filename}' at revision '{revision}'{files}")
     if isinstance(err, errors.HFValidationError):
         return ConfigError(f"'{repo_id}': {err}")
-    if not isinstance(err, errors.HfHubHTTPError) and isinstance(err, errors.LocalEntryNotFoundError | ConnectionError
-                                                                  | TimeoutError) or "Connect" in type(err).__name__:
-        return ConfigError(f"cannot reach {hub} to pull '{repo_id}' ({err.__class__.__name__}); check the network, "
-                           "HF_ENDPOINT, or HF_HUB_OFFLINE")
     if isinstance(err, errors.HfHubHTTPError):
         return ConfigError(f"{hub} refused '{repo_id}': {str(err).splitlines()[0]}")
+    # hf_hub_download says LocalEntryNotFoundError when the hub did not answer and the cache has
+    # no copy; the listing lets the HTTP client's own ConnectError / timeout through
+    if isinstance(err, errors.LocalEntryNotFoundError | ConnectionError | TimeoutError) \
+            or "Connect" in type(err).__name__ or "Timeout" in type(err).__name__:
+        return ConfigError(f"cannot reach {hub} to pull '{repo_id}' ({err.__class__.__name__}); check the network, "
+                           "HF_ENDPOINT, or HF_HUB_OFFLINE")
     return ConfigError(f"pulling '{repo_id}' from {hub} failed: {err.__class__.__name__}: {err}")
 
 

@@ -52,10 +52,10 @@ def hf_hub_cache() -> Path:
     """Where huggingface_hub keeps downloads, by the environment variables it reads."""
     explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if explicit:
-        return Path(explicit).expanduser()
+        return Path(os.path.expandvars(explicit)).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    return Path(home).expanduser() / "hub"
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def ollama_models() -> Path:
