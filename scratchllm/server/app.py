@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, openapi, rerank, responses, utility
+from scratchllm.server import access, chat, chat_page, completions, embeddings, openapi, rerank, responses, utility
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.sse import sse
@@ -264,5 +264,6 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
     for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
         app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings
     openapi.install(app)
+    chat_page.install(app)  # GET /: the chat page
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
     return access.wrap(app, config.api_key, config.allowed_origins)
