@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.server import chat
-from scratchllm.server.generation import EventStream, Generation, origin_of
+from scratchllm.server.generation import EventStream, Generation
 from scratchllm.server.protocol import new_id, now_s, parse_body
 from scratchllm.server.responses_output import OutputBuilder, stream_events
 from scratchllm.server.responses_request import ResponsesRequest
@@ -58,12 +58,12 @@ def _tool_choice(req: ResponsesRequest) -> Any:
 
 async def create_response(request: Request) -> Response | dict[str, Any]:
     state: ServerState = request.app.state.server
-    raw = await request.body()
-    req = parse_body(raw, ResponsesRequest, lenient=state.config.lenient_fields)
+    req = parse_body(await request.body(), ResponsesRequest, lenient=state.config.lenient_fields)
     state.check_model(req.model)
     ids, reading, params = await chat.prepare(state, req.chat_request())
     rid, created = new_id("resp"), now_s()
-    gen = Generation(state, [ids], [[params]], rid, origin_of(state, request, raw, "/v1/responses"))
+    # no capture: the evaluation loop replays completions and chat requests (evaluate/replay.py)
+    gen = Generation(state, [ids], [[params]], rid)
     head = {"id": rid, "created_at": created, "model": req.model}
     builder = OutputBuilder(reading.parser())
     if req.stream:
