@@ -34,6 +34,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
+from scratchllm.server.registry import models_of
 from scratchllm.server.sse import SSE_DONE, SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
@@ -283,12 +284,12 @@ RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
 
 
 async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[ServerState, bytes, RequestT]:
-    """(the app's state, the body as sent, the validated request for the served model)."""
-    state: ServerState = request.app.state.server
+    """(the named model's state, the body as sent, the validated request). The model is loaded
+    first if it is not, and stays loaded until the response ends (server/registry.py)."""
+    registry = models_of(request)
     raw = await request.body()
-    req = parse_body(raw, model_cls, lenient=state.config.lenient_fields)
-    state.check_model(req.model)
-    return state, raw, req
+    req = parse_body(raw, model_cls, lenient=registry.config.lenient_fields)
+    return await registry.generator(request, req.model), raw, req
 
 
 def origin_of(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:
