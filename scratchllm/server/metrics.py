@@ -87,17 +87,27 @@ class ServerMetrics:
     (server/registry.py) swaps it as the model loads and unloads and keeps `loaded` and the
     load counts, which the page shows as model_loaded, model_loads_total and model_unloads_total."""
 
+    ttft: Any  # the model's children of the families (prometheus_client's labelled Histogram / Counter)
+    itl: Any
+    e2e: Any
+    queue: Any
+    prefill: Any
+    decode: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+
     def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}, model_name: str = "",
                  prefix: str = DEFAULT_PREFIX, families: MetricFamilies | None = None, generates: bool = True) -> None:
         self.families = families or MetricFamilies(prefix)
         f, self.model_name, self.engine_stats = self.families, model_name, engine_stats
         self.registry, self.prefix = f.registry, f.prefix
         self.generates = generates  # False for an embedding model: only its load state is exported
-        self.ttft, self.itl, self.e2e = f.ttft.labels(model_name), f.itl.labels(model_name), f.e2e.labels(model_name)
-        self.queue, self.prefill = f.queue.labels(model_name), f.prefill.labels(model_name)
-        self.decode = f.decode.labels(model_name)
-        self.prompt_tokens = f.prompt_tokens.labels(model_name)
-        self.generation_tokens = f.generation_tokens.labels(model_name)
+        if generates:  # each series exists from the start (a scrape shows 0, not nothing, before traffic)
+            self.ttft, self.itl = f.ttft.labels(model_name), f.itl.labels(model_name)
+            self.e2e, self.queue = f.e2e.labels(model_name), f.queue.labels(model_name)
+            self.prefill, self.decode = f.prefill.labels(model_name), f.decode.labels(model_name)
+            self.prompt_tokens = f.prompt_tokens.labels(model_name)
+            self.generation_tokens = f.generation_tokens.labels(model_name)
         self.in_flight = 0  # requests this server holds in the engine (running + waiting there)
         self.tokens_out = 0  # tokens streamed to clients since start (the periodic stats line's rate)
         self.peak_kv_blocks = 0

@@ -274,10 +274,10 @@ class ModelRegistry:
             if entry.closing is not None:
                 await entry.closing
             start = time.monotonic()
-            logger.warning("loading model '%s'", entry.name)
+            logger.info("loading model '%s'", entry.name)
             served = await asyncio.to_thread(entry.spec.load)
             entry.attach(served, time.monotonic() - start)
-            logger.warning("model '%s' loaded in %.1f s", entry.name, entry.metrics.load_seconds)
+            logger.info("model '%s' loaded in %.1f s", entry.name, entry.metrics.load_seconds)
         except Exception as err:  # noqa: BLE001 - any failure to load is every waiting request's 503
             entry.status = "unloaded"
             logger.error("model '%s' failed to load: %s", entry.name, err)
@@ -298,7 +298,7 @@ class ModelRegistry:
         # on the loop, no await between the checks and the detach: no request can slip in between
         assert entry.users == 0 and entry.status == "loaded", "only an idle, loaded model is unloaded"
         served = entry.detach()
-        logger.warning("unloading model '%s' (idle %.1f s)", entry.name, time.monotonic() - entry.last_used)
+        logger.info("unloading model '%s' (idle %.1f s)", entry.name, time.monotonic() - entry.last_used)
         closing = entry.closing = asyncio.ensure_future(asyncio.to_thread(_close, served))
 
         def closed(_: asyncio.Future[None]) -> None:
@@ -330,11 +330,13 @@ class ModelRegistry:
             if entry.state is not None and entry.state.served is not None:
                 await asyncio.to_thread(entry.state.served.engine.shutdown, True)
 
-    async def preload(self) -> None:
-        """Load every model not yet loaded, one after another (`serve --load start`)."""
+    def load_all(self) -> None:
+        """Load every model not yet loaded, one after another, on this thread (`serve --load
+        start`: before the app serves, so no request can race it)."""
         for entry in self.models():
-            if entry.status != "loaded":
-                await self._loaded(entry)
+            if entry.status == "unloaded" and entry.spec.load is not None:
+                start = time.monotonic()
+                entry.attach(entry.spec.load(), time.monotonic() - start)
 
 
 def _close(served: Served | None) -> None:
