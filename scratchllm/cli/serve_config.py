@@ -17,7 +17,8 @@ The file holds any of serve's options by their long name without the dashes, in 
 `max_num_seqs` is read as `max-num-seqs`. A key that is not an option, or a value of the wrong
 type (a string where a number belongs, a choice the option does not offer), is refused at start
 with the file and the key named. `serve --print-config` prints the options in effect, each with
-where it came from, as a file that `--config` reads back.
+where it came from, as a file that `--config` reads back (--api-key and --capture-key only as
+set or not: a printed config is often pasted where a secret should not be).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ENV_PREFIX = "SCRATCHLLM_"
 CONFIG_ENV = "SCRATCHLLM_CONFIG"
 GIVEN = "_given_options"  # the namespace attribute: dests set by a flag on the command line
 NOT_IN_FILE = {"help", "config", "print_config"}
+SECRETS = {"api-key", "capture-key"}  # --print-config says they are set, never what they are
 MODELS_KEYS = ("models", "model")  # the keys a file names its models by (both read as the model list)
 MODELS_DESTS = ("model_arg", "model")  # the positional MODEL... and --model
 
@@ -207,7 +209,9 @@ def render_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sou
             continue
         value, source = getattr(args, action.dest), sources.get(action.dest, "default")
         if value is None:
-            lines.append(f"# {key} is not set  # {source}")
+            lines.append(f"# {key} (not set)  # {source}")
+        elif key in SECRETS:
+            lines.append(f"# {key} (set, not shown)  # {source}")
         else:
             lines.append(f"{key} = {_toml(value)}  # {source}")
     return "\n".join(lines) + "\n"

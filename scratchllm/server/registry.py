@@ -187,7 +187,7 @@ class ModelRegistry:
         return list({id(e): e for e in self.entries.values()}.values())
 
     def names(self, task: Task | None = None) -> list[str]:
-        return [e.name for e in self.models() if task is None or e.spec.task == task]
+        return [s.name for s in self.specs if task is None or s.task == task]
 
     @property
     def default(self) -> ModelEntry:
