@@ -52,7 +52,8 @@ def test_requests_reach_the_model_they_name(serve):
     assert m['scratchllm:generation_tokens_total{model_name="beta"}'] == 5
     assert engines["alpha"] is not engines["beta"]
     assert sum(engines["alpha"].stats()["finished"].values()) == 1 == sum(engines["beta"].stats()["finished"].values())
-    assert listed == [("alpha", "generate", "loaded"), ("beta", "generate", "loaded"), ("fake-embed", "embed", "loaded")]
+    assert listed == [("alpha", "generate", "loaded"), ("beta", "generate", "loaded"),
+                      ("fake-embed", "embed", "loaded")]
 
 
 def test_an_unknown_model_is_a_404_that_lists_the_served_ones(serve):
