@@ -125,7 +125,10 @@ def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> M
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     ctx = min(mc.max_position_embeddings, cfg.max_model_len or mc.max_position_embeddings)
-    plan = plan_memory(_HeaderModel(mc), cfg, ctx, weights_already_loaded=False)
+    try:
+        plan = plan_memory(_HeaderModel(mc), cfg, ctx, weights_already_loaded=False)
+    except MemoryPlanError as err:  # its figures count no weights: say whose they are, and the weights
+        raise MemoryPlanError(f"model '{ref}' (weights {weights / MiB:.1f} MiB, planned apart): {err}") from None
     assert plan.weights_bytes == 0, "a header-only model has no arrays to count"
     max_len = ctx if plan.all_windowed else min(ctx, plan.num_kv_blocks * cfg.block_size)
     return ModelNeed(ref, "generate", weights, plan.kv_bytes, plan.activation_bytes, max_len, details)
