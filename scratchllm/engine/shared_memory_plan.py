@@ -22,6 +22,7 @@ loaded again after an unload, finds the memory it was planned.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -93,12 +94,16 @@ def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
 
 def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
     """What a model list shows of a model: family, file format, parameter count, the dtype most of
-    its weights are stored in, and its context length."""
+    its weights are stored in, its context length, where it is, its tensors' bytes, when the file
+    changed, and its chat template when the file holds one (a GGUF's)."""
     by_dtype: Counter[str] = Counter()
     for info in ckpt.infos.values():
         by_dtype[info.dtype] += info.numel
+    template = ckpt.metadata.get("tokenizer.chat_template") if ckpt.format == "gguf" else None
     return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
-            "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings}
+            "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
+            "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
+            "mtime": os.stat(ckpt.path).st_mtime, **({"template": template} if isinstance(template, str) else {})}
 
 
 def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> ModelNeed:

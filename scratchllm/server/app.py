@@ -31,8 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, openapi, utility
+from scratchllm.server import access, chat, completions, embeddings, ollama, openapi, utility
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
+from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
 from scratchllm.server.registry import ModelLeases, ModelRegistry
 from scratchllm.server.sse import sse
@@ -248,20 +249,24 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.drain = drain = drain or Drain()
 
+    def error(request: Request, err: APIError) -> JSONResponse:
+        """OpenAI's error body; Ollama's (`{"error": "..."}`) under its /api/ paths."""
+        body = ollama_error_body(err) if ollama.is_ollama(request.url.path) else err.body()
+        return JSONResponse(body, status_code=err.status, headers=err.headers)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return error(request, err)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
-        body = APIError(err.status_code, str(err.detail), type=kind).body()
-        return JSONResponse(body, status_code=err.status_code, headers=getattr(err, "headers", None))
+        return error(request, APIError(err.status_code, str(err.detail), type=kind,
+                                       headers=getattr(err, "headers", None)))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:
-        body = APIError(500, f"internal error: {type(err).__name__}", type="server_error").body()
-        return JSONResponse(body, status_code=500)
+        return error(request, APIError(500, f"internal error: {type(err).__name__}", type="server_error"))
 
     # response_model=None on every route: FastAPI would otherwise turn a handler's return annotation
     # into a response model (validating and re-serializing each reply, and changing /openapi.json).
@@ -281,6 +286,7 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
         ("POST", "/tokenize", utility.tokenize),
         ("POST", "/detokenize", utility.detokenize),
         ("GET", "/version", utility.version),
+        *ollama.ROUTES,  # Ollama's API (/api/chat, /api/generate, ...)
     ]
     for method, path, handler in routes:
         app.add_api_route(path, handler, methods=[method], response_model=None)
