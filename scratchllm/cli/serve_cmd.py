@@ -251,6 +251,8 @@ def build(args: argparse.Namespace) -> ModelRegistry:
         specs = fake_specs(names, embedding is not None, max_model_len=args.max_model_len or 2048, **options)
     else:
         specs = _model_specs(args, models_from_args(args), embedding)
+    for spec in specs:
+        _show_progress(spec)
     try:
         return ModelRegistry(specs, keep_alive_s=args.keep_alive)
     except ValueError as err:  # two models under one name
@@ -282,6 +284,21 @@ def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | Non
         for spec in generators:
             _after_load(spec, hook)
     return specs
+
+
+def _show_progress(spec: ModelSpec) -> None:
+    """Each load of the spec's model shows its long steps (packing, the panel cache) on the console."""
+    from scratchllm.cli.progress import console_sink
+    from scratchllm.models.progress import reporting
+
+    load = spec.load
+    assert load is not None
+
+    def load_with_progress() -> Any:
+        with reporting(console_sink(spec.name)):
+            return load()
+
+    spec.load = load_with_progress
 
 
 def _after_load(spec: ModelSpec, hook: Callable[[ServedModel], None]) -> None:

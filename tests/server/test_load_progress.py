@@ -1,0 +1,58 @@
+"""A load's long steps report their progress: the first load of a GGUF file packs its matrices and
+writes the panel cache, a later one only maps them; on a terminal each step is a tqdm bar, in a
+log or a pipe one line when it ends."""
+
+import io
+import logging
+
+import pytest
+
+from scratchllm.cli.progress import console_sink
+from scratchllm.models import load_model
+from scratchllm.models.progress import PACKING, WRITING_CACHE, report, reporting
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCRATCHLLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SCRATCHLLM_PANEL_CACHE", raising=False)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_first_load_reports_packing_and_the_panel_cache_a_later_one_packing_only(fresh_cache):
+    first, later = [], []
+    with reporting(lambda *r: first.append(r)):
+        model = load_model("default")
+    with reporting(lambda *r: later.append(r)):
+        load_model("default")
+    layers = model.config.num_layers
+    packing = [r for r in first if r[0] == PACKING]
+    assert packing == [(PACKING, i, layers + 1) for i in range(1, layers + 2)]  # each layer, then the LM head
+    writing = [r for r in first if r[0] == WRITING_CACHE]
+    assert len(writing) > layers and writing[-1][1] == writing[-1][2] and [r[1] for r in writing] == sorted(
+        r[1] for r in writing)
+    assert {r[0] for r in later} == {PACKING}  # mapped from the cache: nothing written
+    with reporting(lambda *r: first.append(("outside",))):
+        pass
+    report(PACKING, 1, 2)  # no sink here: nothing is called
+    assert ("outside",) not in first
+
+
+def test_a_terminal_gets_a_bar_and_a_log_a_line(caplog):
+    tty = Terminal()
+    sink = console_sink("gemma3-270m", tty)
+    for i in range(1, 6):
+        sink(PACKING, i, 5)
+    assert "gemma3-270m: packing the weights" in tty.getvalue() and "5/5" in tty.getvalue()
+    piped = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="scratchllm.load"):
+        sink = console_sink("gemma3-270m", piped)
+        for i in range(1, 6):
+            sink(WRITING_CACHE, i, 5)
+    assert piped.getvalue() == ""  # no carriage returns in a pipe
+    lines = [r.getMessage() for r in caplog.records if r.name == "scratchllm.load"]
+    assert len(lines) == 1 and lines[0].startswith("gemma3-270m: writing the panel cache: 5 of 5 in ")
