@@ -22,16 +22,17 @@ GREEDY = {"temperature": 0, "num_predict": 9, "seed": 7}
 
 
 @contextlib.contextmanager
-def scratchllm_serve(*options):
-    """(base URL, process) of `scratchllm serve --fake-engine ...` on a free port."""
-    proc = subprocess.Popen([sys.executable, "-m", "scratchllm.cli.main", "serve", "--fake-engine", "--port", "0",
-                             "--fake-step-ms", "1", *options], stderr=subprocess.PIPE, text=True)
+def scratchllm_serve(*options, timeout_s=20):
+    """(base URL, process) of `scratchllm serve OPTIONS...` on a free port."""
+    proc = subprocess.Popen([sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", *options],
+                            stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stderr.readline()
-        found = re.search(r"http://\S+", line)
-        assert found, f"server did not start: {line}{proc.stderr.read() if proc.poll() is not None else ''}"
+        seen = ""
+        while not (found := re.search(r"http://\S+", line := proc.stderr.readline())) and line:
+            seen += line  # what comes before the address (a model file joined once, warnings)
+        assert found, f"server did not start: {seen}{line}{proc.stderr.read() if proc.poll() is not None else ''}"
         url = found.group(0)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
@@ -47,7 +48,7 @@ def scratchllm_serve(*options):
 
 @pytest.fixture(scope="module")
 def server():
-    with scratchllm_serve("fake", "other", "--keep-alive", "60") as (url, _):
+    with scratchllm_serve("--fake-engine", "--fake-step-ms", "1", "fake", "other", "--keep-alive", "60") as (url, _):
         yield url
 
 
