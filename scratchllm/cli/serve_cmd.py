@@ -244,6 +244,10 @@ def build(args: argparse.Namespace) -> ModelRegistry:
     if args.fake_engine:
         from scratchllm.server.backend import fake_specs
 
+        for flag, given in (("--chat-template", args.chat_template), ("--priority-feedback", args.priority_feedback)):
+            if given:
+                raise ConfigError(f"{flag} needs a model (not --fake-engine)")
+
         options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
         if args.num_kv_blocks:
             options["num_blocks"] = args.num_kv_blocks
