@@ -1,40 +1,36 @@
-"""A model load's progress on the console (models/progress.py reports it): a tqdm bar per step
-on a terminal; otherwise one log line per step when it ends (logger `scratchllm.load`, INFO:
-`--log-level info` shows them), so that logs and pipes get lines, not carriage returns."""
+"""A model load's progress on the console (models/progress.py reports it), shown as a download's
+is (formats/progress.py): a tqdm bar on a terminal, a line at each tenth and at the end anywhere
+else. Only a step still running after `show_after_s` is shown: a load of a small model, or of
+panels already cached, says nothing."""
 
-import logging
 import sys
 import time
 from typing import IO, Any
 
+from scratchllm.formats.progress import progress_class
 from scratchllm.models.progress import Sink
 
-logger = logging.getLogger("scratchllm.load")
+SHOW_AFTER_S = 1.0
 
 
-def console_sink(model: str, stream: IO[str] | None = None) -> Sink:
-    """The sink for one load of `model`: bars on a terminal, log lines elsewhere."""
+def console_sink(model: str, stream: IO[str] | None = None, show_after_s: float = SHOW_AFTER_S) -> Sink:
+    """The sink for one load of `model`."""
     out = stream or sys.stderr
-    bars: dict[str, Any] = {}
-    started: dict[str, float] = {}
-    terminal = out.isatty()
+    started: dict[str, float] = {}  # step -> when it first reported
+    shown: dict[str, tuple[Any, int]] = {}  # step -> (its bar or lines, what it has counted)
 
     def sink(step: str, done: int, total: int) -> None:
-        if terminal:
-            from tqdm import tqdm
-
-            bar = bars.get(step)
-            if bar is None:
-                bar = bars[step] = tqdm(total=total, desc=f"{model}: {step}", file=out, leave=False, unit="part",
-                                        mininterval=0.0)  # a few hundred updates at most: draw each
-            bar.update(done - bar.n)
-            if done >= total:
-                bar.close()
-                del bars[step]
-            return
         began = started.setdefault(step, time.monotonic())
+        if step not in shown and done < total and time.monotonic() - began >= show_after_s:
+            shown[step] = (progress_class(out)(total=total, initial=done, desc=f"{model}: {step}", unit="part",
+                                               file=out), done)
+        if step in shown:
+            bar, counted = shown[step]
+            bar.update(done - counted)
+            shown[step] = (bar, done)
         if done >= total:
-            logger.info("%s: %s: %d of %d in %.1f s", model, step, done, total, time.monotonic() - began)
-            del started[step]
+            started.pop(step, None)
+            if step in shown:
+                shown.pop(step)[0].close()
 
     return sink

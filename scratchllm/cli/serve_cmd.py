@@ -424,16 +424,18 @@ def run(args: argparse.Namespace) -> int:
         writer = None if args.fake_engine else trace_writer(args)
         app = create_app(registry, config=config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
                          classes=getattr(args, "_classes", None))
+        # the address first (the socket is bound), then the loads and their progress: a script
+        # reads the address from the first line and waits for /health
+        names = registry.names("generate") or registry.names("embed")
+        print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
+        plan = getattr(args, "_memory_plan", None)
+        if plan is not None and len(plan.needs) > 1:
+            print(f"scratchllm serve: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
         if args.load == "start":
             registry.load_all()
     except BaseException:
         sock.close()
         raise
-    names = registry.names("generate") or registry.names("embed")
-    print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
-    plan = getattr(args, "_memory_plan", None)
-    if plan is not None and len(plan.needs) > 1:
-        print(f"scratchllm serve: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
     if args.load == "first-use" or args.keep_alive is not None:
         keep = "forever" if args.keep_alive is None else f"{args.keep_alive:g} s idle"
         print(f"scratchllm serve: models load on {'first use' if args.load == 'first-use' else 'start'} and stay "

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, ollama, openapi, utility
+from scratchllm.server import access, chat, chat_page, completions, embeddings, ollama, openapi, utility
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
@@ -294,6 +294,7 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
                           ("/v1/embeddings", embeddings.create_embeddings)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
     openapi.install(app)
+    chat_page.install(app)  # GET /: the chat page
     app.add_middleware(ModelLeases, registry=registry)  # a request holds its models until its response ends
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
     return access.wrap(app, config.api_key, config.allowed_origins)

@@ -3,7 +3,6 @@ writes the panel cache, a later one only maps them; on a terminal each step is a
 log or a pipe one line when it ends."""
 
 import io
-import logging
 
 import pytest
 
@@ -42,17 +41,24 @@ def test_the_first_load_reports_packing_and_the_panel_cache_a_later_one_packing_
     assert ("outside",) not in first
 
 
-def test_a_terminal_gets_a_bar_and_a_log_a_line(caplog):
+def test_a_terminal_gets_a_bar_and_a_pipe_lines():
     tty = Terminal()
-    sink = console_sink("gemma3-270m", tty)
+    sink = console_sink("gemma3-270m", tty, show_after_s=0.0)
     for i in range(1, 6):
         sink(PACKING, i, 5)
     assert "gemma3-270m: packing the weights" in tty.getvalue() and "5/5" in tty.getvalue()
     piped = io.StringIO()
-    with caplog.at_level(logging.INFO, logger="scratchllm.load"):
-        sink = console_sink("gemma3-270m", piped)
-        for i in range(1, 6):
-            sink(WRITING_CACHE, i, 5)
-    assert piped.getvalue() == ""  # no carriage returns in a pipe
-    lines = [r.getMessage() for r in caplog.records if r.name == "scratchllm.load"]
-    assert len(lines) == 1 and lines[0].startswith("gemma3-270m: writing the panel cache: 5 of 5 in ")
+    sink = console_sink("gemma3-270m", piped, show_after_s=0.0)
+    for i in range(1, 21):
+        sink(WRITING_CACHE, i, 20)
+    lines = piped.getvalue().splitlines()
+    assert "\r" not in piped.getvalue() and lines[-1].startswith("gemma3-270m: writing the panel cache: done, 100%")
+    assert 5 <= len(lines) <= 12  # a line at each tenth, not at each step
+
+
+def test_a_step_that_ends_quickly_is_not_shown():
+    quiet = io.StringIO()
+    sink = console_sink("default", quiet)  # the default: shown after a second
+    for i in range(1, 32):
+        sink(PACKING, i, 31)
+    assert quiet.getvalue() == ""
