@@ -256,7 +256,7 @@ def build(args: argparse.Namespace) -> ModelRegistry:
     else:
         specs = _model_specs(args, models_from_args(args), embedding)
     for spec in specs:
-        _show_progress(spec)
+        _show_progress(spec, lambda: getattr(args, "_serving", False))
     try:
         return ModelRegistry(specs, keep_alive_s=args.keep_alive)
     except ValueError as err:  # two models under one name
@@ -290,8 +290,9 @@ def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | Non
     return specs
 
 
-def _show_progress(spec: ModelSpec) -> None:
-    """Each load of the spec's model shows its long steps (packing, the panel cache) on the console."""
+def _show_progress(spec: ModelSpec, serving: Callable[[], bool]) -> None:
+    """Each load of the spec's model shows its long steps (packing, the panel cache) on the
+    console; before the server serves (`serving()` false), on a terminal only."""
     from scratchllm.cli.progress import console_sink
     from scratchllm.models.progress import reporting
 
@@ -299,7 +300,7 @@ def _show_progress(spec: ModelSpec) -> None:
     assert load is not None
 
     def load_with_progress() -> Any:
-        with reporting(console_sink(spec.name)):
+        with reporting(console_sink(spec.name, terminal_only=not serving())):
             return load()
 
     spec.load = load_with_progress
@@ -424,18 +425,19 @@ def run(args: argparse.Namespace) -> int:
         writer = None if args.fake_engine else trace_writer(args)
         app = create_app(registry, config=config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
                          classes=getattr(args, "_classes", None))
-        # the address first (the socket is bound), then the loads and their progress: a script
-        # reads the address from the first line and waits for /health
-        names = registry.names("generate") or registry.names("embed")
-        print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
-        plan = getattr(args, "_memory_plan", None)
-        if plan is not None and len(plan.needs) > 1:
-            print(f"scratchllm serve: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
         if args.load == "start":
             registry.load_all()
     except BaseException:
         sock.close()
         raise
+    # the address line comes once the models are loaded: scripts read it as "ready" (so the loads
+    # at start show their progress on a terminal only, never as lines before it)
+    names = registry.names("generate") or registry.names("embed")
+    print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
+    args._serving = True  # loads from now on (first use, after an unload) show progress as lines too
+    plan = getattr(args, "_memory_plan", None)
+    if plan is not None and len(plan.needs) > 1:
+        print(f"scratchllm serve: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
     if args.load == "first-use" or args.keep_alive is not None:
         keep = "forever" if args.keep_alive is None else f"{args.keep_alive:g} s idle"
         print(f"scratchllm serve: models load on {'first use' if args.load == 'first-use' else 'start'} and stay "

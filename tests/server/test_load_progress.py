@@ -56,9 +56,18 @@ def test_a_terminal_gets_a_bar_and_a_pipe_lines():
     assert 5 <= len(lines) <= 12  # a line at each tenth, not at each step
 
 
-def test_a_step_that_ends_quickly_is_not_shown():
+def test_a_step_that_ends_quickly_is_not_shown_nor_lines_before_the_server_serves():
     quiet = io.StringIO()
     sink = console_sink("default", quiet)  # the default: shown after a second
     for i in range(1, 32):
         sink(PACKING, i, 31)
     assert quiet.getvalue() == ""
+    before = console_sink("default", quiet, show_after_s=0.0, terminal_only=True)
+    for i in range(1, 32):
+        before(PACKING, i, 31)
+    assert quiet.getvalue() == ""
+    tty = Terminal()
+    bar = console_sink("default", tty, show_after_s=0.0, terminal_only=True)
+    for i in range(1, 32):
+        bar(PACKING, i, 31)
+    assert "31/31" in tty.getvalue()
