@@ -15,7 +15,8 @@ after it (server/registry.py); a generate or chat request with no prompt or mess
 the model, or with `keep_alive` 0 unloads it. Each request is translated into the OpenAI request
 this server runs (ollama_protocol.py), so validation, templates and structured output are one
 pipeline. Errors are `{"error": "..."}` (app.py shapes every error under /api/ so); one that
-happens mid-stream is a last line of that shape. Ollama requests are not captured for the
+happens mid-stream is a last line of that shape (generation.py's EventStream writes both
+streamed formats, closing the request however its stream ends). Ollama requests are not captured for the
 evaluation loop (its replay speaks OpenAI's API).
 """
 
@@ -28,15 +29,13 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 import scratchllm
 from scratchllm.engine.protocol import RequestOutput
 from scratchllm.server import chat, tool_calls
 from scratchllm.server.embeddings import embed
 from scratchllm.server.errors import APIError, bad_request
-from scratchllm.server.generation import Generation, prompt_ids, sampling_params
+from scratchllm.server.generation import EventStream, Generation, StreamFormat, prompt_ids, sampling_params
 from scratchllm.server.ollama_protocol import (
     FOREVER,
     OllamaChatRequest,
@@ -72,31 +71,14 @@ def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-class NDJSONStream(StreamingResponse):
-    """A streamed Ollama reply: closes its Generation however the stream ends (its KV blocks go
-    back), and an engine failure mid-stream becomes a last `{"error": ...}` line."""
-
-    def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation) -> None:
-        super().__init__(_guarded(body), media_type="application/x-ndjson")
-        self.generation = generation
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.generation.close()
+def _ndjson_error(err: Exception) -> bytes:
+    message = error_body(err)["error"] if isinstance(err, APIError) else \
+        f"the engine failed mid-stream: {type(err).__name__}: {err}"
+    return _line({"error": message})
 
 
-async def _guarded(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    try:
-        async for chunk in body:
-            yield chunk
-    except APIError as err:
-        yield _line(error_body(err))
-    except Exception as err:  # noqa: BLE001 - reported to the client as the stream's last line
-        yield _line({"error": f"the engine failed mid-stream: {type(err).__name__}: {err}"})
-    finally:
-        await body.aclose()
+# NDJSON has no comment line to keep a quiet stream alive: no ping; an error is a last {"error"} line
+NDJSON = StreamFormat("application/x-ndjson", None, _ndjson_error)
 
 
 def _keep_alive(value: float | str | None) -> Any:
@@ -164,7 +146,7 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
     gen = Generation(state, [ids], [[params]], new_id("ollama"))
     if req.stream:
-        return NDJSONStream(_generate_stream(gen, head, ids, lease), gen)
+        return EventStream(_generate_stream(gen, head, ids, lease), gen, NDJSON)
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)
@@ -226,7 +208,7 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
     params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
     gen = Generation(state, [ids], [[params]], new_id("ollama"))
     if req.stream and plan.mode == "none":
-        return NDJSONStream(_chat_stream(gen, head, lease), gen)
+        return EventStream(_chat_stream(gen, head, lease), gen, NDJSON)
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)

@@ -4,6 +4,7 @@ keep_alive, the options and their refusals. Each answer is checked against the O
 answer to the same request, on the same server."""
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -202,3 +203,33 @@ def test_the_api_key_guards_ollamas_routes_too(serve):
             assert [m.model for m in keyed.list().models] == ["fake"]
             assert keyed.chat(model="fake", messages=MSG, options={"num_predict": 2}).eval_count == 2
         assert httpx.get(url + "/api/version").status_code == 200  # open, as /version is
+
+
+def test_an_engine_failure_mid_stream_is_a_last_error_line(serve, monkeypatch):
+    from scratchllm.server.generation import Generation
+
+    real_events = Generation.events
+
+    async def failing(self, k):
+        n = 0
+        async for event in real_events(self, k):
+            yield event
+            n += 1
+            if n == 3:
+                raise RuntimeError("the kernel fell over")
+
+    monkeypatch.setattr(Generation, "events", failing)
+    app = create_app(ModelRegistry(fake_specs(["fake"], embedder=False, step_ms=1.0)), config=ServerConfig())
+    with serve(app) as url:
+        with httpx.stream("POST", url + "/api/chat", json={"model": "fake", "messages": MSG,
+                                                           "options": {"num_predict": 20}}) as r:
+            lines = [json.loads(line) for line in r.iter_lines() if line]
+        assert r.status_code == 200 and len(lines) == 4  # three tokens, then the error
+        assert lines[-1] == {"error": "the engine failed mid-stream: RuntimeError: the kernel fell over"}
+        with ollama.Client(host=url) as c, pytest.raises(ollama.ResponseError, match="kernel fell over"):
+            list(c.chat(model="fake", messages=MSG, stream=True, options={"num_predict": 20}))
+        state = app.state.models.entry("fake").state
+        deadline = time.monotonic() + 5  # closed once the response has ended, just after the client read it
+        while state.metrics.in_flight or state.model.engine.stats()["kv_blocks_used"]:
+            assert time.monotonic() < deadline, "the failed stream's request was never closed"
+            time.sleep(0.01)
