@@ -69,7 +69,7 @@ class RequestClassMap(Protocol):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    max_in_flight: int = 64  # requests held in the engine at once (running + waiting); beyond -> 429
+    max_in_flight: int = 64  # requests one model's engine holds at once (running + waiting); beyond -> 429
     max_body_bytes: int = 1 << 20  # larger bodies -> 413 before they are read
     drain_timeout_s: float = 60.0
     api_key: str | None = None  # /v1 routes need "Authorization: Bearer <key>" (access.py)
