@@ -10,7 +10,6 @@ that writes `<think>` has its reply's thinking split into `reasoning_content` (r
 Every reply goes through tool_calls.ReplyParser, streamed or not.
 """
 
-import dataclasses
 import re
 from collections.abc import AsyncGenerator
 from typing import Any, cast
@@ -98,17 +97,19 @@ def reply_format(state: ServerState, plan: ToolPlan, fmt: str | None, prompt: st
 async def prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], ReplyFormat, SamplingParams]:
     """A chat request's prompt ids, how its replies are read, and its SamplingParams (also the
     Responses endpoint's way in: responses.py builds a ChatCompletionRequest)."""
-    plan = req.tool_plan()
-    fmt = tool_format_name(state, state.model.tokenizer) if plan.mode == "auto" else None
-    prompt = render(state, req, plan, fmt)
-    reading = reply_format(state, plan, fmt, prompt)
+    prompt, reading = prompt_and_reading(state, req)
     # The template already spells the special tokens (e.g. <|im_start|>): add none of our own.
     ids = prompt_ids(state, prompt, "messages", special=False)
     max_tokens = max_tokens_for(state, len(ids), req.max_completion_tokens or req.max_tokens, None, "messages")
-    params = await sampling_params(state, req, max_tokens)
-    if reading.tools is not None and reading.tools.special_tokens:  # its call marker is a special token
-        params = dataclasses.replace(params, skip_special_tokens=False)
-    return ids, reading, params
+    return ids, reading, reading.sampling(await sampling_params(state, req, max_tokens))
+
+
+def prompt_and_reading(state: ServerState, req: ChatCompletionRequest) -> tuple[str, ReplyFormat]:
+    """The prompt text, and how the replies to it are read (Ollama's /api/chat uses it too)."""
+    plan = req.tool_plan()
+    fmt = tool_format_name(state, state.model.tokenizer) if plan.mode == "auto" else None
+    prompt = render(state, req, plan, fmt)
+    return prompt, reply_format(state, plan, fmt, prompt)
 
 
 async def chat_completions(request: Request) -> Response | dict[str, Any]:

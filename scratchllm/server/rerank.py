@@ -20,7 +20,8 @@ from pydantic import Field
 from scratchllm.server.embeddings import embed
 from scratchllm.server.messages import Strict
 from scratchllm.server.protocol import Refusals, _Request, bad_request, new_id, now_s, parse_body
-from scratchllm.server.state import ServerState
+from scratchllm.server.registry import ModelRegistry, models_of
+from scratchllm.server.state import ServedEmbedder
 
 MAX_DOCUMENTS = 256  # as many inputs as one embeddings request takes
 
@@ -74,37 +75,38 @@ class RerankRequest(_Request):
         return [d if isinstance(d, str) else d.text for d in self.documents]
 
 
-async def _similarities(state: ServerState, queries: list[str], docs: list[str], truncate: int | None,
-                        query_param: str, doc_param: str) -> tuple[list[float], int]:
+async def _similarities(registry: ModelRegistry, emb: ServedEmbedder, queries: list[str], docs: list[str],
+                        truncate: int | None, query_param: str, doc_param: str) -> tuple[list[float], int]:
     """The cosine similarity of each (query, document) pair, and the tokens embedded."""
-    assert state.embedder is not None, "check_model(embedding=True) passed"
     distinct = sorted(set(queries), key=queries.index)
-    q_vectors, n_q = await embed(state, distinct, query_param)
-    d_vectors, n_d = await embed(state, docs, doc_param, truncate=truncate or state.embedder.max_len)
+    q_vectors, n_q = await embed(registry, emb, distinct, query_param)
+    d_vectors, n_d = await embed(registry, emb, docs, doc_param, truncate=truncate or emb.max_len)
     row = {q: i for i, q in enumerate(distinct)}
     return [float(q_vectors[row[q]] @ d_vectors[j]) for j, q in enumerate(queries)], n_q + n_d
 
 
 async def score(request: Request) -> dict[str, Any]:
-    state: ServerState = request.app.state.server
-    req = parse_body(await request.body(), ScoreRequest, lenient=state.config.lenient_fields)
-    state.check_model(req.model, embedding=True)
+    registry = models_of(request)
+    req = parse_body(await request.body(), ScoreRequest, lenient=registry.config.lenient_fields)
+    registry.entry(req.model, "embed")  # an unknown name is refused before anything else
     pairs = req.pairs()
     if len(pairs) > MAX_DOCUMENTS:
         raise bad_request(f"at most {MAX_DOCUMENTS} pairs per request", param="text_2")
-    scores, n = await _similarities(state, [a for a, _ in pairs], [b for _, b in pairs], req.truncate_prompt_tokens,
-                                    "text_1", "text_2")
+    emb = await registry.embedder(request, req.model)
+    scores, n = await _similarities(registry, emb, [a for a, _ in pairs], [b for _, b in pairs],
+                                    req.truncate_prompt_tokens, "text_1", "text_2")
     return {"id": new_id("score"), "object": "list", "created": now_s(), "model": req.model,
             "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
 
 
 async def rerank(request: Request) -> dict[str, Any]:
-    state: ServerState = request.app.state.server
-    req = parse_body(await request.body(), RerankRequest, lenient=state.config.lenient_fields)
-    state.check_model(req.model, embedding=True)
+    registry = models_of(request)
+    req = parse_body(await request.body(), RerankRequest, lenient=registry.config.lenient_fields)
+    registry.entry(req.model, "embed")
     docs = req.texts()
-    scores, n = await _similarities(state, [req.query] * len(docs), docs,
+    emb = await registry.embedder(request, req.model)
+    scores, n = await _similarities(registry, emb, [req.query] * len(docs), docs,
                                     req.max_tokens_per_doc or req.truncate_prompt_tokens, "query", "documents")
     order = sorted(range(len(docs)), key=lambda i: (-scores[i], i))[:req.top_n or None]
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if req.return_documents

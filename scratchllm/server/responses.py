@@ -22,9 +22,9 @@ from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.server import chat
 from scratchllm.server.generation import EventStream, Generation
 from scratchllm.server.protocol import new_id, now_s, parse_body
+from scratchllm.server.registry import models_of
 from scratchllm.server.responses_output import OutputBuilder, stream_events
 from scratchllm.server.responses_request import ResponsesRequest
-from scratchllm.server.state import ServerState
 
 
 def response_body(head: dict[str, Any], req: ResponsesRequest, output: list[dict[str, Any]], finish: str | None,
@@ -57,9 +57,9 @@ def _tool_choice(req: ResponsesRequest) -> Any:
 
 
 async def create_response(request: Request) -> Response | dict[str, Any]:
-    state: ServerState = request.app.state.server
-    req = parse_body(await request.body(), ResponsesRequest, lenient=state.config.lenient_fields)
-    state.check_model(req.model)
+    registry = models_of(request)
+    req = parse_body(await request.body(), ResponsesRequest, lenient=registry.config.lenient_fields)
+    state = await registry.generator(request, req.model)  # loaded, and kept so until the response ends
     ids, reading, params = await chat.prepare(state, req.chat_request())
     rid, created = new_id("resp"), now_s()
     # no capture: the evaluation loop replays completions and chat requests (evaluate/replay.py)

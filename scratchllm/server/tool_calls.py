@@ -11,9 +11,11 @@ cut by max_tokens is still a call (its arguments as far as they were written) an
 keeps finish_reason "length"; a reply that completed a call ends with "tool_calls".
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from scratchllm.sampling import SamplingParams
 from scratchllm.server.json_calls import Delta, assemble
 from scratchllm.server.reasoning import ThinkSplitter
 from scratchllm.server.tool_parsers import TOOL_FORMATS, CallParser, ForcedCall, ToolFormat
@@ -29,6 +31,13 @@ class ReplyFormat:
     names: tuple[str, ...] = ()
     thinks: bool = False
     inside_thinking: bool = False
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """The request's params for replies read this way: a format whose call marker is a
+        special token needs special tokens shown in the text."""
+        if self.tools is not None and self.tools.special_tokens:
+            return dataclasses.replace(params, skip_special_tokens=False)
+        return params
 
     def parser(self) -> "ReplyParser":
         calls: CallParser | None = None
