@@ -42,6 +42,7 @@ from scratchllm.cli.serve_config import apply_config, environment_defaults, rend
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
+from scratchllm.server.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 
 if TYPE_CHECKING:
     import uvicorn
@@ -140,6 +141,10 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--sse-ping-interval", type=float, default=15.0, metavar="SECONDS",
                    help="send a ': ping' SSE comment on a stream after this many seconds without a chunk "
                         "(default 15; 0 = never)")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "none", *TOOL_CALL_FORMATS],
+                   help="the format of the model's tool calls with tool_choice auto: hermes (<tool_call> blocks), "
+                        "llama3_json, mistral ([TOOL_CALLS]) or gemma (```tool_code blocks); auto (the default) "
+                        "takes the one the chat template writes; see docs/openai-replies.md")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
                         "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
@@ -416,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
                               drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
                               allowed_origins=origins, metrics_prefix=args.metrics_prefix,
                               trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,
-                              sse_ping_interval_s=args.sse_ping_interval)
+                              sse_ping_interval_s=args.sse_ping_interval, tool_call_parser=args.tool_call_parser)
         otlp = None
         if args.otlp_traces_endpoint:
             from scratchllm.trace.otlp import make_tracer

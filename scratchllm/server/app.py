@@ -31,7 +31,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, chat_page, completions, embeddings, ollama, openapi, utility
+from scratchllm.server import (
+    access,
+    chat,
+    chat_page,
+    completions,
+    embeddings,
+    ollama,
+    openapi,
+    rerank,
+    responses,
+    utility,
+)
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
@@ -291,8 +302,11 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     for method, path, handler in routes:
         app.add_api_route(path, handler, methods=[method], response_model=None)
     for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
-                          ("/v1/embeddings", embeddings.create_embeddings)):
+                          ("/v1/embeddings", embeddings.create_embeddings), ("/v1/score", rerank.score),
+                          ("/v1/rerank", rerank.rerank), ("/v1/responses", responses.create_response)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
+    for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
+        app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings
     openapi.install(app)
     chat_page.install(app)  # GET /: the chat page
     app.add_middleware(ModelLeases, registry=registry)  # a request holds its models until its response ends

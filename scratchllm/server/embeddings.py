@@ -8,6 +8,7 @@ is what the official client asks for by default and decodes with NumPy.
 
 import asyncio
 import base64
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -36,22 +37,26 @@ async def create_embeddings(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": req.model, "usage": {"prompt_tokens": n, "total_tokens": n}}
 
 
-async def embed(registry: ModelRegistry, emb: ServedEmbedder, inputs: list[str | list[int]]
-                ) -> tuple[npt.NDArray[np.float32], int]:
+async def embed(registry: ModelRegistry, emb: ServedEmbedder, inputs: Sequence[str | list[int]],
+                param: str = "input", truncate: int | None = None) -> tuple[npt.NDArray[np.float32], int]:
     """(unit vectors [len(inputs), hidden], tokens embedded) of texts or token-id lists; bad
-    input is a 400 naming `input`. Shared by /v1/embeddings and Ollama's /api/embed."""
+    input is a 400 naming `param`. `truncate`: keep each input's first tokens (at most the
+    model's length) instead of refusing a longer one. Shared by /v1/embeddings, /v1/score,
+    /v1/rerank and Ollama's /api/embed."""
     if len(inputs) > MAX_INPUTS:
-        raise bad_request(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param="input")
+        raise bad_request(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param=param)
     rows: list[list[int]] = []
     for x in inputs:
         row = emb.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x)
+        if truncate is not None:
+            row = row[:min(truncate, emb.max_len)]
         if not row:
-            raise bad_request("an input is empty", param="input")
+            raise bad_request(f"an input in '{param}' is empty", param=param)
         if len(row) > emb.max_len:
             raise bad_request(f"an input has {len(row)} tokens; this model takes at most {emb.max_len}",
-                              param="input", code="context_length_exceeded")
+                              param=param, code="context_length_exceeded")
         if any(not isinstance(t, int) or not 0 <= t < emb.tokenizer.vocab_size for t in row):
-            raise bad_request("'input' has token ids outside the vocabulary", param="input")
+            raise bad_request(f"'{param}' has token ids outside the vocabulary", param=param)
         rows.append(row)
     ids, mask = pad_batch(rows, getattr(emb.tokenizer, "pad_token_id", 0) or 0)
     async with registry.embed_lock:

@@ -203,16 +203,17 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
         raw["tools"] = req.tools
     openai_req: ChatCompletionRequest = await _openai(raw, ChatCompletionRequest, registry)
     lease, state = await _hold(request, registry, req.model, keep)
-    plan = openai_req.tool_plan()
-    ids = prompt_ids(state, chat.render(state, openai_req, plan), "messages", special=False)
-    params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
+    prompt, reading = chat.prompt_and_reading(state, openai_req)
+    ids = prompt_ids(state, prompt, "messages", special=False)
+    params = reading.sampling(await sampling_params(state, openai_req,
+                                                    _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)))
     gen = Generation(state, [ids], [[params]], new_id("ollama"))
-    if req.stream and plan.mode == "none":
+    if req.stream and reading.mode == "none":
         return EventStream(_chat_stream(gen, head, lease), gen, NDJSON)
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)
-    reply = tool_calls.reply(results[0], plan.mode)["message"]
+    reply, _ = tool_calls.message(reading, results[0].text, results[0].finish_reason or "stop")
     message = {"role": "assistant", "content": reply.get("content") or ""}
     calls = ollama_tool_calls(reply.get("tool_calls"))
     if calls:

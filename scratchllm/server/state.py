@@ -79,6 +79,7 @@ class ServerConfig:
     trusted_proxies: int = 0  # X-Forwarded-For hops to trust for the client address (capture only)
     lenient_fields: bool = False  # unknown request fields logged and ignored instead of a 400 (protocol.py)
     sse_ping_interval_s: float = 15.0  # a `: ping` comment on a stream this long without a chunk; 0 = off
+    tool_call_parser: str = "auto"  # the format of auto-mode tool calls (server/tool_parsers.py); auto: the template's
 
     def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1 and self.sse_ping_interval_s >= 0
