@@ -60,7 +60,8 @@ static inline void pg_x8_order(const int8_t *tmp, int8_t *q, int order) {
 /* One run of 32 values. amax = max |x|, d1 = amax / 127, inv = 127 / amax (0 where amax = 0),
    q1 = rint(x inv) (nearest, ties to even); two levels: r = x - q1 d1 (one FMA: rounded once),
    q2 = rint(r (256 inv)) clamped to +-127. The same scalar and lane operations on every
-   instruction set, so every build rounds x alike. */
+   instruction set, so every build rounds x alike. A NaN in the run makes d1 NaN (and an
+   infinity makes it infinite): the products come out NaN, where the exact path's would too. */
 static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, float *s, int32_t *sum,
                                int32_t *sum16, int order) {
     float amax = 0.0f;
@@ -82,7 +83,10 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
     for (int i = 0; i < 32; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
 #endif
-    const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f, inv2 = inv * 256.0f;
+    int nan = 0;  /* a NaN in x makes the run's scale NaN, so that the products carry it as the exact path's do */
+    for (int i = 0; i < 32; i++)
+        nan |= x[i] != x[i];
+    const float scale = nan ? NAN : amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f, inv2 = inv * 256.0f;
     int8_t t1[32], t2[32];  /* rint(x inv) and the clamped rint(r 256 inv): integers in -127..127 */
 #if PG_VL == 16
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;

@@ -174,3 +174,14 @@ def test_the_float_operations_are_the_documented_ones_bit_for_bit(kind, activati
                 acc = fma32(np.broadcast_to(mw[g], (M, N)), s[:, g, None], acc)
         c = acc if c is None else (c + acc).astype(np.float32)
     np.testing.assert_array_equal(pg.matmul(x, panels, N, activations=activations), c)
+
+
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_a_nan_or_an_infinity_in_x_is_not_rounded_away(activations):
+    """The exact path carries a NaN (or an infinity) of x into the outputs; the integer path
+    must not round it to a finite value."""
+    panels = panels_of(64, 40, "Q4_1")
+    x = np.ones((3, 64), dtype=np.float32)
+    x[0, 5], x[1, 40] = np.nan, np.inf
+    y = pg.matmul(x, panels, 40, activations=activations)
+    assert np.isnan(y[0]).all() and not np.isfinite(y[1]).any() and np.isfinite(y[2]).all()
