@@ -1,10 +1,13 @@
-"""K-quant panels: a GGUF file's Q4_K and Q6_K blocks in the packed GEMM's panel layout, at about
-the file's bits per weight (Q4_K: 4.625, the file 4.5; Q6_K: 6.5625, the file's own).
+"""K-quant panels: a GGUF file's Q4_K, Q5_K and Q6_K blocks in the packed GEMM's panel layout, at
+about the file's bits per weight (Q4_K: 4.625, the file 4.5; Q5_K: 5.625, the file 5.5; Q6_K:
+6.5625, the file's own).
 
-The K-quants (llama.cpp's Q4_K_M files: Q4_K for most matrices, Q6_K for some) keep, per
-super-block of 256 weights of a row, a float16 scale D (Q4_K: and Dmin), and per group (Q4_K: 32
-weights, Q6_K: 16) a small integer scale sc (Q4_K: and min mn). A weight is (formats/ggml_quants.py)
+The K-quants (llama.cpp's Q4_K_M files: Q4_K for most matrices, Q6_K for some; Q5_K_M: Q5_K and
+Q6_K) keep, per super-block of 256 weights of a row, a float16 scale D (Q4_K, Q5_K: and Dmin), and
+per group (Q4_K, Q5_K: 32 weights, Q6_K: 16) a small integer scale sc (Q4_K, Q5_K: and min mn). A
+weight is (formats/ggml_quants.py)
     Q4_K: w = (D sc) u - (Dmin mn),   u the 4-bit value in 0..15
+    Q5_K: the same,                   u the 5-bit value in 0..31
     Q6_K: w = (D sc) (u - 32),        u the 6-bit value in 0..63
 each product of the reference's float32 operations exact (D sc has at most 11 + 7 significant
 bits, times u at most 24), so one FMA gives ggml's value and the kernels can be exact.
@@ -16,10 +19,13 @@ Layout (P panels of NR columns, as packed_gemm's panels; row k of W is input k):
         8 r + 2 j + p (r, p in 0..1, j in 0..3) in bits 2 v, 2 v + 1 of byte j, v = 2 r + p, so
         that one shift and one AND put the high bits of a word's even (p = 0) or odd rows under
         their low nibbles (kernels/packed_int8.h)
-  sc    Q4_K: uint8 [P, K/32, NR] (6 bits); Q6_K: int8 [P, K/16, NR]
-  mn    Q4_K: uint8 [P, K/32, NR] (6 bits); Q6_K: None
+        Q5_K: uint8 [P, K/8, NR]: the high bit, one 32-bit word per 32 rows and column: row
+        8 r + 2 j + p (r in 0..3) in bit v of byte j, v = 2 r + p (again one shift and one AND)
+        Q4_K: None
+  sc    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q6_K: int8 [P, K/16, NR]
+  mn    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q6_K: None
   d     float16 [P, K/256, NR]: D
-  dmin  Q4_K: float16 [P, K/256, NR]: Dmin; Q6_K: None
+  dmin  Q4_K, Q5_K: float16 [P, K/256, NR]: Dmin; Q6_K: None
 Columns past the matrix's last (the right edge of the last panel) are all zeros: weight 0.
 """
 
@@ -30,9 +36,10 @@ import numpy.typing as npt
 
 from scratchllm.formats import ggml_quants as gq
 
-KTYPES = ("Q4_K", "Q6_K")
+KTYPES = ("Q4_K", "Q5_K", "Q6_K")
 SUPER = 256  # weights per super-block (K-quants' block)
-GROUP = {"Q4_K": 32, "Q6_K": 16}
+GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # a file's bytes per super-block
 ARRAYS = ("q4", "qh", "sc", "mn", "d", "dmin")  # KPanels' fields that are arrays (or None), in order
 
 
@@ -40,12 +47,12 @@ class KPanels(NamedTuple):
     """The fields of the layout above; q4 first, as every quantized panel type's data is."""
 
     q4: npt.NDArray[np.uint8]  # [P, K/2, NR] low 4 bits, in words
-    qh: npt.NDArray[np.uint8] | None  # Q6_K: [P, K/4, NR] high 2 bits, in words
-    sc: npt.NDArray[Any]  # group scales: uint8 [P, K/32, NR] (Q4_K) or int8 [P, K/16, NR] (Q6_K)
-    mn: npt.NDArray[np.uint8] | None  # Q4_K: [P, K/32, NR]
+    qh: npt.NDArray[np.uint8] | None  # high bits, in words: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR]
+    sc: npt.NDArray[Any]  # group scales: uint8 [P, K/32, NR] (Q4_K, Q5_K) or int8 [P, K/16, NR] (Q6_K)
+    mn: npt.NDArray[np.uint8] | None  # Q4_K, Q5_K: [P, K/32, NR]
     d: npt.NDArray[np.float16]  # [P, K/256, NR]
-    dmin: npt.NDArray[np.float16] | None  # Q4_K: [P, K/256, NR]
-    kind: str  # "Q4_K" or "Q6_K"
+    dmin: npt.NDArray[np.float16] | None  # Q4_K, Q5_K: [P, K/256, NR]
+    kind: str  # "Q4_K", "Q5_K" or "Q6_K"
 
     @property
     def nbytes(self) -> int:
@@ -56,12 +63,12 @@ class KPanels(NamedTuple):
         return self.q4.dtype
 
     def values(self) -> npt.NDArray[np.uint8]:
-        """u [P, K, NR] (0..15 for Q4_K, 0..63 for Q6_K), a copy."""
+        """u [P, K, NR] (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K), a copy."""
         P, K2, NR = self.q4.shape
         rows = self.q4.reshape(P, K2 // 4, NR, 4).transpose(0, 1, 3, 2).reshape(P, K2, NR)  # byte rows
         u = np.stack([rows & 0x0F, rows >> 4], axis=2).reshape(P, 2 * K2, NR)
         if self.qh is not None:
-            u |= _high_bits(self.qh) << 4
+            u |= _high_bits(self.qh, self.kind) << 4
         return u
 
     def dequantize(self) -> npt.NDArray[np.float32]:
@@ -80,7 +87,7 @@ def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any], mn: npt.
              d: npt.NDArray[np.float16], dmin: npt.NDArray[np.float16] | None) -> npt.NDArray[np.float32]:
     """[A, K, C] weights from u [A, K, C] and the scales [A, groups, C]: ggml's float32 operations."""
     A, K, C = u.shape
-    g = GROUP[kind]
+    g = GROUP[kind]  # Q4_K and Q5_K alike: (D sc) u - (Dmin mn)
     big = np.repeat(d.astype(np.float32), SUPER // g, axis=1)  # D per group: [A, K/g, C]
     scale = big * sc.astype(np.float32)  # exact
     if kind == "Q6_K":
@@ -93,19 +100,21 @@ def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any], mn: npt.
     return w.reshape(A, K, C)
 
 
-def _high_bits(qh: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """Q6_K's high-bit words [P, K/4, NR] -> the high 2 bits per row [P, K, NR]."""
-    P, K4, NR = qh.shape
-    words = qh.reshape(P, K4 // 4, NR * 4).view("<u4")  # [P, K/16, NR]
-    out = np.empty((P, K4 // 4, 16, NR), dtype=np.uint8)
-    for i in range(16):
-        out[:, :, i] = (words >> _SHIFT[i]) & 3
-    return out.reshape(P, 4 * K4, NR)
+def _high_bits(qh: npt.NDArray[np.uint8], kind: str) -> npt.NDArray[np.uint8]:
+    """The high-bit words (Q6_K [P, K/4, NR], Q5_K [P, K/8, NR]) -> the high bits per row [P, K, NR]."""
+    run, width, shift = (16, 3, _SHIFT6) if kind == "Q6_K" else (32, 1, _SHIFT5)
+    P, rows, NR = qh.shape
+    words = qh.reshape(P, rows // 4, NR * 4).view("<u4")  # [P, K/run, NR]
+    out = np.empty((P, rows // 4, run, NR), dtype=np.uint8)
+    for i in range(run):
+        out[:, :, i] = (words >> shift[i]) & width
+    return out.reshape(P, rows // 4 * run, NR)
 
 
-# Where row i (0..15) of a 16-row run keeps its high bits in the word: byte j = (i % 8) // 2,
-# bits 2 v with v = 2 (i // 8) + i % 2
-_SHIFT = [8 * ((i % 8) // 2) + 2 * (2 * (i // 8) + i % 2) for i in range(16)]
+# Where row i of a run keeps its high bits in the word: byte j = (i % 8) // 2, and v = 2 (i // 8)
+# + i % 2: Q6_K (16 rows, 2 bits) at bit 2 v of the byte, Q5_K (32 rows, 1 bit) at bit v
+_SHIFT6 = [8 * ((i % 8) // 2) + 2 * (2 * (i // 8) + i % 2) for i in range(16)]
+_SHIFT5 = [8 * ((i % 8) // 2) + 2 * (i // 8) + i % 2 for i in range(32)]
 
 
 def _panels(a: npt.NDArray[Any], nr: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
@@ -125,33 +134,38 @@ def _low_words(u: npt.NDArray[np.uint8], nr: int) -> npt.NDArray[np.uint8]:
     return np.ascontiguousarray(rows.reshape(P, K // 8, 4, nr).transpose(0, 1, 3, 2)).reshape(P, K // 2, nr)
 
 
-def _high_words(u: npt.NDArray[np.uint8], nr: int) -> npt.NDArray[np.uint8]:
-    """u [N, K] (0..63) -> the high 2 bits as Q6_K's words [P, K/4, NR]."""
+def _high_words(u: npt.NDArray[np.uint8], nr: int, kind: str) -> npt.NDArray[np.uint8]:
+    """u [N, K] -> its high bits (u >> 4) as Q6_K's [P, K/4, NR] or Q5_K's [P, K/8, NR] words."""
+    run, shift = (16, _SHIFT6) if kind == "Q6_K" else (32, _SHIFT5)
     hp = _panels(u >> 4, nr, np.uint32)  # [P, K, NR]
     P, K, _ = hp.shape
-    runs = hp.reshape(P, K // 16, 16, nr)
-    words = np.zeros((P, K // 16, nr), dtype=np.uint32)
-    for i in range(16):
-        words |= runs[:, :, i] << np.uint32(_SHIFT[i])
-    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(P, K // 4, nr)
+    runs = hp.reshape(P, K // run, run, nr)
+    words = np.zeros((P, K // run, nr), dtype=np.uint32)
+    for i in range(run):
+        words |= runs[:, :, i] << np.uint32(shift[i])
+    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(P, K // run * 4, nr)
 
 
 def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
-    """A [N, K] tensor's Q4_K or Q6_K blocks (raw uint8 [N, K/256 x block bytes], rows already in the
-    order wanted) -> its KPanels for panels of nr columns."""
+    """A [N, K] tensor's Q4_K, Q5_K or Q6_K blocks (raw uint8 [N, K/256 x block bytes], rows already
+    in the order wanted) -> its KPanels for panels of nr columns."""
     if kind not in KTYPES or K % SUPER:
-        raise ValueError(f"K-quant panels take Q4_K or Q6_K rows of whole 256-weight blocks, not {kind} of {K}")
+        raise ValueError(f"K-quant panels take {', '.join(KTYPES)} rows of whole 256-weight blocks, not {kind} "
+                         f"of {K}")
     N, nb = raw.shape[0], K // SUPER
     blocks = np.ascontiguousarray(raw).view(gq.BLOCK_DTYPES[kind]).reshape(N * nb)
     d = _panels(blocks["d"].reshape(N, nb), nr, np.float16)
-    if kind == "Q4_K":
+    if kind in ("Q4_K", "Q5_K"):
         sc, mn = gq._scale_min_k4(np.ascontiguousarray(blocks["scales"]))  # [N nb, 8] each
-        u = gq._nibbles(np.ascontiguousarray(blocks["qs"]), 32).reshape(N, K)
-        return KPanels(_low_words(u, nr), None, _panels(sc.reshape(N, K // 32), nr, np.uint8),
-                       _panels(mn.reshape(N, K // 32), nr, np.uint8), d,
-                       _panels(blocks["dmin"].reshape(N, nb), nr, np.float16), kind)
+        groups = gq._nibbles(np.ascontiguousarray(blocks["qs"]), 32).reshape(N * nb, 8, 32)
+        if kind == "Q5_K":  # group j's high bits: bit j of qh's 32 bytes
+            groups |= gq._bits(np.ascontiguousarray(blocks["qh"]), range(8), 1) << 4
+        u = groups.reshape(N, K)
+        return KPanels(_low_words(u, nr), _high_words(u, nr, kind) if kind == "Q5_K" else None,
+                       _panels(sc.reshape(N, K // 32), nr, np.uint8), _panels(mn.reshape(N, K // 32), nr, np.uint8),
+                       d, _panels(blocks["dmin"].reshape(N, nb), nr, np.float16), kind)
     low = gq._nibbles(np.ascontiguousarray(blocks["ql"]), 64)  # [N nb, 256]
     high = gq._bits(np.ascontiguousarray(blocks["qh"]).reshape(N * nb * 2, 32), (0, 2, 4, 6), 3)
     u = (low | (high.reshape(N * nb, 256) << 4)).reshape(N, K)
     sc = blocks["scales"].reshape(N, K // 16)
-    return KPanels(_low_words(u, nr), _high_words(u, nr), _panels(sc, nr, np.int8), None, d, None, kind)
+    return KPanels(_low_words(u, nr), _high_words(u, nr, kind), _panels(sc, nr, np.int8), None, d, None, kind)

@@ -398,17 +398,20 @@ static inline __attribute__((always_inline)) pg_vec pg_bytes_to_f32(const void *
    scale sc (and min mn); Q6_K's high 2 bits in qh, one word per 16 rows and column (row
    8 r + 2 j + p in bits 2 v of byte j, v = 2 r + p). A group's scale D sc and offset -(Dmin mn)
    are exact float32 products, as ggml makes them. */
-enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2 };
+enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3 };
 typedef struct {
     int kind;
-    const uint8_t *qh;        /* Q6_K: [P, K/4, NR] */
-    const void *sc;           /* uint8 [P, K/32, NR] (Q4_K), int8 [P, K/16, NR] (Q6_K) */
-    const uint8_t *mn;        /* Q4_K: [P, K/32, NR] */
-    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K */
+    const uint8_t *qh;        /* high bits: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR] */
+    const void *sc;           /* uint8 [P, K/32, NR] (Q4_K, Q5_K), int8 [P, K/16, NR] (Q6_K) */
+    const uint8_t *mn;        /* Q4_K, Q5_K: [P, K/32, NR] */
+    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K */
 } pg_kq;
 
-/* Q4_K group g (rows 32 g .. 32 g + 31 from the panel pointers' row 0, a super-block's first):
-   d = D sc and m = -(Dmin mn) for the NR columns. */
+/* Bytes of high-bit words per row of k and column: Q6_K one word per 16 rows, Q5_K per 32. */
+#define PG_KQ_QH_DIV(kind) ((kind) == PG_K_Q6K ? 4 : 8)
+
+/* Q4_K (or Q5_K) group g (rows 32 g .. 32 g + 31 from the panel pointers' row 0, a super-block's
+   first): d = D sc and m = -(Dmin mn) for the NR columns. */
 static inline __attribute__((always_inline)) pg_q8_group pg_q4k_group_at(const pg_kq *k, long g) {
     pg_q8_group b;
     pg_vec D0, D1, M0, M1;
@@ -442,7 +445,7 @@ static inline pg_kq pg_kq_from(const pg_kq *k, long k0) {
     long groups = k0 / (k->kind == PG_K_Q6K ? 16 : 32);
     b.sc = (const uint8_t *)k->sc + groups * PG_NR;
     b.mn = k->mn ? k->mn + groups * PG_NR : NULL;
-    b.qh = k->qh ? k->qh + (k0 / 16) * 4 * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + k0 / PG_KQ_QH_DIV(k->kind) * PG_NR : NULL;
     b.D = k->D + (k0 / 256) * PG_NR;
     b.Dmin = k->Dmin ? k->Dmin + (k0 / 256) * PG_NR : NULL;
     return b;
@@ -545,7 +548,7 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q8h_group_at(const u
     return s;
 }
 
-/* A panel's quantized data (bits 8 or 4; 6: Q6_K) and the offsets of row k and group g in it.
+/* A panel's quantized data (bits 8 or 4; 5, 6: Q5_K, Q6_K) and the offsets of row k and group g in it.
    half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). exact: Q8Panels.exact.
    k: K-quant panels' scales (k.kind PG_K_NONE: d and m hold them). */
 typedef struct { const void *q, *d, *m; int bits, exact, half; pg_kq k; } pg_qpanel;
@@ -599,9 +602,33 @@ static void pg_q6k_rows(const pg_qpanel *a, long g, float *buf) {
     }
 }
 
+/* Rows 32 g .. 32 g + 31 of a Q5_K panel into buf (rows 32 g on): u = low | high << 4,
+   w = fma(u, D sc, -(Dmin mn)): D sc u is exact (at most 11 + 6 + 5 significant bits), so the
+   one rounding is ggml's (D sc) u - Dmin mn. */
+static void pg_q5k_rows(const pg_qpanel *a, long g, float *buf) {
+    pg_q8_group s = pg_q4k_group_at(&a->k, g);
+    pg_vec d[2] = {s.d0, s.d1}, m[2] = {s.m0, s.m1};
+    for (int h = 0; h < 2; h++) {
+        pg_vi H;
+        memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
+        for (int i = 0; i < 32; i++) {
+            const int r = i / 8, t = i % 8, at = 8 * (t / 2) + 2 * r + t % 2;
+            pg_vi w;
+            memcpy(&w, (const uint8_t *)a->q + (4 * g + r) * 4 * PG_NR + h * 4 * PG_VL, sizeof w);
+            pg_vi u = (pg_vi)(((pg_vu)w >> (4 * t)) & 0xF) | (pg_vi)((((pg_vu)H >> at) & 1) << 4);
+            pg_vec wt = pg_fma(__builtin_convertvector(u, pg_vec), d[h], m[h]);
+            memcpy(buf + (32 * g + i) * PG_NR + h * PG_VL, &wt, sizeof wt);
+        }
+    }
+}
+
 /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
 static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
     for (long g = 0; g < kc / 32; g++) {
+        if (a->bits == 5) {
+            pg_q5k_rows(a, g, buf);
+            continue;
+        }
         if (a->bits == 6) {
             pg_q6k_rows(a, 2 * g, buf);
             pg_q6k_rows(a, 2 * g + 1, buf);
@@ -701,7 +728,7 @@ typedef struct {
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
     float *c;                 /* [M, n] columns of rows ldc apart */
     long M, K, n, ldc, kc, P, chunk, fused_tiles;
-    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 6: Q6_K */
+    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 5, 6: Q5_K, Q6_K */
     pg_kq k;                  /* K-quant panels (k.kind != PG_K_NONE): their scales, d and m NULL */
 } pg_q8_job;
 
@@ -719,7 +746,7 @@ static void pg_gemm_q8_task(void *ctx, long t) {
     if (j->M == 1 && j->half)
         for (; p + 3 < end; p += 4)
             pg_gemm_q8h_quad(j, p);
-    if (j->M == 1 && j->bits != 6)  /* Q6_K: a block at a time through the buffer */
+    if (j->M == 1 && j->bits < 5)  /* Q5_K, Q6_K: a block at a time through the buffer */
         for (; p + 1 < end; p += 2)
             pg_gemm_q8_pair(j, p);
     for (; p < end; p++)
@@ -734,7 +761,7 @@ static inline pg_kq pg_kq_panel(const pg_kq *k, long K, long p) {
     long groups = K / (k->kind == PG_K_Q6K ? 16 : 32);
     b.sc = (const uint8_t *)k->sc + p * groups * PG_NR;
     b.mn = k->mn ? k->mn + p * groups * PG_NR : NULL;
-    b.qh = k->qh ? k->qh + p * (K / 4) * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + p * (K / PG_KQ_QH_DIV(k->kind)) * PG_NR : NULL;
     b.D = k->D + p * (K / 256) * PG_NR;
     b.Dmin = k->Dmin ? k->Dmin + p * (K / 256) * PG_NR : NULL;
     return b;
@@ -880,8 +907,8 @@ static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
     for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
         long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
         pg_qpanel block = pg_qpanel_from(&whole, k0);
-        /* dequantize in registers, no buffer (tile 2+: q from L1); Q6_K always through the buffer */
-        int fused = ntiles <= j->fused_tiles && j->bits != 6;
+        /* dequantize in registers, no buffer (tile 2+: q from L1); Q5_K, Q6_K always through the buffer */
+        int fused = ntiles <= j->fused_tiles && j->bits != 5 && j->bits != 6;
         if (!fused)
             pg_dequant_block(&block, kcur, buf);
         for (long t = 0; t < ntiles; t++) {

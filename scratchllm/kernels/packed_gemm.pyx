@@ -93,7 +93,7 @@ cdef extern from "packed_gemm.h":
         const uint8_t *mn
         const uint16_t *D
         const uint16_t *Dmin
-    int PG_K_NONE, PG_K_Q4K, PG_K_Q6K
+    int PG_K_NONE, PG_K_Q4K, PG_K_Q5K, PG_K_Q6K
     ctypedef struct pg_q8_job:
         const float *x
         const void *q
@@ -392,12 +392,12 @@ PANEL_TYPES = (*BLOCK_TYPES, *kpanels.KTYPES)  # the GGUF types pack_blocks keep
 def row_bytes(str type_name, Py_ssize_t K) -> int:
     """Bytes of one row of K weights of a PANEL_TYPES type, as a GGUF file stores it."""
     if type_name in kpanels.KTYPES:
-        return K // kpanels.SUPER * {"Q4_K": 144, "Q6_K": 210}[type_name]
+        return K // kpanels.SUPER * kpanels.BLOCK_BYTES[type_name]
     return K // 32 * BLOCK_BYTES[type_name]
 
 
 def _pack_kquant(parts, Py_ssize_t K, alloc) -> KPanels:
-    """pack_blocks for Q4_K or Q6_K parts (one type): their rows in order, then kpanels.pack."""
+    """pack_blocks for parts of one K-quant type: their rows in order, then kpanels.pack."""
     rows = [raw if order is None else raw[np.asarray(order)] for _, raw, order in parts]
     packed = kpanels.pack(parts[0][0], rows[0] if len(rows) == 1 else np.concatenate(rows), K, PG_NR)
     fields = []
@@ -417,7 +417,7 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
     parts -> Q4Panels (Q4_0 parts only: no offsets stored, the kernel makes -8 d; Q4_0 beside Q4_1:
     None if a Q4_0 scale's -8 d overflows float16, see ggml_quants.as_q4); Q8_0 parts only ->
-    Q8Panels (no offsets); Q4_K parts only or Q6_K parts only -> KPanels (kernels/kpanels.py). The bytes are moved once, by the kernel pool's threads; no
+    Q8Panels (no offsets); parts of one K-quant type (Q4_K, Q5_K, Q6_K) -> KPanels (kernels/kpanels.py). The bytes are moved once, by the kernel pool's threads; no
     temporary as large as the matrix is made. `alloc(shape, dtype)` makes the zeroed output arrays
     (models.arena.PanelArena.zeros puts a model's panels in huge pages)."""
     if K % 32:
@@ -425,7 +425,8 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     kinds = {t for t, _, _ in parts}
     one_k = len(kinds) == 1 and kinds <= set(kpanels.KTYPES)
     if not (one_k or kinds <= set(BLOCK_TYPES)) or ("Q8_0" in kinds and len(kinds) > 1):
-        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts, Q8_0 parts, Q4_K parts or Q6_K parts, not {sorted(kinds)}")
+        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts, Q8_0 parts, or parts of one K-quant type "
+                         f"({', '.join(kpanels.KTYPES)}), not {sorted(kinds)}")
     addresses, types = [], []
     for type_name, raw, order in parts:
         nbytes = row_bytes(type_name, K)
@@ -557,12 +558,13 @@ cdef int _bind_part(object panels, GemmPart *w) except -1:
         q4, sc, d16 = panels.q4, panels.sc.view(np.uint8), panels.d.view(np.uint16)
         w.q, w.d, w.m, w.exact, w.half = &q4[0, 0, 0], NULL, NULL, 1, 0
         w.sc, w.D = &sc[0, 0, 0], &d16[0, 0, 0]
-        if panels.kind == "Q4_K":
+        if panels.kind in ("Q4_K", "Q5_K"):
             mn, m16 = panels.mn, panels.dmin.view(np.uint16)
             w.kind, w.kq, w.mn, w.Dmin = 4, PG_K_Q4K, &mn[0, 0, 0], &m16[0, 0, 0]
-        else:
+        if panels.kind in ("Q5_K", "Q6_K"):
             qh = panels.qh
-            w.kind, w.kq, w.qh = 6, PG_K_Q6K, &qh[0, 0, 0]
+            w.qh = &qh[0, 0, 0]
+            w.kind, w.kq = (5, PG_K_Q5K) if panels.kind == "Q5_K" else (6, PG_K_Q6K)
         w.P, K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
         if K % kpanels.SUPER:
             raise ValueError(f"K-quant panels of {K} rows: not whole 256-row super-blocks")
@@ -702,7 +704,7 @@ cdef void gemm(const GemmWeight *w, const float *x, Py_ssize_t M, float *c) noex
         job.chunk = job.P // ((_Q8_TASKS_PER_THREAD_ROW if M == 1 else _Q8_TASKS_PER_THREAD) * threads)
         if job.chunk < 1:
             job.chunk = 1  # enough tasks to even out the threads
-        if job.M == 1 and part.kind != 6:  # one row takes panels in pairs (pg_gemm_q8_pair) or fours (_q8h_quad)
+        if job.M == 1 and part.kind not in (5, 6):  # one row: panels in pairs (pg_gemm_q8_pair), fours (_q8h_quad)
             step = 4 if part.half else 2
             job.chunk = (job.chunk + step - 1) // step * step
         pool.run(pg_gemm_q8_task, &job, (job.P + job.chunk - 1) // job.chunk, threads)

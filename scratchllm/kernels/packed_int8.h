@@ -306,10 +306,12 @@ static inline __attribute__((always_inline)) pg_iv pg_dot8(pg_iv acc, pg_iv u, p
    PG_I8_Q6K (Q6_K's KPanels): the same low nibbles, each byte's bits 4 and 5 from the high-bit
      word of the step's 16 rows (one shift and one AND per vector); u <= 63, so without VNNI the
      16-bit pairs are widened at once (pg_dot_wide). Its scale groups are 16 rows: 2 steps.
+   PG_I8_Q5K (Q5_K's KPanels): the low nibbles and bit 4 from the group's high-bit word; u <= 31,
+     widened at once too; Q4_K's scales.
    PG_I8_Q8 (Q8Panels): the step is two word rows of 4 rows each, biased bytes: x in order.
    Two levels: each byte vector meets q1's bytes and q2's, into two integer sums combined per
    scale group as 256 sum(q1 u) + sum(q2 u) = sum(Q u): |.| < 256 x 32 x 255 x 128 < 2^31. */
-enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3 };
+enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4 };
 
 /* Register budget: per row of a tile 2 float accumulators and, per half of a pass, 1 integer
    sum per level; per pass 2 byte vectors per half, 2 broadcasts of x per level, 1 mask.
@@ -336,6 +338,12 @@ static inline __attribute__((always_inline)) pg_iv pg_q6k_high(pg_iv H, const in
     return pg_iv_and(v == 0 ? pg_iv_sll(H, 4) : v == 1 ? pg_iv_sll(H, 2) : v == 2 ? H : pg_iv_srl(H, 2), mask);
 }
 
+/* Q5_K: bit v of each byte of the high-bit word H moved to bit 4. */
+static inline __attribute__((always_inline)) pg_iv pg_q5k_high(pg_iv H, const int v) {
+    const pg_iv mask = pg_iv_set1(0x10101010);
+    return pg_iv_and(v < 4 ? pg_iv_sll(H, 4 - v) : v == 4 ? H : pg_iv_srl(H, v - 4), mask);
+}
+
 /* Step ks of the panel, half h: b[0] and b[1]. */
 static inline __attribute__((always_inline)) void pg_i8_step(const int kind, const uint8_t *q, const uint8_t *qh,
                                                             long ks, int h, pg_iv b[2]) {
@@ -355,6 +363,12 @@ static inline __attribute__((always_inline)) void pg_i8_step(const int kind, con
         b[0] = pg_iv_or(b[0], pg_q6k_high(H, v));
         b[1] = pg_iv_or(b[1], pg_q6k_high(H, v + 1));
     }
+    if (kind == PG_I8_Q5K) {  /* word row ks % 4 of the 32 rows' high-bit word ks / 4 */
+        pg_iv H = pg_iv_load(qh + (ks / 4) * 4 * PG_NR + h * 4 * PG_VL);
+        const int v = 2 * (int)(ks % 4);
+        b[0] = pg_iv_or(b[0], pg_q5k_high(H, v));
+        b[1] = pg_iv_or(b[1], pg_q5k_high(H, v + 1));
+    }
 }
 
 /* Scale group sg's scales (and offsets) of the panel's two halves: float16 d, m (4-bit panels, a
@@ -362,7 +376,7 @@ static inline __attribute__((always_inline)) void pg_i8_step(const int kind, con
 static inline __attribute__((always_inline)) void pg_i8_scales(const int kind, const int f16, const void *d,
                                                               const void *m, const pg_kq *k, long sg, pg_vec dv[2],
                                                               pg_vec mv[2]) {
-    if (kind == PG_I8_Q4K) {
+    if (kind == PG_I8_Q4K || kind == PG_I8_Q5K) {
         pg_q8_group b = pg_q4k_group_at(k, sg);
         dv[0] = b.d0, dv[1] = b.d1, mv[0] = b.m0, mv[1] = b.m1;
         return;
@@ -395,11 +409,12 @@ static inline __attribute__((always_inline)) void pg_i8_scales(const int kind, c
 #endif
 
 static inline __attribute__((always_inline)) pg_iv pg_i8_dot(const int kind, pg_iv acc, pg_iv u, pg_iv s) {
-    return kind == PG_I8_Q8 ? pg_dot8(acc, u, s) : kind == PG_I8_Q6K ? pg_dot_wide(acc, u, s) : pg_dot(acc, u, s);
+    return kind == PG_I8_Q8 ? pg_dot8(acc, u, s) : kind == PG_I8_Q6K || kind == PG_I8_Q5K ? pg_dot_wide(acc, u, s)
+                                                                                            : pg_dot(acc, u, s);
 }
 
 static inline __attribute__((always_inline)) pg_iv pg_i8_finish(const int kind, pg_iv acc) {
-    return kind == PG_I8_Q8 || kind == PG_I8_Q6K ? acc : pg_dot_finish(acc);
+    return kind == PG_I8_Q8 || kind == PG_I8_Q6K || kind == PG_I8_Q5K ? acc : pg_dot_finish(acc);
 }
 
 /* Rows r0 .. r0 + R - 1 of x against k = 32 g0 .. 32 g1 - 1 of one panel (q, d, m, k from its
@@ -471,8 +486,9 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
 }
 
 /* The panel kinds there are: 4-bit (offsets or not, float16 scales), 8-bit float16 without
-   offsets (Q8_0), 8-bit float32 with offsets, Q4_K, Q6_K. */
-enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q4_K = 4, PG_I8_Q6_K = 5 };
+   offsets (Q8_0), 8-bit float32 with offsets, Q4_K, Q6_K, Q5_K. */
+enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q4_K = 4, PG_I8_Q6_K = 5,
+       PG_I8_Q5_K = 6 };
 
 static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
                        const void *m, const pg_kq *k, long g0, long g1, float *c, long ldc, int cols, int first) {
@@ -481,7 +497,8 @@ static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, con
         pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, k, g0, g1, c, ldc, cols, first); break;
 #define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, two, n) \
     PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n)
+    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 1, 0, two, n)
     switch ((variant * 2 + two) * 16 + R) {
 #define PG_CASE(n) PG_I8_CALLS(0, n)
     PG_I8_CASES1
@@ -512,6 +529,7 @@ static void pg_i8_task(void *ctx, long t) {
     const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_MAXR1;
     const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
     const int variant = j->k.kind == PG_K_Q4K ? PG_I8_Q4_K : j->k.kind == PG_K_Q6K ? PG_I8_Q6_K :
+                        j->k.kind == PG_K_Q5K ? PG_I8_Q5_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
     long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P;

@@ -147,7 +147,7 @@ class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
 
     def blocks(self, hf_name: str) -> Blocks | None:
         """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D tensor of a type
-        with panels of its own (packed_gemm.PANEL_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): its blocks
+        with panels of its own (packed_gemm.PANEL_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): its blocks
         as the file stores them (a view of the mapped file, nothing read yet), and for q/k rows
         the order that undoes llama.cpp's permutation (output row i is stored row order[i]); None
         for any other type. What packed_gemm.pack_blocks takes."""
@@ -272,7 +272,7 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
     (Llama family, GGUF files) keeps the file's quantized matrices in memory (Q4_0 / Q4_1 as 4 bits
-    per weight, Q4_K and Q6_K at about the file's bits, Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL, IQ4_XS as
+    per weight, Q4_K, Q5_K and Q6_K at about the file's bits, Q8_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS as
     one int8 per weight with a scale and offset per 32) and dequantizes them inside the GEMM
     exactly as the float32 path does: the same logits, bit for bit, from a third of the bytes or
     less. Matrices the file stores unquantized, or in Q3_K or Q2_K, are float32 (dequantized once

@@ -9,9 +9,9 @@ dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside t
 activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
 "quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
 4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
-bytes; kernels/kpanels.KPanels for Q4_K and Q6_K, at about the file's bits per weight;
+bytes; kernels/kpanels.KPanels for Q4_K, Q5_K and Q6_K, at about the file's bits per weight;
 packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
-Q5_1, Q5_K, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see formats.ggml_quants.as_q8;
+Q5_1, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see formats.ggml_quants.as_q8;
 a fused matrix of K-quants beside other types in parts, packed_gemm.SegmentedPanels) and computes
 with exactly the float32 values they stand for. Q3_K and Q2_K have no such panels: their
 matrices, and any matrix fused with one, are float32 (the loader logs which). `activations`

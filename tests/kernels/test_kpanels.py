@@ -12,7 +12,7 @@ from scratchllm.kernels.kpanels import KPanels
 
 gguf = pytest.importorskip("gguf")
 
-KINDS = ["Q4_K", "Q6_K"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K"]
 
 
 def random_raw(kind, rows, K, seed=0, tame=False):
@@ -45,7 +45,7 @@ def test_weights_are_gguf_dequantization_bit_for_bit_at_the_files_size(kind):
     ids = [0, N - 1, 7, 0]
     np.testing.assert_array_equal(pg.columns(panels, K, ids).view(np.uint32), want[ids].view(np.uint32))
     full = pg.pack_blocks([(kind, random_raw(kind, pg.NR, K), None)], K)  # whole panels: no padding
-    assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q6_K": 6.5625}[kind]
+    assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625}[kind]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -85,7 +85,7 @@ def test_integer_products_are_the_products_within_the_rounding_of_x(kind, activa
 
 
 def test_pack_blocks_refuses_mixed_k_quants():
-    with pytest.raises(ValueError, match="Q4_K parts or Q6_K parts"):
+    with pytest.raises(ValueError, match="parts of one K-quant type"):
         pg.pack_blocks([("Q4_K", random_raw("Q4_K", 32, 256), None), ("Q6_K", random_raw("Q6_K", 32, 256), None)],
                        256)
     with pytest.raises(ValueError, match="rows must be"):
