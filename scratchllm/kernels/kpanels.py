@@ -40,6 +40,9 @@ KTYPES = ("Q4_K", "Q5_K", "Q6_K")
 SUPER = 256  # weights per super-block (K-quants' block)
 GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # a file's bytes per super-block
+# the panels' bytes per super-block and column: the low nibbles (128), the high bits (Q5_K 32, Q6_K
+# 64), the group scales (8 or 16) and mins (8), D and Dmin (2 each)
+PANEL_BYTES = {"Q4_K": 128 + 8 + 8 + 2 + 2, "Q5_K": 128 + 32 + 8 + 8 + 2 + 2, "Q6_K": 128 + 64 + 16 + 2}
 ARRAYS = ("q4", "qh", "sc", "mn", "d", "dmin")  # KPanels' fields that are arrays (or None), in order
 
 

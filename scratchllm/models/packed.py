@@ -26,14 +26,31 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
+from scratchllm.formats.ggml_quants import KERNEL_TYPES
 from scratchllm.kernels import packed_gemm
-from scratchllm.kernels.kpanels import KTYPES
+from scratchllm.kernels.kpanels import KTYPES, PANEL_BYTES, SUPER
 
-__all__ = ["DTYPES", "PackedWeight"]  # DTYPES re-exported: models.llama checks against it
+__all__ = ["DTYPES", "PackedWeight", "panel_bytes_per_weight"]  # DTYPES re-exported: models.llama checks against it
 
 F32 = npt.NDArray[np.float32]
 # (q, d, m) of one quantized part: formats.ggml_quants.as_q8 / as_q4
 QuantizedPart = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]
+
+
+def panel_bytes_per_weight(type_name: str) -> float | None:
+    """Bytes per weight a matrix of this GGUF type takes in its quantized panels (the layouts of
+    packed_gemm and kpanels), or None where the model keeps it in float32 (Q3_K, Q2_K, plain
+    types). For a matrix of one type, or of K-quants in parts; a part fused with parts of another
+    type may take more (Q8_0 beside the 32-wide types: 40 / 32), or less (Q4_0 alone: 18 / 32)."""
+    if type_name in KTYPES:
+        return PANEL_BYTES[type_name] / SUPER
+    if type_name in ("Q4_0", "Q4_1"):
+        return 20 / 32  # 16 bytes of nibbles, float16 d and m
+    if type_name == "Q8_0":
+        return 34 / 32  # int8, a float16 d
+    if type_name in KERNEL_TYPES:
+        return 40 / 32  # int8 and float32 d and m per 32
+    return None
 
 
 class PackedWeight:

@@ -9,6 +9,7 @@ import pytest
 from scratchllm.formats import ggml_quants as gq
 from scratchllm.kernels import packed_gemm as pg
 from scratchllm.kernels.kpanels import KPanels
+from scratchllm.models.packed import panel_bytes_per_weight
 
 gguf = pytest.importorskip("gguf")
 
@@ -46,6 +47,7 @@ def test_weights_are_gguf_dequantization_bit_for_bit_at_the_files_size(kind):
     np.testing.assert_array_equal(pg.columns(panels, K, ids).view(np.uint32), want[ids].view(np.uint32))
     full = pg.pack_blocks([(kind, random_raw(kind, pg.NR, K), None)], K)  # whole panels: no padding
     assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625}[kind]
+    assert full.nbytes / (pg.NR * K) == panel_bytes_per_weight(kind)  # what memory plans count
 
 
 @pytest.mark.parametrize("kind", KINDS)
