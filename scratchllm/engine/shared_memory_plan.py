@@ -5,8 +5,9 @@ Each model's need:
   weights      an upper bound of what the loader will hold, from the tensor table: per matrix
                (a 2-D tensor), at a quantized dtype ("quantized", "int8", "int16") the bytes a
                weight of its type takes in its panels (models/packed.panel_bytes_per_weight: 0.625
-               for Q4_0 / Q4_1, 0.58 / 0.70 / 0.82 for Q4_K / Q5_K / Q6_K, 1.06 for Q8_0, 1.25 for
-               the other 32-wide types), 4 for the rest (dequantized); at "bfloat16" 2; at "float32" 4;
+               for Q4_0 / Q4_1, 0.58 / 0.70 / 0.82 / 0.57 / 0.64 for Q4_K / Q5_K / Q6_K / Q3_K /
+               Q2_K, 1.06 for Q8_0, 1.25 for the other 32-wide types), 4 for the rest
+               (dequantized); at "bfloat16" 2; at "float32" 4;
                every vector 4 bytes an element; plus 1% and 1 MiB for what the loader adds (rotary
                tables, copies of norms). The matrices' layouts are models/packed.py's.
   KV pool and  a generator's, as engine/memory_plan.py's plan_memory sizes them for the engine

@@ -1,6 +1,7 @@
-"""K-quant panels: a GGUF file's Q4_K, Q5_K and Q6_K blocks in the packed GEMM's panel layout, at
-about the file's bits per weight (Q4_K: 4.625, the file 4.5; Q5_K: 5.625, the file 5.5; Q6_K:
-6.5625, the file's own).
+"""K-quant panels: a GGUF file's K-quant blocks in the packed GEMM's panel layout, Q4_K, Q5_K and
+Q6_K at about the file's bits per weight (Q4_K: 4.625, the file 4.5; Q5_K: 5.625, the file 5.5;
+Q6_K: 6.5625, the file's own); Q3_K and Q2_K with their few bits in the 4-bit words (4.5625 and
+5.125, the files 3.4375 and 2.625), a seventh of the float32 they were widened to before.
 
 The K-quants (llama.cpp's Q4_K_M files: Q4_K for most matrices, Q6_K for some; Q5_K_M: Q5_K and
 Q6_K) keep, per super-block of 256 weights of a row, a float16 scale D (Q4_K, Q5_K: and Dmin), and
@@ -9,6 +10,8 @@ weight is (formats/ggml_quants.py)
     Q4_K: w = (D sc) u - (Dmin mn),   u the 4-bit value in 0..15
     Q5_K: the same,                   u the 5-bit value in 0..31
     Q6_K: w = (D sc) (u - 32),        u the 6-bit value in 0..63
+    Q3_K: w = (D sc) (u - 4),         u the 3-bit value in 0..7, sc in -32..31, groups of 16
+    Q2_K: w = (D sc) u - (Dmin mn),   u the 2-bit value in 0..3, sc and mn in 0..15, groups of 16
 each product of the reference's float32 operations exact (D sc has at most 11 + 7 significant
 bits, times u at most 24), so one FMA gives ggml's value and the kernels can be exact.
 
@@ -22,10 +25,11 @@ Layout (P panels of NR columns, as packed_gemm's panels; row k of W is input k):
         Q5_K: uint8 [P, K/8, NR]: the high bit, one 32-bit word per 32 rows and column: row
         8 r + 2 j + p (r in 0..3) in bit v of byte j, v = 2 r + p (again one shift and one AND)
         Q4_K: None
-  sc    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q6_K: int8 [P, K/16, NR]
-  mn    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q6_K: None
+  sc    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q6_K, Q3_K: int8 [P, K/16, NR]; Q2_K: uint8
+        [P, K/16, NR]
+  mn    Q4_K, Q5_K: uint8 [P, K/32, NR] (6 bits); Q2_K: uint8 [P, K/16, NR]; Q6_K, Q3_K: None
   d     float16 [P, K/256, NR]: D
-  dmin  Q4_K, Q5_K: float16 [P, K/256, NR]: Dmin; Q6_K: None
+  dmin  Q4_K, Q5_K, Q2_K: float16 [P, K/256, NR]: Dmin; Q6_K, Q3_K: None
 Columns past the matrix's last (the right edge of the last panel) are all zeros: weight 0.
 """
 
@@ -36,13 +40,15 @@ import numpy.typing as npt
 
 from scratchllm.formats import ggml_quants as gq
 
-KTYPES = ("Q4_K", "Q5_K", "Q6_K")
+KTYPES = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K")
 SUPER = 256  # weights per super-block (K-quants' block)
-GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # a file's bytes per super-block
+GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16, "Q3_K": 16, "Q2_K": 16}
+ZERO = {"Q6_K": 32, "Q3_K": 4}  # w = (D sc) (u - ZERO); the others have mins instead
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q3_K": 110, "Q2_K": 84}  # a file's bytes per super-block
 # the panels' bytes per super-block and column: the low nibbles (128), the high bits (Q5_K 32, Q6_K
-# 64), the group scales (8 or 16) and mins (8), D and Dmin (2 each)
-PANEL_BYTES = {"Q4_K": 128 + 8 + 8 + 2 + 2, "Q5_K": 128 + 32 + 8 + 8 + 2 + 2, "Q6_K": 128 + 64 + 16 + 2}
+# 64), the group scales (8 or 16) and mins (8 or 16), D and Dmin (2 each)
+PANEL_BYTES = {"Q4_K": 128 + 8 + 8 + 2 + 2, "Q5_K": 128 + 32 + 8 + 8 + 2 + 2, "Q6_K": 128 + 64 + 16 + 2,
+               "Q3_K": 128 + 16 + 2, "Q2_K": 128 + 16 + 16 + 2 + 2}
 ARRAYS = ("q4", "qh", "sc", "mn", "d", "dmin")  # KPanels' fields that are arrays (or None), in order
 
 
@@ -51,11 +57,11 @@ class KPanels(NamedTuple):
 
     q4: npt.NDArray[np.uint8]  # [P, K/2, NR] low 4 bits, in words
     qh: npt.NDArray[np.uint8] | None  # high bits, in words: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR]
-    sc: npt.NDArray[Any]  # group scales: uint8 [P, K/32, NR] (Q4_K, Q5_K) or int8 [P, K/16, NR] (Q6_K)
-    mn: npt.NDArray[np.uint8] | None  # Q4_K, Q5_K: [P, K/32, NR]
+    sc: npt.NDArray[Any]  # group scales [P, K/GROUP, NR]: int8 (Q6_K, Q3_K) or uint8
+    mn: npt.NDArray[np.uint8] | None  # Q4_K, Q5_K, Q2_K: [P, K/GROUP, NR]
     d: npt.NDArray[np.float16]  # [P, K/256, NR]
-    dmin: npt.NDArray[np.float16] | None  # Q4_K, Q5_K: [P, K/256, NR]
-    kind: str  # "Q4_K", "Q5_K" or "Q6_K"
+    dmin: npt.NDArray[np.float16] | None  # Q4_K, Q5_K, Q2_K: [P, K/256, NR]
+    kind: str  # one of KTYPES
 
     @property
     def nbytes(self) -> int:
@@ -66,7 +72,7 @@ class KPanels(NamedTuple):
         return self.q4.dtype
 
     def values(self) -> npt.NDArray[np.uint8]:
-        """u [P, K, NR] (0..15 for Q4_K, 0..31 for Q5_K, 0..63 for Q6_K), a copy."""
+        """u [P, K, NR] (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, Q3_K 0..7, Q2_K 0..3), a copy."""
         P, K2, NR = self.q4.shape
         rows = self.q4.reshape(P, K2 // 4, NR, 4).transpose(0, 1, 3, 2).reshape(P, K2, NR)  # byte rows
         u = np.stack([rows & 0x0F, rows >> 4], axis=2).reshape(P, 2 * K2, NR)
@@ -93,8 +99,8 @@ def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any], mn: npt.
     g = GROUP[kind]  # Q4_K and Q5_K alike: (D sc) u - (Dmin mn)
     big = np.repeat(d.astype(np.float32), SUPER // g, axis=1)  # D per group: [A, K/g, C]
     scale = big * sc.astype(np.float32)  # exact
-    if kind == "Q6_K":
-        w = (u.astype(np.int8).astype(np.float32) - 32).reshape(A, K // g, g, C) * scale[:, :, None]
+    if kind in ZERO:
+        w = (u.astype(np.int8).astype(np.float32) - ZERO[kind]).reshape(A, K // g, g, C) * scale[:, :, None]
         return w.reshape(A, K, C)
     assert mn is not None and dmin is not None
     offset = np.repeat(dmin.astype(np.float32), SUPER // g, axis=1) * mn.astype(np.float32)
@@ -167,6 +173,16 @@ def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
         return KPanels(_low_words(u, nr), _high_words(u, nr, kind) if kind == "Q5_K" else None,
                        _panels(sc.reshape(N, K // 32), nr, np.uint8), _panels(mn.reshape(N, K // 32), nr, np.uint8),
                        d, _panels(blocks["dmin"].reshape(N, nb), nr, np.float16), kind)
+    if kind in ("Q3_K", "Q2_K"):  # u in the nibbles: q + 4 (Q3_K's q is in -4..3) or q
+        q, _, _ = gq.groups(kind, blocks)
+        u = (q.view(np.uint8) + (4 if kind == "Q3_K" else 0)).astype(np.uint8).reshape(N, K)
+        s = np.ascontiguousarray(blocks["scales"])
+        if kind == "Q3_K":
+            return KPanels(_low_words(u, nr), None, _panels(gq.scales_q3k(s).reshape(N, K // 16), nr, np.int8),
+                           None, d, None, kind)
+        return KPanels(_low_words(u, nr), None, _panels((s & 0x0F).reshape(N, K // 16), nr, np.uint8),
+                       _panels((s >> 4).reshape(N, K // 16), nr, np.uint8), d,
+                       _panels(blocks["dmin"].reshape(N, nb), nr, np.float16), kind)
     low = gq._nibbles(np.ascontiguousarray(blocks["ql"]), 64)  # [N nb, 256]
     high = gq._bits(np.ascontiguousarray(blocks["qh"]).reshape(N * nb * 2, 32), (0, 2, 4, 6), 3)
     u = (low | (high.reshape(N * nb, 256) << 4)).reshape(N, K)

@@ -398,14 +398,17 @@ static inline __attribute__((always_inline)) pg_vec pg_bytes_to_f32(const void *
    scale sc (and min mn); Q6_K's high 2 bits in qh, one word per 16 rows and column (row
    8 r + 2 j + p in bits 2 v of byte j, v = 2 r + p). A group's scale D sc and offset -(Dmin mn)
    are exact float32 products, as ggml makes them. */
-enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3 };
+enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3, PG_K_Q3K = 4, PG_K_Q2K = 5 };
 typedef struct {
     int kind;
     const uint8_t *qh;        /* high bits: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR] */
-    const void *sc;           /* uint8 [P, K/32, NR] (Q4_K, Q5_K), int8 [P, K/16, NR] (Q6_K) */
-    const uint8_t *mn;        /* Q4_K, Q5_K: [P, K/32, NR] */
-    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K */
+    const void *sc;           /* [P, K/group, NR]: uint8 (Q4_K, Q5_K, Q2_K), int8 (Q6_K, Q3_K) */
+    const uint8_t *mn;        /* Q4_K, Q5_K, Q2_K: [P, K/group, NR] */
+    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K, Q2_K */
 } pg_kq;
+
+/* Rows per scale group: 16 for Q6_K, Q3_K, Q2_K, 32 for the others. */
+#define PG_KQ_GROUP(kind) ((kind) == PG_K_Q6K || (kind) == PG_K_Q3K || (kind) == PG_K_Q2K ? 16 : 32)
 
 /* Bytes of high-bit words per row of k and column: Q6_K one word per 16 rows, Q5_K per 32. */
 #define PG_KQ_QH_DIV(kind) ((kind) == PG_K_Q6K ? 4 : 8)
@@ -427,14 +430,24 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q4k_group_at(const p
     return b;
 }
 
-/* Q6_K group g of 16 rows: d = D sc for the NR columns (D of super-block g / 16). */
-static inline __attribute__((always_inline)) void pg_q6k_scale_at(const pg_kq *k, long g, pg_vec *d0, pg_vec *d1) {
+/* A group g of 16 rows (Q6_K, Q3_K, Q2_K): d = D sc for the NR columns (D of super-block g / 16;
+   sc signed but Q2_K's), and Q2_K's m = -(Dmin mn) (m0, m1 untouched for the others). */
+static inline __attribute__((always_inline)) void pg_k16_scales_at(const pg_kq *k, long g, pg_vec *d0, pg_vec *d1,
+                                                                  pg_vec *m0, pg_vec *m1) {
     pg_vec D0, D1;
+    const int sgn = k->kind != PG_K_Q2K;
     pg_f16_to_f32(k->D + (g / 16) * PG_NR, &D0);
     pg_f16_to_f32(k->D + (g / 16) * PG_NR + PG_VL, &D1);
-    const int8_t *sc = (const int8_t *)k->sc + g * PG_NR;
-    *d0 = D0 * pg_bytes_to_f32(sc, 1);
-    *d1 = D1 * pg_bytes_to_f32(sc + PG_VL, 1);
+    const uint8_t *sc = (const uint8_t *)k->sc + g * PG_NR;
+    *d0 = D0 * pg_bytes_to_f32(sc, sgn);
+    *d1 = D1 * pg_bytes_to_f32(sc + PG_VL, sgn);
+    if (k->kind == PG_K_Q2K) {
+        pg_vec M0, M1;
+        pg_f16_to_f32(k->Dmin + (g / 16) * PG_NR, &M0);
+        pg_f16_to_f32(k->Dmin + (g / 16) * PG_NR + PG_VL, &M1);
+        *m0 = -(M0 * pg_bytes_to_f32(k->mn + g * PG_NR, 0));
+        *m1 = -(M1 * pg_bytes_to_f32(k->mn + g * PG_NR + PG_VL, 0));
+    }
 }
 
 /* The K-quant pointers from row k0 on (k0 a multiple of 256). */
@@ -442,7 +455,7 @@ static inline pg_kq pg_kq_from(const pg_kq *k, long k0) {
     pg_kq b = *k;
     if (k->kind == PG_K_NONE)
         return b;
-    long groups = k0 / (k->kind == PG_K_Q6K ? 16 : 32);
+    long groups = k0 / PG_KQ_GROUP(k->kind);
     b.sc = (const uint8_t *)k->sc + groups * PG_NR;
     b.mn = k->mn ? k->mn + groups * PG_NR : NULL;
     b.qh = k->qh ? k->qh + k0 / PG_KQ_QH_DIV(k->kind) * PG_NR : NULL;
@@ -580,17 +593,20 @@ static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the pa
     return b;
 }
 
-/* Rows 16 g .. 16 g + 15 of a Q6_K panel into buf (rows 16 g on): u = low | high << 4 of each
-   row, w = fma(u, D sc, -32 D sc): the exact d (u - 32) (at most 11 + 7 + 5 significant bits),
-   ggml's value. */
-static void pg_q6k_rows(const pg_qpanel *a, long g, float *buf) {
+/* Rows 16 g .. 16 g + 15 of a panel of 16-row groups into buf (rows 16 g on), w = fma(u, d, z):
+   Q6_K u = low | high << 4, d = D sc, z = -32 d (the exact d (u - 32): at most 11 + 7 + 5
+   significant bits); Q3_K u = low, z = -4 d (exact too); Q2_K u = low, z = -(Dmin mn) (D sc u
+   exact, so the one rounding is ggml's). ggml's values. */
+static void pg_k16_rows(const pg_qpanel *a, long g, float *buf) {
     pg_vec d[2], z[2];
-    pg_q6k_scale_at(&a->k, g, &d[0], &d[1]);
-    z[0] = d[0] * -32.0f;
-    z[1] = d[1] * -32.0f;
+    pg_k16_scales_at(&a->k, g, &d[0], &d[1], &z[0], &z[1]);
+    if (a->k.kind != PG_K_Q2K)
+        for (int h = 0; h < 2; h++)
+            z[h] = d[h] * (a->k.kind == PG_K_Q6K ? -32.0f : -4.0f);
     for (int h = 0; h < 2; h++) {
-        pg_vi H, w[2];
-        memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
+        pg_vi H = (pg_vi){0}, w[2];
+        if (a->k.kind == PG_K_Q6K)
+            memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
         for (int r = 0; r < 2; r++)
             memcpy(&w[r], (const uint8_t *)a->q + (2 * g + r) * 4 * PG_NR + h * 4 * PG_VL, sizeof w[r]);
         for (int i = 0; i < 16; i++) {
@@ -629,9 +645,9 @@ static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
             pg_q5k_rows(a, g, buf);
             continue;
         }
-        if (a->bits == 6) {
-            pg_q6k_rows(a, 2 * g, buf);
-            pg_q6k_rows(a, 2 * g + 1, buf);
+        if (a->bits == 6) {  /* Q6_K, Q3_K, Q2_K */
+            pg_k16_rows(a, 2 * g, buf);
+            pg_k16_rows(a, 2 * g + 1, buf);
             continue;
         }
         if (a->bits == 4) {
@@ -728,7 +744,7 @@ typedef struct {
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
     float *c;                 /* [M, n] columns of rows ldc apart */
     long M, K, n, ldc, kc, P, chunk, fused_tiles;
-    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 5, 6: Q5_K, Q6_K */
+    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 5: Q5_K, 6: Q6_K, Q3_K, Q2_K */
     pg_kq k;                  /* K-quant panels (k.kind != PG_K_NONE): their scales, d and m NULL */
 } pg_q8_job;
 
@@ -758,7 +774,7 @@ static inline pg_kq pg_kq_panel(const pg_kq *k, long K, long p) {
     pg_kq b = *k;
     if (k->kind == PG_K_NONE)
         return b;
-    long groups = K / (k->kind == PG_K_Q6K ? 16 : 32);
+    long groups = K / PG_KQ_GROUP(k->kind);
     b.sc = (const uint8_t *)k->sc + p * groups * PG_NR;
     b.mn = k->mn ? k->mn + p * groups * PG_NR : NULL;
     b.qh = k->qh ? k->qh + p * (K / PG_KQ_QH_DIV(k->kind)) * PG_NR : NULL;

@@ -93,7 +93,7 @@ cdef extern from "packed_gemm.h":
         const uint8_t *mn
         const uint16_t *D
         const uint16_t *Dmin
-    int PG_K_NONE, PG_K_Q4K, PG_K_Q5K, PG_K_Q6K
+    int PG_K_NONE, PG_K_Q4K, PG_K_Q5K, PG_K_Q6K, PG_K_Q3K, PG_K_Q2K
     ctypedef struct pg_q8_job:
         const float *x
         const void *q
@@ -558,13 +558,15 @@ cdef int _bind_part(object panels, GemmPart *w) except -1:
         q4, sc, d16 = panels.q4, panels.sc.view(np.uint8), panels.d.view(np.uint16)
         w.q, w.d, w.m, w.exact, w.half = &q4[0, 0, 0], NULL, NULL, 1, 0
         w.sc, w.D = &sc[0, 0, 0], &d16[0, 0, 0]
-        if panels.kind in ("Q4_K", "Q5_K"):
+        # kind: the exact path's (4: through the 4-bit words, 5 and 6: a block at a time)
+        w.kind, w.kq = {"Q4_K": (4, PG_K_Q4K), "Q5_K": (5, PG_K_Q5K), "Q6_K": (6, PG_K_Q6K), "Q3_K": (6, PG_K_Q3K),
+                        "Q2_K": (6, PG_K_Q2K)}[panels.kind]
+        if panels.mn is not None:
             mn, m16 = panels.mn, panels.dmin.view(np.uint16)
-            w.kind, w.kq, w.mn, w.Dmin = 4, PG_K_Q4K, &mn[0, 0, 0], &m16[0, 0, 0]
-        if panels.kind in ("Q5_K", "Q6_K"):
+            w.mn, w.Dmin = &mn[0, 0, 0], &m16[0, 0, 0]
+        if panels.qh is not None:
             qh = panels.qh
             w.qh = &qh[0, 0, 0]
-            w.kind, w.kq = (5, PG_K_Q5K) if panels.kind == "Q5_K" else (6, PG_K_Q6K)
         w.P, K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
         if K % kpanels.SUPER:
             raise ValueError(f"K-quant panels of {K} rows: not whole 256-row super-blocks")

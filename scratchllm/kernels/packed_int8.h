@@ -308,10 +308,12 @@ static inline __attribute__((always_inline)) pg_iv pg_dot8(pg_iv acc, pg_iv u, p
      16-bit pairs are widened at once (pg_dot_wide). Its scale groups are 16 rows: 2 steps.
    PG_I8_Q5K (Q5_K's KPanels): the low nibbles and bit 4 from the group's high-bit word; u <= 31,
      widened at once too; Q4_K's scales.
+   PG_I8_Q3K, PG_I8_Q2K (Q3_K's, Q2_K's KPanels): u <= 7 in the nibbles, as PG_I8_Q4's; Q6_K's
+     groups of 16 (Q2_K's with mins: m dx sum16(Q)).
    PG_I8_Q8 (Q8Panels): the step is two word rows of 4 rows each, biased bytes: x in order.
    Two levels: each byte vector meets q1's bytes and q2's, into two integer sums combined per
    scale group as 256 sum(q1 u) + sum(q2 u) = sum(Q u): |.| < 256 x 32 x 255 x 128 < 2^31. */
-enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4 };
+enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4, PG_I8_Q3K = 5, PG_I8_Q2K = 6 };
 
 /* Register budget: per row of a tile 2 float accumulators and, per half of a pass, 1 integer
    sum per level; per pass 2 byte vectors per half, 2 broadcasts of x per level, 1 mask.
@@ -381,8 +383,8 @@ static inline __attribute__((always_inline)) void pg_i8_scales(const int kind, c
         dv[0] = b.d0, dv[1] = b.d1, mv[0] = b.m0, mv[1] = b.m1;
         return;
     }
-    if (kind == PG_I8_Q6K) {
-        pg_q6k_scale_at(k, sg, &dv[0], &dv[1]);
+    if (kind == PG_I8_Q6K || kind == PG_I8_Q3K || kind == PG_I8_Q2K) {
+        pg_k16_scales_at(k, sg, &dv[0], &dv[1], &mv[0], &mv[1]);
         return;
     }
     for (int h = 0; h < 2; h++) {
@@ -428,8 +430,8 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
                                                          const void *d, const void *m, const pg_kq *k, long g0,
                                                          long g1, float *c, long ldc, int cols, int first) {
     const long G = x->K / 32;
-    const int gsize = kind == PG_I8_Q6K ? 16 : 32, steps = gsize / 8;
-    const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : kind == PG_I8_Q6K ? 32 : has_m ? 0 : 8;
+    const int gsize = kind == PG_I8_Q6K || kind == PG_I8_Q3K || kind == PG_I8_Q2K ? 16 : 32, steps = gsize / 8;
+    const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : kind == PG_I8_Q6K ? 32 : kind == PG_I8_Q3K ? 4 : has_m ? 0 : 8;
     pg_vec acc[2 * PG_I8_MAXR1];
     for (int i = 0; i < 2 * R; i++)
         acc[i] = (pg_vec){0};
@@ -466,8 +468,9 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
             }
             for (int r = 0; r < R; r++) {
                 long at = (r0 + r) * G + sg * gsize / 32;
-                pg_vec xd = (pg_vec){0} + x->d[at], xs = (pg_vec){0} + x->s[at];
                 int32_t total = gsize == 16 ? x->sum16[(r0 + r) * 2 * G + sg] : x->sum[at];
+                /* s: dx sum(Q) of the group (16 rows: made here, dx times its half's sum) */
+                pg_vec xd = (pg_vec){0} + x->d[at], xs = (pg_vec){0} + (gsize == 16 ? x->d[at] * (float)total : x->s[at]);
                 for (int hh = 0; hh < PG_I8_HALVES; hh++) {
                     pg_iv i = pg_i8_finish(kind, is[PG_I8_HALVES * r + hh]);
                     if (two)
@@ -486,9 +489,9 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
 }
 
 /* The panel kinds there are: 4-bit (offsets or not, float16 scales), 8-bit float16 without
-   offsets (Q8_0), 8-bit float32 with offsets, Q4_K, Q6_K, Q5_K. */
+   offsets (Q8_0), 8-bit float32 with offsets, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K. */
 enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q4_K = 4, PG_I8_Q6_K = 5,
-       PG_I8_Q5_K = 6 };
+       PG_I8_Q5_K = 6, PG_I8_Q3_K = 7, PG_I8_Q2_K = 8 };
 
 static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
                        const void *m, const pg_kq *k, long g0, long g1, float *c, long ldc, int cols, int first) {
@@ -498,7 +501,8 @@ static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, con
 #define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, two, n) \
     PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, two, n) \
     PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 1, 0, two, n)
+    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 1, 0, two, n)
     switch ((variant * 2 + two) * 16 + R) {
 #define PG_CASE(n) PG_I8_CALLS(0, n)
     PG_I8_CASES1
@@ -529,7 +533,8 @@ static void pg_i8_task(void *ctx, long t) {
     const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_MAXR1;
     const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
     const int variant = j->k.kind == PG_K_Q4K ? PG_I8_Q4_K : j->k.kind == PG_K_Q6K ? PG_I8_Q6_K :
-                        j->k.kind == PG_K_Q5K ? PG_I8_Q5_K :
+                        j->k.kind == PG_K_Q5K ? PG_I8_Q5_K : j->k.kind == PG_K_Q3K ? PG_I8_Q3_K :
+                        j->k.kind == PG_K_Q2K ? PG_I8_Q2_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
     long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P;

@@ -237,8 +237,8 @@ def check_tensor_types(ckpt: Checkpoint) -> None:
 
 
 def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint) -> None:
-    """One line saying which quantized matrices of a "quantized" model run in float32 (types with no
-    exact quantized kernel: ggml_quants.GROUP 16, or fused with such a part) and what it costs."""
+    """One line saying which quantized matrices of a "quantized" model run in float32 (a K-quant
+    fused with a type that has no panels of its own) and what it costs."""
     parts = getattr(getattr(model, "weights", None), "parts", {})
     names, f32_bytes, file_bytes, seen = [], 0, 0, set()
     for hf_name, (packed, _) in parts.items():
@@ -275,7 +275,8 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     per weight, Q4_K, Q5_K and Q6_K at about the file's bits, Q8_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS as
     one int8 per weight with a scale and offset per 32) and dequantizes them inside the GEMM
     exactly as the float32 path does: the same logits, bit for bit, from a third of the bytes or
-    less. Matrices the file stores unquantized, or in Q3_K or Q2_K, are float32 (dequantized once
+    less; Q3_K and Q2_K in 4-bit words. Matrices the file stores unquantized, or that fuse a
+    K-quant with a 32-wide type, are float32 (dequantized once
     at load; logged). "int16" and "int8" store them as "quantized" does and
     multiply them by activations rounded to integers per 32 values with integer dot products:
     faster, with logits close to float32's but not equal (scratchllm/bench/accuracy.py measures

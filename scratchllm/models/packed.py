@@ -9,12 +9,13 @@ dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside t
 activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
 "quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
 4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
-bytes; kernels/kpanels.KPanels for Q4_K, Q5_K and Q6_K, at about the file's bits per weight;
+bytes; kernels/kpanels.KPanels for the K-quants, Q4_K, Q5_K and Q6_K at about the file's bits
+per weight, Q3_K and Q2_K in 4-bit words;
 packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
 Q5_1, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see formats.ggml_quants.as_q8;
 a fused matrix of K-quants beside other types in parts, packed_gemm.SegmentedPanels) and computes
-with exactly the float32 values they stand for. Q3_K and Q2_K have no such panels: their
-matrices, and any matrix fused with one, are float32 (the loader logs which). `activations`
+with exactly the float32 values they stand for. A matrix that fuses a K-quant with a type that
+has no panels of its own (Q5_0, Q5_1, IQ4_*) is float32 (the loader logs which). `activations`
 "int8" or "int16" multiplies the same panels by x rounded to integers instead (dtypes.ACTIVATIONS).
 Norms, rotary embeddings, attention and the KV cache stay float32 in every mode.
 """
@@ -39,8 +40,8 @@ QuantizedPart = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]
 
 def panel_bytes_per_weight(type_name: str) -> float | None:
     """Bytes per weight a matrix of this GGUF type takes in its quantized panels (the layouts of
-    packed_gemm and kpanels), or None where the model keeps it in float32 (Q3_K, Q2_K, plain
-    types). For a matrix of one type, or of K-quants in parts; a part fused with parts of another
+    packed_gemm and kpanels), or None where the model keeps it in float32 (plain types). For a
+    matrix of one type, or of K-quants in parts; a part fused with parts of another
     type may take more (Q8_0 beside the 32-wide types: 40 / 32), or less (Q4_0 alone: 18 / 32)."""
     if type_name in KTYPES:
         return PANEL_BYTES[type_name] / SUPER

@@ -13,7 +13,7 @@ from scratchllm.models.packed import panel_bytes_per_weight
 
 gguf = pytest.importorskip("gguf")
 
-KINDS = ["Q4_K", "Q5_K", "Q6_K"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K"]
 
 
 def random_raw(kind, rows, K, seed=0, tame=False):
@@ -46,7 +46,8 @@ def test_weights_are_gguf_dequantization_bit_for_bit_at_the_files_size(kind):
     ids = [0, N - 1, 7, 0]
     np.testing.assert_array_equal(pg.columns(panels, K, ids).view(np.uint32), want[ids].view(np.uint32))
     full = pg.pack_blocks([(kind, random_raw(kind, pg.NR, K), None)], K)  # whole panels: no padding
-    assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625}[kind]
+    assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625, "Q3_K": 4.5625,
+                                             "Q2_K": 5.125}[kind]
     assert full.nbytes / (pg.NR * K) == panel_bytes_per_weight(kind)  # what memory plans count
 
 
