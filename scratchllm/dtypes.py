@@ -13,13 +13,14 @@ DEFAULT_DTYPE = "auto"
 # "int16" (16 bits as two 8-bit levels, two dot products per weight byte: logits about 256 times
 # closer, nearly as fast where memory binds)
 ACTIVATIONS = ("float32", "int8", "int16")
-DTYPE_HELP = ("weight matrices: auto (default: int16 for a Llama GGUF file with quantized blocks, float32 "
-              "otherwise); float32 (the reference's numbers); bfloat16 (Llama; about 1.7x faster matmuls with "
-              "AVX512-BF16, logits differ in the third digit); quantized (Llama from a GGUF file: keeps its "
-              "quantized blocks, exact float32 products: the dequantized float32 model's logits bit for bit); "
-              "int16 (the same blocks times activations rounded to 16 bits per 32 values, integer dot products: "
-              "faster, logits within about 1e-3 of float32's); int8 (activations rounded to 8 bits, as llama.cpp "
-              "does: the fastest, logits within a few percent)")
+DTYPE_HELP = ("weight matrices: auto (default: for a Llama GGUF file with quantized blocks int16 where the "
+              "CPU has VNNI dot products, quantized elsewhere; float32 otherwise); float32 (the reference's "
+              "numbers); bfloat16 (Llama; about 1.7x faster matmuls with AVX512-BF16, logits differ in the "
+              "third digit); quantized (Llama from a GGUF file: keeps its quantized blocks, exact float32 "
+              "products: the dequantized float32 model's logits bit for bit); int16 (the same blocks times "
+              "activations rounded to 16 bits per 32 values, integer dot products: faster, logits within "
+              "about 1e-3 of float32's); int8 (activations rounded to 8 bits, as llama.cpp does: the fastest, "
+              "logits within a few percent)")
 
 
 def storage(dtype: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ COMPILED_FEATURES: tuple[str, ...]
 DTYPES: tuple[str, ...]
 ACTIVATIONS: tuple[str, ...]
 INT8_DOT: str
+INT_DOT_INSTRUCTION: bool
 BLOCK_TYPES: dict[str, int]
 BLOCK_BYTES: dict[str, int]
 PANEL_TYPES: tuple[str, ...]

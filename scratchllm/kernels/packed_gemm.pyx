@@ -127,6 +127,7 @@ cdef extern from "packed_int8.h":
         long M, K
     int PG_X8_NATURAL, PG_X8_EVEN_ODD
     const char *PG_INT8_DOT
+    int PG_INT_DOT_INSTR
     int pg_x8_reserve(pg_x8 *x, long M, long K, int two, int slot) noexcept nogil
     ctypedef struct pg_x8_job:
         const float *x
@@ -156,6 +157,7 @@ DTYPES = ("float32", "bfloat16")
 # ("int16": two dot products per weight byte, about 256 times finer)
 ACTIVATIONS = ("float32", "int8", "int16")
 INT8_DOT = PG_INT8_DOT.decode()  # the integer dot product this build uses
+INT_DOT_INSTRUCTION = bool(PG_INT_DOT_INSTR)  # a vpdpbusd: the integer products beat the exact path at every batch
 
 set_num_threads, get_num_threads = pool_module.set_num_threads, pool_module.get_num_threads  # the pool's
 

@@ -193,10 +193,16 @@ static void pg_x8_task(void *ctx, long t) {
 }
 
 /* ---- integer dot products, per instruction set ----
+   PG_INT_DOT_INSTR: 1 where the build has a dot-product instruction (vpdpbusd: AVX512-VNNI,
+   AVX-VNNI), 0 where it composes one (vpmaddubsw + vpmaddwd) or runs C. With the instruction the
+   integer products beat the exact path at every batch size measured; without it, "int16" costs
+   about as much per weight as the exact path's two FMAs once the rows are many (a prefill), and
+   the loader keeps the exact path as the default (models/loader.auto_dtype, docs/kernels.md).
    pg_iv: NR / 2 columns' 32-bit lanes (a native vector). pg_dot(acc, u, s): acc += the sum of
    each lane's four u8 x s8 products. With VNNI that is vpdpbusd into 32-bit lanes; without,
-   vpmaddubsw sums pairs into 16-bit lanes (no saturation: |u| <= 15 or 63, |s| <= 127, and
-   pg_dot_lanes16 says how many products a 16-bit lane may hold) and pg_dot_finish widens them. */
+   vpmaddubsw sums pairs into 16-bit lanes and pg_dot_finish widens them once per group (no
+   saturation: the micro-kernel's comment bounds what a 16-bit lane holds; pg_dot_wide and
+   pg_dot8 widen at once where it would not fit). */
 #if PG_VL == 16 && defined(__AVX512BW__)
 typedef __m512i pg_iv;
 #define PG_IV_ZERO _mm512_setzero_si512()
@@ -211,11 +217,13 @@ typedef __m512i pg_iv;
 #define pg_iv_to_vec(a) ((pg_vec)_mm512_cvtepi32_ps(a))
 #if defined(__AVX512VNNI__)
 #define PG_DOT_VNNI 1
+#define PG_INT_DOT_INSTR 1
 #define PG_INT8_DOT "vpdpbusd zmm (AVX512-VNNI)"
 #define pg_dot(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
 #define pg_dot_finish(acc) (acc)
 #else
 #define PG_DOT_VNNI 0
+#define PG_INT_DOT_INSTR 0
 #define PG_INT8_DOT "vpmaddubsw + vpmaddwd zmm (AVX512BW)"
 #define pg_dot(acc, u, s) _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, s))
 #define pg_dot_finish(acc) _mm512_madd_epi16(acc, _mm512_set1_epi16(1))
@@ -234,11 +242,13 @@ typedef __m256i pg_iv;
 #define pg_iv_to_vec(a) ((pg_vec)_mm256_cvtepi32_ps(a))
 #if defined(__AVXVNNI__)
 #define PG_DOT_VNNI 1
+#define PG_INT_DOT_INSTR 1
 #define PG_INT8_DOT "vpdpbusd ymm (AVX-VNNI)"
 #define pg_dot(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #define pg_dot_finish(acc) (acc)
 #else
 #define PG_DOT_VNNI 0
+#define PG_INT_DOT_INSTR 0
 #define PG_INT8_DOT "vpmaddubsw + vpmaddwd ymm (AVX2)"
 #define pg_dot(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
 #define pg_dot_finish(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
@@ -257,6 +267,7 @@ static inline pg_iv pg_iv_load(const void *p) { pg_iv v; memcpy(&v, p, sizeof v)
 #define pg_iv_add(a, b) ((a) + (b))
 #define pg_iv_to_vec(a) __builtin_convertvector(a, pg_vec)
 #define PG_DOT_VNNI 1
+#define PG_INT_DOT_INSTR 0
 #define PG_INT8_DOT "C"
 static inline pg_iv pg_dot(pg_iv acc, pg_iv u, pg_iv s) {
     uint8_t ub[4 * PG_VL];

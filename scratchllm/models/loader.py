@@ -258,17 +258,23 @@ def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint
 
 def auto_dtype(ckpt: Checkpoint, config: ModelConfig) -> str:
     """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
-    compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), multiplied by
-    activations rounded to 16 bits ("int16": faster than the exact "quantized" products and within
-    about 1e-3 of their logits; docs/kernels.md), else float32."""
-    return "int16" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
+    compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. The
+    blocks are multiplied by activations rounded to 16 bits ("int16": within about 1e-3 of the
+    exact logits) where this build has a dot-product instruction (AVX512-VNNI, AVX-VNNI), with
+    which that beats the exact "quantized" products at every batch size measured; without it
+    (AVX2), "int16" is faster at decode but slower at prefill, and auto keeps the exact path
+    (docs/kernels.md)."""
+    if config.family != "llama" or not _has_quantized_blocks(ckpt):
+        return "float32"
+    return "int16" if packed_gemm.INT_DOT_INSTRUCTION else "quantized"
 
 
 def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Checkpoint | None = None) -> FamilyModel:
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
-    `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is "int16"
-    for a Llama-family GGUF file that has quantized matrices and "float32" otherwise. "float32" computes
+    `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is, for a
+    Llama-family GGUF file that has quantized matrices, "int16" where the build has VNNI dot
+    products and "quantized" elsewhere (auto_dtype), and "float32" otherwise. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
     (Llama family, GGUF files) keeps the file's quantized matrices in memory (Q4_0 / Q4_1 as 4 bits

@@ -20,8 +20,8 @@ def test_the_exact_path_is_timed_beside_the_default(tmp_path):
     path = script.write_random_llama_gguf(tmp_path / "tiny.gguf", **script.SIZES["tiny"], vocab=256)
     parser = argparse.ArgumentParser()
     generate.add_arguments(parser)
-    args = parser.parse_args(["--model", str(path), "--prompt-tokens", "8", "--new-tokens", "4", "--repeat", "2",
-                              "--bandwidth-mb", "8", "--threads", "1"])
+    args = parser.parse_args(["--model", str(path), "--dtype", "int16", "--prompt-tokens", "8", "--new-tokens", "4",
+                              "--repeat", "2", "--bandwidth-mb", "8", "--threads", "1"])
     r = generate.run(args)
     c = r["figures"]["compare"]
     assert r["inputs"]["weights_dtype"] == "int16" and c["dtype"] == "quantized" and c["rounds"] == 2
@@ -29,7 +29,8 @@ def test_the_exact_path_is_timed_beside_the_default(tmp_path):
         assert c[key] > 0, key
     assert c["other_decode_vs_bound"] == pytest.approx(c["other_decode_tok_s"] / r["figures"]["bound_tok_s"])
     assert "int16 beside quantized" in generate.render(r)
-    off = generate.run(parser.parse_args(["--model", str(path), "--prompt-tokens", "8", "--new-tokens", "4",
+    off = generate.run(parser.parse_args(["--model", str(path), "--dtype", "int16", "--prompt-tokens", "8",
+                                          "--new-tokens", "4",
                                           "--repeat", "1", "--bandwidth-mb", "8", "--threads", "1",
                                           "--compare", "none"]))
     assert off["figures"]["compare"] is None

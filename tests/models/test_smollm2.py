@@ -101,7 +101,8 @@ def test_answers_paris(ours):
 def test_quantized_weights_give_the_float32_logits_bit_for_bit(reference, ours):
     # dtype "quantized" keeps the file's Q4_1 / Q8_0 blocks and dequantizes inside the GEMM: the
     # same weights (checked against transformers' dequantization) and the same logits, exactly.
-    # (The default dtype, "auto", is "int16" for this file: tests/bench/test_accuracy.py bounds it.)
+    # (The default dtype, "auto", is "int16" for this file where the CPU has VNNI dot products:
+    # tests/bench/test_accuracy.py bounds it.)
     q = load_model("default", dtype="quantized")
     assert q.dtype == "quantized"
     assert q.params["layers"][0]["qkv_proj"].dtype == "quantized" and q.params["lm_head"].dtype == "quantized"
