@@ -120,34 +120,43 @@ def _our_side(model: LoadedModel, sequences: Sequence[Ids], prompt_ids: Sequence
     return rows, [_greedy(model, p, steps) for p in prompt_ids]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(model: str = "default", dtypes: Sequence[str] = ("auto",), steps: int = 128, peer: bool = True,
+            peer_threads: int = 2) -> dict[str, Any]:
+    """The figures of our `dtypes` and of llama.cpp (`peer`, where installed) on `model`'s file:
+    {"inputs", "figures": {dtype or PEER: compare()'s figures}, "machine"}. What `bench peers`
+    can call to print the accuracy rows beside its speed rows (render prints them)."""
     from scratchllm.formats.refs import resolve_model
 
-    if args.threads:
-        from scratchllm.models.threads import set_blas_threads
-
-        set_blas_threads(args.threads)
-    path = str(resolve_model(args.model))
+    path = str(resolve_model(model))
     prompt_ids = prompts(path)
     reference = load_decoder(path, "float32")
-    ref_greedy = [_greedy(reference, p, args.steps) for p in prompt_ids]
+    ref_greedy = [_greedy(reference, p, steps) for p in prompt_ids]
     sequences = [p + g for p, g in zip(prompt_ids, ref_greedy, strict=True)]
     ref_rows = [_all_logits(reference, s)[len(p) - 1:len(s) - 1] for s, p in zip(sequences, prompt_ids, strict=True)]
     del reference
     sides: dict[str, Any] = {}
-    for dtype in [d for d in args.dtypes.split(",") if d]:
-        model = load_decoder(path, dtype)
-        rows, greedy = _our_side(model, sequences, prompt_ids, args.steps)
-        sides[dtype] = {"dtype": model.dtype, **compare(rows, ref_rows, greedy, ref_greedy)}
-        del model
-    peer: dict[str, Any] = {"installed": peer_installed()}
-    if peer["installed"] and not args.no_peer:
-        got = run_peer(path, sequences, prompt_ids, args.steps, args.threads or 2)
+    for dtype in dtypes:
+        ours = load_decoder(path, dtype)
+        rows, greedy = _our_side(ours, sequences, prompt_ids, steps)
+        sides[dtype] = {"dtype": ours.dtype, **compare(rows, ref_rows, greedy, ref_greedy)}
+        del ours
+    theirs: dict[str, Any] = {"installed": peer_installed()}
+    if theirs["installed"] and peer:
+        got = run_peer(path, sequences, prompt_ids, steps, peer_threads)
         rows = [np.asarray(r, dtype=np.float32) for r in got["rows"]]
-        peer.update(version=got["version"], **compare(rows, ref_rows, got["greedy"], ref_greedy))
-    sides[PEER] = peer
-    return {"inputs": {"model": path, "steps": args.steps, "prompt_tokens": [len(p) for p in prompt_ids]},
+        theirs.update(version=got["version"], **compare(rows, ref_rows, got["greedy"], ref_greedy))
+    sides[PEER] = theirs
+    return {"inputs": {"model": path, "steps": steps, "prompt_tokens": [len(p) for p in prompt_ids]},
             "figures": sides, "machine": machine_facts()}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        from scratchllm.models.threads import set_blas_threads
+
+        set_blas_threads(args.threads)
+    return measure(args.model, [d for d in args.dtypes.split(",") if d], args.steps, not args.no_peer,
+                   args.threads or 2)
 
 
 def peer_installed() -> bool:
