@@ -1,4 +1,4 @@
-/* The elementwise kernels' C: SwiGLU's silu(g) * u, RMSNorm of a row and the rotary embedding of
+/* The elementwise kernels' C: SwiGLU's silu(g) * u, GeGLU's gelu_tanh(g) * u, RMSNorm of a row and the rotary embedding of
    a head. Included by scratchllm/kernels/pointwise.pyx, whose `cdef extern from "pointwise.h"`
    declares what Cython calls. */
 #ifndef SCRATCHLLM_POINTWISE_H
@@ -30,6 +30,36 @@ static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
     for (; i < n; i++) {
         float e = expf(-fabsf(g[i]));
         float sig = (g[i] < 0.0f ? e : 1.0f) / (1.0f + e);
+        out[i] = g[i] * sig * u[i];
+    }
+}
+
+/* out[0:n] = gelu_tanh(g) * u, GeGLU (Gemma): gelu_tanh(g) = 0.5 g (1 + tanh(y)), y = sqrt(2/pi)
+   (g + 0.044715 g^3), computed as g * sigmoid(2 y), the same function (0.5 (1 + tanh y) = sigmoid(2 y)),
+   with pw_silu_mul's sigmoid, which cannot overflow. Whole groups of 16 take the vector path and
+   the rest libm's expf. */
+static void pw_gelu_tanh_mul(const float *g, const float *u, float *out, long n) {
+    const float c = 1.5957691216057308f;  /* 2 sqrt(2 / pi) */
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 16; l += PW_VL) {
+            scratchllm_vf gv, uv;
+            memcpy(&gv, g + i + l, sizeof gv);
+            memcpy(&uv, u + i + l, sizeof uv);
+            scratchllm_vf z = c * (gv + 0.044715f * (gv * gv * gv));
+            scratchllm_vi neg = z < 0.0f;
+            scratchllm_vf a = scratchllm_select(neg, z, -z);  /* -|z| */
+            scratchllm_vf e = scratchllm_exp(a);
+            scratchllm_vf one = (scratchllm_vf){0} + 1.0f;
+            scratchllm_vf sig = scratchllm_select(neg, e, one) / (1.0f + e);
+            scratchllm_vf o = gv * sig * uv;
+            memcpy(out + i + l, &o, sizeof o);
+        }
+    }
+    for (; i < n; i++) {
+        float z = c * (g[i] + 0.044715f * (g[i] * g[i] * g[i]));
+        float e = expf(-fabsf(z));
+        float sig = (z < 0.0f ? e : 1.0f) / (1.0f + e);
         out[i] = g[i] * sig * u[i];
     }
 }
