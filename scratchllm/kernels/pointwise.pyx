@@ -74,19 +74,15 @@ cdef float[:, ::1] _out(out, Py_ssize_t N, Py_ssize_t C) except *:
 
 def silu_mul(const float[:, ::1] gate_up, out=None):
     """[N, 2I] (gate | up, as the fused matmul makes them) -> silu(gate) * up, [N, I] (into `out` if given)."""
-    cdef Py_ssize_t N = gate_up.shape[0], I = gate_up.shape[1] // 2, r
-    if out is None:
-        out = np.empty((N, I), dtype=np.float32)
-    cdef float[:, ::1] o = _out(out, N, I)
-    if N == 0 or I == 0:
-        return out
-    with nogil:
-        silu_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
-    return out
+    return _gated(gate_up, out, False)
 
 
 def gelu_tanh_mul(const float[:, ::1] gate_up, out=None):
     """[N, 2I] (gate | up) -> gelu_tanh(gate) * up, [N, I] (into `out` if given): Gemma's GeGLU."""
+    return _gated(gate_up, out, True)
+
+
+cdef _gated(const float[:, ::1] gate_up, out, bint gelu):
     cdef Py_ssize_t N = gate_up.shape[0], I = gate_up.shape[1] // 2
     if out is None:
         out = np.empty((N, I), dtype=np.float32)
@@ -94,7 +90,10 @@ def gelu_tanh_mul(const float[:, ::1] gate_up, out=None):
     if N == 0 or I == 0:
         return out
     with nogil:
-        gelu_tanh_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
+        if gelu:
+            gelu_tanh_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
+        else:
+            silu_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
     return out
 
 

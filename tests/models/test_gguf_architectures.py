@@ -18,7 +18,6 @@ blocks kept in the kernels' panels, the C blocks on the engine's paged attention
 float32 model's logits bit for bit.
 """
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -32,8 +31,8 @@ gguf = pytest.importorskip("gguf")
 from scratchllm.engine.paged_attention import PagedSequence  # noqa: E402
 from scratchllm.formats import load_checkpoint  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+from tests.models.test_kquant_gguf import _our_greedy, _script  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_random_gguf.py"
 TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q4_0", "Q4_1", "Q8_0")
 QUANTIZED_BY_GGUF = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize writes these
 VOCAB, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 320, 256, 256, 4, 2, 64  # rows of whole 256-blocks
@@ -50,13 +49,6 @@ ARCHS = {  # name: (general.architecture, layers, tied embeddings, what else the
 }
 PROMPT = [5, 17, 300, 42, 7, 99, 5, 250, 11, 3, 64, 128]  # longer than every window
 TOL = 1e-4
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("make_random_gguf", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 def llama3_rope_factors(head_dim, rope):
@@ -238,7 +230,7 @@ def test_weights_logits_and_greedy_ids_equal_transformers(files, name):
                               eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
     got = ours.forward(np.array(PROMPT), np.arange(len(PROMPT)), ContiguousKVCache.for_model(ours.config, 24))
     assert np.abs(got - want).max() <= TOL * np.abs(want).max(), np.abs(got - want).max() / np.abs(want).max()
-    assert _greedy(ours, 8, ContiguousKVCache.for_model(ours.config, 24)) == greedy
+    assert _our_greedy(ours, PROMPT, 8, ContiguousKVCache.for_model(ours.config, 24)) == greedy
 
 
 @pytest.mark.parametrize("name", ARCHS)
@@ -252,13 +244,5 @@ def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, name):
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))
     for make in (lambda cfg: ContiguousKVCache.for_model(cfg, 24), lambda cfg: PagedSequence(cfg, 24)):
         np.testing.assert_array_equal(q.forward(ids, pos, make(q.config)), f32.forward(ids, pos, make(f32.config)))
-    assert _greedy(q, 8, PagedSequence(q.config, 24)) == _greedy(f32, 8, PagedSequence(f32.config, 24))
-
-
-def _greedy(model, n, cache):
-    logits = model.forward(np.array(PROMPT), np.arange(len(PROMPT)), cache, logits_rows=[len(PROMPT) - 1])
-    out = []
-    for _ in range(n):
-        out.append(int(logits[-1].argmax()))
-        logits = model.forward(np.array(out[-1:]), np.array([len(PROMPT) + len(out) - 1]), cache)
-    return out
+    paged = [_our_greedy(m, PROMPT, 8, PagedSequence(m.config, 24)) for m in (q, f32)]
+    assert paged[0] == paged[1]
