@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, openapi, utility
+from scratchllm.server import access, chat, chat_page, completions, embeddings, openapi, utility
 from scratchllm.server.metrics import ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.sse import sse
@@ -261,5 +261,6 @@ def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
                           ("/v1/embeddings", embeddings.create_embeddings)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
     openapi.install(app)
+    chat_page.install(app)  # GET /: the chat page
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
     return access.wrap(app, config.api_key, config.allowed_origins)
