@@ -1,12 +1,12 @@
 """Every architecture in every quantization type, from GGUF files the test writes with the gguf
 package: Llama 3 (its rope scaling as rope_freqs.weight), Mistral (a sliding window on every
 layer), Qwen3 (QK-norm), Phi-3 (fused attn_qkv and gate|up), Gemma 2 (soft-capping, alternate
-windows) and Gemma 3 (two rope bases, five windowed layers in six).
+windows) and Gemma 3 (two rope bases, windowed layers and a global one).
 
 One small file per architecture holds all twelve types: each layer's four matrix groups (q|k|v,
-o, gate|up, down) take the next four types of the cycle, so three layers (Gemma 3: six) meet all
-of them, each fused group of one type (so the quantized kernels keep every type they can), and
-the cycle starts elsewhere for each architecture, so a type meets other roles in other files.
+o, gate|up, down) take the next four types of the cycle, so three layers meet all of them, each
+fused group of one type (so the quantized kernels keep every type they can), and the cycle
+starts elsewhere for each architecture, so a type meets other roles in other files.
 The embedding and the untied LM head take types of the cycle too. The 32-wide types are
 quantized from Gaussian weights by the gguf package; the K-quants and IQ4 types are random
 valid blocks (scripts/make_random_gguf.py).
@@ -45,7 +45,7 @@ ARCHS = {  # name: (general.architecture, layers, tied embeddings, what else the
     "qwen3": ("qwen3", 3, False, {}),
     "phi3": ("phi3", 3, True, {"sliding_window": 9}),
     "gemma2": ("gemma2", 3, True, {"sliding_window": 5, "attn_softcap": 0.5, "final_softcap": 1.0}),
-    "gemma3": ("gemma3", 6, True, {"sliding_window": 5}),
+    "gemma3": ("gemma3", 3, True, {"sliding_window": 5, "sliding_window_pattern": 3}),  # the third global
 }
 PROMPT = [5, 17, 300, 42, 7, 99, 5, 250, 11, 3, 64, 128]  # longer than every window
 TOL = 1e-4
@@ -94,6 +94,8 @@ def write_gguf(path, name, seed):
         w.add_rope_freq_base_swa(10000.0)
     if "sliding_window" in extra:
         w.add_sliding_window(extra["sliding_window"])
+    if "sliding_window_pattern" in extra:
+        w.add_sliding_window_pattern(extra["sliding_window_pattern"])
     if name == "gemma2":
         w.add_attn_logit_softcapping(extra["attn_softcap"])
         w.add_final_logit_softcapping(extra["final_softcap"])
@@ -165,7 +167,8 @@ def reference(path: Path, name: str):
     file's tensors dequantized by the gguf package (load_gguf_checkpoint, what from_pretrained
     calls; from_pretrained itself wants the accelerate package). transformers' GGUF reader leaves
     some metadata out; those settings are put back as llama.cpp reads the file: the windows of
-    Mistral and Phi-3, Gemma 2's soft-caps, Gemma's softmax scale (1 / sqrt(head size)), Qwen3's
+    Mistral and Phi-3, Gemma 2's soft-caps, Gemma's softmax scale (1 / sqrt(head size)), Gemma 3's
+    sliding_window_pattern, Qwen3's
     head size (attention.key_length) and Llama 3's rope scaling (the file's rope_freqs.weight,
     from these parameters)."""
     if path not in _REFERENCES:
@@ -180,6 +183,10 @@ def reference(path: Path, name: str):
             config.final_logit_softcapping = extra["final_softcap"]
         if name in ("gemma2", "gemma3"):
             config.query_pre_attn_scalar = HEAD_DIM
+        if name == "gemma3":
+            pattern = extra["sliding_window_pattern"]
+            config.layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                  for i in range(config.num_hidden_layers)]
         if name == "qwen3":
             config.head_dim = HEAD_DIM
         if name == "llama3":
@@ -224,13 +231,19 @@ def test_weights_logits_and_greedy_ids_equal_transformers(files, name):
     for n in names:  # q/k rows unpermuted (Llama), Gemma's norms as 1 + w
         want = state[n].numpy() + (1.0 if name.startswith("gemma") and n.endswith("norm.weight") else 0.0)
         np.testing.assert_array_equal(ours.weights[n], want.astype(np.float32), err_msg=n)
+    # our prefill and 7 greedy decode steps; transformers' logits on the same 19 tokens in one
+    # forward: equal logits at every position, and its greedy pick at each of the 8 steps is ours
+    cache, n = ContiguousKVCache.for_model(ours.config, 24), len(PROMPT)
+    rows = [ours.forward(np.array(PROMPT), np.arange(n), cache)]
+    greedy = [int(rows[0][-1].argmax())]
+    for step in range(7):
+        rows.append(ours.forward(np.array(greedy[-1:]), np.array([n + step]), cache))
+        greedy.append(int(rows[-1][-1].argmax()))
+    got = np.concatenate(rows)
     with torch.no_grad():
-        want = ref(torch.tensor([PROMPT])).logits[0].numpy()
-        greedy = ref.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                              eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
-    got = ours.forward(np.array(PROMPT), np.arange(len(PROMPT)), ContiguousKVCache.for_model(ours.config, 24))
+        want = ref(torch.tensor([PROMPT + greedy[:-1]])).logits[0].numpy()
     assert np.abs(got - want).max() <= TOL * np.abs(want).max(), np.abs(got - want).max() / np.abs(want).max()
-    assert _our_greedy(ours, PROMPT, 8, ContiguousKVCache.for_model(ours.config, 24)) == greedy
+    assert want[n - 1:].argmax(-1).tolist() == greedy
 
 
 @pytest.mark.parametrize("name", ARCHS)
