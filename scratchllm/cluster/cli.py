@@ -32,7 +32,8 @@ def spec_from_args(args: Any) -> Any:
         load_frontend(args.model, options)
         replica = ReplicaSpec(args.model, options, dtype=args.dtype)
     server = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout)
+                          drain_timeout_s=args.drain_timeout,
+                          tool_call_parser=getattr(args, "tool_call_parser", "auto"))
     embedding = None if args.embedding_model == "none" else args.embedding_model
     if embedding is not None and not args.fake_engine:
         from scratchllm.formats.refs import resolve_model

@@ -32,6 +32,7 @@ from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.streams import StreamHost
 from scratchllm.engine.validate import RequestLimits
+from scratchllm.errors import ConfigError
 from scratchllm.models.attention import softmax_
 from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
 
@@ -303,6 +304,8 @@ class StaticEngine:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream:
         self.limits.validate(prompt_token_ids, params)
+        if params.prompt_logprobs is not None:
+            raise ConfigError("the static baseline does not compute the prompt's logprobs (prompt_logprobs)")
         with self._cv:
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from scratchllm.kernels import packed_gemm
+from scratchllm.models import progress
 
 logger = logging.getLogger(__name__)
 
@@ -241,9 +242,10 @@ class PanelCache:
             with open(tmp, "wb") as f:
                 f.write(MAGIC + struct.pack("<Q", len(body)) + body)
                 f.write(b"\0" * (start - 16 - len(body)))
-                for a in blobs:
+                for i, a in enumerate(blobs):
                     f.write(np.ascontiguousarray(a).data.cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
+                    progress.report(progress.WRITING_CACHE, i + 1, len(blobs))
                 f.flush()
                 _drop_from_page_cache(f.fileno())
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one

@@ -47,7 +47,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/", include_in_schema=False, response_model=None)
     async def chat_page(request: Request) -> HTMLResponse:
-        trace = request.app.state.server.trace
+        trace = getattr(request.app.state.server, "trace", None)  # None: a server of embedding models only
         html = render({"trace_ring": str(trace.path) if trace is not None else None})
         return HTMLResponse(html, headers={"Content-Security-Policy": _csp(html), "Cache-Control": "no-cache",
                                            "X-Content-Type-Options": "nosniff"})
