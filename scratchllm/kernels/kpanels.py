@@ -41,14 +41,18 @@ import numpy.typing as npt
 from scratchllm.formats import ggml_quants as gq
 
 KTYPES = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K")
+FIVE = ("Q5_0", "Q5_1")  # 5-bit types of 32-weight blocks, in the same words (see below)
+TYPES = (*KTYPES, *FIVE)  # what KPanels hold
 SUPER = 256  # weights per super-block (K-quants' block)
-GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16, "Q3_K": 16, "Q2_K": 16}
-ZERO = {"Q6_K": 32, "Q3_K": 4}  # w = (D sc) (u - ZERO); the others have mins instead
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q3_K": 110, "Q2_K": 84}  # a file's bytes per super-block
-# the panels' bytes per super-block and column: the low nibbles (128), the high bits (Q5_K 32, Q6_K
-# 64), the group scales (8 or 16) and mins (8 or 16), D and Dmin (2 each)
+GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16, "Q3_K": 16, "Q2_K": 16, "Q5_0": 32, "Q5_1": 32}
+ZERO = {"Q6_K": 32, "Q3_K": 4, "Q5_0": 16}  # w = d (u - ZERO); the others have mins (offsets) instead
+# a file's bytes per 256 weights of a row
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q3_K": 110, "Q2_K": 84, "Q5_0": 8 * 22, "Q5_1": 8 * 24}
+# the panels' bytes per 256 rows and column: the low nibbles (128), the high bits (Q5_K 32, Q6_K
+# 64), the group scales (8 or 16) and mins (8 or 16), D and Dmin (2 each); Q5_0 / Q5_1: the
+# nibbles, the high bits, a float16 d (and m) per 32: the file's own size
 PANEL_BYTES = {"Q4_K": 128 + 8 + 8 + 2 + 2, "Q5_K": 128 + 32 + 8 + 8 + 2 + 2, "Q6_K": 128 + 64 + 16 + 2,
-               "Q3_K": 128 + 16 + 2, "Q2_K": 128 + 16 + 16 + 2 + 2}
+               "Q3_K": 128 + 16 + 2, "Q2_K": 128 + 16 + 16 + 2 + 2, "Q5_0": 128 + 32 + 16, "Q5_1": 128 + 32 + 32}
 ARRAYS = ("q4", "qh", "sc", "mn", "d", "dmin")  # KPanels' fields that are arrays (or None), in order
 
 
@@ -57,11 +61,11 @@ class KPanels(NamedTuple):
 
     q4: npt.NDArray[np.uint8]  # [P, K/2, NR] low 4 bits, in words
     qh: npt.NDArray[np.uint8] | None  # high bits, in words: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR]
-    sc: npt.NDArray[Any]  # group scales [P, K/GROUP, NR]: int8 (Q6_K, Q3_K) or uint8
+    sc: npt.NDArray[Any] | None  # group scales [P, K/GROUP, NR]: int8 (Q6_K, Q3_K) or uint8; Q5_0, Q5_1: None
     mn: npt.NDArray[np.uint8] | None  # Q4_K, Q5_K, Q2_K: [P, K/GROUP, NR]
-    d: npt.NDArray[np.float16]  # [P, K/256, NR]
-    dmin: npt.NDArray[np.float16] | None  # Q4_K, Q5_K, Q2_K: [P, K/256, NR]
-    kind: str  # one of KTYPES
+    d: npt.NDArray[np.float16]  # [P, K/256, NR]; Q5_0, Q5_1: their d per 32 [P, K/32, NR]
+    dmin: npt.NDArray[np.float16] | None  # Q4_K, Q5_K, Q2_K: [P, K/256, NR]; Q5_1: its m per 32
+    kind: str  # one of TYPES
 
     @property
     def nbytes(self) -> int:
@@ -87,16 +91,24 @@ class KPanels(NamedTuple):
     def columns(self, p: npt.NDArray[np.integer[Any]], j: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.float32]:
         """Columns j of panels p (arrays of equal length L) -> [L, K] float32."""
         u = self.values()[p, :, j][..., None]  # [L, K, 1]
-        mn = None if self.mn is None else self.mn[p, :, j][..., None]
-        dmin = None if self.dmin is None else self.dmin[p, :, j][..., None]
-        return _weights(self.kind, u, self.sc[p, :, j][..., None], mn, self.d[p, :, j][..., None], dmin)[..., 0]
+        pick = (lambda a: None if a is None else a[p, :, j][..., None])  # noqa: E731
+        return _weights(self.kind, u, pick(self.sc), pick(self.mn), self.d[p, :, j][..., None], pick(self.dmin))[..., 0]
 
 
-def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any], mn: npt.NDArray[Any] | None,
+def _weights(kind: str, u: npt.NDArray[np.uint8], sc: npt.NDArray[Any] | None, mn: npt.NDArray[Any] | None,
              d: npt.NDArray[np.float16], dmin: npt.NDArray[np.float16] | None) -> npt.NDArray[np.float32]:
     """[A, K, C] weights from u [A, K, C] and the scales [A, groups, C]: ggml's float32 operations."""
     A, K, C = u.shape
     g = GROUP[kind]  # Q4_K and Q5_K alike: (D sc) u - (Dmin mn)
+    if kind in FIVE:  # Q5_0: d (u - 16), Q5_1: d u + m, d and m per group
+        w = u.astype(np.int8).astype(np.float32).reshape(A, K // g, g, C)
+        if kind == "Q5_0":
+            w -= 16
+        w *= d.astype(np.float32)[:, :, None]
+        if dmin is not None:
+            w += dmin.astype(np.float32)[:, :, None]
+        return w.reshape(A, K, C)
+    assert sc is not None
     big = np.repeat(d.astype(np.float32), SUPER // g, axis=1)  # D per group: [A, K/g, C]
     scale = big * sc.astype(np.float32)  # exact
     if kind in ZERO:
@@ -155,15 +167,25 @@ def _high_words(u: npt.NDArray[np.uint8], nr: int, kind: str) -> npt.NDArray[np.
     return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(P, K // run * 4, nr)
 
 
+def row_bytes(kind: str, K: int) -> int:
+    """A file's bytes of one row of K weights of a TYPES type."""
+    return K * BLOCK_BYTES[kind] // SUPER
+
+
 def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
-    """A [N, K] tensor's Q4_K, Q5_K or Q6_K blocks (raw uint8 [N, K/256 x block bytes], rows already
-    in the order wanted) -> its KPanels for panels of nr columns."""
-    if kind not in KTYPES or K % SUPER:
-        raise ValueError(f"K-quant panels take {', '.join(KTYPES)} rows of whole 256-weight blocks, not {kind} "
-                         f"of {K}")
-    N, nb = raw.shape[0], K // SUPER
+    """A [N, K] tensor's blocks of a TYPES type (raw uint8 [N, row_bytes(kind, K)], rows already in
+    the order wanted) -> its KPanels for panels of nr columns."""
+    block = gq.BLOCK_SIZE.get(kind, 0)
+    if kind not in TYPES or K % block:
+        raise ValueError(f"these panels take {', '.join(TYPES)} rows of whole blocks, not {kind} of {K}")
+    N, nb = raw.shape[0], K // block
     blocks = np.ascontiguousarray(raw).view(gq.BLOCK_DTYPES[kind]).reshape(N * nb)
     d = _panels(blocks["d"].reshape(N, nb), nr, np.float16)
+    if kind in FIVE:  # u = q (+ 16 for Q5_0, whose q is in -16..15)
+        q, _, _ = gq.groups(kind, blocks)
+        u = (q.view(np.uint8) + (16 if kind == "Q5_0" else 0)).astype(np.uint8).reshape(N, K)
+        m = _panels(blocks["m"].reshape(N, nb), nr, np.float16) if kind == "Q5_1" else None
+        return KPanels(_low_words(u, nr), _high_words(u, nr, kind), None, None, d, m, kind)
     if kind in ("Q4_K", "Q5_K"):
         sc, mn = gq._scale_min_k4(np.ascontiguousarray(blocks["scales"]))  # [N nb, 8] each
         groups = gq._nibbles(np.ascontiguousarray(blocks["qs"]), 32).reshape(N * nb, 8, 32)

@@ -398,14 +398,18 @@ static inline __attribute__((always_inline)) pg_vec pg_bytes_to_f32(const void *
    scale sc (and min mn); Q6_K's high 2 bits in qh, one word per 16 rows and column (row
    8 r + 2 j + p in bits 2 v of byte j, v = 2 r + p). A group's scale D sc and offset -(Dmin mn)
    are exact float32 products, as ggml makes them. */
-enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3, PG_K_Q3K = 4, PG_K_Q2K = 5 };
+enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3, PG_K_Q3K = 4, PG_K_Q2K = 5, PG_K_Q50 = 6, PG_K_Q51 = 7 };
 typedef struct {
     int kind;
     const uint8_t *qh;        /* high bits: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR] */
     const void *sc;           /* [P, K/group, NR]: uint8 (Q4_K, Q5_K, Q2_K), int8 (Q6_K, Q3_K) */
     const uint8_t *mn;        /* Q4_K, Q5_K, Q2_K: [P, K/group, NR] */
-    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K, Q2_K */
+    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K, Q2_K. Q5_0, Q5_1: their d
+                                 (and Q5_1's m) per 32 [P, K/32, NR], no sc or mn */
 } pg_kq;
+
+/* Rows per float16 scale D: a super-block's 256, or Q5_0's and Q5_1's group of 32. */
+#define PG_KQ_DROWS(kind) ((kind) == PG_K_Q50 || (kind) == PG_K_Q51 ? 32 : 256)
 
 /* Rows per scale group: 16 for Q6_K, Q3_K, Q2_K, 32 for the others. */
 #define PG_KQ_GROUP(kind) ((kind) == PG_K_Q6K || (kind) == PG_K_Q3K || (kind) == PG_K_Q2K ? 16 : 32)
@@ -450,17 +454,35 @@ static inline __attribute__((always_inline)) void pg_k16_scales_at(const pg_kq *
     }
 }
 
+/* A 5-bit group g's d and offset: Q5_K's D sc and -(Dmin mn); Q5_0's float16 d and -16 d (exact);
+   Q5_1's d and m. */
+static inline __attribute__((always_inline)) pg_q8_group pg_q5_group_at(const pg_kq *k, long g) {
+    if (k->kind == PG_K_Q5K)
+        return pg_q4k_group_at(k, g);
+    pg_q8_group b;
+    pg_f16_to_f32(k->D + g * PG_NR, &b.d0);
+    pg_f16_to_f32(k->D + g * PG_NR + PG_VL, &b.d1);
+    if (k->kind == PG_K_Q51) {
+        pg_f16_to_f32(k->Dmin + g * PG_NR, &b.m0);
+        pg_f16_to_f32(k->Dmin + g * PG_NR + PG_VL, &b.m1);
+    } else {
+        b.m0 = b.d0 * -16.0f;
+        b.m1 = b.d1 * -16.0f;
+    }
+    return b;
+}
+
 /* The K-quant pointers from row k0 on (k0 a multiple of 256). */
 static inline pg_kq pg_kq_from(const pg_kq *k, long k0) {
     pg_kq b = *k;
     if (k->kind == PG_K_NONE)
         return b;
-    long groups = k0 / PG_KQ_GROUP(k->kind);
-    b.sc = (const uint8_t *)k->sc + groups * PG_NR;
+    long groups = k0 / PG_KQ_GROUP(k->kind), drows = PG_KQ_DROWS(k->kind);
+    b.sc = k->sc ? (const uint8_t *)k->sc + groups * PG_NR : NULL;
     b.mn = k->mn ? k->mn + groups * PG_NR : NULL;
     b.qh = k->qh ? k->qh + k0 / PG_KQ_QH_DIV(k->kind) * PG_NR : NULL;
-    b.D = k->D + (k0 / 256) * PG_NR;
-    b.Dmin = k->Dmin ? k->Dmin + (k0 / 256) * PG_NR : NULL;
+    b.D = k->D + (k0 / drows) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + (k0 / drows) * PG_NR : NULL;
     return b;
 }
 
@@ -618,11 +640,11 @@ static void pg_k16_rows(const pg_qpanel *a, long g, float *buf) {
     }
 }
 
-/* Rows 32 g .. 32 g + 31 of a Q5_K panel into buf (rows 32 g on): u = low | high << 4,
-   w = fma(u, D sc, -(Dmin mn)): D sc u is exact (at most 11 + 6 + 5 significant bits), so the
-   one rounding is ggml's (D sc) u - Dmin mn. */
+/* Rows 32 g .. 32 g + 31 of a 5-bit panel (Q5_K, Q5_0, Q5_1) into buf (rows 32 g on): u = low |
+   high << 4, w = fma(u, d, m) (pg_q5_group_at): d u is exact (at most 11 + 6 + 5 significant
+   bits), so the one rounding is ggml's (D sc) u - Dmin mn, d (u - 16) (exact itself), d u + m. */
 static void pg_q5k_rows(const pg_qpanel *a, long g, float *buf) {
-    pg_q8_group s = pg_q4k_group_at(&a->k, g);
+    pg_q8_group s = pg_q5_group_at(&a->k, g);
     pg_vec d[2] = {s.d0, s.d1}, m[2] = {s.m0, s.m1};
     for (int h = 0; h < 2; h++) {
         pg_vi H;
@@ -774,12 +796,12 @@ static inline pg_kq pg_kq_panel(const pg_kq *k, long K, long p) {
     pg_kq b = *k;
     if (k->kind == PG_K_NONE)
         return b;
-    long groups = K / PG_KQ_GROUP(k->kind);
-    b.sc = (const uint8_t *)k->sc + p * groups * PG_NR;
+    long groups = K / PG_KQ_GROUP(k->kind), drows = PG_KQ_DROWS(k->kind);
+    b.sc = k->sc ? (const uint8_t *)k->sc + p * groups * PG_NR : NULL;
     b.mn = k->mn ? k->mn + p * groups * PG_NR : NULL;
     b.qh = k->qh ? k->qh + p * (K / PG_KQ_QH_DIV(k->kind)) * PG_NR : NULL;
-    b.D = k->D + p * (K / 256) * PG_NR;
-    b.Dmin = k->Dmin ? k->Dmin + p * (K / 256) * PG_NR : NULL;
+    b.D = k->D + p * (K / drows) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + p * (K / drows) * PG_NR : NULL;
     return b;
 }
 

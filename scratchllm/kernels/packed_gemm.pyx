@@ -93,7 +93,7 @@ cdef extern from "packed_gemm.h":
         const uint8_t *mn
         const uint16_t *D
         const uint16_t *Dmin
-    int PG_K_NONE, PG_K_Q4K, PG_K_Q5K, PG_K_Q6K, PG_K_Q3K, PG_K_Q2K
+    int PG_K_NONE, PG_K_Q4K, PG_K_Q5K, PG_K_Q6K, PG_K_Q3K, PG_K_Q2K, PG_K_Q50, PG_K_Q51
     ctypedef struct pg_q8_job:
         const float *x
         const void *q
@@ -388,18 +388,18 @@ def pack_q4(q, d, m) -> Q4Panels:
 
 BLOCK_TYPES = {"Q4_0": PG_Q4_0, "Q4_1": PG_Q4_1, "Q8_0": PG_Q8_0}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-PANEL_TYPES = (*BLOCK_TYPES, *kpanels.KTYPES)  # the GGUF types pack_blocks keeps in panels of their own
+PANEL_TYPES = (*BLOCK_TYPES, *kpanels.TYPES)  # the GGUF types pack_blocks keeps in panels of their own
 
 
 def row_bytes(str type_name, Py_ssize_t K) -> int:
     """Bytes of one row of K weights of a PANEL_TYPES type, as a GGUF file stores it."""
-    if type_name in kpanels.KTYPES:
-        return K // kpanels.SUPER * kpanels.BLOCK_BYTES[type_name]
+    if type_name in kpanels.TYPES:
+        return kpanels.row_bytes(type_name, K)
     return K // 32 * BLOCK_BYTES[type_name]
 
 
 def _pack_kquant(parts, Py_ssize_t K, alloc) -> KPanels:
-    """pack_blocks for parts of one K-quant type: their rows in order, then kpanels.pack."""
+    """pack_blocks for parts of one kpanels.TYPES type: their rows in order, then kpanels.pack."""
     rows = [raw if order is None else raw[np.asarray(order)] for _, raw, order in parts]
     packed = kpanels.pack(parts[0][0], rows[0] if len(rows) == 1 else np.concatenate(rows), K, PG_NR)
     fields = []
@@ -419,16 +419,17 @@ def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):
     output columns in order; `row order` r means output row i is stored row r[i]. Q4_0 and Q4_1
     parts -> Q4Panels (Q4_0 parts only: no offsets stored, the kernel makes -8 d; Q4_0 beside Q4_1:
     None if a Q4_0 scale's -8 d overflows float16, see ggml_quants.as_q4); Q8_0 parts only ->
-    Q8Panels (no offsets); parts of one K-quant type (Q4_K, Q5_K, Q6_K) -> KPanels (kernels/kpanels.py). The bytes are moved once, by the kernel pool's threads; no
+    Q8Panels (no offsets); parts of one kpanels.TYPES type (the K-quants, Q5_0, Q5_1) -> KPanels
+    (kernels/kpanels.py). The bytes are moved once, by the kernel pool's threads; no
     temporary as large as the matrix is made. `alloc(shape, dtype)` makes the zeroed output arrays
     (models.arena.PanelArena.zeros puts a model's panels in huge pages)."""
     if K % 32:
         raise ValueError(f"K = {K} is not a whole number of 32-weight blocks")
     kinds = {t for t, _, _ in parts}
-    one_k = len(kinds) == 1 and kinds <= set(kpanels.KTYPES)
+    one_k = len(kinds) == 1 and kinds <= set(kpanels.TYPES)
     if not (one_k or kinds <= set(BLOCK_TYPES)) or ("Q8_0" in kinds and len(kinds) > 1):
-        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts, Q8_0 parts, or parts of one K-quant type "
-                         f"({', '.join(kpanels.KTYPES)}), not {sorted(kinds)}")
+        raise ValueError(f"pack_blocks takes Q4_0/Q4_1 parts, Q8_0 parts, or parts of one type of "
+                         f"{', '.join(kpanels.TYPES)}, not {sorted(kinds)}")
     addresses, types = [], []
     for type_name, raw, order in parts:
         nbytes = row_bytes(type_name, K)
@@ -557,21 +558,27 @@ cdef int _bind_part(object panels, GemmPart *w) except -1:
     cdef const uint8_t[:, :, ::1] qh, sc, mn
     w.kq, w.qh, w.sc, w.mn, w.D, w.Dmin = PG_K_NONE, NULL, NULL, NULL, NULL, NULL
     if isinstance(panels, KPanels):
-        q4, sc, d16 = panels.q4, panels.sc.view(np.uint8), panels.d.view(np.uint16)
+        q4, d16 = panels.q4, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.exact, w.half = &q4[0, 0, 0], NULL, NULL, 1, 0
-        w.sc, w.D = &sc[0, 0, 0], &d16[0, 0, 0]
+        w.D = &d16[0, 0, 0]
+        if panels.sc is not None:
+            sc = panels.sc.view(np.uint8)
+            w.sc = &sc[0, 0, 0]
         # kind: the exact path's (4: through the 4-bit words, 5 and 6: a block at a time)
         w.kind, w.kq = {"Q4_K": (4, PG_K_Q4K), "Q5_K": (5, PG_K_Q5K), "Q6_K": (6, PG_K_Q6K), "Q3_K": (6, PG_K_Q3K),
-                        "Q2_K": (6, PG_K_Q2K)}[panels.kind]
+                        "Q2_K": (6, PG_K_Q2K), "Q5_0": (5, PG_K_Q50), "Q5_1": (5, PG_K_Q51)}[panels.kind]
         if panels.mn is not None:
-            mn, m16 = panels.mn, panels.dmin.view(np.uint16)
-            w.mn, w.Dmin = &mn[0, 0, 0], &m16[0, 0, 0]
+            mn = panels.mn
+            w.mn = &mn[0, 0, 0]
+        if panels.dmin is not None:
+            m16 = panels.dmin.view(np.uint16)
+            w.Dmin = &m16[0, 0, 0]
         if panels.qh is not None:
             qh = panels.qh
             w.qh = &qh[0, 0, 0]
         w.P, K, width = q4.shape[0], 2 * q4.shape[1], q4.shape[2]
-        if K % kpanels.SUPER:
-            raise ValueError(f"K-quant panels of {K} rows: not whole 256-row super-blocks")
+        if K % (kpanels.SUPER if panels.kind in kpanels.KTYPES else 32):
+            raise ValueError(f"{panels.kind} panels of {K} rows: not whole blocks")
     elif isinstance(panels, Q4Panels):
         q4, d16 = panels.q4, panels.d.view(np.uint16)
         w.q, w.d, w.m, w.kind, w.exact, w.half = &q4[0, 0, 0], &d16[0, 0, 0], NULL, 4, 1, 0

@@ -317,8 +317,9 @@ static inline __attribute__((always_inline)) pg_iv pg_dot8(pg_iv acc, pg_iv u, p
    PG_I8_Q6K (Q6_K's KPanels): the same low nibbles, each byte's bits 4 and 5 from the high-bit
      word of the step's 16 rows (one shift and one AND per vector); u <= 63, so without VNNI the
      16-bit pairs are widened at once (pg_dot_wide). Its scale groups are 16 rows: 2 steps.
-   PG_I8_Q5K (Q5_K's KPanels): the low nibbles and bit 4 from the group's high-bit word; u <= 31,
-     widened at once too; Q4_K's scales.
+   PG_I8_Q5K (Q5_K's, Q5_0's, Q5_1's KPanels): the low nibbles and bit 4 from the group's high-bit
+     word; u <= 31, widened at once too; the group's d and m as the exact path has them
+     (Q5_0's m = -16 d: an offset here, not a zero point).
    PG_I8_Q3K, PG_I8_Q2K (Q3_K's, Q2_K's KPanels): u <= 7 in the nibbles, as PG_I8_Q4's; Q6_K's
      groups of 16 (Q2_K's with mins: m dx sum16(Q)).
    PG_I8_Q8 (Q8Panels): the step is two word rows of 4 rows each, biased bytes: x in order.
@@ -390,7 +391,7 @@ static inline __attribute__((always_inline)) void pg_i8_scales(const int kind, c
                                                               const void *m, const pg_kq *k, long sg, pg_vec dv[2],
                                                               pg_vec mv[2]) {
     if (kind == PG_I8_Q4K || kind == PG_I8_Q5K) {
-        pg_q8_group b = pg_q4k_group_at(k, sg);
+        pg_q8_group b = kind == PG_I8_Q5K ? pg_q5_group_at(k, sg) : pg_q4k_group_at(k, sg);
         dv[0] = b.d0, dv[1] = b.d1, mv[0] = b.m0, mv[1] = b.m1;
         return;
     }
@@ -544,7 +545,7 @@ static void pg_i8_task(void *ctx, long t) {
     const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_MAXR1;
     const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
     const int variant = j->k.kind == PG_K_Q4K ? PG_I8_Q4_K : j->k.kind == PG_K_Q6K ? PG_I8_Q6_K :
-                        j->k.kind == PG_K_Q5K ? PG_I8_Q5_K : j->k.kind == PG_K_Q3K ? PG_I8_Q3_K :
+                        j->k.kind == PG_K_Q5K || j->k.kind == PG_K_Q50 || j->k.kind == PG_K_Q51 ? PG_I8_Q5_K : j->k.kind == PG_K_Q3K ? PG_I8_Q3_K :
                         j->k.kind == PG_K_Q2K ? PG_I8_Q2_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;

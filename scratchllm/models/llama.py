@@ -360,7 +360,8 @@ class LlamaModel:
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
         `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized".
         `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only).
-        `activations`: how quantized matrices multiply x, "float32" (exact) or "int8" (PackedWeight)."""
+        `activations`: how quantized matrices multiply x: dtypes.ACTIVATIONS, "float32" (exact),
+        "int8" or "int16" (PackedWeight.activations)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
@@ -583,15 +584,12 @@ class Packer:
         parts = [w.blocks(n) for n in names]
         if any(p is None for p in parts):
             return None
-        kinds = {p[0] for p in parts}
-        if "Q8_0" in kinds and len(kinds) > 1:  # Q8_0 beside Q4: the 8-bit panels of from_quantized_rows
-            return None
         for name, shape, (kind, raw, _) in zip(names, shapes, parts, strict=True):
             if shape[1] % 32 or raw.shape != (shape[0], packed_gemm.row_bytes(kind, shape[1])):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
         shape = (shapes[0][1], sum(s[0] for s in shapes))
-        rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # Q8_0: a byte per k; Q4: a nibble
+        rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # the first part's: Q8_0 a byte a k
         panel_shape = (-(-shape[1] // packed_gemm.NR), rows, packed_gemm.NR)
         cached = cache.get("|".join(names), panel_shape) if cache is not None else None
         if cached is not None:

@@ -29,7 +29,8 @@ import numpy.typing as npt
 from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
 from scratchllm.formats.ggml_quants import KERNEL_TYPES
 from scratchllm.kernels import packed_gemm
-from scratchllm.kernels.kpanels import KTYPES, PANEL_BYTES, SUPER
+from scratchllm.kernels.kpanels import PANEL_BYTES, SUPER
+from scratchllm.kernels.kpanels import TYPES as KPANEL_TYPES
 
 __all__ = ["DTYPES", "PackedWeight", "panel_bytes_per_weight"]  # DTYPES re-exported: models.llama checks against it
 
@@ -43,7 +44,7 @@ def panel_bytes_per_weight(type_name: str) -> float | None:
     packed_gemm and kpanels), or None where the model keeps it in float32 (plain types). For a
     matrix of one type, or of K-quants in parts; a part fused with parts of another
     type may take more (Q8_0 beside the 32-wide types: 40 / 32), or less (Q4_0 alone: 18 / 32)."""
-    if type_name in KTYPES:
+    if type_name in KPANEL_TYPES:
         return PANEL_BYTES[type_name] / SUPER
     if type_name in ("Q4_0", "Q4_1"):
         return 20 / 32  # 16 bytes of nibbles, float16 d and m
@@ -109,12 +110,13 @@ class PackedWeight:
                     shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
-        `shape`: (in, out). K-quant parts beside parts of another type: packed_gemm.SegmentedPanels,
-        each run of parts of one kind in panels of its own. None where the blocks cannot be kept
-        as they are (a Q4_0 scale whose -8 d overflows float16; a run of parts that is not whole
-        panels wide before another): `from_quantized_rows` handles those."""
+        `shape`: (in, out). Parts of types that share no panels (a K-quant or Q5_0 beside another
+        type, Q8_0 beside a 4-bit type): packed_gemm.SegmentedPanels, each run of parts of one kind
+        in panels of its own. None where the blocks cannot be kept as they are (a Q4_0 scale whose
+        -8 d overflows float16; a run of parts that is not whole panels wide before another):
+        `from_quantized_rows` handles those."""
         kinds = {kind for kind, _, _ in parts}
-        if len(kinds) > 1 and kinds & set(KTYPES):
+        if len({_family(kind) for kind in kinds}) > 1:
             segmented = _segments(parts, shape[0], alloc)
             return None if segmented is None else cls.from_panels(segmented, shape)
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)

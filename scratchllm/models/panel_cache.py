@@ -221,13 +221,13 @@ class PanelCache:
 
     def get(self, name: str, shape: tuple[int, ...]) -> QuantizedPanels | None:
         """The cached panels of matrix `name`, if they have the panel shape `shape` [P, rows, NR]
-        (in parts: P panels in all, each part's rows and NR those)."""
+        (in parts: P panels in all, the first part's rows, every part's NR)."""
         panels = self.hits.get(name)
         if panels is None:
             return None
         parts: tuple[Leaf, ...] = panels.parts if isinstance(panels, packed_gemm.SegmentedPanels) else (panels,)
-        rows = {p[0].shape[1:] for p in parts}  # [rows, NR] of each part's quantized data
-        if len(rows) != 1 or (sum(p[0].shape[0] for p in parts), *rows.pop()) != tuple(shape):
+        if (sum(p[0].shape[0] for p in parts), parts[0][0].shape[1]) != tuple(shape[:2]) or \
+                any(p[0].shape[2] != shape[2] for p in parts):
             return None
         return panels
 

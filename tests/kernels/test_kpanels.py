@@ -1,5 +1,5 @@
-"""K-quant panels (scratchllm/kernels/kpanels.py): a file's Q4_K and Q6_K blocks kept at about
-their own bits per weight, their weights gguf-py's dequantization bit for bit, the exact products
+"""K-quant panels (scratchllm/kernels/kpanels.py): a file's K-quant (and Q5_0, Q5_1) blocks kept
+at about their own bits per weight, their weights gguf-py's dequantization bit for bit, the exact products
 the float32 kernel's on those weights bit for bit, and the integer products within the rounding
 of x."""
 
@@ -13,7 +13,7 @@ from scratchllm.models.packed import panel_bytes_per_weight
 
 gguf = pytest.importorskip("gguf")
 
-KINDS = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q5_0", "Q5_1"]
 
 
 def random_raw(kind, rows, K, seed=0, tame=False):
@@ -21,8 +21,8 @@ def random_raw(kind, rows, K, seed=0, tame=False):
     subnormals, negatives, 65504), or with `tame` small ones (|D| <= 1/16, so products stay finite)."""
     rng = np.random.default_rng(seed)
     block = gq.BLOCK_DTYPES[kind]
-    raw = rng.integers(0, 256, rows * K // 256 * block.itemsize, dtype=np.uint8)
-    for field in ("d", "dmin"):
+    raw = rng.integers(0, 256, rows * K // gq.BLOCK_SIZE[kind] * block.itemsize, dtype=np.uint8)
+    for field in ("d", "dmin", "m"):
         if field in block.names:
             h = raw.view(block)[field].view(np.uint16)
             h[(h & 0x7C00) == 0x7C00] &= 0x83FF  # no inf / NaN
@@ -47,7 +47,7 @@ def test_weights_are_gguf_dequantization_bit_for_bit_at_the_files_size(kind):
     np.testing.assert_array_equal(pg.columns(panels, K, ids).view(np.uint32), want[ids].view(np.uint32))
     full = pg.pack_blocks([(kind, random_raw(kind, pg.NR, K), None)], K)  # whole panels: no padding
     assert full.nbytes * 8 / (pg.NR * K) == {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625, "Q3_K": 4.5625,
-                                             "Q2_K": 5.125}[kind]
+                                             "Q2_K": 5.125, "Q5_0": 5.5, "Q5_1": 6.0}[kind]
     assert full.nbytes / (pg.NR * K) == panel_bytes_per_weight(kind)  # what memory plans count
 
 
@@ -88,7 +88,7 @@ def test_integer_products_are_the_products_within_the_rounding_of_x(kind, activa
 
 
 def test_pack_blocks_refuses_mixed_k_quants():
-    with pytest.raises(ValueError, match="parts of one K-quant type"):
+    with pytest.raises(ValueError, match="parts of one type of"):
         pg.pack_blocks([("Q4_K", random_raw("Q4_K", 32, 256), None), ("Q6_K", random_raw("Q6_K", 32, 256), None)],
                        256)
     with pytest.raises(ValueError, match="rows must be"):

@@ -302,7 +302,7 @@ def test_pack_blocks_refuses_what_it_cannot_keep():
     x = np.random.default_rng(0).standard_normal((1, K)).astype(np.float32)
     w = alone.dequantize().transpose(1, 0, 2).reshape(K, -1)
     assert np.isfinite(w).all() and np.array_equal(pg.matmul(x, alone, 16), pg.matmul(x, pg.pack(w), 16))
-    with pytest.raises(ValueError, match="Q4_0/Q4_1 parts, Q8_0 parts, or parts of one K-quant type"):
+    with pytest.raises(ValueError, match="Q4_0/Q4_1 parts, Q8_0 parts, or parts of one type of"):
         pg.pack_blocks([("Q8_0", raw_blocks("Q8_0", 16, K), None), ("Q4_1", raw_blocks("Q4_1", 16, K), None)], K)
     with pytest.raises(ValueError, match="rows must be"):
         pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K)[:, :-1], None)], K)
