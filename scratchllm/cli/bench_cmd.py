@@ -23,6 +23,7 @@ BENCHES = {
     "engine": "continuous batching vs the static baseline on a mixed workload; admission policies",
     "masks": "3-D attention mask generator: vectorized vs Python loop",
     "kv": "KV memory with sliding windows: a long request on Gemma 3 270M's attention shape vs full attention",
+    "kv_dtype": "the KV-cache dtypes side by side: bytes per token, decode and batch speed, logits vs float32",
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles",
     "trace": "token tracing: writer ns per record, engine throughput with tracing off vs on",
     "peers": "ours vs llama.cpp (llama-cpp-python) on one GGUF file, interleaved rounds",

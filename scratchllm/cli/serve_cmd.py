@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from scratchllm.cli import Subparsers
 from scratchllm.cli.listen import listen, url
-from scratchllm.cli.options import add_threads_argument
+from scratchllm.cli.options import add_kv_cache_dtype_argument, add_threads_argument
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
@@ -71,6 +71,13 @@ def add_parser(sub: Subparsers) -> None:
                         "--max-num-seqs sequences of --max-model-len tokens need, within the machine's memory); "
                         "the pool is touched only as it fills")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add_kv_cache_dtype_argument(p)
+    p.add_argument("--prefix-cache-memory", type=cache_size, default=None, metavar="SIZE",
+                   help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB, 0 "
+                        "(cached prefixes only in memory the work made resident) or 'unlimited' (default 32MiB)")
+    p.add_argument("--target-tpot-ms", type=float, default=None, metavar="MS",
+                   help="time per output token to hold: each step takes only the tokens whose predicted time "
+                        "fits, so admission stops adding sequences past it (default: none, --max-num-seqs only)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests held at once (running + waiting); more get 429 + Retry-After")
@@ -140,6 +147,13 @@ def memory_size(text: str) -> int:
     return size
 
 
+def cache_size(text: str) -> int | str:
+    """--prefix-cache-memory: a size (0 allowed) or 'unlimited'."""
+    if text.strip().lower() == "unlimited":
+        return "unlimited"
+    return 0 if text.strip() in ("0", "0B", "0b") else memory_size(text)
+
+
 def _environment_defaults(parser: argparse.ArgumentParser) -> list[str]:
     """SCRATCHLLM_<OPTION> in the environment sets the option's default (a flag still wins).
     Returns the problems found, reported when the command runs (not while --help is built)."""
@@ -207,6 +221,13 @@ def build(args: argparse.Namespace) -> tuple[ServedModel, ServedEmbedder | None]
             options[key] = getattr(args, key)
     if args.kv_cache_memory is not None:
         options["kv_cache_memory_bytes"] = args.kv_cache_memory
+    if args.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.prefix_cache_memory is not None:
+        options["prefix_cache_memory_bytes"] = None if args.prefix_cache_memory == "unlimited" \
+            else args.prefix_cache_memory
+    if args.target_tpot_ms is not None:
+        options["target_tpot_s"] = args.target_tpot_ms / 1000
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
     model = load_model(args.model, args.served_model_name or args.model, options, trace=trace_writer(args))

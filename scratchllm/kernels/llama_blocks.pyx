@@ -22,7 +22,7 @@ from libc.stdlib cimport free, malloc
 
 from scratchllm.kernels cimport packed_gemm, paged_attention, pointwise
 from scratchllm.kernels.packed_gemm cimport GemmWeight
-from scratchllm.kernels.paged_attention cimport PagedLayout
+from scratchllm.kernels.paged_attention cimport KVCache, PagedLayout
 
 
 cdef extern from "<time.h>" nogil:
@@ -99,15 +99,18 @@ cdef class LlamaBlocks:
         free(self.blocks)
 
     def run(self, float[:, ::1] x, buf, const float[:, ::1] cos, const float[:, ::1] sin,
-            float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache, const int[:, ::1] block_tables,
+            k_cache, v_cache, const int[:, ::1] block_tables,
             const int[::1] token_seq, const int[::1] token_pos, Py_ssize_t max_ctx, float scale,
-            int num_threads=0):
+            int num_threads=0, k_scale=None, v_scale=None):
         """x [N, C], the residual stream, through every block in place; `buf`: the step's
         StepBuffers (models/workspace.py) of N rows. The attention is the engine's paged one
-        (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] and the step's layout,
-        which must have passed layout_context (max_ctx is what it returned)."""
+        (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] of any KV-cache
+        element kind (with an int8 pool's scales) and the step's layout, which must have passed
+        layout_context (max_ctx is what it returned)."""
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
-        cdef Py_ssize_t W = (H + 2 * KVH) * D, BS = k_cache.shape[4], layer
+        cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
+        cdef KVCache kv
+        paged_attention.kv_cache(k_cache, v_cache, k_scale, v_scale, &kv)
         cdef float[:, ::1] h = buf.h, qkv = buf.qkv_rows, attn = buf.attn_rows, delta = buf.delta
         cdef float[:, ::1] gate_up = buf.gate_up, act = buf.act
         if (h.shape[0] != N or qkv.shape[0] != N or attn.shape[0] != N or delta.shape[0] != N
@@ -117,9 +120,7 @@ cdef class LlamaBlocks:
             raise ValueError(f"buffers of {N} rows do not fit x {tuple(x.shape)[:2]} and this model")
         if cos.shape[0] != N or sin.shape[0] != N or cos.shape[1] != D // 2 or sin.shape[1] != D // 2:
             raise ValueError(f"rotary angles must be [{N}, {D // 2}]")
-        if (k_cache.shape[0] != self.num_layers or v_cache.shape[0] != self.num_layers
-                or tuple(k_cache.shape)[1:4] != (v_cache.shape[1], KVH, D)
-                or tuple(v_cache.shape)[2:5] != (BS, KVH, D)):
+        if kv.num_layers != self.num_layers or kv.KVH != KVH or kv.D != D:
             raise ValueError("the KV pools do not fit this model")
         if token_seq.shape[0] != N or token_pos.shape[0] != N:
             raise ValueError(f"the layout has {token_pos.shape[0]} tokens, the step {N}")
@@ -129,7 +130,6 @@ cdef class LlamaBlocks:
         cdef PagedLayout layout
         layout.block_tables, layout.token_seq, layout.token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
         layout.N, layout.MB, layout.max_ctx = N, block_tables.shape[1], max_ctx
-        cdef Py_ssize_t k_layer = k_cache.strides[0] // 4, v_layer = v_cache.strides[0] // 4
         cdef float *xp = &x[0, 0]
         cdef float *hp = &h[0, 0]
         cdef float *qkvp = &qkv[0, 0]
@@ -161,10 +161,8 @@ cdef class LlamaBlocks:
                 pointwise.rope_rows(qkvp, ldq, D, N, H + KVH, D, &cos[0, 0], cos.strides[0] // 4, &sin[0, 0],
                                     sin.strides[0] // 4)
                 t1 = _now_ns(); other += t1 - t0; t0 = t1
-                paged_attention.attend(qkvp, ldq, D, 1, qkvp + H * D, ldq, D, 1, qkvp + (H + KVH) * D, ldq, D, 1,
-                                       &k_cache[0, 0, 0, 0, 0] + layer * k_layer,
-                                       &v_cache[0, 0, 0, 0, 0] + layer * v_layer, &layout, H, KVH, D, BS, scale,
-                                       attnp, num_threads)
+                paged_attention.attend_layer(qkvp, ldq, D, 1, qkvp + H * D, ldq, D, 1, qkvp + (H + KVH) * D, ldq,
+                                             D, 1, &kv, layer, &layout, 0, 0.0, H, scale, attnp, num_threads)
                 t1 = _now_ns(); at += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.o, attnp, N, dp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1

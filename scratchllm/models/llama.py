@@ -280,7 +280,7 @@ def fused_blocks(x: F32, blocks: LlamaBlocks, cos: F32, sin: F32, attention: Any
     layer above this one.)"""
     with attention.paged_step(x.shape[0]) as paged:
         blocks.run(x, buf, cos, sin, paged.k_cache, paged.v_cache, paged.block_tables, paged.token_seq,
-                   paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads)
+                   paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads, paged.k_scale, paged.v_scale)
         paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
 
 
