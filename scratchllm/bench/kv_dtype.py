@@ -10,9 +10,10 @@ dtypes in turn, the order reversed every other round), on the same token ids:
   peak KV bytes of that batch                   the engine's peak blocks x the block's bytes
 and, once, how far each dtype's logits are from the float32 cache's along the float32 run's greedy
 path after the long prompt: the largest |difference| over the steps, and for how many steps the
-greedy ids agree when each dtype runs on its own. Rows are medians of the rounds; ratios are
-against float32 measured in the same run. This is the measurement behind the default
-(docs/memory.md).
+greedy ids agree when each dtype runs on its own. Then the kernel alone: one layer's paged
+attention for a decode step (the model's heads) at a few (sequences, positions), the dtypes
+interleaved call by call, --kernel-calls calls each. Rows are medians; ratios are against float32
+measured in the same run. This is the measurement behind the default (docs/memory.md).
 """
 
 import argparse
@@ -26,6 +27,7 @@ from scratchllm.bench.common import machine_facts, median
 from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPES, PagedSequence, kv_bytes_per_token
 
 DTYPES = list(KV_DTYPES)
+KERNEL_SHAPES = "1x16,1x1024,16x160,16x1024,1x4096"  # sequences x positions of a decode step
 ROWS = [("decode_short_tok_s", "decode tok/s, short context"), ("decode_long_tok_s", "decode tok/s, long context"),
         ("aggregate_tok_s", "aggregate tok/s"), ("peak_kv_mb", "peak KV of the batch, MB")]
 
@@ -38,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long", type=int, default=1024, help="the long context's prompt ids (default 1024)")
     parser.add_argument("--new-tokens", type=int, default=64, help="greedy steps per row (default 64)")
     parser.add_argument("--batch", type=int, default=16, help="prompts of the aggregate row (default 16)")
+    parser.add_argument("--kernel-calls", type=int, default=60, help="timed calls of each kernel shape (default 60)")
+    parser.add_argument("--kernel-shapes", default=KERNEL_SHAPES,
+                        help=f"the kernel's decode steps, sequences x positions (default {KERNEL_SHAPES})")
 
 
 def _ids(vocab: int, n: int, seed: int) -> list[int]:
@@ -61,17 +66,68 @@ def _decode(model: Any, prompt: list[int], steps: int, dtype: str,
     return steps / (time.perf_counter() - t), ids, rows
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _kernel_step(config: Any, dtype: str, seqs: int, positions: int, threads: int) -> Any:
+    """One layer's paged attention for a decode step of `seqs` sequences at `positions` each (their
+    K/V written first): a callable that runs it."""
+    from scratchllm.engine.paged_attention import PagedAttention
+
+    H, KVH, D, BS = config.num_heads, config.num_kv_heads, config.head_dim, 16
+    per_seq = positions // BS + 2
+    attn = PagedAttention(1, seqs * per_seq, BS, KVH, D, num_threads=threads, kv_dtype=dtype)
+    rng = np.random.default_rng(0)
+    tables = np.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
+    attn.set_layout(tables, np.repeat(np.arange(seqs, dtype=np.int32), positions),
+                    np.tile(np.arange(positions, dtype=np.int32), seqs))
+    kv = rng.standard_normal((seqs * positions, KVH, D)).astype(np.float32)
+    attn(0, rng.standard_normal((seqs * positions, H, D)).astype(np.float32), kv, kv)
+    q, k = rng.standard_normal((seqs, H, D)).astype(np.float32), rng.standard_normal((seqs, KVH, D)).astype(np.float32)
+    out = np.empty_like(q)
+    attn.set_layout(tables, np.arange(seqs, dtype=np.int32), np.full(seqs, positions, np.int32))
+    return lambda: attn(0, q, k, k, out)
+
+
+def kernel_shapes(text: str) -> list[tuple[int, int]]:
     from scratchllm.errors import ConfigError
-    from scratchllm.llm import LLM
+
+    try:
+        shapes = [(int(a), int(b)) for a, b in (x.split("x") for x in text.split(",") if x.strip())]
+    except ValueError:
+        shapes = []
+    if not shapes or min(min(s) for s in shapes) < 1:
+        raise ConfigError(f"--kernel-shapes takes SEQSxPOSITIONS, comma-separated (1x16,16x1024), got {text!r}")
+    return shapes
+
+
+def kernel_times(config: Any, threads: int, calls: int, shapes: list[tuple[int, int]]) -> dict[str, dict[str, float]]:
+    """{"<seqs>x<positions>": {dtype: median microseconds}}, the dtypes interleaved call by call."""
+    out = {}
+    for seqs, positions in shapes:
+        steps = {d: _kernel_step(config, d, seqs, positions, threads) for d in DTYPES}
+        times: dict[str, list[float]] = {d: [] for d in DTYPES}
+        for c in range(calls):
+            for d in DTYPES if c % 2 == 0 else DTYPES[::-1]:
+                t = time.perf_counter()
+                steps[d]()
+                times[d].append(time.perf_counter() - t)
+        out[f"{seqs}x{positions}"] = {d: median(v) * 1e6 for d, v in times.items()}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from scratchllm.engine import EngineConfig, LLMEngine
+    from scratchllm.engine.load import load_weights
+    from scratchllm.errors import ConfigError
+    from scratchllm.models.threads import set_blas_threads
     from scratchllm.sampling import SamplingParams
 
-    for name in ("rounds", "threads", "short", "long", "new_tokens", "batch"):
+    for name in ("rounds", "threads", "short", "long", "new_tokens", "batch", "kernel_calls"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    llms = {d: LLM(args.model, threads=args.threads, kv_cache_dtype=d, max_num_seqs=max(args.batch, 1))
-            for d in DTYPES}
-    model = llms["float32"].model  # the engines share nothing but read the same kind of weights
+    shapes = kernel_shapes(args.kernel_shapes)
+    set_blas_threads(args.threads)
+    model, _ = load_weights(args.model, "auto", tokenizer=False)  # one model; an engine (a pool) per dtype
+    engines = {d: LLMEngine(model, EngineConfig(kv_cache_dtype=d, max_num_seqs=args.batch, num_threads=args.threads))
+               for d in DTYPES}
     vocab = model.config.vocab_size
     short, long_ = _ids(vocab, args.short, 0), _ids(vocab, args.long, 1)
     batch = [_ids(vocab, 32, 10 + i) for i in range(args.batch)]
@@ -80,22 +136,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loads = []
     for r in range(args.rounds):
         for d in DTYPES if r % 2 == 0 else DTYPES[::-1]:
-            llm = llms[d]
-            out = {"decode_short_tok_s": _decode(llm.model, short, args.new_tokens, d)[0],
-                   "decode_long_tok_s": _decode(llm.model, long_, args.new_tokens, d)[0]}
+            engine = engines[d]
+            out = {"decode_short_tok_s": _decode(model, short, args.new_tokens, d)[0],
+                   "decode_long_tok_s": _decode(model, long_, args.new_tokens, d)[0]}
             t = time.perf_counter()
-            done = llm.generate(batch, params)
+            done = engine.generate(batch, params)
             out["aggregate_tok_s"] = sum(len(o.token_ids) for o in done) / (time.perf_counter() - t)
-            out["peak_kv_mb"] = llm.engine.stats()["kv_bytes_peak"] / 1e6
-            llm.engine.block_manager.stats.peak_bytes = 0  # the next round's own peak
+            out["peak_kv_mb"] = engine.stats()["kv_bytes_peak"] / 1e6
+            engine.block_manager.stats.peak_bytes = 0  # the next round's own peak
             rounds[d].append(out)
             loads.append(os.getloadavg()[0])
     _, path, _ = _decode(model, long_, args.new_tokens, "float32")
     _, _, ref_rows = _decode(model, long_, args.new_tokens, "float32", follow=path)
     closeness = {}
     for d in DTYPES:
-        _, _, rows = _decode(llms[d].model, long_, args.new_tokens, d, follow=path)
-        own = _decode(llms[d].model, long_, args.new_tokens, d)[1]
+        _, _, rows = _decode(model, long_, args.new_tokens, d, follow=path)
+        own = _decode(model, long_, args.new_tokens, d)[1]
         agree = next((i for i, (a, b) in enumerate(zip(own, path, strict=True)) if a != b), len(path))
         diff = max(float(np.abs(a - b).max()) for a, b in zip(rows, ref_rows, strict=True))
         closeness[d] = {"max_abs_logit_diff": diff, "greedy_agree_steps": agree}
@@ -103,10 +159,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for d in DTYPES:
         figures[d]["kv_bytes_per_token"] = kv_bytes_per_token(model.config, d)
         figures[d].update(closeness[d])
+    kernel = kernel_times(model.config, args.threads, args.kernel_calls, shapes)
+    loads.append(os.getloadavg()[0])
     return {"bench": "kv_dtype", "default": DEFAULT_KV_DTYPE,
             "inputs": {"model": args.model, "threads": args.threads, "short": args.short, "long": args.long,
-                       "new_tokens": args.new_tokens, "batch": args.batch, "rounds": args.rounds},
-            "figures": figures, "rounds": rounds, "machine": {**machine_facts(), "loadavg_1min": loads}}
+                       "new_tokens": args.new_tokens, "batch": args.batch, "rounds": args.rounds,
+                       "kernel_calls": args.kernel_calls},
+            "figures": figures, "kernel_us": kernel, "rounds": rounds,
+            "machine": {**machine_facts(), "loadavg_1min": loads}}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -125,6 +185,9 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"decode: {i['new_tokens']} steps after {i['short']} / {i['long']} prompt ids; aggregate: "
                  f"{i['batch']} prompts of 32 ids x {i['new_tokens']}; logits compared along float32's path after "
                  f"{i['long']} ids")
+    lines += ["", "paged attention alone, one layer of a decode step (sequences x positions), median us:"]
+    for shape, row in r["kernel_us"].items():
+        lines.append(f"{shape:<34}" + "".join(f"{row[d]:>9.1f} {row[d] / row['float32']:>5.2f}x" for d in DTYPES))
     loads = r["machine"]["loadavg_1min"]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)

@@ -8,8 +8,9 @@
 #include <math.h>  /* tanhf, nearbyintf */
 #include <stdint.h>
 #include "simd.h"  /* scratchllm_vf, scratchllm_select, scratchllm_exp */
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>  /* vcvtph2ps, vcvtps2ph */
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>  /* vcvtph2ps, vcvtps2ph; vpmovsxbd / vpmovzxwd: GCC's __builtin_convertvector of
+                           narrow integers went element by element through general registers */
 #endif
 #define SCRATCHLLM_INLINE static inline __attribute__((always_inline))
 
@@ -95,11 +96,8 @@ static inline float scratchllm_kv_get(const void *base, Py_ssize_t i, int kind) 
     }
 }
 
-typedef unsigned short scratchllm_vh __attribute__((vector_size(2 * SCRATCHLLM_VL)));
-typedef signed char scratchllm_vb __attribute__((vector_size(SCRATCHLLM_VL)));
-
 /* One native vector of floats from SCRATCHLLM_VL elements of `kind` at element i of base. `kind`
-   is a constant wherever this is inlined, so the switch folds away. */
+   is a constant wherever this is inlined, so the branches fold away. */
 SCRATCHLLM_INLINE scratchllm_vf scratchllm_kv_load(const void *base, Py_ssize_t i, const int kind) {
     scratchllm_vf x;
     if (kind == SCRATCHLLM_KV_F16) {
@@ -111,14 +109,23 @@ SCRATCHLLM_INLINE scratchllm_vf scratchllm_kv_load(const void *base, Py_ssize_t 
         for (int l = 0; l < SCRATCHLLM_VL; l++) x[l] = scratchllm_half_to_float(((const uint16_t *)base)[i + l]);
 #endif
     } else if (kind == SCRATCHLLM_KV_BF16) {
-        scratchllm_vh h;
-        memcpy(&h, (const uint16_t *)base + i, sizeof h);
-        scratchllm_vi bits = __builtin_convertvector(h, scratchllm_vi) << 16;
-        memcpy(&x, &bits, sizeof x);
+#if SCRATCHLLM_VL == 16
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+        x = (scratchllm_vf)_mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+#elif SCRATCHLLM_VL == 8 && defined(__AVX2__)
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+        x = (scratchllm_vf)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+#else
+        for (int l = 0; l < SCRATCHLLM_VL; l++) x[l] = scratchllm_bf16_to_float(((const uint16_t *)base)[i + l]);
+#endif
     } else if (kind == SCRATCHLLM_KV_I8) {
-        scratchllm_vb b;
-        memcpy(&b, (const int8_t *)base + i, sizeof b);
-        x = __builtin_convertvector(__builtin_convertvector(b, scratchllm_vi), scratchllm_vf);
+#if SCRATCHLLM_VL == 16
+        x = (scratchllm_vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + i))));
+#elif SCRATCHLLM_VL == 8 && defined(__AVX2__)
+        x = (scratchllm_vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + i))));
+#else
+        for (int l = 0; l < SCRATCHLLM_VL; l++) x[l] = (float)((const int8_t *)base)[i + l];
+#endif
     } else {
         memcpy(&x, (const float *)base + i, sizeof x);
     }

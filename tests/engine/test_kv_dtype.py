@@ -224,3 +224,23 @@ def test_metrics_report_bytes_per_token_and_the_resident_pool(dtype):
     assert per_token == kv_bytes_per_token(engine.model.config, dtype)
     resident = got[("scratchllm:kv_cache_resident_bytes", (("model_name", "tiny"),))]
     assert resident == 2 * engine.plan.kv_block_bytes  # 24 slots written: 2 blocks, ever
+
+
+def test_bench_kv_dtype_on_a_tiny_model(tmp_path):
+    import argparse
+
+    from scratchllm.bench import kv_dtype
+    from tests.models.test_loader import CONFIG, tiny_llama_tensors, write
+
+    parser = argparse.ArgumentParser()
+    kv_dtype.add_arguments(parser)
+    folder = write(tmp_path / "tiny", tiny_llama_tensors(), {**CONFIG, "max_position_embeddings": 128})
+    r = kv_dtype.run(parser.parse_args(["--model", str(folder), "--rounds", "1", "--short", "4", "--long", "40",
+                                        "--new-tokens", "4", "--batch", "2", "--kernel-calls", "2",
+                                        "--kernel-shapes", "1x16,2x40"]))
+    f = r["figures"]
+    assert f["float32"]["max_abs_logit_diff"] == 0 and f["float32"]["greedy_agree_steps"] == 4
+    assert f["float16"]["kv_bytes_per_token"] == f["float32"]["kv_bytes_per_token"] / 2
+    assert 0 < f["int8"]["peak_kv_mb"] < f["float16"]["peak_kv_mb"] < f["float32"]["peak_kv_mb"]
+    assert set(r["kernel_us"]) == {"1x16", "2x40"}
+    assert "paged attention alone" in kv_dtype.render(r)
