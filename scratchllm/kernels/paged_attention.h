@@ -281,9 +281,10 @@ static inline void scratchllm_block_values16(const float *p, Py_ssize_t ps, Py_s
 
 
 /* s[0:n] = exp(s - max(s[0:n])); returns the sum, taken over 16 running lanes (SA_NV native
-   vectors) summed in lane order, the same on every instruction set. s has room for n
+   vectors) summed in lane order, the same on every instruction set, and writes the max to *max
+   (a chunk of a split context needs it to be combined with the others). s has room for n
    rounded up to 16. */
-static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
+static inline float scratchllm_exp_rows_max(float *s, Py_ssize_t n, float *max) {
     Py_ssize_t n16 = (n + 15) / 16 * 16, i;
     float m = -3.0e38f, sum = 0.0f;
     scratchllm_vf mx[SA_NV], acc[SA_NV];
@@ -310,7 +311,13 @@ static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
         }
     for (int u = 0; u < SA_NV; u++)
         for (int l = 0; l < SA_VL; l++) sum += acc[u][l];
+    *max = m;
     return sum;
+}
+
+static inline float scratchllm_exp_rows(float *s, Py_ssize_t n) {
+    float m;
+    return scratchllm_exp_rows_max(s, n, &m);
 }
 
 /* Gemma 2's soft-capping of attention scores, s = cap * tanh(s / cap), on s[0:n] (after the

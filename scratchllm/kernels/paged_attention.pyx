@@ -44,9 +44,20 @@ before the window's start get a score whose exp is exactly 0); tanh soft-capping
 has it (Gemma 2, after the scale and before the softmax); their max, exp (our own 16-lane
 polynomial) and sum; then the weighted sum of values, written
 straight into `out` (the G heads of a kv head are adjacent there) and divided by the sum once.
+
+Long contexts, split (flash-decoding): a query whose keys span more than one chunk of
+SPLIT_TOKENS positions (256; chunks in whole blocks counted from position 0, so a chunk's bounds
+are a function of positions only) is attended chunk by chunk: each chunk's max m_c, sum of exp
+s_c and unnormalized weighted values o_c, then, in chunk order, M = max m_c and
+out = sum exp(m_c - M) o_c / sum exp(m_c - M) s_c. A query within one chunk is the single pass
+above, bit for bit. Where there are few (token, kv head) items for the threads (a decode of one
+or two sequences) every chunk is a pool task and the combination a second pass; otherwise each
+item does its chunks in turn. Either way the partials and the sums are the same operations in
+the same order, so a token's output depends on its own context only: the same request alone or
+in any batch, chunked or split or not, gets the same bits.
 """
 
-from libc.math cimport fabsf
+from libc.math cimport expf, fabsf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
@@ -62,12 +73,20 @@ cdef extern from "paged_attention.h":
                                                     int kind) noexcept nogil
     float kv_get "scratchllm_kv_get"(const void* base, Py_ssize_t i, int kind) noexcept nogil
     void kv_put "scratchllm_kv_put"(void* base, Py_ssize_t i, float x, int kind, float inv_scale) noexcept nogil
-    float exp_rows "scratchllm_exp_rows"(float* s, Py_ssize_t n) noexcept nogil
+    float exp_rows_max "scratchllm_exp_rows_max"(float* s, Py_ssize_t n, float* m) noexcept nogil
     void softcap_rows "scratchllm_softcap_rows"(float* s, Py_ssize_t n, float cap) noexcept nogil
     void mask_rows "scratchllm_mask_rows"(float* s, Py_ssize_t n) noexcept nogil
     int KV_F32 "SCRATCHLLM_KV_F32"
     int KV_I8 "SCRATCHLLM_KV_I8"
 
+
+# A context longer than this many positions is attended in chunks of it (whole blocks, counted from
+# position 0), combined in order: a fixed split, so a token's bits depend only on its own context
+# (module doc). Chunks also make tasks: a decode step of one sequence at 4,096 positions is 3 kv
+# heads x 16 chunks, not 3 tasks for 2 threads.
+cdef enum:
+    SPLIT_TOKENS = 256
+    SPLIT_MIN_TASKS = 4  # per thread: fewer (token, kv head) items than this, and chunks are tasks
 
 # the NumPy dtype of each kind's elements (bfloat16 has none: its bits are kept as uint16)
 KINDS = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
@@ -178,60 +197,178 @@ cdef struct AttentionJob:
     Py_ssize_t window  # 0: the whole context; w: the keys at p - w + 1..p
     float scale
     float softcap  # 0: off
+    # the split of long contexts (see the module doc): tasks of (token, kv head, chunk) and where
+    # each (token, kv head)'s chunk partials go; NULL when the step runs one task per (token, kv head)
+    Py_ssize_t chunk_tokens  # positions per chunk: SPLIT_TOKENS in whole blocks
+    const Py_ssize_t* task_start  # [N + 1]: token i's first task (its tasks: KVH x its chunks)
+    const Py_ssize_t* part_start  # [N]: token i's first partial, in units of a partial's floats
+    float* parts
 
 
-cdef void attend_item(void* ctx, long w) noexcept nogil:
-    """Task w = token w // KVH, kv head w % KVH: its G query heads over the token's context."""
-    cdef AttentionJob* j = <AttentionJob*> ctx
-    cdef Py_ssize_t G = j.G, D = j.D, BS = j.BS, ctx_pad = j.ctx_pad, H = j.H, KVH = j.KVH
-    cdef Py_ssize_t i = w // KVH, g = w % KVH
-    cdef Py_ssize_t s_idx = j.token_seq[i], p = j.token_pos[i]
-    # the keys lo..p, in the blocks b0..p // BS; scores[0] is position b0 * BS
-    cdef Py_ssize_t lo = p - j.window + 1 if j.window and p >= j.window else 0
-    cdef Py_ssize_t b0 = lo // BS, n = p + 1 - b0 * BS, nb = p // BS + 1 - b0
-    cdef Py_ssize_t kblock = KVH * D * BS * j.itemsize, vrow = KVH * D, b, blk, h, d, t, m
-    cdef const int* table = j.block_tables + s_idx * j.MB + b0
+cdef inline Py_ssize_t first_key(const AttentionJob* j, Py_ssize_t p) noexcept nogil:
+    """The first position the query at p reads: p - window + 1, or 0."""
+    return p - j.window + 1 if j.window and p >= j.window else 0
+
+
+cdef inline Py_ssize_t num_chunks(const AttentionJob* j, Py_ssize_t p) noexcept nogil:
+    """The chunks (of chunk_tokens positions from position 0) the query at p reads."""
+    return p // j.chunk_tokens - first_key(j, p) // j.chunk_tokens + 1
+
+
+cdef inline Py_ssize_t chunk_span(const AttentionJob* j) noexcept nogil:
+    """A chunk's scores row: its positions rounded up to 16 (whole vectors for the softmax)."""
+    return (j.chunk_tokens + 15) // 16 * 16
+
+
+cdef void attend_range(const AttentionJob* j, Py_ssize_t i, Py_ssize_t g, Py_ssize_t c0, Py_ssize_t c,
+                       float* scores, Py_ssize_t ss, float* o, float* m_out, float* sum_out) noexcept nogil:
+    """Token i, kv head g, over chunk c (counted from the first chunk c0 it reads; c0 < 0: its whole
+    context in one pass): the G heads' unnormalized o[h * D + 0:D] = sum of exp(s - m) v over the
+    chunk's keys, m_out[h] = m (their max score) and sum_out[h] = sum of exp(s - m).
+    scores: G rows of ss floats, ss >= the keys of the range rounded up to 16."""
+    cdef Py_ssize_t G = j.G, D = j.D, BS = j.BS, H = j.H, KVH = j.KVH
+    cdef Py_ssize_t p = j.token_pos[i], lo = first_key(j, p)
+    cdef Py_ssize_t b0 = lo // BS, b_end = p // BS + 1, b, blk, h, d, t, m, n, first
+    cdef Py_ssize_t chunk_blocks = j.chunk_tokens // BS
+    if c0 >= 0:  # absolute chunk c0 + c: its blocks, within the query's
+        b0, b_end = max(b0, (c0 + c) * chunk_blocks), min(b_end, (c0 + c + 1) * chunk_blocks)
+    first = b0 * BS
+    n = min(p + 1, b_end * BS) - first  # keys first..; those before lo (its window) are masked
+    cdef Py_ssize_t kblock = KVH * D * BS * j.itemsize, vrow = KVH * D
+    cdef const int* table = j.block_tables + j.token_seq[i] * j.MB
     cdef float sc
-    cdef float* scores = <float*> malloc((G * ctx_pad + G * D + G) * sizeof(float))
-    if scores == NULL:
-        return  # out of memory in a worker: the row stays as np.empty left it (cannot raise here)
-    cdef float* qs = scores + G * ctx_pad
-    cdef float* inv_sum = qs + G * D
-    cdef float* o = j.out + (i * H + g * G) * D  # the G heads of kv head g: adjacent rows of out
+    cdef float* qs = scores + G * ss
     for h in range(G):  # queries pre-scaled: G x D multiplies, not G x ctx
         for d in range(D):
             qs[h * D + d] = j.q[i * j.qs0 + (g * G + h) * j.qs1 + d * j.qs2] * j.scale
             o[h * D + d] = 0.0
-    for b in range(nb):  # one table lookup per block
+    for b in range(b0, b_end):  # one table lookup per block
         blk = table[b]
-        block_scores(qs, G, j.k_cache + blk * kblock + g * D * BS * j.itemsize, j.kind, &scores[b * BS], ctx_pad,
+        block_scores(qs, G, j.k_cache + blk * kblock + g * D * BS * j.itemsize, j.kind, &scores[(b - b0) * BS], ss,
                      D, BS)
         if j.k_scale != NULL:  # int8: the block's scores in units of its scale
             sc = j.k_scale[blk * KVH + g]
             for h in range(G):
                 for t in range(BS):
-                    scores[h * ctx_pad + b * BS + t] *= sc
+                    scores[h * ss + (b - b0) * BS + t] *= sc
     for h in range(G):
         if j.softcap != 0.0:
-            softcap_rows(&scores[h * ctx_pad], n, j.softcap)
-        if lo > b0 * BS:  # the window starts inside its first block
-            mask_rows(&scores[h * ctx_pad], lo - b0 * BS)
+            softcap_rows(&scores[h * ss], n, j.softcap)
+        if lo > first:  # the window starts inside the range's first block
+            mask_rows(&scores[h * ss], lo - first)
         # softmax numerators; the division by their sum comes last
-        inv_sum[h] = 1.0 / exp_rows(&scores[h * ctx_pad], n)
-    for b in range(nb):
+        sum_out[h] = exp_rows_max(&scores[h * ss], n, &m_out[h])
+    for b in range(b0, b_end):
         blk = table[b]
-        m = min(BS, n - b * BS)
+        m = min(BS, n - (b - b0) * BS)
         if j.v_scale != NULL:  # int8: the block's probabilities times its scale
             sc = j.v_scale[blk * KVH + g]
             for h in range(G):
                 for t in range(m):
-                    scores[h * ctx_pad + b * BS + t] *= sc
-        block_values(&scores[b * BS], ctx_pad, G, j.v_cache + (blk * BS * vrow + g * D) * j.itemsize, j.kind, vrow,
-                     m, o, D)
+                    scores[h * ss + (b - b0) * BS + t] *= sc
+        block_values(&scores[(b - b0) * BS], ss, G, j.v_cache + (blk * BS * vrow + g * D) * j.itemsize, j.kind,
+                     vrow, m, o, D)
+
+
+cdef inline float* out_row(const AttentionJob* j, Py_ssize_t i, Py_ssize_t g) noexcept nogil:
+    return j.out + (i * j.H + g * j.G) * j.D  # the G heads of kv head g: adjacent rows of out
+
+
+cdef void combine(const AttentionJob* j, Py_ssize_t i, Py_ssize_t g, const float* parts, Py_ssize_t nc) noexcept nogil:
+    """out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) sum_c over token i's chunks in order (M: the
+    largest m_c): the softmax over the whole context from its chunks' (partial layout: chunk c's
+    G heads' [o (D), m, sum], c = 0..nc-1)."""
+    cdef Py_ssize_t G = j.G, D = j.D, h, d, c, stride = G * (D + 2)
+    cdef float* o = out_row(j, i, g)
+    cdef float big, w, den
+    cdef const float* part
+    for h in range(G):
+        big = -3.0e38
+        for c in range(nc):
+            big = max(big, parts[c * stride + h * (D + 2) + D])
+        for d in range(D):
+            o[h * D + d] = 0.0
+        den = 0.0
+        for c in range(nc):
+            part = parts + c * stride + h * (D + 2)
+            w = expf(part[D] - big)
+            den = den + w * part[D + 1]
+            for d in range(D):
+                o[h * D + d] = o[h * D + d] + w * part[d]
+        w = 1.0 / den
+        for d in range(D):
+            o[h * D + d] = o[h * D + d] * w
+
+
+cdef inline void chunk_into(const AttentionJob* j, Py_ssize_t i, Py_ssize_t g, Py_ssize_t c, float* scores,
+                            float* part) noexcept nogil:
+    """Chunk c of token i, kv head g, into its partial: G heads' [o (D), m, sum]."""
+    cdef Py_ssize_t G = j.G, D = j.D, h, d, ss = chunk_span(j)
+    cdef float* o = scores + G * ss + G * D  # after the scores and the queries
+    cdef float* m = o + G * D
+    cdef float* sums = m + G
+    attend_range(j, i, g, first_key(j, j.token_pos[i]) // j.chunk_tokens, c, scores, ss, o, m, sums)
     for h in range(G):
         for d in range(D):
-            o[h * D + d] = o[h * D + d] * inv_sum[h]
+            part[h * (D + 2) + d] = o[h * D + d]
+        part[h * (D + 2) + D] = m[h]
+        part[h * (D + 2) + D + 1] = sums[h]
+
+
+cdef void attend_item(void* ctx, long w) noexcept nogil:
+    """Task w = token w // KVH, kv head w % KVH: its G query heads over the token's context; a
+    context longer than one chunk, chunk by chunk (the same partials as the split tasks), combined."""
+    cdef AttentionJob* j = <AttentionJob*> ctx
+    cdef Py_ssize_t G = j.G, D = j.D, KVH = j.KVH
+    cdef Py_ssize_t i = w // KVH, g = w % KVH, c, nc = num_chunks(j, j.token_pos[i])
+    cdef Py_ssize_t chunk_ss = chunk_span(j), stride = G * (D + 2)
+    cdef float* scores
+    cdef float* parts
+    cdef float* inv
+    cdef Py_ssize_t h, d
+    if nc == 1:  # the whole context in one pass, normalized in place
+        scores = <float*> malloc((G * j.ctx_pad + G * D + 2 * G) * sizeof(float))
+        if scores == NULL:
+            return  # out of memory in a worker: the row stays as np.empty left it (cannot raise here)
+        inv = scores + G * j.ctx_pad + G * D
+        attend_range(j, i, g, -1, 0, scores, j.ctx_pad, out_row(j, i, g), inv + G, inv)
+        for h in range(G):
+            inv[h] = 1.0 / inv[h]
+            for d in range(D):
+                out_row(j, i, g)[h * D + d] = out_row(j, i, g)[h * D + d] * inv[h]
+        free(scores)
+        return
+    scores = <float*> malloc((G * chunk_ss + 2 * G * D + 2 * G + nc * stride) * sizeof(float))
+    if scores == NULL:
+        return
+    parts = scores + G * chunk_ss + 2 * G * D + 2 * G
+    for c in range(nc):
+        chunk_into(j, i, g, c, scores, parts + c * stride)
+    combine(j, i, g, parts, nc)
     free(scores)
+
+
+cdef void chunk_task(void* ctx, long w) noexcept nogil:
+    """Split mode, task w: (token i, kv head g, chunk c) into its partial in j.parts."""
+    cdef AttentionJob* j = <AttentionJob*> ctx
+    cdef Py_ssize_t G = j.G, D = j.D, i = 0, local, nc, g, c
+    while j.task_start[i + 1] <= w:  # the token: split mode has few tokens, a scan is enough
+        i += 1
+    local = w - j.task_start[i]
+    nc = num_chunks(j, j.token_pos[i])
+    g, c = local % j.KVH, local // j.KVH  # a token's tasks: chunk by chunk, every kv head of each
+    cdef float* scores = <float*> malloc((G * chunk_span(j) + 2 * G * D + 2 * G) * sizeof(float))
+    if scores == NULL:
+        return
+    chunk_into(j, i, g, c, scores, j.parts + (j.part_start[i] + g * nc + c) * G * (D + 2))
+    free(scores)
+
+
+cdef void combine_task(void* ctx, long w) noexcept nogil:
+    """Split mode: (token w // KVH, kv head w % KVH)'s chunks combined into out."""
+    cdef AttentionJob* j = <AttentionJob*> ctx
+    cdef Py_ssize_t i = w // j.KVH, g = w % j.KVH, nc = num_chunks(j, j.token_pos[i])
+    combine(j, i, g, j.parts + (j.part_start[i] + g * nc) * j.G * (j.D + 2), nc)
 
 
 def paged_attention(
@@ -346,7 +483,38 @@ cdef void attend_layer(const float *q, Py_ssize_t qs0, Py_ssize_t qs1, Py_ssize_
     job.block_tables, job.token_seq, job.token_pos = layout.block_tables, layout.token_seq, layout.token_pos
     job.MB, job.H, job.KVH, job.G, job.D, job.BS = layout.MB, H, KVH, H // KVH, D, BS
     job.ctx_pad, job.scale, job.window, job.softcap = ctx_pad, scale, window, softcap
-    pool.run(attend_item, &job, N * KVH, num_threads if num_threads > 0 else pool.num_threads())
+    job.chunk_tokens = max(1, <Py_ssize_t> SPLIT_TOKENS // BS) * BS
+    job.task_start, job.part_start, job.parts = NULL, NULL, NULL
+    cdef int threads = num_threads if num_threads > 0 else pool.num_threads()
+    cdef Py_ssize_t most = 1, tasks = 0, partials = 0
+    for i in range(N):
+        most = max(most, num_chunks(&job, layout.token_pos[i]))
+    if most == 1 or N * KVH >= SPLIT_MIN_TASKS * threads:
+        # enough (token, kv head) items to keep the threads busy: each does its chunks in turn
+        pool.run(attend_item, &job, N * KVH, threads)
+        return
+    # few items and long contexts (a decode of one or two sequences): every chunk is a task, then
+    # each (token, kv head) combines its chunks, with the same partials and the same sums
+    cdef Py_ssize_t* starts = <Py_ssize_t*> malloc((2 * N + 1) * sizeof(Py_ssize_t))
+    if starts == NULL:
+        pool.run(attend_item, &job, N * KVH, threads)  # no room to split: the same bits, unsplit tasks
+        return
+    for i in range(N):
+        starts[i] = tasks
+        starts[N + 1 + i] = partials
+        tasks += KVH * num_chunks(&job, layout.token_pos[i])
+        partials += KVH * num_chunks(&job, layout.token_pos[i])
+    starts[N] = tasks
+    job.parts = <float*> malloc(partials * (H // KVH) * (D + 2) * sizeof(float))
+    if job.parts == NULL:
+        free(starts)
+        pool.run(attend_item, &job, N * KVH, threads)
+        return
+    job.task_start, job.part_start = starts, starts + N + 1
+    pool.run(chunk_task, &job, tasks, threads)
+    pool.run(combine_task, &job, N * KVH, threads)
+    free(job.parts)
+    free(starts)
 
 
 def copy_blocks(cache, const long[:, ::1] pairs):
