@@ -47,6 +47,9 @@ class SamplingParams:
     skip_special_tokens: bool = True  # special tokens (e.g. <|im_end|>) show no text
     include_stop_str_in_output: bool = False  # the stop string (or stop token's text) ends the text
     logprobs: int | None = None  # how many top alternatives to report per token (None = none)
+    # The prompt's own logprobs: each prompt token's (from position 1 on) logprob, rank and this
+    # many top alternatives, computed during the prefill (None = not computed, nothing kept)
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0  # OpenAI's, over generated tokens; 0 = off
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # over prompt + output; 1 = off
@@ -77,8 +80,10 @@ class SamplingParams:
                               f"got {self.min_tokens!r}")
         if any(t < 0 for t in (*self.stop_token_ids, *self.eos_token_ids)):
             raise ConfigError("stop_token_ids must be token ids >= 0")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and self.logprobs >= 0):
-            raise ConfigError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+                raise ConfigError(f"{name} must be None or an integer >= 0, got {k!r}")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from scratchllm import __version__
 from scratchllm.errors import ScratchLLMError
 
-COMMANDS = ["inspect", "generate", "serve", "bench", "trace", "eval"]
+COMMANDS = ["inspect", "generate", "serve", "models", "bench", "trace", "eval"]
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scratchllm",
         description="An LLM inference system built from first principles: every layer visible, "
         "measured and replaceable. Models: 'default' (SmolLM2-135M-Instruct, GGUF Q4_1), 'minilm' "
-        "(all-MiniLM-L6-v2), or a path to a .gguf file or a Hugging Face model folder.",
+        "(all-MiniLM-L6-v2), a path to a .gguf file or a Hugging Face model folder, or a name `scratchllm models "
+        "list` shows (Ollama's models, the Hugging Face cache).",
     )
     parser.add_argument("--version", action="version", version=f"scratchllm {__version__}")
     parser.add_argument("--log-level", default="warning", type=str.lower,

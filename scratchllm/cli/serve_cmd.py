@@ -1,4 +1,11 @@
-"""`scratchllm serve`: the OpenAI-compatible HTTP server on a model (or on the fake engine).
+"""`scratchllm serve`: the OpenAI- and Ollama-compatible HTTP server on one model or several
+(or on the fake engine).
+
+Several models (`scratchllm serve default minilm gemma3-270m`, or --model repeated): each
+generation model gets its own engine and KV pool, each embedding model sits beside them, and all
+of them are planned in one memory plan at start (what does not fit is refused before the socket
+serves). Requests go to the model their `model` field names. --load first-use loads each on
+its first request; --keep-alive unloads a model idle that long (never one in use).
 
 Process/thread layout: one process. uvicorn's event loop (main thread) owns the sockets, JSON and
 tokenization; the engine steps in its own thread and wakes the loop once per token (no thread
@@ -24,40 +31,58 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scratchllm.cli import Subparsers
 from scratchllm.cli.listen import listen, url
 from scratchllm.cli.options import add_kv_cache_dtype_argument, add_threads_argument
+from scratchllm.cli.serve_config import apply_config, environment_defaults, render_config, track_given
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
+from scratchllm.server.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from scratchllm.evaluate.feedback import RequestClasses
-    from scratchllm.server.app import Drain, ServedEmbedder, ServedModel
+    from scratchllm.server.app import Drain, ServedModel
+    from scratchllm.server.registry import ModelRegistry, ModelSpec
     from scratchllm.tokenizer import Tokenizer
     from scratchllm.tokenizer.protocol import TokenizerLike
     from scratchllm.trace.writer import TraceWriter
 
-ENV_PREFIX = "SCRATCHLLM_"
 logger = logging.getLogger("scratchllm.serve")
 
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
-                       description=__doc__ + "\nEvery option also reads a default from the environment: "
-                       "--max-num-seqs from SCRATCHLLM_MAX_NUM_SEQS, --api-key from SCRATCHLLM_API_KEY, and so on "
-                       "(a flag given on the command line wins).")
-    p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
-                   help="the model to serve, as `scratchllm serve MODEL` (same as --model)")
-    p.add_argument("-m", "--model", default=None,
-                   help="'default' (SmolLM2-135M-Instruct), or a .gguf file / Hugging Face model folder")
-    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    p.add_argument("--embedding-model", default="minilm", help="model for /v1/embeddings, or 'none'")
+                       description=__doc__ + "\nEvery option can also come from a TOML file (--config) and from the "
+                       "environment (--max-num-seqs from SCRATCHLLM_MAX_NUM_SEQS, --api-key from SCRATCHLLM_API_KEY, "
+                       "and so on). Lowest first: the default, the file, the environment, the command line; "
+                       "--print-config shows the result.")
+    p.add_argument("model_arg", nargs="*", metavar="MODEL", default=[],
+                   help="the models to serve, as `scratchllm serve MODEL [MODEL ...]` (same as --model)")
+    p.add_argument("-m", "--model", action=ModelOption, default=None,
+                   help="'default' (SmolLM2-135M-Instruct), 'minilm', 'gemma3-270m', or a .gguf file / Hugging Face "
+                        "model folder; repeat it to serve several")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send, with one model (default: the model as given)")
+    p.add_argument("--embedding-model", default="minilm",
+                   help="model for /v1/embeddings, served beside the others, or 'none'")
+    p.add_argument("--load", choices=["start", "first-use"], default="start",
+                   help="when each model loads: all at start, before the socket serves, or each on its first request")
+    p.add_argument("--keep-alive", type=keep_alive_arg, default=None, metavar="DURATION",
+                   help="unload a model idle this long (seconds, or e.g. 30s, 5m, 1h; never one in use) and load it "
+                        "again on its next request (default: forever, never unloaded)")
+    p.add_argument("--memory-budget", type=memory_size, default=None, metavar="SIZE",
+                   help="memory all the models may plan together, e.g. 4GiB (default: the memory available at start)")
+    p.add_argument("--config", default=None, metavar="FILE.toml",
+                   help="read serve's options from a TOML file, under SCRATCHLLM_* variables and flags (default: "
+                        "none, or $SCRATCHLLM_CONFIG); see docs/workbench.md")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the options in effect, each with where it came from, as a TOML file, and exit")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 serves other machines too (set --api-key then)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
@@ -80,7 +105,7 @@ def add_parser(sub: Subparsers) -> None:
                         "fits, so admission stops adding sequences past it (default: none, --max-num-seqs only)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
-                   help="requests held at once (running + waiting); more get 429 + Retry-After")
+                   help="requests each model holds at once (running + waiting); more get 429 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds SIGTERM waits for in-flight requests (new ones get 503 meanwhile); then they are cut")
@@ -123,13 +148,40 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--sse-ping-interval", type=float, default=15.0, metavar="SECONDS",
                    help="send a ': ping' SSE comment on a stream after this many seconds without a chunk "
                         "(default 15; 0 = never)")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "none", *TOOL_CALL_FORMATS],
+                   help="the format of the model's tool calls with tool_choice auto: hermes (<tool_call> blocks), "
+                        "llama3_json, mistral ([TOOL_CALLS]) or gemma (```tool_code blocks); auto (the default) "
+                        "takes the one the chat template writes; see docs/openai-replies.md")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
                         "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
     p.add_argument("--ray-address", default=None,
                    help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); default: "
                         "start a local one")
-    p.set_defaults(func=run, env_errors=_environment_defaults(p))
+    track_given(p)
+    env_errors, env_set = environment_defaults(p)
+    p.set_defaults(func=run, env_errors=env_errors, env_set=env_set, serve_parser=p)
+
+
+class ModelOption(argparse.Action):
+    """-m/--model, repeatable: each one is added to the models served (`model_options`);
+    `model` keeps the first, the one model a one-model reader (the cluster's spec) takes."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        given = [*(getattr(namespace, "model_options", None) or []), str(values)]
+        namespace.model_options = given
+        namespace.model = given[0]
+
+
+def keep_alive_arg(text: str) -> float | None:
+    """--keep-alive: seconds, or a duration such as 5m; None (forever) for a negative one."""
+    from scratchllm.server.registry import parse_keep_alive
+
+    try:
+        return parse_keep_alive(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -154,68 +206,35 @@ def cache_size(text: str) -> int | str:
     return 0 if text.strip() in ("0", "0B", "0b") else memory_size(text)
 
 
-def _environment_defaults(parser: argparse.ArgumentParser) -> list[str]:
-    """SCRATCHLLM_<OPTION> in the environment sets the option's default (a flag still wins).
-    Returns the problems found, reported when the command runs (not while --help is built)."""
-    errors: list[str] = []
-    for action in parser._actions:
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or action.default is argparse.SUPPRESS or action.dest == "help":
-            continue
-        var = ENV_PREFIX + longs[0][2:].upper().replace("-", "_")
-        if var not in os.environ:
-            continue
-        raw = os.environ[var]
-        if action.nargs == 0:  # a switch such as --fake-engine
-            if raw.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
-                errors.append(f"{var}={raw!r}: expected 1/true/yes or 0/false/no")
-                continue
-            action.default = raw.lower() in ("1", "true", "yes")
-            continue
-        try:
-            value = action.type(raw) if callable(action.type) else raw
-        except ValueError:
-            errors.append(f"{var}={raw!r} is not a valid value for {longs[0]}")
-            continue
-        if action.choices is not None and value not in action.choices:
-            errors.append(f"{var}={raw!r}: {longs[0]} takes one of {', '.join(map(str, action.choices))}")
-            continue
-        action.default = value
-    return errors
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
+
+
+def given_models(args: argparse.Namespace) -> list[str]:
+    """The models named by MODEL..., --model (repeated), SCRATCHLLM_MODEL or the config file, in
+    that order, each once; empty when none is named."""
+    named = [*(args.model_arg or []), *(getattr(args, "model_options", None) or [])]
+    if not named and args.model:  # SCRATCHLLM_MODEL sets --model's default
+        named = [args.model]
+    return list(dict.fromkeys(named))
+
+
+def models_from_args(args: argparse.Namespace) -> list[str]:
+    """The models to serve: those named, else 'default'."""
+    return given_models(args) or ["default"]
 
 
 def model_from_args(args: argparse.Namespace) -> str:
-    """The model to serve: MODEL or --model (not two different ones), else 'default'."""
-    if args.model_arg and args.model and args.model_arg != args.model:
-        raise ConfigError(f"two models given: '{args.model_arg}' and --model '{args.model}'")
-    return str(args.model_arg or args.model or "default")
+    """The one model of a one-model path (--replicas): refused when several are named."""
+    refs = models_from_args(args)
+    if len(refs) > 1:
+        count = NUMBER_WORDS.get(len(refs), str(len(refs)))
+        raise ConfigError(f"--replicas serves one model; {count} models given: " + ", ".join(f"'{r}'" for r in refs))
+    return refs[0]
 
 
-def build(args: argparse.Namespace) -> tuple[ServedModel, ServedEmbedder | None]:
-    """(ServedModel, ServedEmbedder | None) for the arguments."""
-    if args.env_errors:
-        raise ConfigError("; ".join(args.env_errors))
-    if args.max_in_flight < 1 or args.max_body_bytes < 1:
-        raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
-    args.model = model_from_args(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        from scratchllm.models.threads import set_blas_threads
-
-        set_blas_threads(args.threads)
-    if args.fake_engine:
-        from scratchllm.server.backend import fake_backend
-
-        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
-        if args.num_kv_blocks:
-            options["num_blocks"] = args.num_kv_blocks
-        model, embedder = fake_backend(max_model_len=args.max_model_len or 2048, **options)
-        model.name = args.served_model_name or model.name
-        return model, (None if args.embedding_model == "none" else embedder)
-    from scratchllm.server.backend import load_embedder, load_model
-
-    options = {"batching": args.batching, "dtype": args.dtype}
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options every generation model gets from the command line."""
+    options: dict[str, Any] = {"batching": args.batching, "dtype": args.dtype}
     for key in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
@@ -230,26 +249,122 @@ def build(args: argparse.Namespace) -> tuple[ServedModel, ServedEmbedder | None]
         options["target_tpot_s"] = args.target_tpot_ms / 1000
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
-    model = load_model(args.model, args.served_model_name or args.model, options, trace=trace_writer(args))
+    return options
+
+
+def build(args: argparse.Namespace) -> ModelRegistry:
+    """The registry of the models the arguments name, planned (nothing is loaded yet)."""
+    from scratchllm.server.registry import ModelRegistry
+
+    if args.env_errors:
+        raise ConfigError("; ".join(args.env_errors))
+    if args.max_in_flight < 1 or args.max_body_bytes < 1:
+        raise ConfigError("--max-in-flight and --max-body-bytes must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+        from scratchllm.models.threads import set_blas_threads
+
+        set_blas_threads(args.threads)
+    embedding = None if args.embedding_model == "none" else args.embedding_model
+    if args.fake_engine:
+        from scratchllm.server.backend import fake_specs
+
+        for flag, given in (("--chat-template", args.chat_template), ("--priority-feedback", args.priority_feedback)):
+            if given:
+                raise ConfigError(f"{flag} needs a model (not --fake-engine)")
+
+        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
+        if args.num_kv_blocks:
+            options["num_blocks"] = args.num_kv_blocks
+        names = given_models(args) or [args.served_model_name or "fake"]
+        specs = fake_specs(names, embedding is not None, max_model_len=args.max_model_len or 2048, **options)
+    else:
+        specs = _model_specs(args, models_from_args(args), embedding)
+    for spec in specs:
+        _show_progress(spec, lambda: getattr(args, "_serving", False))
+    try:
+        return ModelRegistry(specs, keep_alive_s=args.keep_alive)
+    except ValueError as err:  # two models under one name
+        raise ConfigError(str(err)) from None
+
+
+def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | None) -> list[ModelSpec]:
+    from scratchllm.server.backend import model_specs
+
+    if embedding is not None and embedding not in refs:
+        refs = [*refs, embedding]
+    specs, plan = model_specs(refs, engine_options(args), trace=trace_writer(args), budget_bytes=args.memory_budget)
+    args._memory_plan = plan
+    generators = [s for s in specs if s.task == "generate"]
+    if embedding is not None and next(s for s in specs if s.name == embedding).task != "embed":
+        raise ConfigError(f"--embedding-model '{embedding}' is not an encoder model (it has no embeddings)")
+    if args.served_model_name:
+        if len(generators) != 1:
+            raise ConfigError("--served-model-name names the one model served; with several, each is served by "
+                              "the name it was given")
+        generators[0].name = args.served_model_name
     if args.chat_template:
-        model.tokenizer = _with_chat_template(model.tokenizer, args.chat_template)
-    return model, (None if args.embedding_model == "none" else load_embedder(args.embedding_model))
+        if len(generators) != 1:
+            raise ConfigError("--chat-template replaces one model's chat template; serve that model alone")
+        template = args.chat_template
+        _after_load(generators[0], lambda m: setattr(m, "tokenizer", _with_chat_template(m.tokenizer, template)))
+    if args.priority_feedback:
+        hook = _priority_feedback(args)
+        for spec in generators:
+            _after_load(spec, hook)
+    return specs
 
 
-def _priority_feedback(args: argparse.Namespace, model: ServedModel) -> RequestClasses | None:
-    """--priority-feedback: the engine's hook reads each queued request's class from the map the
-    server keeps (request id -> class); returns that map, or None."""
-    if not args.priority_feedback:
-        return None
+def _show_progress(spec: ModelSpec, serving: Callable[[], bool]) -> None:
+    """Each load of the spec's model shows its long steps (packing, the panel cache) on the
+    console; before the server serves (`serving()` false), on a terminal only."""
+    from scratchllm.cli.progress import console_sink
+    from scratchllm.models.progress import reporting
+
+    load = spec.load
+    assert load is not None
+
+    def load_with_progress() -> Any:
+        with reporting(console_sink(spec.name, terminal_only=not serving())):
+            return load()
+
+    spec.load = load_with_progress
+
+
+def _after_load(spec: ModelSpec, hook: Callable[[ServedModel], None]) -> None:
+    """Run `hook` on the model each time the spec loads it."""
+    from scratchllm.server.state import ServedModel
+
+    load = spec.load
+    assert load is not None
+
+    def load_then_hook() -> ServedModel:
+        served = load()
+        assert isinstance(served, ServedModel), "a generation spec loads a ServedModel"
+        hook(served)
+        return served
+
+    spec.load = load_then_hook
+
+
+def _priority_feedback(args: argparse.Namespace) -> Callable[[ServedModel], None]:
+    """--priority-feedback: the hook that sets each loaded engine's priority hook, which reads a
+    queued request's class from the map the server keeps (request id -> class, args._classes)."""
     from scratchllm.engine.async_engine import AsyncEngine
     from scratchllm.evaluate.feedback import RequestClasses, engine_priority_hook, load_priority_hook
 
-    if not isinstance(model.engine, AsyncEngine):
+    if args.batching != "continuous":
         raise ConfigError("--priority-feedback needs the continuous engine (not --batching static or --fake-engine)")
-    classes = RequestClasses()
-    # set before the first request: the engine thread reads the hook when a request is queued
-    model.engine.engine.set_priority_hook(engine_priority_hook(load_priority_hook(args.priority_feedback), classes))
-    return classes
+    classes = args._classes = RequestClasses()
+    priorities = load_priority_hook(args.priority_feedback)
+
+    def set_hook(model: ServedModel) -> None:
+        assert isinstance(model.engine, AsyncEngine)
+        # set before the first request: the engine thread reads the hook when a request is queued
+        model.engine.engine.set_priority_hook(engine_priority_hook(priorities, classes))
+
+    return set_hook
 
 
 def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
@@ -292,10 +407,16 @@ def _with_chat_template(tokenizer: TokenizerLike, template: str) -> Tokenizer:
 
 
 def run(args: argparse.Namespace) -> int:
-    args.model = model_from_args(args)
+    sources = apply_config(args, args.serve_parser, args.env_set)  # the file, under the environment and flags
+    if sources.get("log_level") in ("file", "environment"):
+        logging.getLogger().setLevel(args.log_level.upper())
+    if args.print_config:
+        print(render_config(args, args.serve_parser, sources, models_from_args(args)), end="")
+        return 0
     if args.replicas is not None:
         from scratchllm.cluster.cli import serve_replicas
 
+        args.model = model_from_args(args)
         return serve_replicas(args)
     import uvicorn
 
@@ -311,35 +432,48 @@ def run(args: argparse.Namespace) -> int:
     check_capture_args(args)
     if args.sse_ping_interval < 0:
         raise ConfigError(f"--sse-ping-interval must be >= 0 seconds (0 = off), got {args.sse_ping_interval}")
+    if args.drain_timeout < 0:
+        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     sock = listen(args.host, args.port, "scratchllm serve")
     try:
-        model, embedder = build(args)
+        registry = build(args)
+        origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+        config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
+                              drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
+                              allowed_origins=origins, metrics_prefix=args.metrics_prefix,
+                              trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,
+                              sse_ping_interval_s=args.sse_ping_interval, tool_call_parser=args.tool_call_parser)
+        otlp = None
+        if args.otlp_traces_endpoint:
+            from scratchllm.trace.otlp import make_tracer
+
+            otlp = make_tracer(args.otlp_traces_endpoint)
+        writer = None if args.fake_engine else trace_writer(args)
+        app = create_app(registry, config=config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
+                         classes=getattr(args, "_classes", None))
+        if args.load == "start":
+            registry.load_all()
     except BaseException:
         sock.close()
         raise
-    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-    config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout, api_key=args.api_key or None, allowed_origins=origins,
-                          metrics_prefix=args.metrics_prefix, trusted_proxies=args.trusted_proxies,
-                          lenient_fields=args.lenient_fields, sse_ping_interval_s=args.sse_ping_interval)
-    otlp = None
-    if args.otlp_traces_endpoint:
-        from scratchllm.trace.otlp import make_tracer
-
-        otlp = make_tracer(args.otlp_traces_endpoint)
-    writer = None if args.fake_engine else trace_writer(args)
-    classes = _priority_feedback(args, model)
-    app = create_app(model, embedder, config, trace=writer, otlp=otlp, capture=capture_writer_from_args(args),
-                     classes=classes)
-    print(f"scratchllm serve: {model.name} on {url(sock)}", file=sys.stderr, flush=True)
+    # the address line comes once the models are loaded: scripts read it as "ready" (so the loads
+    # at start show their progress on a terminal only, never as lines before it)
+    names = registry.names("generate") or registry.names("embed")
+    print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
+    args._serving = True  # loads from now on (first use, after an unload) show progress as lines too
+    plan = getattr(args, "_memory_plan", None)
+    if plan is not None and len(plan.needs) > 1:
+        print(f"scratchllm serve: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
+    if args.load == "first-use" or args.keep_alive is not None:
+        keep = "forever" if args.keep_alive is None else f"{args.keep_alive:g} s idle"
+        print(f"scratchllm serve: models load on {'first use' if args.load == 'first-use' else 'start'} and stay "
+              f"loaded {keep}", file=sys.stderr, flush=True)
     if args.lenient_fields:
         print("scratchllm serve: --lenient-fields: unknown request fields are logged and ignored, not refused",
               file=sys.stderr, flush=True)
     if args.capture:
         print(f"scratchllm serve: capturing {args.capture_rate:.2%} of requests into {args.capture} "
               "(--capture-rate; 1 captures all)", file=sys.stderr, flush=True)
-    if args.drain_timeout < 0:
-        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     server = draining_server(uvicorn.Config(app, log_level=getattr(args, "log_level", "warning"),
                                             timeout_graceful_shutdown=5, timeout_keep_alive=5),
                              app.state.drain, args.drain_timeout)

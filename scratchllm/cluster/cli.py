@@ -23,14 +23,17 @@ def spec_from_args(args: Any) -> Any:
             options["num_blocks"] = args.num_kv_blocks
         replica = ReplicaSpec("fake", options)
     else:
-        from scratchllm.formats.refs import resolve_model
+        from scratchllm.engine.load import load_frontend
 
-        resolve_model(args.model)  # a model that is not there is one clear error here, not in each replica
         options = {k: getattr(args, k) for k in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy")
                    if getattr(args, k) is not None}
+        # a model that is not there, a broken header or tokenizer, a bad engine option: one clear
+        # error here, before Ray starts, not a failed deploy of every replica and the ingress
+        load_frontend(args.model, options)
         replica = ReplicaSpec(args.model, options, dtype=args.dtype)
     server = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout)
+                          drain_timeout_s=args.drain_timeout,
+                          tool_call_parser=getattr(args, "tool_call_parser", "auto"))
     embedding = None if args.embedding_model == "none" else args.embedding_model
     if embedding is not None and not args.fake_engine:
         from scratchllm.formats.refs import resolve_model

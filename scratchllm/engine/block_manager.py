@@ -331,8 +331,8 @@ class BlockManager:
         makes the next token."""
         assert not seq.block_table and not seq.window_table and seq.num_computed_tokens == 0
         seq.block_hashes = []
-        if not self.enable_prefix_caching:
-            return 0
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return 0  # (prompt logprobs need every prompt position computed, none taken from the cache)
         bs, tokens = self.block_size, seq.token_ids
         hashes: list[int] = []
         hits: list[list[int | None]] = [[] for _ in self.groups]  # per group, per block

@@ -198,6 +198,7 @@ class LLMEngine:
                 rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
                 for kid, kid_sampled in zip(kids, ModelRunner.sample(kids, rows), strict=True):
                     kid.first_scheduled = req.first_scheduled
+                    kid.prompt_logprobs = req.prompt_logprobs  # the prompt was computed once, for all
                     if not self._emit(kid, kid_sampled, now, events, finished):
                         forks.append((req, kid))
             self._emit(req, sampled, now, events, finished)
@@ -220,6 +221,8 @@ class LLMEngine:
         self.num_generated += 1
         event = self._outputs[req.request_id].process(token, lp, top, context_full=req.num_tokens >= self.max_model_len,
                                                       now=now)
+        if req.num_output_tokens == 1 and req.params.prompt_logprobs is not None:
+            event.prompt_logprobs = req.prompt_logprobs
         events.append(event)
         if event.finish_reason is None:
             return False

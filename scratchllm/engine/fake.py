@@ -247,7 +247,7 @@ class FakeEngine:
         if self.eos_after is not None and n >= self.eos_after and not params.ignore_eos:
             token = EOS
         else:
-            token = PHRASE[(request.offset + n) % len(PHRASE)] + 3
+            token = self.next_token(request.prompt, request.offset, n)
         request.num_output_tokens += 1
         now = time.monotonic()
         if n == 0:
@@ -258,10 +258,17 @@ class FakeEngine:
             top = [(token, logprob), ((token - 2) % (BYTE_TOKENS - 3) + 3, logprob - 1.0)][: params.logprobs]
         context_full = len(request.prompt) + request.num_output_tokens >= self.max_model_len
         event = request.output.process(token, logprob, top, context_full=context_full, now=now)
+        if n == 0 and params.prompt_logprobs is not None:  # a fixed stand-in, like its token logprobs
+            event.prompt_logprobs = [(-1.0, 1, [(t, -1.0)][:params.prompt_logprobs]) for t in request.prompt[1:]]
         if event.finish_reason is None:
             self._streams.deliver(event)
         else:
             self._finish(request, event)
+
+    def next_token(self, prompt: list[int], offset: int, n: int) -> int:
+        """Output token n of a request whose phrase starts at `offset` (a subclass may write
+        other text: the server's tests script model replies this way)."""
+        return PHRASE[(offset + n) % len(PHRASE)] + 3
 
     def _finish(self, request: _FakeRequest, event: TokenEvent) -> None:
         # Invariant: a request's blocks go back exactly once, when it leaves the running or waiting set.

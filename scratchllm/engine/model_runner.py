@@ -55,10 +55,13 @@ class ModelRunner:
                                   window_tables)
         if not rows:  # only partial prefill chunks this step: K/V to fill, no token to sample
             rows = [n_total - 1]
+        prompt_rows = _prompt_rows(items)  # only requests that asked for the prompt's logprobs
         # the models' forward is not annotated: it returns the float32 logits [rows, V]
         logits: npt.NDArray[np.float32] = self.model.forward(
             np.asarray(ids, dtype=np.int64), positions, self.attention,
-            logits_rows=np.asarray(rows, dtype=np.int64))
+            logits_rows=np.asarray(rows + [row for _, _, row in prompt_rows], dtype=np.int64))
+        if prompt_rows:
+            _add_prompt_logprobs(prompt_rows, logits[len(rows):])
         return sample_reqs, logits[: len(sample_reqs)]
 
     @staticmethod
@@ -96,3 +99,31 @@ class ModelRunner:
             else:
                 out.append((token, None, None))
         return out
+
+
+# --- the prompt's logprobs (SamplingParams.prompt_logprobs) -------------------------------------
+def _prompt_rows(items: list[tuple[Request, int]]) -> list[tuple[Request, int, int]]:
+    """(request, prompt position, packed row) of every position in this step whose logits give a
+    prompt token's logprob (position p's give token p + 1's) and that no earlier step gave."""
+    out: list[tuple[Request, int, int]] = []
+    start = 0
+    for req, n in items:
+        if req.params.prompt_logprobs is not None:
+            c, done = req.num_computed_tokens, len(req.prompt_logprobs)
+            for p in range(max(c, done), min(c + n, req.num_prompt_tokens - 1)):
+                out.append((req, p, start + p - c))
+        start += n
+    return out
+
+
+def _add_prompt_logprobs(rows: list[tuple[Request, int, int]], logits: npt.NDArray[np.float32]) -> None:
+    """Append each row's prompt token's (logprob, rank, top alternatives) to its request, in
+    position order (a request's rows come in order, one step's chunk after another's)."""
+    for (req, p, _), row in zip(rows, logits, strict=True):
+        assert len(req.prompt_logprobs) == p, "prompt logprobs are filled in position order"
+        token = req.prompt_token_ids[p + 1]
+        k = req.params.prompt_logprobs
+        assert k is not None
+        lp, top = top_logprobs(row, token, k)
+        rank = 1 + int(np.count_nonzero(row > row[token]))  # the raw logits order the same as logprobs
+        req.prompt_logprobs.append((lp, rank, top))

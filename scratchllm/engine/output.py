@@ -113,6 +113,8 @@ class OutputCollector:
             if out.logprobs is not None:
                 out.logprobs.append((event.logprob, event.top_logprobs))
         out.text += event.text
+        if event.prompt_logprobs is not None:
+            out.prompt_logprobs = event.prompt_logprobs
         if event.finish_reason is not None:
             out.finish_reason = event.finish_reason
             out.metrics = event.metrics

@@ -18,7 +18,8 @@ Event order (an invariant every implementation keeps and the conformance suite c
 request's events have index 0, 1, 2, ... in order, exactly one event has a finish_reason and it
 is the last; it carries `metrics`. An aborted request's last event may have no token
 (token_id None). `text` deltas join to the final text (stop strings cut, held back until they
-can no longer be one).
+can no longer be one). The first event carries the prompt's logprobs when the params ask for
+them (`prompt_logprobs`; an engine that cannot compute them refuses the request at submit).
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def _ms(a: float | None, b: float | None) -> float:
 
 
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
+# One prompt token's: its logprob given the tokens before it, its rank (1 = the most likely),
+# and the top alternatives there (SamplingParams.prompt_logprobs of them)
+PromptLogprob = tuple[float, int, TopLogprobs]
 
 
 @dataclass
@@ -108,6 +112,9 @@ class TokenEvent:
     # on an abort event without one). A first token's elapsed is its TTFT; the gap to the
     # request's previous event is the token's latency.
     elapsed: float | None = None
+    # On a request's first event, when its params ask for prompt_logprobs: one entry per prompt
+    # token from the second on (the first has nothing before it)
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 @dataclass
@@ -123,6 +130,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None  # once finished
     logprobs: list[tuple[float | None, TopLogprobs | None]] | None = None  # per token, when asked for
     token_elapsed: list[float] = field(default_factory=list)  # per token: TokenEvent.elapsed
+    prompt_logprobs: list[PromptLogprob] | None = None  # TokenEvent.prompt_logprobs, when asked for
 
     @property
     def finished(self) -> bool:

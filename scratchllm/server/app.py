@@ -2,7 +2,10 @@
 
 `create_app(model, embedder=None, config=ServerConfig())` takes a ServedModel whose engine is
 an EngineClient (engine/protocol.py), not a model path: the continuous engine, the static
-baseline or the fake engine plug in the same way (server/backend.py builds them). Layout:
+baseline or the fake engine plug in the same way (server/backend.py builds them). Several
+models: `create_app(registry, config=...)` with a ModelRegistry (server/registry.py), which
+loads each on first use and unloads it when idle; every route gets its model from the registry
+by the request's `model` name (`request.app.state.models`). Layout:
 uvicorn's event loop owns every socket, parses, tokenizes and streams; the engine steps in its
 own thread and wakes the loop once per event (no thread per request).
 
@@ -28,33 +31,54 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat, completions, embeddings, openapi, utility
-from scratchllm.server.metrics import ServerMetrics
+from scratchllm.server import (
+    access,
+    chat,
+    chat_page,
+    completions,
+    embeddings,
+    ollama,
+    openapi,
+    rerank,
+    responses,
+    utility,
+)
+from scratchllm.server.metrics import MetricFamilies, ServerMetrics
+from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
+from scratchllm.server.registry import ModelLeases, ModelRegistry
 from scratchllm.server.sse import sse
 from scratchllm.server.state import Capture, RequestClassMap, ServedEmbedder, ServedModel, ServerConfig, ServerState
 from scratchllm.trace.writer import TraceWriter
 
 # create_app's arguments, defined in state.py, are imported from here as well
-__all__ = ["create_app", "ServedModel", "ServedEmbedder", "ServerConfig"]
+__all__ = ["create_app", "ServedModel", "ServedEmbedder", "ServerConfig", "ModelRegistry"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONFIG = ServerConfig()  # frozen: one shared default
 
 
-async def _report_stats(state: ServerState) -> None:
-    """Every stats_interval_s, while tokens flow: one INFO line of throughput, queue and KV use."""
-    last_tokens, last = state.metrics.tokens_out, time.monotonic()
+async def _report_stats(registry: ModelRegistry, interval_s: float) -> None:
+    """Every interval_s, while tokens flow: one INFO line per loaded model of throughput, queue and KV use."""
+    last: dict[str, tuple[int, float]] = {}
+    several = len(registry.names("generate")) > 1
     while True:
-        await asyncio.sleep(state.config.stats_interval_s)
-        now, tokens = time.monotonic(), state.metrics.tokens_out
-        if tokens != last_tokens and logger.isEnabledFor(logging.INFO):
-            stats = state.model.engine.stats()
+        await asyncio.sleep(interval_s)
+        for entry in registry.models():
+            state = entry.state
+            if state is None:
+                continue
+            now, tokens = time.monotonic(), state.metrics.tokens_out
+            last_tokens, then = last.get(entry.name, (0, now - interval_s))
+            last[entry.name] = (tokens, now)
+            if tokens == last_tokens or state.served is None or not logger.isEnabledFor(logging.INFO):
+                continue
+            stats = state.served.engine.stats()
             used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks_total") or 0
-            logger.info("generation %.1f tok/s, running %s, waiting %s, in flight %d, KV %.1f%%",
-                        (tokens - last_tokens) / (now - last), stats.get("running", "-"), stats.get("waiting", "-"),
-                        state.metrics.in_flight, 100.0 * used / total if total else 0.0)
-        last_tokens, last = tokens, now
+            logger.info("%sgeneration %.1f tok/s, running %s, waiting %s, in flight %d, KV %.1f%%",
+                        f"{entry.name}: " if several else "", (tokens - last_tokens) / (now - then),
+                        stats.get("running", "-"), stats.get("waiting", "-"), state.metrics.in_flight,
+                        100.0 * used / total if total else 0.0)
 
 
 class BodyLimit:
@@ -195,71 +219,96 @@ async def _cut_response(sent: list[Message], send: Send) -> None:
         await send({"type": "http.response.body", "body": sse(error.body()), "more_body": False})
 
 
-def create_app(model: ServedModel, embedder: ServedEmbedder | None = None,
+def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | None = None,
                config: ServerConfig = DEFAULT_CONFIG, trace: TraceWriter | None = None, otlp: Any = None,
                capture: Capture | None = None, classes: RequestClassMap | None = None,
                drain: Drain | None = None) -> FastAPI:
-    """The app. `trace`: the ring the engine writes (the server adds serialize and network-send
+    """The app. `model`: one loaded model (and `embedder`), or a ModelRegistry of several, loaded
+    on demand; `trace`: the ring the engines write (the server adds serialize and network-send
     spans per streamed chunk); `otlp`: a tracer for one OpenTelemetry span per request;
     `capture`: where a sample of requests goes for the evaluation loop; `classes`: the map of
     request ids to classes that the engine's priority feedback hook reads; `drain`: the SIGTERM
     drain's state (app.state.drain; a new one if not given)."""
-    assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
+    if isinstance(model, ModelRegistry):
+        assert embedder is None, "a registry's embedders are among its models"
+        registry = model
+    else:
+        assert isinstance(model.engine, EngineClient), f"{type(model.engine).__name__} is not an EngineClient"
+        registry = ModelRegistry.serving(model, embedder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reporter = asyncio.ensure_future(_report_stats(app.state.server))
+        reporter = asyncio.ensure_future(_report_stats(registry, config.stats_interval_s))
+        unloader = asyncio.ensure_future(registry.run_unloader())
         yield
         reporter.cancel()
-        # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engine's too.
-        await asyncio.to_thread(model.engine.shutdown, True)
+        unloader.cancel()
+        # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engines' too.
+        await registry.shutdown()
 
-    metrics = ServerMetrics(model.engine.stats, model.name, config.metrics_prefix)
+    families = MetricFamilies(config.metrics_prefix)
+
+    def make_state(metrics: ServerMetrics) -> ServerState:
+        return ServerState(None, config, metrics, trace=trace, otlp=otlp, capture=capture, classes=classes)
+
+    registry.bind(config, families, make_state)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = ServerState(model, embedder, config, metrics, trace=trace, otlp=otlp, capture=capture,
-                                   classes=classes)
+    app.state.models = registry
+    # the first generation model's state, for code that serves one model (tests, the cluster's ingress)
+    generators = registry.names("generate")
+    app.state.server = registry.entry(generators[0]).state if generators else None
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.drain = drain = drain or Drain()
 
+    def error(request: Request, err: APIError) -> JSONResponse:
+        """OpenAI's error body; Ollama's (`{"error": "..."}`) under its /api/ paths."""
+        body = ollama_error_body(err) if ollama.is_ollama(request.url.path) else err.body()
+        return JSONResponse(body, status_code=err.status, headers=err.headers)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return error(request, err)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
-        body = APIError(err.status_code, str(err.detail), type=kind).body()
-        return JSONResponse(body, status_code=err.status_code, headers=getattr(err, "headers", None))
+        return error(request, APIError(err.status_code, str(err.detail), type=kind,
+                                       headers=getattr(err, "headers", None)))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:
-        body = APIError(500, f"internal error: {type(err).__name__}", type="server_error").body()
-        return JSONResponse(body, status_code=500)
+        return error(request, APIError(500, f"internal error: {type(err).__name__}", type="server_error"))
 
     # response_model=None on every route: FastAPI would otherwise turn a handler's return annotation
     # into a response model (validating and re-serializing each reply, and changing /openapi.json).
     # The annotations are for the type checker; replies go out exactly as the handlers build them.
     @app.get("/health", response_model=None)
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "in_flight": metrics.in_flight}
+        return {"status": "ok", "in_flight": sum(e.metrics.in_flight for e in registry.models())}
 
     @app.get("/metrics", response_model=None)
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(families.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", response_model=None)
-    async def models() -> dict[str, Any]:
-        served = [model] + ([embedder] if embedder else [])
-        return {"object": "list", "data": [utility.model_card(m) for m in served]}
-
-    app.get("/v1/models/{model_id}", response_model=None)(utility.model)
-    app.post("/tokenize", response_model=None)(utility.tokenize)
-    app.post("/detokenize", response_model=None)(utility.detokenize)
-    app.get("/version", response_model=None)(utility.version)
-
+    # Routes: (method, path, handler). Each handler gets its model from the registry by name.
+    routes: list[tuple[str, str, Any]] = [
+        ("GET", "/v1/models", utility.models),
+        ("GET", "/v1/models/{model_id}", utility.model),
+        ("POST", "/tokenize", utility.tokenize),
+        ("POST", "/detokenize", utility.detokenize),
+        ("GET", "/version", utility.version),
+        *ollama.ROUTES,  # Ollama's API (/api/chat, /api/generate, ...)
+    ]
+    for method, path, handler in routes:
+        app.add_api_route(path, handler, methods=[method], response_model=None)
     for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
-                          ("/v1/embeddings", embeddings.create_embeddings)):
+                          ("/v1/embeddings", embeddings.create_embeddings), ("/v1/score", rerank.score),
+                          ("/v1/rerank", rerank.rerank), ("/v1/responses", responses.create_response)):
         app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
+    for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
+        app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings
     openapi.install(app)
+    chat_page.install(app)  # GET /: the chat page
+    app.add_middleware(ModelLeases, registry=registry)  # a request holds its models until its response ends
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
     return access.wrap(app, config.api_key, config.allowed_origins)

@@ -2,22 +2,30 @@
 baseline, an encoder model for embeddings, or the fake engine (no model). The models come from
 the engine's one loader (engine/load.py); this module picks the engine and shapes what it serves.
 
-Loading happens once, before the socket opens: a model that does not fit is refused at start
-by the engine's memory plan (never an OOM mid-traffic), and the first request pays no load.
+`model_specs` turns model references into the registry's specs (server/registry.py): each
+model planned from its header in one memory plan (engine/shared_memory_plan.py) before anything
+loads, so what does not fit is refused at start, never an OOM mid-traffic; each spec loads its
+model when the registry asks (at start, or on first use), within its share of the plan.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
+from scratchllm.server.registry import ModelSpec
 from scratchllm.server.state import ServedEmbedder, ServedModel
 from scratchllm.trace.writer import TraceWriter
 
+if TYPE_CHECKING:
+    from scratchllm.engine.shared_memory_plan import SharedPlan
+
 STATIC_OPTIONS = {"max_num_seqs", "max_model_len", "num_kv_blocks"}
+FAKE_EMBED_MAX_LEN = 512
 
 
 def load_model(ref: str, name: str, engine_options: dict[str, Any], trace: TraceWriter | None = None) -> ServedModel:
@@ -66,6 +74,51 @@ def load_embedder(ref: str) -> ServedEmbedder:
     return ServedEmbedder(ref, model.embed, tokenizer, max_len)
 
 
+def model_specs(refs: list[str], engine_options: dict[str, Any], trace: TraceWriter | None = None,
+                budget_bytes: int | None = None) -> tuple[list[ModelSpec], SharedPlan]:
+    """A spec per reference (served under the reference as given), and their memory plan. Each
+    generation model's engine plans its pool within its share of the plan when several are
+    served or a budget is given; one model alone plans against the machine, as it always has."""
+    from scratchllm.engine.shared_memory_plan import plan_models
+
+    plan = plan_models(refs, engine_options, budget_bytes)
+    generators = sum(need.task == "generate" for need in plan.needs)
+    share = (budget_bytes is not None or generators > 1) and engine_options.get("batching") != "static"
+    specs = []
+    for need in plan.needs:
+        if need.task == "generate":
+            options = plan.engine_options(need, engine_options) if share else engine_options
+            load: Any = functools.partial(load_model, need.ref, need.ref, options, trace)
+        else:
+            load = functools.partial(load_embedder, need.ref)
+        specs.append(ModelSpec(need.ref, "generate" if need.task == "generate" else "embed", load,
+                               planned_bytes=need.total_bytes, max_len=need.max_len, details=need.details))
+    return specs, plan
+
+
+def fake_specs(names: list[str], embedder: bool = True, max_model_len: int = 2048,
+               **engine_options: Any) -> list[ModelSpec]:
+    """Specs of fake-engine models under `names` (and the fake embedder, "fake-embed"), each a new
+    FakeEngine when it loads: for `serve --fake-engine NAME...` and tests."""
+    def load_fake(name: str) -> ServedModel:
+        from scratchllm.engine.fake import FakeEngine
+
+        engine = FakeEngine(max_model_len=max_model_len, **engine_options)
+        return ServedModel(name, engine, engine.tokenizer, max_model_len)
+
+    def load_fake_embed() -> ServedEmbedder:
+        from scratchllm.engine.fake import FakeTokenizer
+
+        return ServedEmbedder("fake-embed", fake_embed, FakeTokenizer(), max_len=FAKE_EMBED_MAX_LEN)
+
+    specs = [ModelSpec(n, "generate", functools.partial(load_fake, n), max_len=max_model_len,
+                       details={"family": "fake", "format": "none"}) for n in names]
+    if embedder:
+        specs.append(ModelSpec("fake-embed", "embed", load_fake_embed, max_len=FAKE_EMBED_MAX_LEN,
+                               details={"family": "fake", "format": "none"}))
+    return specs
+
+
 def fake_embed(input_ids: npt.NDArray[np.integer[Any]],
                attention_mask: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.float32]:  # [B, T], [B, T] -> [B, 32]
     """A deterministic stand-in for MiniLM: mean of fixed per-token vectors, L2-normalized."""
@@ -85,4 +138,4 @@ def fake_backend(max_model_len: int = 2048, **engine_options: Any) -> tuple[Serv
 
     engine = FakeEngine(max_model_len=max_model_len, **engine_options)
     model = ServedModel("fake", engine, engine.tokenizer, max_model_len)
-    return model, ServedEmbedder("fake-embed", fake_embed, engine.tokenizer, max_len=512)
+    return model, ServedEmbedder("fake-embed", fake_embed, engine.tokenizer, max_len=FAKE_EMBED_MAX_LEN)

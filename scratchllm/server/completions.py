@@ -1,9 +1,16 @@
-"""POST /v1/completions, plain and streamed (SSE): n choices per prompt, best_of, echo, logprobs.
+"""POST /v1/completions, plain and streamed (SSE): n choices per prompt, best_of, echo, logprobs,
+the prompt's logprobs.
 
 best_of: best_of choices are generated per prompt (on the prompt's forked KV blocks) and the n
 with the highest mean logprob per generated token are returned, best first (OpenAI's "highest
 log probability per token"). echo: the prompt's text comes before the completion's, and
-`logprobs.text_offset` counts characters of that returned text.
+`logprobs.text_offset` counts characters of that returned text. echo with logprobs: `logprobs`
+starts with the prompt's tokens (the first has a null logprob: nothing comes before it), as
+OpenAI's legacy API and lm-evaluation-harness's loglikelihood requests read them; max_tokens 0
+(with echo) returns the prompt alone. `prompt_logprobs` (vLLM's): the choice's
+`prompt_logprobs`, [null, {token id: {"logprob", "rank", "decoded_token"}}, ...] with the
+prompt token and its top alternatives. The engine computes them during the prefill
+(SamplingParams.prompt_logprobs), for requests that ask only.
 """
 
 import dataclasses
@@ -13,7 +20,7 @@ from typing import Any, cast
 from fastapi import Request
 from fastapi.responses import Response
 
-from scratchllm.engine.protocol import RequestMetrics, RequestOutput
+from scratchllm.engine.protocol import PromptLogprob, RequestMetrics, RequestOutput
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.generation import (
     EventStream,
@@ -45,9 +52,10 @@ async def completions(request: Request) -> Response | dict[str, Any]:
         raise bad_request("streaming takes one prompt per request", param="prompt")
     n = req.n
     best_of = req.best_of or n
+    nothing = req.max_tokens == 0  # echo only: one token is generated (the prefill makes it) and dropped
     params: list[list[SamplingParams]] = []
     for ids in prompts:
-        p = await sampling_params(state, req, max_tokens_for(state, len(ids), req.max_tokens,
+        p = await sampling_params(state, req, max_tokens_for(state, len(ids), 1 if nothing else req.max_tokens,
                                                               COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
         if best_of > n and p.logprobs is None:  # the ranking needs each token's logprob
             p = dataclasses.replace(p, logprobs=0)
@@ -63,15 +71,44 @@ async def completions(request: Request) -> Response | dict[str, Any]:
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
+    if nothing:
+        results = [dataclasses.replace(r, token_ids=[], text="", finish_reason="length",
+                                       logprobs=[] if r.logprobs is not None else None) for r in results]
     choices = []
     for q in range(len(prompts)):
         for j, r in enumerate(_best(results[q * best_of:(q + 1) * best_of], n)):
             text = echoed[q] + r.text
-            lp = _logprobs(tok, token_logprobs(r), len(echoed[q]), len(text)) if req.logprobs is not None else None
-            choices.append({"index": q * n + j, "text": text, "finish_reason": r.finish_reason, "logprobs": lp})
+            choice = {"index": q * n + j, "text": text, "finish_reason": r.finish_reason, "logprobs": None}
+            if req.logprobs is not None:
+                items = _prompt_items(prompts[q], r.prompt_logprobs) if req.echo_logprobs else []
+                choice["logprobs"] = _logprobs(tok, items + token_logprobs(r), 0 if items else len(echoed[q]),
+                                               len(text))
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompts[q], r.prompt_logprobs)
+            choices.append(choice)
     n_out = sum(len(r.token_ids) for r in results)  # best_of: every generated token is billed, as OpenAI does
     return gen.reply({**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
                       "timings": reply_timings(results[0], req.timings_per_token)})
+
+
+def _prompt_items(ids: list[int], entries: list[PromptLogprob] | None) -> list[LogprobItem]:
+    """The prompt's tokens as logprob items: the first without one, then the engine's entries."""
+    assert entries is not None and len(entries) == len(ids) - 1, "one per prompt token but the first"
+    return [(ids[0], None, None)] + [(t, lp, top) for t, (lp, _, top) in zip(ids[1:], entries, strict=True)]
+
+
+def _vllm_prompt_logprobs(tok: TokenizerLike, ids: list[int], entries: list[PromptLogprob] | None
+                          ) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: per prompt token, {token id: {"logprob", "rank", "decoded_token"}} of
+    the token itself and its top alternatives (the first token: null)."""
+    assert entries is not None and len(entries) == len(ids) - 1
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for t, (lp, rank, top) in zip(ids[1:], entries, strict=True):
+        entry = {str(i): {"logprob": v, "rank": r, "decoded_token": token_str(tok, i)}
+                 for r, (i, v) in enumerate(top, start=1)}
+        entry[str(t)] = {"logprob": lp, "rank": rank, "decoded_token": token_str(tok, t)}
+        out.append(entry)
+    return out
 
 
 def mean_logprob(r: RequestOutput) -> float:
@@ -98,7 +135,7 @@ def _logprobs(tok: TokenizerLike, items: list[LogprobItem], start: int, end: int
         offsets.append(min(at, end))
         at += len(detok.push(t)) if t is not None else 0
     return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
-            "top_logprobs": [{token_str(tok, i): lp for i, lp in top or ()} for _, _, top in items],
+            "top_logprobs": [None if top is None else {token_str(tok, i): lp for i, lp in top} for _, _, top in items],
             "text_offset": offsets}
 
 
@@ -106,11 +143,16 @@ async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest,
                   echoed: str) -> AsyncGenerator[bytes, None]:
     n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * len(gen.streams))
     sent = [len(echoed)] * len(gen.streams)  # characters of each choice's returned text so far
-    if echoed:
+    # the echo goes first; with the prompt's logprobs it waits for them (the first event brings them)
+    late_echo = req.echo_logprobs or req.prompt_logprobs is not None
+    if echoed and not late_echo:
         for k in range(len(gen.streams)):
             yield gen.chunks.encode({**head, "choices": [{"index": k, "text": echoed, "finish_reason": None,
                                                           "logprobs": None}]})
     async for k, event in gen.merged():
+        if late_echo and event.index == 0 and event.finish_reason != "abort":
+            yield gen.chunks.encode({**head, "choices": [_echo_choice(k, req, tok, gen.prompt_of(k), echoed,
+                                                                      event.prompt_logprobs)]})
         counted = event.finish_reason != "abort"
         n_out += counted
         per_token = gen.token_timings(k, event) if req.timings_per_token else None
@@ -133,3 +175,14 @@ async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest,
         yield gen.chunks.encode({**head, "choices": [], "usage": usage_of(gen, n_out, metrics)})
     yield SSE_DONE
 
+
+def _echo_choice(k: int, req: CompletionRequest, tok: TokenizerLike, ids: list[int], echoed: str,
+                 entries: list[PromptLogprob] | None) -> dict[str, Any]:
+    """A stream's first chunk when the prompt's logprobs were asked for: the echoed text (if
+    echo), its logprobs (echo with logprobs) and vLLM's prompt_logprobs."""
+    choice: dict[str, Any] = {"index": k, "text": echoed, "finish_reason": None, "logprobs": None}
+    if req.echo_logprobs:
+        choice["logprobs"] = _logprobs(tok, _prompt_items(ids, entries), 0, len(echoed))
+    if req.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, entries)
+    return choice

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
+from scratchllm.server.registry import models_of
 from scratchllm.server.sse import SSE_DONE, SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
@@ -219,15 +220,39 @@ class Generation:
                        endpoint=origin.endpoint, response_text=out.text, finish_reason=out.finish_reason)
 
 
-class EventStream(StreamingResponse):
-    """SSE response that closes its Generation however the stream ends (done, disconnect, error).
-    While no chunk comes for the config's sse_ping_interval_s (a long queue wait, a slow prefill)
-    it sends an SSE comment, `: ping`, which clients skip and proxies count as traffic."""
+@dataclass(frozen=True)
+class StreamFormat:
+    """How a streamed reply is written: its media type, the line that keeps a quiet stream alive
+    (None: none), and the last chunk it ends with when the engine fails mid-stream."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation) -> None:
+    media_type: str
+    ping: bytes | None
+    error: Callable[[Exception], bytes]
+
+
+def _sse_error(err: Exception) -> bytes:
+    """An SSE error event (the official client raises it as an APIError), then [DONE]: the
+    status line is gone once streaming starts, so this instead of a connection cut."""
+    return sse(APIError(500, f"the engine failed mid-stream: {type(err).__name__}: {err}",
+                        type="server_error").body()) + SSE_DONE
+
+
+SSE_FORMAT = StreamFormat("text/event-stream", SSE_PING, _sse_error)
+
+
+class EventStream(StreamingResponse):
+    """A streamed reply (SSE unless another format is given) that closes its Generation however
+    the stream ends (done, disconnect, error). While no chunk comes for the config's
+    sse_ping_interval_s (a long queue wait, a slow prefill) it sends the format's ping (SSE's
+    comment, `: ping`, which clients skip and proxies count as traffic)."""
+
+    def __init__(self, body: AsyncGenerator[bytes, None], generation: Generation,
+                 fmt: StreamFormat = SSE_FORMAT) -> None:
         interval = generation.state.config.sse_ping_interval_s
-        super().__init__(_guarded(_pinged(body, interval) if interval > 0 else body, generation.chunks),
-                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if interval > 0 and fmt.ping is not None:
+            body = _pinged(body, interval, fmt.ping)
+        super().__init__(_guarded(body, generation.chunks, fmt.error), media_type=fmt.media_type,
+                         headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -237,8 +262,8 @@ class EventStream(StreamingResponse):
             self.generation.close()
 
 
-async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float) -> AsyncGenerator[bytes, None]:
-    """`body`'s chunks, with SSE_PING between two that are more than interval_s apart."""
+async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float, ping: bytes) -> AsyncGenerator[bytes, None]:
+    """`body`'s chunks, with `ping` between two that are more than interval_s apart."""
     pending: asyncio.Task[bytes] | None = None
     try:
         while True:
@@ -246,7 +271,7 @@ async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float) -> Async
                 pending = asyncio.ensure_future(anext(body))
             done, _ = await asyncio.wait({pending}, timeout=interval_s)
             if not done:
-                yield SSE_PING
+                yield ping
                 continue
             task, pending = pending, None
             try:
@@ -261,19 +286,17 @@ async def _pinged(body: AsyncGenerator[bytes, None], interval_s: float) -> Async
         await body.aclose()
 
 
-async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace) -> AsyncGenerator[bytes, None]:
-    """The status line is gone once streaming starts: an engine failure becomes an SSE error event
-    (the official client raises it as an APIError), then [DONE], instead of a connection cut. Each
-    chunk's send is timed from the yield to the ASGI server's next request for one."""
+async def _guarded(body: AsyncGenerator[bytes, None], chunks: ChunkTrace,
+                   error: Callable[[Exception], bytes]) -> AsyncGenerator[bytes, None]:
+    """An engine failure becomes the stream's `error` chunk, its last. Each chunk's send is timed
+    from the yield to the ASGI server's next request for one."""
     try:
         async for chunk in body:
             start = time.monotonic_ns()
             yield chunk
             chunks.sent(start, len(chunk))
     except Exception as err:  # noqa: BLE001 - reported to the client, then the stream ends
-        yield sse(APIError(500, f"the engine failed mid-stream: {type(err).__name__}: {err}",
-                           type="server_error").body())
-        yield SSE_DONE  # the stream's end, as after a normal last chunk
+        yield error(err)
     finally:
         await body.aclose()
 
@@ -283,12 +306,12 @@ RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
 
 
 async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[ServerState, bytes, RequestT]:
-    """(the app's state, the body as sent, the validated request for the served model)."""
-    state: ServerState = request.app.state.server
+    """(the named model's state, the body as sent, the validated request). The model is loaded
+    first if it is not, and stays loaded until the response ends (server/registry.py)."""
+    registry = models_of(request)
     raw = await request.body()
-    req = parse_body(raw, model_cls, lenient=state.config.lenient_fields)
-    state.check_model(req.model)
-    return state, raw, req
+    req = parse_body(raw, model_cls, lenient=registry.config.lenient_fields)
+    return await registry.generator(request, req.model), raw, req
 
 
 def origin_of(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:

@@ -81,6 +81,8 @@ class AssistantMessage(_Message):
     tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = None
     audio: Any = None
+    # not OpenAI's: the thinking of a reply from this server (or vLLM), sent back with the message
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _has_something(self) -> Self:
@@ -93,6 +95,8 @@ class AssistantMessage(_Message):
 
     def template_dict(self) -> dict[str, Any]:
         d = super().template_dict()
+        if self.reasoning_content is not None:  # Qwen3's template reads it (others ignore it)
+            d["reasoning_content"] = self.reasoning_content
         calls = list(self.tool_calls or [])
         if self.function_call is not None:
             calls.append(ToolCall(id="call_0", type="function", function=self.function_call))

@@ -11,6 +11,11 @@ Names: `<prefix>time_to_first_token_seconds`, `inter_token_latency_seconds`,
 endpoint picker configured for vLLM). Ours besides: requests_in_flight, requests_rejected_total,
 kv_blocks_used / _peak / _total, kv_cache_used_bytes / _peak_bytes, priority_adjusted_total.
 
+A server of several models (server/registry.py) has one page: each family once, a series per
+model (`model_name`), as vLLM's page lists its models. A model that loads on demand also has
+model_loaded (1 or 0), model_loads_total, model_unloads_total and model_load_seconds (its last
+load); while it is unloaded its engine gauges are absent and its counters and histograms stay.
+
 Histograms are observed once per finished request from the engine's own RequestMetrics (queue,
 prefill, decode, TTFT, e2e) and per token from arrival times on the event loop (inter-token
 latency, which is what a streaming client feels). Gauges are read from `engine.stats()` at
@@ -42,12 +47,16 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}, model_name: str = "",
-                 prefix: str = DEFAULT_PREFIX) -> None:
+class MetricFamilies:
+    """One app's Prometheus registry and its metric families, shared by every model it serves:
+    each family is created once and each model adds its own series to it (label `model_name`),
+    as one vLLM page lists several models. One collector reads every model's engine gauges at
+    scrape time (a family yielded twice would be two families of one name on the page)."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
         self.registry = CollectorRegistry()
-        self.prefix, self.model_name = check_prefix(prefix), model_name
-        r, p = self.registry, self.prefix
+        self.prefix = p = check_prefix(prefix)
+        r = self.registry
 
         def hist(name: str, doc: str, buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
             return Histogram(p + name, doc, ["model_name"], registry=r, buckets=buckets)
@@ -55,27 +64,63 @@ class ServerMetrics:
         def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(p + name, doc, ["model_name", *labels], registry=r)
 
-        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token").labels(model_name)
-        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request",
-                        TOKEN_BUCKETS).labels(model_name)
-        self.e2e = hist("e2e_request_latency_seconds", "Arrival to last token").labels(model_name)
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled").labels(model_name)
-        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token").labels(model_name)
-        self.decode = hist("request_decode_time_seconds", "First token to last token").labels(model_name)
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests").labels(model_name)
-        self.generation_tokens = counter("generation_tokens", "Generated tokens").labels(model_name)
-        self._success = counter("request_success", "Finished requests by finish reason", "finished_reason")
-        self._rejected = counter("requests_rejected", "Requests refused before the engine saw them", "reason")
-        r.register(_EngineCollector(engine_stats, self))
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token")
+        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request", TOKEN_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to last token")
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled")
+        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token")
+        self.decode = hist("request_decode_time_seconds", "First token to last token")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens")
+        self.success = counter("request_success", "Finished requests by finish reason", "finished_reason")
+        self.rejected = counter("requests_rejected", "Requests refused before the engine saw them", "reason")
+        self.models: list[ServerMetrics] = []  # in the order they were added: the page's order
+        r.register(_EngineCollector(self))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ServerMetrics:
+    """One served model's series in its app's MetricFamilies (a family of its own when none is
+    given: a server of one model). `engine_stats` is read at scrape time; the model registry
+    (server/registry.py) swaps it as the model loads and unloads and keeps `loaded` and the
+    load counts, which the page shows as model_loaded, model_loads_total and model_unloads_total."""
+
+    ttft: Any  # the model's children of the families (prometheus_client's labelled Histogram / Counter)
+    itl: Any
+    e2e: Any
+    queue: Any
+    prefill: Any
+    decode: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}, model_name: str = "",
+                 prefix: str = DEFAULT_PREFIX, families: MetricFamilies | None = None, generates: bool = True) -> None:
+        self.families = families or MetricFamilies(prefix)
+        f, self.model_name, self.engine_stats = self.families, model_name, engine_stats
+        self.registry, self.prefix = f.registry, f.prefix
+        self.generates = generates  # False for an embedding model: only its load state is exported
+        if generates:  # each series exists from the start (a scrape shows 0, not nothing, before traffic)
+            self.ttft, self.itl = f.ttft.labels(model_name), f.itl.labels(model_name)
+            self.e2e, self.queue = f.e2e.labels(model_name), f.queue.labels(model_name)
+            self.prefill, self.decode = f.prefill.labels(model_name), f.decode.labels(model_name)
+            self.prompt_tokens = f.prompt_tokens.labels(model_name)
+            self.generation_tokens = f.generation_tokens.labels(model_name)
         self.in_flight = 0  # requests this server holds in the engine (running + waiting there)
         self.tokens_out = 0  # tokens streamed to clients since start (the periodic stats line's rate)
         self.peak_kv_blocks = 0
+        self.loaded: bool | None = None  # None: not managed by a model registry (no load series)
+        self.loads = self.unloads = 0
+        self.load_seconds = 0.0  # the last load's duration
+        f.models.append(self)
 
     def finished(self, reason: str) -> None:
-        self._success.labels(self.model_name, reason).inc()
+        self.families.success.labels(self.model_name, reason).inc()
 
     def rejected(self, reason: str) -> None:
-        self._rejected.labels(self.model_name, reason).inc()
+        self.families.rejected.labels(self.model_name, reason).inc()
 
     def observe_finished(self, metrics: RequestMetrics | None, finish_reason: str) -> None:
         self.finished(finish_reason)
@@ -91,7 +136,7 @@ class ServerMetrics:
             self.e2e.observe(metrics.finished - metrics.arrival)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.families.render()
 
 
 class TokenClock:
@@ -110,63 +155,81 @@ class TokenClock:
 
 
 class _EngineCollector:
-    """Gauges from engine.stats() at scrape time. Unknown keys are simply not exported."""
+    """Gauges from each model's engine_stats() at scrape time, one family per name with a series
+    per model. Unknown keys are simply not exported; an unloaded model exports only its load state."""
 
-    def __init__(self, engine_stats: Callable[[], dict[str, Any]], server: ServerMetrics) -> None:
-        self.engine_stats, self.server = engine_stats, server
+    def __init__(self, families: MetricFamilies) -> None:
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
+        out: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+        def add(kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str, model: str,
+                value: float) -> None:
+            family = out.get(name)
+            if family is None:
+                family = out[name] = kind(self.families.prefix + name, doc, labels=["model_name"])
+            family.add_metric([model], float(value))
+
+        for s in self.families.models:
+            if s.loaded is not None:
+                add(GaugeMetricFamily, "model_loaded", "1 while the model is loaded, 0 while it is not", s.model_name,
+                    s.loaded)
+                add(CounterMetricFamily, "model_loads", "Times the model was loaded", s.model_name, s.loads)
+                add(CounterMetricFamily, "model_unloads", "Times the model was unloaded after its keep-alive",
+                    s.model_name, s.unloads)
+                add(GaugeMetricFamily, "model_load_seconds", "How long the model's last load took", s.model_name,
+                    s.load_seconds)
+            if s.generates and s.loaded is not False:
+                self._engine(s, add)
+        yield from out.values()
+
+    @staticmethod
+    def _engine(s: ServerMetrics, add_to: Callable[[type[Any], str, str, str, float], None]) -> None:
+        def add(kind: type[Any], name: str, doc: str, value: float) -> None:
+            add_to(kind, name, doc, s.model_name, value)
+
         stats: dict[str, Any] = {}
         for _ in range(3):
             # stats() reads the engine's structures from this thread while the engine thread
             # changes them; a read that races a change (a container resized mid-iteration) is
             # simply retried, and a scrape never takes the server down.
             try:
-                stats = self.engine_stats() or {}
+                stats = s.engine_stats() or {}
                 break
             except Exception:  # noqa: BLE001 - a read that raced the engine thread: retried
                 continue
-        s = self.server
-        yield self._gauge("requests_in_flight", "Requests the HTTP server holds in the engine", s.in_flight)
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        add(gauge, "requests_in_flight", "Requests the HTTP server holds in the engine", s.in_flight)
         for key, doc in (("running", "Requests in the running batch"), ("waiting", "Requests waiting to run")):
             if key in stats:
-                yield self._gauge(f"num_requests_{key}", doc, stats[key])
+                add(gauge, f"num_requests_{key}", doc, stats[key])
         used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
         if used is not None:
             s.peak_kv_blocks = max(s.peak_kv_blocks, used, stats.get("kv_blocks_peak", 0))
-            yield self._gauge("kv_blocks_used", "KV-cache blocks held by requests", used)
-            yield self._gauge("kv_blocks_peak", "Most KV-cache blocks held at once since start", s.peak_kv_blocks)
+            add(gauge, "kv_blocks_used", "KV-cache blocks held by requests", used)
+            add(gauge, "kv_blocks_peak", "Most KV-cache blocks held at once since start", s.peak_kv_blocks)
         if total:
-            yield self._gauge("kv_blocks_total", "KV-cache blocks in the pool", total)
-            yield self._gauge("kv_cache_usage_perc", "Share of KV-cache blocks in use (0 to 1)", (used or 0) / total)
+            add(gauge, "kv_blocks_total", "KV-cache blocks in the pool", total)
+            add(gauge, "kv_cache_usage_perc", "Share of KV-cache blocks in use (0 to 1)", (used or 0) / total)
         block_bytes = stats.get("kv_block_bytes")
         if block_bytes and used is not None:
-            yield self._gauge("kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
-            yield self._gauge("kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
-                              s.peak_kv_blocks * block_bytes)
+            add(gauge, "kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
+            add(gauge, "kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
+                s.peak_kv_blocks * block_bytes)
         if stats.get("kv_bytes_per_token"):
-            g = GaugeMetricFamily(s.prefix + "kv_cache_bytes_per_token",
-                                  "Bytes of K and V one token of context takes, every layer, at the KV-cache dtype",
-                                  labels=["model_name", "dtype"])
-            g.add_metric([s.model_name, str(stats.get("kv_cache_dtype", ""))], float(stats["kv_bytes_per_token"]))
-            yield g
+            add(gauge, "kv_cache_bytes_per_token", "Bytes of K and V one token of context takes, every layer, at the "
+                "KV-cache dtype (--kv-cache-dtype)", stats["kv_bytes_per_token"])
         if "kv_bytes_resident" in stats:
-            yield self._gauge("kv_cache_resident_bytes", "Bytes of the KV pool the work has made resident (blocks "
-                              "ever written; the rest of the pool is address space only)", stats["kv_bytes_resident"])
+            add(gauge, "kv_cache_resident_bytes", "Bytes of the KV pool the work has made resident (blocks ever "
+                "written; the rest of the pool is address space only)", stats["kv_bytes_resident"])
         if "prefix_cache_free_blocks" in stats:
-            yield self._gauge("prefix_cache_free_blocks", "Free KV blocks that still hold a cached prefix",
-                              stats["prefix_cache_free_blocks"])
+            add(gauge, "prefix_cache_free_blocks", "Free KV blocks that still hold a cached prefix",
+                stats["prefix_cache_free_blocks"])
         for key, name, doc in (("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of blocks"),
                                ("prefix_cache_queries", "prefix_cache_queries", "Prompt blocks looked up in the cache"),
                                ("prefix_cache_hits", "prefix_cache_hits", "Prompt blocks found in the prefix cache"),
                                ("priority_adjusted", "priority_adjusted",
                                 "Requests whose priority the evaluation feedback moved")):
             if key in stats:
-                c = CounterMetricFamily(s.prefix + name, doc, labels=["model_name"])
-                c.add_metric([s.model_name], stats[key])
-                yield c
-
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        g = GaugeMetricFamily(self.server.prefix + name, doc, labels=["model_name"])
-        g.add_metric([self.server.model_name], float(value))
-        return g
+                add(counter, name, doc, stats[key])

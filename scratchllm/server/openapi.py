@@ -13,12 +13,17 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from scratchllm.server.rerank import RerankRequest, ScoreRequest
+from scratchllm.server.responses_request import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/score": ScoreRequest,
+    "/v1/rerank": RerankRequest,
+    "/v1/responses": ResponsesRequest,
 }
 
 

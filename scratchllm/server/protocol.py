@@ -178,6 +178,9 @@ class _Sampling(_Request, StructuredFields):
     def _logprobs_k(self) -> int | None:
         raise NotImplementedError
 
+    def _prompt_logprobs_k(self) -> int | None:
+        return None
+
     def sampling_kwargs(self, max_tokens: int, compiler: GrammarCompiler | None = None,
                         vocab_size: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
         """Everything SamplingParams needs from this request, with max_tokens the handler settled
@@ -199,7 +202,8 @@ class _Sampling(_Request, StructuredFields):
                 "include_stop_str_in_output": self.include_stop_str_in_output,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias_pairs(vocab_size),
-                "logprobs": self._logprobs_k(), "grammar": self.compiled_grammar(compiler)}
+                "logprobs": self._logprobs_k(), "prompt_logprobs": self._prompt_logprobs_k(),
+                "grammar": self.compiled_grammar(compiler)}
 
     def sampling_params(self, max_tokens: int, compiler: GrammarCompiler | None = None,
                         vocab_size: int | None = None, eos_token_id: int | None = None) -> "SamplingParams":
@@ -233,7 +237,8 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False  # the prompt's text before the completion (prompt logprobs: see check)
+    echo: bool = False  # the prompt's text before the completion; with logprobs, the prompt's logprobs too
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: the prompt's logprobs, in its own shape
     best_of: int | None = Field(None, ge=1, le=128)
     suffix: Any = None
     # not in OpenAI's legacy completions; here as on chat: metadata.request_class names the
@@ -243,9 +248,17 @@ class CompletionRequest(_Sampling):
     def check(self) -> None:
         super().check()
         validate_choices(self.n, self.best_of, self.stream)
-        if self.echo and self.logprobs is not None:
-            raise bad_request("'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
-                              "compute; drop one of them", param="echo", code="unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens 0 generates nothing: it is for echo (the prompt, and with logprobs its "
+                              "logprobs, as lm-evaluation-harness asks)", param="max_tokens")
+        if self.max_tokens == 0 and self.stream:
+            raise bad_request("max_tokens 0 cannot be streamed: there is nothing to stream after the prompt",
+                              param="max_tokens")
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """Whether `logprobs` covers the echoed prompt's tokens too."""
+        return self.echo and self.logprobs is not None
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt(s) as a list: each a string or a list of token ids."""
@@ -260,12 +273,17 @@ class CompletionRequest(_Sampling):
     def _logprobs_k(self) -> int | None:
         return self.logprobs
 
+    def _prompt_logprobs_k(self) -> int | None:
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(asked) if asked else None
+
 
 _NOT_AUDIO = "this server generates text only"
 # Chat-template variables the server sets from the request itself (chat_template_kwargs cannot)
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
                                "special_tokens"})
-_NO_REASONING = "the models served here do not reason in a separate channel"
+_NO_REASONING = ("no model here takes a reasoning effort (Qwen3's thinking is switched by "
+                 "chat_template_kwargs: {\"enable_thinking\": false})")
 
 
 class ChatCompletionRequest(_Sampling):

@@ -1,10 +1,11 @@
 """The server's state: what it serves (ServedModel, ServedEmbedder), its options (ServerConfig)
-and the one ServerState per app that the routes share (admission slots, the trace, the capture,
-the grammar compiler). app.py builds it; the handlers (generation.py, chat.py, completions.py,
-embeddings.py, utility.py) read it from `request.app.state.server`.
+and one ServerState per generation model (its admission slots, metrics and grammar compiler, and
+the trace, the capture and the feedback map the app shares). The model registry (registry.py)
+makes one per model and hands it to the handlers (generation.py, chat.py, completions.py,
+utility.py, ollama.py) when they ask for a model by name; `request.app.state.server` is the
+first model's, for code that serves one.
 """
 
-import asyncio
 import logging
 import math
 import statistics
@@ -68,7 +69,7 @@ class RequestClassMap(Protocol):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    max_in_flight: int = 64  # requests held in the engine at once (running + waiting); beyond -> 429
+    max_in_flight: int = 64  # requests one model's engine holds at once (running + waiting); beyond -> 429
     max_body_bytes: int = 1 << 20  # larger bodies -> 413 before they are read
     drain_timeout_s: float = 60.0
     api_key: str | None = None  # /v1 routes need "Authorization: Bearer <key>" (access.py)
@@ -78,6 +79,7 @@ class ServerConfig:
     trusted_proxies: int = 0  # X-Forwarded-For hops to trust for the client address (capture only)
     lenient_fields: bool = False  # unknown request fields logged and ignored instead of a 400 (protocol.py)
     sse_ping_interval_s: float = 15.0  # a `: ping` comment on a stream this long without a chunk; 0 = off
+    tool_call_parser: str = "auto"  # the format of auto-mode tool calls (server/tool_parsers.py); auto: the template's
 
     def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1 and self.sse_ping_interval_s >= 0
@@ -85,12 +87,13 @@ class ServerConfig:
 
 @dataclass
 class ServerState:
-    model: ServedModel
-    embedder: ServedEmbedder | None
+    """One generation model's state in the server. `served` is the loaded model, None while the
+    registry has it unloaded; the state itself (metrics, admission) lives as long as the app."""
+
+    served: ServedModel | None
     config: ServerConfig
     metrics: ServerMetrics
     recent_e2e_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    embed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     trace: TraceWriter | None = None  # the ring the server adds each streamed chunk's spans to
     otlp: Any = None  # an OpenTelemetry tracer: one span per finished request (trace/otlp.py)
     capture: Capture | None = None  # a sample of requests and responses to JSONL (evaluate/capture.py)
@@ -100,6 +103,22 @@ class ServerState:
     _compiler: Any = None
     _compiler_built: bool = False
     _compiler_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def model(self) -> ServedModel:
+        """The loaded model. Handlers get this state from the registry, which loads the model
+        first and keeps it loaded until their response ends."""
+        if self.served is None:
+            raise APIError(503, f"the model '{self.metrics.model_name}' is not loaded", type="server_error",
+                           code="model_not_loaded")
+        return self.served
+
+    def detach(self) -> ServedModel | None:
+        """Forget the loaded model (the registry unloads it): its compiler goes with it."""
+        served, self.served = self.served, None
+        with self._compiler_lock:
+            self._compiler, self._compiler_built = None, False
+        return served
 
     def grammar_compiler(self) -> Any:
         """The app's one GrammarCompiler (blocking: its vocabulary trie takes about a second)."""
@@ -130,11 +149,3 @@ class ServerState:
         """About one typical request's lifetime: by then a slot has most likely opened."""
         typical = statistics.median(self.recent_e2e_s) if self.recent_e2e_s else 1.0
         return max(MIN_RETRY_AFTER_S, math.ceil(typical))
-
-    def check_model(self, name: str, embedding: bool = False) -> None:
-        served = self.embedder if embedding else self.model
-        if served is None or name not in (served.name, *served.aliases):
-            kind = "embedding model" if embedding else "model"
-            have = f"'{served.name}'" if served else "none"
-            raise APIError(404, f"The {kind} '{name}' does not exist (this server has {have})",
-                           param="model", code="model_not_found")

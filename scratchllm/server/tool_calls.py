@@ -1,123 +1,106 @@
-"""A chat reply's tool calls: from the finished text, or as stream deltas while it is written.
+"""A chat reply's parts: thinking, content and tool calls, from the text as it streams.
 
-Two sources, by the request's tool plan (structured_fields.ToolPlan):
-  forced  the grammar wrote `{"name": ..., "arguments": {...}}` (scratchllm.structured.tools);
-  auto    the model wrote calls in its template's format; templates that read `tools` use the
-          Hermes convention, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, and
-          text outside the blocks stays content.
-A call that did not complete (cut by max_tokens) is no call: the client gets the text and the
-engine's finish_reason; a completed call's choice ends with finish_reason "tool_calls".
+`ReplyParser` runs one choice's text through the reasoning splitter (reasoning.py, when the
+template thinks) and then the tool-call parser (tool_parsers.py) of the request's plan:
+  auto    the model decides, in its format (the chat template's, or --tool-call-parser);
+  forced  the grammar wrote `{"name": ..., "arguments": {...}}` (tool_choice "required" or a
+          named function): the whole reply is the call;
+  none    text only.
+The stream's deltas and the unstreamed message come from the same parser, so they agree. A call
+cut by max_tokens is still a call (its arguments as far as they were written) and the choice
+keeps finish_reason "length"; a reply that completed a call ends with "tool_calls".
 """
 
-import json
-import re
-import uuid
-from typing import Any, cast
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
 
-from scratchllm.engine.protocol import RequestOutput
-from scratchllm.errors import ConfigError
-from scratchllm.structured import ToolCallStream, tool_calls_from_text
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_HERMES_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+from scratchllm.sampling import SamplingParams
+from scratchllm.server.json_calls import Delta, assemble
+from scratchllm.server.reasoning import ThinkSplitter
+from scratchllm.server.tool_parsers import TOOL_FORMATS, CallParser, ForcedCall, ToolFormat
 
 
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+@dataclass(frozen=True)
+class ReplyFormat:
+    """How a request's replies are read: `tools` (None: no calls) and `mode`, whether the
+    template thinks and the prompt opened the thinking."""
+
+    mode: str = "none"  # "none" | "auto" | "forced"
+    tools: ToolFormat | None = None
+    names: tuple[str, ...] = ()
+    thinks: bool = False
+    inside_thinking: bool = False
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """The request's params for replies read this way: a format whose call marker is a
+        special token needs special tokens shown in the text."""
+        if self.tools is not None and self.tools.special_tokens:
+            return dataclasses.replace(params, skip_special_tokens=False)
+        return params
+
+    def parser(self) -> "ReplyParser":
+        calls: CallParser | None = None
+        if self.mode == "forced":
+            calls = ForcedCall(self.names)
+        elif self.mode == "auto" and self.tools is not None:
+            calls = self.tools.new_parser(self.names)
+        return ReplyParser(calls, ThinkSplitter(self.inside_thinking) if self.thinks else None)
 
 
-def _hermes_call(body: str) -> dict[str, Any] | None:
-    """One block's JSON -> an OpenAI tool call, or None if it is not a call."""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not (isinstance(data, dict) and isinstance(data.get("name"), str)):
-        return None
-    arguments = data.get("arguments", data.get("parameters", {}))
-    return {"id": _call_id(), "type": "function",
-            "function": {"name": data["name"], "arguments": json.dumps(arguments)}}
+class ReplyParser:
+    """One choice's text -> delta parts: `reasoning_content`, `content`, `tool_calls`."""
+
+    def __init__(self, calls: CallParser | None, think: ThinkSplitter | None) -> None:
+        self.calls, self.think = calls, think
+        self.made_calls = False
+
+    def push(self, text: str) -> dict[str, Any]:
+        reasoning, content = self.think.push(text) if self.think is not None else ("", text)
+        return self._parts(reasoning, content, final=False)
+
+    def finish(self, finish_reason: str) -> tuple[dict[str, Any], str]:
+        """The parts the end releases, and the choice's finish_reason."""
+        reasoning, content = self.think.finish() if self.think is not None else ("", "")
+        parts = self._parts(reasoning, content, final=True)
+        called = self.made_calls and finish_reason == "stop"
+        return parts, "tool_calls" if called else finish_reason
+
+    def _parts(self, reasoning: str, content: str, final: bool) -> dict[str, Any]:
+        deltas: list[Delta] = []
+        if self.calls is not None:
+            content, deltas = self.calls.push(content)
+            if final:
+                more, end = self.calls.finish()
+                content, deltas = content + more, deltas + end
+        self.made_calls = self.made_calls or bool(deltas)
+        parts: dict[str, Any] = {}
+        if reasoning:
+            parts["reasoning_content"] = reasoning
+        if content:
+            parts["content"] = content
+        if deltas:
+            parts["tool_calls"] = deltas
+        return parts
 
 
-def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the text outside the calls, the calls) of a finished text; a block that is not a
-    call's JSON stays in the text."""
-    calls: list[dict[str, Any]] = []
-
-    def take(match: re.Match[str]) -> str:
-        call = _hermes_call(match.group(1))
-        if call is None:
-            return match.group(0)
-        calls.append(call)
-        return ""
-
-    rest = _HERMES_CALL.sub(take, text)
-    return rest.strip(), calls
-
-
-def reply(r: RequestOutput, mode: str) -> dict[str, Any]:
-    """message and finish_reason of one finished choice under the tool plan's mode."""
-    message: dict[str, Any] = {"role": "assistant", "content": r.text}
-    calls: list[dict[str, Any]] = []
-    if mode == "forced" and r.finish_reason == "stop":
-        try:
-            calls = tool_calls_from_text(r.text)
-        except ConfigError:
-            calls = []
-        message["content"] = None
-    elif mode == "auto":
-        content, calls = hermes_calls(r.text)
-        if calls:
-            message["content"] = content or None
-    if calls and r.finish_reason == "stop":
-        return {"message": {**message, "tool_calls": calls}, "finish_reason": "tool_calls"}
-    return {"message": {**message, "content": r.text}, "finish_reason": r.finish_reason}
+def message(fmt: ReplyFormat, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+    """The unstreamed reply's message and finish_reason: the stream's parts, joined."""
+    parser = fmt.parser()
+    first = parser.push(text)
+    last, finish = parser.finish(finish_reason)
+    joined = {key: first.get(key, "") + last.get(key, "") for key in ("reasoning_content", "content")}
+    calls = assemble([*first.get("tool_calls", []), *last.get("tool_calls", [])])
+    msg: dict[str, Any] = {"role": "assistant", "content": joined["content"] or (None if calls else "")}
+    if fmt.thinks:
+        msg["reasoning_content"] = joined["reasoning_content"] or None
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, finish
 
 
-class HermesStream:
-    """Auto-mode text as it streams -> (content delta, tool_call deltas). Text that could be the
-    start of `<tool_call>` is held back until it cannot; a call is sent whole once its block
-    closes (its arguments are known complete only then)."""
-
-    def __init__(self) -> None:
-        self.buffer = ""  # text not yet sent: a possible opening tag, or an open call block
-        self.calls = 0
-
-    def push(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        self.buffer += text
-        content, deltas = "", cast(list[dict[str, Any]], [])
-        while True:
-            at = self.buffer.find(OPEN)
-            if at < 0:
-                keep = _partial_suffix(self.buffer, OPEN)
-                content += self.buffer[:len(self.buffer) - keep]
-                self.buffer = self.buffer[len(self.buffer) - keep:]
-                return content, deltas
-            content += self.buffer[:at]
-            self.buffer = self.buffer[at:]
-            end = self.buffer.find(CLOSE)
-            if end < 0:
-                return content, deltas  # inside a call: wait for it to close
-            block, self.buffer = self.buffer[:end + len(CLOSE)], self.buffer[end + len(CLOSE):]
-            call = _hermes_call(block[len(OPEN):-len(CLOSE)].strip())
-            if call is None:
-                content += block
-            else:
-                deltas.append({"index": self.calls, **call})
-                self.calls += 1
-
-    def finish(self) -> str:
-        """What is left at the end (an unclosed block or a partial tag) is content."""
-        rest, self.buffer = self.buffer, ""
-        return rest
+def tool_format(name: str | None) -> ToolFormat | None:
+    return TOOL_FORMATS[name] if name else None
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-__all__ = ["HermesStream", "ToolCallStream", "hermes_calls", "reply"]
+__all__ = ["ReplyFormat", "ReplyParser", "message", "tool_format"]

@@ -1,5 +1,7 @@
 """Routes around generation that clients and gateways expect: /tokenize, /detokenize (the
-served model's own tokenizer, with its chat template), /version and /v1/models/{id}.
+named model's own tokenizer, with its chat template; the first model's without a name),
+/version, /v1/models (every served model with its state: loaded, loading or unloaded) and
+/v1/models/{id}.
 
 Request and response shapes follow vLLM's server, so tools written for it work here:
   POST /tokenize   {"model", "prompt" | "messages", "add_special_tokens"?} -> {"tokens", "count", "max_model_len"}
@@ -14,7 +16,9 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 import scratchllm
-from scratchllm.server.protocol import APIError, bad_request, parse_body
+from scratchllm.server.protocol import bad_request, parse_body
+from scratchllm.server.registry import ModelEntry, models_of
+from scratchllm.server.state import ServerState
 
 
 class _Body(BaseModel):
@@ -39,11 +43,14 @@ class DetokenizeRequest(_Body):
     tokens: list[int] = Field(max_length=1 << 20)
 
 
+async def _state(request: Request, name: str | None) -> ServerState:
+    registry = models_of(request)
+    return await registry.generator(request, registry.default.name if name is None else name)
+
+
 async def tokenize(request: Request) -> dict[str, Any]:
-    state = request.app.state.server
     req = parse_body(await request.body(), TokenizeRequest)
-    if req.model is not None:
-        state.check_model(req.model)
+    state = await _state(request, req.model)
     tok = state.model.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' or 'messages'", param="prompt")
@@ -60,10 +67,8 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 
 async def detokenize(request: Request) -> dict[str, Any]:
-    state = request.app.state.server
     req = parse_body(await request.body(), DetokenizeRequest)
-    if req.model is not None:
-        state.check_model(req.model)
+    state = await _state(request, req.model)
     tok = state.model.tokenizer
     bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
     if bad:
@@ -76,14 +81,15 @@ async def version() -> dict[str, str]:
     return {"version": scratchllm.__version__}
 
 
-def model_card(served: Any) -> dict[str, Any]:
-    return {"id": served.name, "object": "model", "created": 0, "owned_by": "scratchllm",
-            "max_model_len": getattr(served, "max_model_len", getattr(served, "max_len", None))}
+def model_card(entry: ModelEntry) -> dict[str, Any]:
+    """OpenAI's model object, with what this server adds: the model's task, its state and length."""
+    return {"id": entry.name, "object": "model", "created": 0, "owned_by": "scratchllm",
+            "max_model_len": entry.max_len(), "task": entry.spec.task, "state": entry.status}
+
+
+async def models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(e) for e in models_of(request).models()]}
 
 
 async def model(request: Request, model_id: str) -> dict[str, Any]:
-    state = request.app.state.server
-    for served in (state.model, state.embedder):
-        if served is not None and model_id in (served.name, *served.aliases):
-            return model_card(served)
-    raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return model_card(models_of(request).entry(model_id))

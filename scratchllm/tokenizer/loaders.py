@@ -14,6 +14,7 @@ from typing import Any
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.checkpoint import Checkpoint
+from scratchllm.formats.files import is_gguf
 from scratchllm.formats.refs import resolve_model
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer.bpe import BPE
@@ -39,7 +40,7 @@ def load_spec(ref: str | Path, *, pattern: str = pt.GPT2_PATTERN, special_tokens
         if (path / "vocab.txt").exists():
             return from_vocab_txt(path)
         raise FormatError(path, "no tokenizer here: expected tokenizer.json or vocab.txt")
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         metadata = None
         if checkpoint is not None and checkpoint.format == "gguf" and Path(checkpoint.path) == path:
             metadata = checkpoint.metadata  # the same file: its header is not parsed again

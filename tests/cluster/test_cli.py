@@ -85,3 +85,15 @@ def test_a_deploy_failure_is_the_replica_error_in_one_line():
                "scratchllm.errors.FormatError: /m/cut.gguf: tensor 'x' ends at byte 9 but the file has 4 bytes\n")
     assert deploy_error(message) == "FormatError: /m/cut.gguf: tensor 'x' ends at byte 9 but the file has 4 bytes"
     assert deploy_error("Replica failed.\nmore") == "Replica failed."
+
+
+def test_a_broken_model_header_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    """A GGUF cut inside its metadata: the header is read (config, tokenizer) before Ray starts,
+    so the command fails with the file's FormatError instead of a deploy that fails in each replica."""
+    from scratchllm.errors import FormatError
+    from scratchllm.formats.refs import resolve_model
+
+    broken = tmp_path / "cut.gguf"
+    broken.write_bytes(resolve_model("default").read_bytes()[:4096])
+    with pytest.raises(FormatError, match="cut.gguf"):
+        _started_spec(monkeypatch, [str(broken), "--replicas", "2"])

@@ -220,7 +220,7 @@ def test_metrics_report_bytes_per_token_and_the_resident_pool(dtype):
     page = ServerMetrics(engine.stats, model_name="tiny").render().decode()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for family in text_string_to_metric_families(page) for s in family.samples}
-    per_token = got[("scratchllm:kv_cache_bytes_per_token", (("dtype", dtype), ("model_name", "tiny")))]
+    per_token = got[("scratchllm:kv_cache_bytes_per_token", (("model_name", "tiny"),))]
     assert per_token == kv_bytes_per_token(engine.model.config, dtype)
     resident = got[("scratchllm:kv_cache_resident_bytes", (("model_name", "tiny"),))]
     assert resident == 2 * engine.plan.kv_block_bytes  # 24 slots written: 2 blocks, ever

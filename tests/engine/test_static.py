@@ -31,3 +31,14 @@ def test_a_row_ends_at_the_context_and_its_padding_stays_inside_it():
     long_prompt, short_prompt = [7] * (ctx - 12), [3, 5, 8]
     res = run_static(model, [long_prompt, short_prompt], [100, 40], batch_size=2)
     assert res.token_ids == [greedy_alone(model, long_prompt, 12), greedy_alone(model, short_prompt, 40)]
+
+
+def test_static_honours_sliding_windows_scale_and_soft_cap():
+    """Gemma-style attention in the padded baseline: per-layer windows (in a batch whose rows are
+    padded differently), the model's softmax scale and the soft-cap, as the definition computes them."""
+    from .test_sliding_window import PROMPTS, greedy_reference, windowed_tiny
+
+    model = windowed_tiny((5, 0, 7), scale=0.5, softcap=3.0, seed=3)
+    want = [greedy_reference(model, p, 10) for p in PROMPTS]
+    res = run_static(model, PROMPTS, [10] * len(PROMPTS), batch_size=4)
+    assert res.token_ids == want

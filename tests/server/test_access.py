@@ -80,14 +80,16 @@ def test_environment_defaults_and_the_positional_model(monkeypatch):
     monkeypatch.setenv("SCRATCHLLM_FAKE_ENGINE", "true")
     args = _serve_args(["some/model.gguf", "--max-num-seqs", "7"])
     assert args.max_num_seqs == 7 and args.api_key == "from-env" and args.fake_engine  # a flag wins
-    assert args.model_arg == "some/model.gguf"
+    assert args.model_arg == ["some/model.gguf"]
     assert _serve_args([]).max_num_seqs == 5
     monkeypatch.setenv("SCRATCHLLM_MAX_NUM_SEQS", "many")
     with pytest.raises(ConfigError, match="SCRATCHLLM_MAX_NUM_SEQS"):
         serve_cmd.build(_serve_args([]))
     monkeypatch.delenv("SCRATCHLLM_MAX_NUM_SEQS")
+    # MODEL and --model add up: every model named is served (--replicas alone takes one)
+    assert serve_cmd.models_from_args(_serve_args(["a.gguf", "-m", "b.gguf", "-m", "a.gguf"])) == ["a.gguf", "b.gguf"]
     with pytest.raises(ConfigError, match="two models"):
-        serve_cmd.build(_serve_args(["a.gguf", "-m", "b.gguf"]))
+        serve_cmd.model_from_args(_serve_args(["a.gguf", "-m", "b.gguf"]))
 
 
 def test_chat_template_override(tmp_path):
@@ -113,7 +115,8 @@ def test_kv_cache_memory_sizes_the_pool():
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--kv-cache-memory", bad])
     args = _serve_args(["default", "--kv-cache-memory", "24MiB", "--embedding-model", "none", "--trace", "none"])
-    model, _ = serve_cmd.build(args)
+    load = serve_cmd.build(args).specs[0].load
+    model = load()
     try:
         plan = model.engine.engine.plan
         assert plan.num_kv_blocks == 24 * 2**20 // plan.kv_block_bytes

@@ -94,6 +94,25 @@ def test_required_tool_call_streamed_equals_unstreamed(client):
     jsonschema.validate(json.loads(args), schema)
 
 
+@pytest.mark.parametrize("max_tokens", [5, 12])
+def test_a_required_call_cut_by_max_tokens_is_a_cut_call_not_content(client, max_tokens):
+    """The new user's case: tool_choice required with a small max_tokens gave raw JSON as content."""
+    kw = {"model": "default", "messages": weather_question(), "tools": TOOLS[:1], "tool_choice": "required",
+          "max_tokens": max_tokens, "temperature": 0}
+    full = client.chat.completions.create(**kw).choices[0]
+    assert full.finish_reason == "length" and full.message.content is None
+    (call,) = full.message.tool_calls
+    assert call.function.name == "get_weather"
+    name, args = None, ""
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            assert not c.delta.content
+            for d in c.delta.tool_calls or []:
+                name = name or (d.function.name if d.function else None)
+                args += (d.function.arguments or "") if d.function else ""
+    assert (name, args) == ("get_weather", call.function.arguments)
+
+
 def test_logit_bias_bans_a_token(client):
     kw = {"model": "default", "prompt": REF_PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 0}
     plain = client.completions.create(**kw).choices[0]

@@ -76,7 +76,7 @@ def test_completion_on_text_and_token_ids(client, real):
 
 
 def test_embeddings_equal_the_models_own(client, real):
-    emb = real[1].state.server.embedder
+    emb = real[1].state.models.entry("minilm").embedder
     texts = ["A man is eating food.", "東京は日本の首都です。", "def f(x): return x + 1"]
     r = client.embeddings.create(model="minilm", input=texts)
     got = np.array([d.embedding for d in r.data], dtype=np.float32)

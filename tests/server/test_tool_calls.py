@@ -1,84 +1,175 @@
-"""Tool calls in chat replies: the Hermes-format parser (finished and streamed) against json.loads
-of the blocks, and `tools` reaching a chat template that reads them (auto mode)."""
+"""Tool calls per model family: each family's reply, as its own chat template writes tool calls
+(tests/server/scripted.py), parsed into OpenAI tool calls by the format the server picks from
+that template, unstreamed and streamed (the official client's stream helper assembles the
+deltas), whole and cut by max_tokens; and the parsers alone, fed in pieces of every size."""
 
 import json
-import types
 
 import openai
 import pytest
 
-from scratchllm.engine.fake import FakeTokenizer
 from scratchllm.engine.protocol import RequestOutput
-from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.backend import fake_backend
-from scratchllm.server.tool_calls import HermesStream, hermes_calls, reply
+from scratchllm.server.app import ServerConfig
+from scratchllm.server.json_calls import assemble
+from scratchllm.server.tool_calls import ReplyFormat, message
+from scratchllm.server.tool_parsers import TOOL_FORMATS, detect
+from tests.server.scripted import FAMILIES, QUESTION, TOOLS, TemplateTokenizer, arguments, scripted_app, template_reply
 
-CALL_A = {"name": "get_weather", "arguments": {"city": "Lyon", "unit": "celsius"}}
-CALL_B = {"name": "add", "arguments": {"a": 2, "b": 3}}
-TEXT = (f"Let me check. <tool_call>\n{json.dumps(CALL_A)}\n</tool_call> and "
-        f"<tool_call>{json.dumps(CALL_B)}</tool_call> <tool_call>not json</tool_call> done <tool")
-
-
-def test_hermes_calls_in_a_finished_text():
-    content, calls = hermes_calls(TEXT)
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
-        [(CALL_A["name"], CALL_A["arguments"]), (CALL_B["name"], CALL_B["arguments"])]
-    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
-    assert "<tool_call>not json</tool_call>" in content and "get_weather" not in content
+CALLS = [("get_weather", {"city": "Lyon", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
+NAMES = ("get_weather", "add")
 
 
-@pytest.mark.parametrize("piece", [1, 2, 3, 7, 50])
-def test_hermes_stream_equals_the_finished_parse(piece):
-    stream, content, deltas = HermesStream(), "", []
-    for i in range(0, len(TEXT), piece):
-        c, d = stream.push(TEXT[i:i + piece])
-        content, deltas = content + c, deltas + d
-        assert "<tool_call>{" not in content  # a call's text is never sent as content
-    content += stream.finish()
-    want_content, want_calls = hermes_calls(TEXT)
-    assert [d["index"] for d in deltas] == [0, 1]
-    assert [(d["function"]["name"], d["function"]["arguments"]) for d in deltas] == \
-        [(c["function"]["name"], c["function"]["arguments"]) for c in want_calls]
-    assert " ".join(content.split()) == " ".join(want_content.split())  # the same text outside the calls
-    assert want_content.endswith("done <tool")
+def family_calls(family):
+    return CALLS[:1] if family == "llama3" else CALLS  # Llama 3.1's template takes one call per turn
 
 
-def test_reply_of_a_forced_call_cut_short_is_text():
-    cut = RequestOutput("r", None, [1], text='{"name": "add", "arguments": {"a": 1', finish_reason="length")
-    assert reply(cut, "forced") == {"message": {"role": "assistant", "content": cut.text}, "finish_reason": "length"}
-    done = RequestOutput("r", None, [1], text=json.dumps(CALL_B), finish_reason="stop")
-    r = reply(done, "forced")
-    assert r["finish_reason"] == "tool_calls" and r["message"]["content"] is None
-    assert json.loads(r["message"]["tool_calls"][0]["function"]["arguments"]) == CALL_B["arguments"]
+def parse(fmt, text, piece, thinks=False):
+    parser = ReplyFormat("auto", TOOL_FORMATS[fmt], NAMES, thinks=thinks).parser()
+    parts = [parser.push(text[i:i + piece]) for i in range(0, len(text), piece)]
+    end, finish = parser.finish("stop")
+    parts.append(end)
+    content = "".join(p.get("content", "") for p in parts)
+    return content, assemble([d for p in parts for d in p.get("tool_calls", [])]), finish
 
 
-class ToolTemplateTokenizer(FakeTokenizer):
-    """The fake's tokenizer with a chat template that reads `tools` (as Hermes templates do)."""
-
-    spec = types.SimpleNamespace(chat_template="{% if tools %}{{ tools | tojson }}{% endif %}...")
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None):
-        head = f"<|im_start|>system\n{json.dumps(tools)}<|im_end|>\n" if tools else ""
-        return head + super().apply_chat_template(messages, add_generation_prompt)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_format_is_the_one_the_template_writes(family):
+    assert detect(TemplateTokenizer(family).spec.chat_template) == FAMILIES[family]
 
 
-def test_auto_passes_tools_to_a_template_that_reads_them(serve):
-    model, embedder = fake_backend(step_ms=0.5)
-    model.tokenizer = ToolTemplateTokenizer()
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}},
-             {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}]
-    messages = [{"role": "user", "content": "2 + 3?"}]
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, 10_000])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_family_reply_parses_to_its_calls_in_pieces_of_any_size(family, piece):
+    text = template_reply(family, family_calls(family), content="I will look that up.")
+    content, calls, finish = parse(FAMILIES[family], text, piece, thinks=family == "qwen3")
+    assert arguments(calls) == family_calls(family) and finish == "tool_calls"
+    assert [c["id"] for c in calls] and all(c["type"] == "function" for c in calls)
+    # Llama 3's and Mistral's templates write no text beside their calls
+    assert content == ("I will look that up." if family in ("qwen3", "gemma3") else "")
+    if family == "mistral":
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # its template refuses other ids
+
+
+@pytest.mark.parametrize("fmt,text,content", [
+    ("hermes", "Plain <tool_call>not json</tool_call> done <tool", "Plain <tool_call>not json</tool_call> done <tool"),
+    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>'),  # no name
+    ("llama3_json", "The answer is {x}.", "The answer is {x}."),
+    ("gemma", "```tool_code\nimport os\n```", "```tool_code\nimport os\n```"),  # not calls: text
+    ("gemma", "```tool_code\nget_weather('Lyon')\n```", "```tool_code\nget_weather('Lyon')\n```"),
+])
+def test_text_that_only_looks_like_a_call_stays_content(fmt, text, content):
+    for piece in (1, 4, 1000):
+        got, calls, finish = parse(fmt, text, piece)
+        assert (got, calls, finish) == (content, [], "stop")
+
+
+def test_llama3_python_tag_and_several_calls():
+    text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Lyon"}}; {"name": "add", "parameters": {}}'
+    _, calls, _ = parse("llama3_json", text, 3)
+    assert arguments(calls) == [("get_weather", {"city": "Lyon"}), ("add", {})]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_reply_cut_inside_a_call_is_a_cut_call_never_content(family):
+    text = template_reply(family, CALLS[:1])
+    marker = {"qwen3": '"Ly', "llama3": '"Ly', "mistral": '"Ly', "gemma3": "unit="}[family]
+    cut = text[:text.index(marker) + len(marker)]
+    for piece in (1, 5, 1000):
+        parser = ReplyFormat("auto", TOOL_FORMATS[FAMILIES[family]], NAMES, thinks=family == "qwen3").parser()
+        parts = [parser.push(cut[i:i + piece]) for i in range(0, len(cut), piece)]
+        end, finish = parser.finish("length")
+        parts.append(end)
+        assert not "".join(p.get("content", "") for p in parts)
+        (call,) = assemble([d for p in parts for d in p.get("tool_calls", [])])
+        assert finish == "length" and call["function"]["name"] == "get_weather"
+        assert call["function"]["arguments"] in ('{"city": "Ly', '{"city": "Lyon"')  # as far as it was written
+
+
+@pytest.mark.parametrize("length", range(1, 60))
+def test_a_forced_call_cut_anywhere_is_a_call_once_its_name_is_known(length):
+    text = json.dumps({"name": "get_weather", "arguments": {"city": "Lyon", "unit": "celsius"}})[:length]
+    out = RequestOutput("r", None, [1], text=text, finish_reason="length")
+    for names in (("get_weather", "add"), ("get_weather",)):  # "required" over two tools; a named function
+        msg, finish = message(ReplyFormat("forced", None, names), out.text, "length")
+        assert finish == "length" and msg["content"] is None or msg["content"] == ""
+        assert text not in (msg["content"] or "") or not text
+        calls = msg.get("tool_calls") or []
+        unique = len(names) == 1 or len(text) > len('{"name": "')  # "g" already picks get_weather over add
+        assert [c["function"]["name"] for c in calls] == (["get_weather"] if unique else [])
+        if calls:
+            assert ('{"name": "get_weather", "arguments": ' + calls[0]["function"]["arguments"]).startswith(text) \
+                or len(text) < len('{"name": "get_weather", "arguments": ')
+
+
+def _client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_family_reply_through_the_server_streamed_and_not(serve, family):
+    app, engine = scripted_app(family)
+    engine.reply = template_reply(family, family_calls(family), content="Let me check.")
+    kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": 400}
+    with serve(app) as url, _client(url) as client:
+        full = client.chat.completions.create(**kw).choices[0]
+        with client.chat.completions.stream(**kw) as stream:
+            streamed = stream.get_final_completion().choices[0]
+    assert full.finish_reason == streamed.finish_reason == "tool_calls"
+    assert arguments(full.message.tool_calls) == arguments(streamed.message.tool_calls) == family_calls(family)
+    said = "Let me check." if family in ("qwen3", "gemma3") else None  # the others' templates drop it
+    assert full.message.content == said and (streamed.message.content or None) == said  # a stream starts with ""
+    assert [c.id for c in full.message.tool_calls] != [c.id for c in streamed.message.tool_calls]  # fresh ids
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_call_cut_by_max_tokens_through_the_server(serve, family):
+    app, engine = scripted_app(family)
+    engine.reply = template_reply(family, CALLS[:1])
+    cut = len(engine.reply[:engine.reply.index("Lyon") + 2].encode())  # byte tokens: the cut is inside "Lyon"
+    kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": cut}
+    with serve(app) as url, _client(url) as client:
+        full = client.chat.completions.create(**kw).choices[0]
+        deltas, finish = [], None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                assert not c.delta.content
+                deltas += [d.model_dump(exclude_none=True) for d in c.delta.tool_calls or []]
+                finish = c.finish_reason or finish
+    streamed = assemble(deltas)
+    assert full.finish_reason == finish == "length" and not full.message.content
+    (call,) = full.message.tool_calls
+    assert call.function.name == streamed[0]["function"]["name"] == "get_weather"
+    assert call.function.arguments == streamed[0]["function"]["arguments"]
+    assert call.function.arguments.startswith('{"city": "Ly') and "Lyon" not in call.function.arguments
+
+
+def test_tool_choice_none_shows_no_tools_and_parses_no_calls(serve):
+    app, engine = scripted_app("qwen3")
+    engine.reply = template_reply("qwen3", CALLS[:1])
+    tok = TemplateTokenizer("qwen3")
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice="none",
+                                                 max_tokens=400)
+    assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(QUESTION)))
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
+
+
+def test_the_parser_option_overrides_the_template(serve):
+    app, engine = scripted_app("qwen3", ServerConfig(tool_call_parser="llama3_json"))
+    engine.reply = '{"name": "add", "parameters": {"a": 1}}'
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, max_tokens=400)
+    assert arguments(r.choices[0].message.tool_calls) == [("add", {"a": 1})]
+
+
+def test_allowed_tools_in_auto_mode_show_only_those(serve):
+    app, engine = scripted_app("qwen3")
+    engine.reply = "ok"
+    tok = TemplateTokenizer("qwen3")
     allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-        {"type": "function", "function": {"name": "mul"}}]}}
-    with serve(create_app(model, embedder, ServerConfig())) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
-        r = client.chat.completions.create(model="fake", messages=messages, tools=tools, max_tokens=5)
-        none = client.chat.completions.create(model="fake", messages=messages, tools=tools, tool_choice="none",
-                                              max_tokens=5)
-        only = client.chat.completions.create(model="fake", messages=messages, tools=tools, tool_choice=allowed,
-                                              max_tokens=5)
-    tok = ToolTemplateTokenizer()
-    assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages, tools=tools)))
-    assert none.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages)))
-    assert only.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages, tools=tools[1:])))
-    assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+        {"type": "function", "function": {"name": "add"}}]}}
+    with serve(app) as url, _client(url) as client:
+        r = client.chat.completions.create(model="fake", messages=QUESTION, tools=TOOLS, tool_choice=allowed,
+                                                 max_tokens=5)
+    assert r.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(QUESTION, tools=TOOLS[1:])))
+    assert r.choices[0].message.content == "ok" and r.choices[0].finish_reason == "stop"

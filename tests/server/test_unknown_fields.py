@@ -8,14 +8,17 @@ import typing
 import httpx
 import openai
 import openai.types.chat as chat_types
+import openai.types.responses as resp_types
 import pytest
 from openai.types import completion_create_params, embedding_create_params
 from openai.types import shared_params as shared
 from openai.types.chat import completion_create_params as chat_params
+from openai.types.responses import response_create_params, response_input_param
 from openai.types.shared_params import response_format_json_schema
 from pydantic import BaseModel
 
 from scratchllm.server import messages
+from scratchllm.server import responses_request as responses
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, StreamOptions
@@ -25,6 +28,9 @@ BODIES = {
     "/v1/completions": {"model": "fake", "prompt": "hi", "max_tokens": 2},
     "/v1/chat/completions": {"model": "fake", "messages": USER, "max_tokens": 2},
     "/v1/embeddings": {"model": "fake-embed", "input": "hi"},
+    "/v1/score": {"model": "fake-embed", "text_1": "hi", "text_2": ["a", "b"]},
+    "/v1/rerank": {"model": "fake-embed", "query": "hi", "documents": ["a", "b"]},
+    "/v1/responses": {"model": "fake", "input": "hi", "max_output_tokens": 2},
     "/tokenize": {"prompt": "hi"},
 }
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -50,6 +56,10 @@ def test_an_unknown_field_is_a_400_naming_it(fake_server, path):
      "stream_options.foo"),
     ("/v1/completions", {"structured_outputs": {"regex": "a", "foo": 1}}, "structured_outputs.foo"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+    ("/v1/responses", {"input": [{"role": "user", "content": "hi", "foo": 1}]}, "input.0.foo"),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "foo": 1}]}, "tools.0.foo"),
+    ("/v1/responses", {"text": {"format": {"type": "json_object", "foo": 1}}}, "text.format.foo"),
+    ("/v1/rerank", {"documents": [{"text": "a", "foo": 1}]}, "documents.0.foo"),
 ])
 def test_an_unknown_nested_field_is_a_400_naming_its_path(fake_server, path, extra, param):
     url, _ = fake_server
@@ -125,6 +135,20 @@ PAIRS = [
     (chat_types.ChatCompletionAllowedToolsParam, messages.AllowedTools),
     (shared.ResponseFormatJSONSchema, messages.ResponseFormat),
     (response_format_json_schema.JSONSchema, messages.JSONSchemaFormat),
+    (response_create_params.ResponseCreateParamsBase, responses.ResponsesRequest),
+    (resp_types.EasyInputMessageParam, responses.MessageItem),
+    (response_input_param.Message, responses.MessageItem),
+    (resp_types.ResponseOutputMessageParam, responses.MessageItem),
+    (resp_types.ResponseInputTextParam, responses.InputText),
+    (resp_types.ResponseOutputTextParam, responses.InputText),
+    (resp_types.ResponseFunctionToolCallParam, responses.FunctionCallItem),
+    (response_input_param.FunctionCallOutput, responses.FunctionCallOutputItem),
+    (resp_types.ResponseReasoningItemParam, responses.ReasoningItem),
+    (resp_types.FunctionToolParam, responses.ResponsesFunctionTool),
+    (resp_types.ToolChoiceFunctionParam, responses.ResponsesNamedFunction),
+    (resp_types.ToolChoiceAllowedParam, responses.ResponsesAllowedTools),
+    (resp_types.ResponseTextConfigParam, responses.TextConfig),
+    (resp_types.ResponseFormatTextJSONSchemaConfigParam, responses.TextFormat),
 ]
 
 

