@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-model", default="default", help="--compare: the model to serve")
     p.add_argument("--max-num-seqs", default="16",
                    help="servers started here: sequences per step (static: the batch size; llama-server: its "
-                        "slots, the first value); several, comma-separated (16,32,64), run ours at each")
+                        "slots, the first value); several, comma-separated (16,32,64), run ours at each; 'default' "
+                        "is our server's own")
     p.add_argument("--peer", choices=serving_peer.PEERS, default=None,
                    help="also start this server on the same GGUF file, threads and slots, in alternating rounds")
     p.add_argument("--threads", type=int, default=2, help="--peer / several --max-num-seqs: each server's threads")
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
                 "machine": machine_facts()}
     args.max_num_seqs = serving_peer.max_num_seqs_list(args.max_num_seqs)[0]
+    if args.max_num_seqs is None:
+        raise ConfigError("--compare runs both modes at one --max-num-seqs: a number")
     trials: dict[str, list[dict[str, Any]]] = {"static": [], "continuous": [], "offline": []}
     for _ in range(args.repeat):
         # Interleaved, so load that drifts on a shared machine hits every mode alike.

@@ -42,13 +42,14 @@ FIGURES = [("request_throughput", "requests/s", ("request_throughput",)),
            ("peak_rss_mb", "server peak RSS, MB", ("peak_rss_mb",))]
 
 
-def max_num_seqs_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ConfigError(f"--max-num-seqs takes counts >= 1 separated by commas (16 or 16,32,64), got {text!r}")
+def max_num_seqs_list(text: str) -> list[int | None]:
+    """--max-num-seqs: counts >= 1 and `default` (None: our server's own default), comma-separated."""
+    values: list[int | None] = []
+    for x in (x.strip() for x in str(text).split(",") if x.strip()):
+        values.append(None if x == "default" else int(x) if x.isdigit() and int(x) >= 1 else -1)
+    if not values or -1 in values:
+        raise ConfigError(f"--max-num-seqs takes counts >= 1 or 'default', comma-separated (16 or 16,32,64,default), "
+                          f"got {text!r}")
     return values
 
 
@@ -122,10 +123,11 @@ def _get(url: str) -> http_client.Reply:
     return asyncio.run(get())
 
 
-def ours_cmd(args: argparse.Namespace, max_num_seqs: int, num_requests: int) -> list[str]:
+def ours_cmd(args: argparse.Namespace, max_num_seqs: int | None, num_requests: int) -> list[str]:
     cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--embedding-model", "none",
-           "--max-in-flight", str(num_requests + 8), "--max-num-seqs", str(max_num_seqs),
-           "--threads", str(args.threads)]
+           "--max-in-flight", str(num_requests + 8), "--threads", str(args.threads)]
+    if max_num_seqs is not None:  # None: the server's default
+        cmd += ["--max-num-seqs", str(max_num_seqs)]
     if args.fake_engine:  # the server without a model (tests of this bench)
         return cmd + ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)]
     cmd += ["--model", args.serve_model, "--kv-cache-dtype", args.kv_cache_dtype]
@@ -161,8 +163,10 @@ def run(args: argparse.Namespace, workload: loadgen.Workload, slo: dict[str, flo
         raise ConfigError("--threads and --repeat must be >= 1")
     if args.peer and args.fake_engine:
         raise ConfigError("--peer compares on a model file: not with --fake-engine")
-    configs: list[tuple[str, Any]] = [(f"ours@{n}", n) for n in seqs]
+    configs: list[tuple[str, Any]] = [(f"ours@{'default' if n is None else n}", n) for n in seqs]
     if args.peer:
+        if seqs[0] is None:
+            raise ConfigError("--peer takes its slot count from the first --max-num-seqs: a number, not 'default'")
         configs.append((f"{args.peer}@{seqs[0]}", seqs[0]))
     per_slot = max(map(len, workload.prompts)) + max(workload.output_tokens) + 16
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in configs}

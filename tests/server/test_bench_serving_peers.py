@@ -140,3 +140,17 @@ def test_a_programs_peak_rss_is_sampled_while_it_runs():
     with pytest.raises(Exception, match="exit 3"):
         llama_tools.run_tool([sys.executable, "-c", "raise SystemExit(3)"])
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+
+
+def test_max_num_seqs_lists_take_counts_and_our_default():
+    from scratchllm.bench import serving_peer
+    from scratchllm.errors import ConfigError
+
+    assert serving_peer.max_num_seqs_list("16,32,default") == [16, 32, None]
+    for bad in ("0", "16,x", "", "-4"):
+        with pytest.raises(ConfigError, match="--max-num-seqs"):
+            serving_peer.max_num_seqs_list(bad)
+    args = bench_args(["--max-num-seqs", "default", "--serve-model", "m.gguf"])
+    assert "--max-num-seqs" not in serving_peer.ours_cmd(args, None, 8)
+    cmd = serving_peer.ours_cmd(args, 16, 8)
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "16"
