@@ -89,7 +89,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--batching", choices=["continuous", "static"], default="continuous",
                    help="engine batching mode: continuous (default) or the static, padded baseline")
     p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="most sequences in one engine step (default: 64 for the continuous engine, 8 for the fake one)")
+                   help="most sequences in one engine step (default: 16 for the continuous engine: fewer give each "
+                        "token sooner, more start each request sooner; 8 for the fake one)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
                    help="memory of the KV-cache pool, e.g. 256MiB, 1GiB or a number of bytes (default: what "

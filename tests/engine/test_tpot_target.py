@@ -53,7 +53,7 @@ def test_the_model_fits_fixed_and_per_token_costs():
 def run(target_s):
     clock = Clock()
     model = TimedModel(tiny_llama(hidden=64, heads=4, kv_heads=2, layers=2), clock)
-    engine = LLMEngine(model, EngineConfig(target_tpot_s=target_s, num_kv_blocks=512), clock=clock)
+    engine = LLMEngine(model, EngineConfig(target_tpot_s=target_s, num_kv_blocks=512, max_num_seqs=64), clock=clock)
     prompts = [[(5 * i + j) % 90 + 1 for j in range(30)] for i in range(48)]
     outs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     tpot = [(o.metrics.finished - o.metrics.first_token) / (len(o.token_ids) - 1) for o in outs]
