@@ -15,7 +15,7 @@ descriptors, threads and RSS over time (from /proc/PID), as a table, a PNG (--pl
 What it promises (`check`): no 5xx, no transport error or hang, no leaked block, the same file
 descriptors and threads (within a small slack) after the run as after the warm-up, and a resident
 set that follows the work: RSS after the warm-up (the first minute, or quarter of a shorter run)
-within the model's weights + twice the most KV the requests held at once + 100 MiB (checked when
+within the model's weights + twice the most KV the requests held at once + 100 MB (checked when
 the served model is known: a started server, or --url with --serve-model naming its file).
 """
 
@@ -42,7 +42,7 @@ from scratchllm.bench.serving import _first_model, _server
 from scratchllm.cluster.soak import _one
 from scratchllm.errors import ConfigError
 
-RSS_SLACK_MIB = 100  # the interpreter, the libraries, the HTTP side and activations, beside weights and KV
+RSS_SLACK_BYTES = 100_000_000  # 100 MB: the interpreter, the libraries, the HTTP side and activations
 FD_SLACK = 4  # descriptors the server may hold at the end beyond the warm-up's (a log file, an epoll)
 THREAD_SLACK = 2  # threads likewise (the event loop's executor starts its threads on demand)
 HOSTILE: list[tuple[str, bytes]] = [  # (what, body) sent to /v1/chat/completions; each must be refused with a 4xx
@@ -264,19 +264,19 @@ def check(result: dict[str, Any]) -> list[str]:
         problems.append(f"threads grew from {first['threads']} to {last['threads']}")
     rss, bound = result.get("rss_after_warmup_mib"), result.get("rss_bound_mib")
     if rss is not None and bound is not None and rss > bound:
-        problems.append(f"RSS after the warm-up reached {rss:.0f} MiB, over weights + 2 x peak KV + "
-                        f"{RSS_SLACK_MIB} MiB = {bound:.0f} MiB")
+        problems.append(f"RSS after the warm-up reached {rss:.0f} MiB, over weights + 2 x peak KV + 100 MB = "
+                        f"{bound:.0f} MiB")
     return problems
 
 
 def rss_figures(result: dict[str, Any], weights_bytes: int | None) -> dict[str, float | None]:
     """The most RSS after the warm-up (samples from the first minute on, or the first quarter of a
-    shorter run) and its bound: weights + 2 x the peak KV held + RSS_SLACK_MIB (None: unknown)."""
+    shorter run) and its bound: weights + 2 x the peak KV held + 100 MB (None: unknown), in MiB."""
     warm = min(60.0, result["seconds"] / 4)
     after = [s["rss_mb"] for s in result["samples"][1:] if s["t_s"] >= warm and s["rss_mb"] is not None]
     peak_kv = result.get("peak_kv_bytes")
     bound = None if weights_bytes is None or peak_kv is None else \
-        (weights_bytes + 2 * peak_kv) / 2**20 + RSS_SLACK_MIB
+        (weights_bytes + 2 * peak_kv + RSS_SLACK_BYTES) / 2**20
     return {"rss_after_warmup_mib": max(after) if after else None, "rss_bound_mib": bound,
             "weights_mib": None if weights_bytes is None else weights_bytes / 2**20}
 
@@ -384,7 +384,7 @@ def render(result: dict[str, Any]) -> str:
         peak_kv, resident = result.get("peak_kv_bytes"), result.get("kv_resident_bytes")
         lines.append(f"  RSS after the warm-up {result['rss_after_warmup_mib']:.0f} MiB; bound "
                      f"{_fmt(result.get('rss_bound_mib'))} MiB = weights {_fmt(result.get('weights_mib'))} + 2 x peak "
-                     f"KV {_fmt(None if peak_kv is None else peak_kv / 2**20, 1)} + {RSS_SLACK_MIB}; KV pool resident "
+                     f"KV {_fmt(None if peak_kv is None else peak_kv / 2**20, 1)} + 100 MB; KV pool resident "
                      f"{_fmt(None if resident is None else resident / 2**20, 1)} MiB")
     if result.get("plot"):
         lines.append(f"  picture: {result['plot']}")

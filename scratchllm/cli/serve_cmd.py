@@ -99,8 +99,9 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add_kv_cache_dtype_argument(p)
     p.add_argument("--prefix-cache-memory", type=cache_size, default=None, metavar="SIZE",
-                   help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB, 0 "
-                        "(cached prefixes only in memory the work made resident) or 'unlimited' (default 32MiB)")
+                   help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB or 0 "
+                        "(cached prefixes only in memory the work made resident); default: as much as the most "
+                        "KV the work has held at once")
     p.add_argument("--target-tpot-ms", type=float, default=None, metavar="MS",
                    help="time per output token to hold: each step takes only the tokens whose predicted time "
                         "fits, so admission stops adding sequences past it (default: none, --max-num-seqs only)")
@@ -200,10 +201,8 @@ def memory_size(text: str) -> int:
     return size
 
 
-def cache_size(text: str) -> int | str:
-    """--prefix-cache-memory: a size (0 allowed) or 'unlimited'."""
-    if text.strip().lower() == "unlimited":
-        return "unlimited"
+def cache_size(text: str) -> int:
+    """--prefix-cache-memory: a size, 0 allowed."""
     return 0 if text.strip() in ("0", "0B", "0b") else memory_size(text)
 
 
@@ -244,8 +243,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.kv_cache_dtype != "auto":
         options["kv_cache_dtype"] = args.kv_cache_dtype
     if args.prefix_cache_memory is not None:
-        options["prefix_cache_memory_bytes"] = None if args.prefix_cache_memory == "unlimited" \
-            else args.prefix_cache_memory
+        options["prefix_cache_memory_bytes"] = args.prefix_cache_memory
     if args.target_tpot_ms is not None:
         options["target_tpot_s"] = args.target_tpot_ms / 1000
     if args.threads is not None and args.batching == "continuous":

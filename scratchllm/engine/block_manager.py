@@ -41,7 +41,8 @@ Invariants (asserted in `check()`, relied on everywhere):
   I6 a DROPPED entry is only in a windowed table, and only before the window of the sequence's
      next query: every block a future query reads is held.
   I7 the resident blocks (ever handed out) are at most the most ever held at once (used or
-     pending) plus the prefix cache's residue cap (BlockPool.pop_free says why).
+     pending) plus the prefix cache's residue cap, which by default is that peak again
+     (FOLLOW_PEAK): resident <= 2 x the peak held (BlockPool.pop_free says why).
 All of them hold in each group's pool.
 """
 
@@ -62,6 +63,7 @@ class Block:
 
 
 DROPPED = -1  # a windowed table's entry whose block no future query reads (released)
+FOLLOW_PEAK = -1  # residue_blocks: the prefix cache's residue may be as many blocks as the work's peak
 
 
 @dataclass
@@ -86,7 +88,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, window: int = 0, residue_blocks: int | None = None) -> None:
         assert num_blocks >= 1 and block_size >= 1 and window >= 0
-        assert residue_blocks is None or residue_blocks >= 0
+        assert residue_blocks is None or residue_blocks >= 0 or residue_blocks == FOLLOW_PEAK
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.window = window  # 0: the group's layers attend to the whole context
@@ -97,12 +99,13 @@ class BlockPool:
         #   1. free_plain: freed blocks that hold nothing cached, most recently freed first (a
         #      stack: resident, and likely still in the CPU's caches);
         #   2. free_cached: freed blocks still holding a registered prefix, least recently freed
-        #      first (LRU), evicted here once they number residue_blocks or more (None: no cap),
-        #      or when no untouched block is left;
+        #      first (LRU), evicted here once they number the residue cap or more (residue_blocks;
+        #      FOLLOW_PEAK: the most blocks held at once so far; None: no cap), or when no
+        #      untouched block is left;
         #   3. untouched blocks, in id order: ids fresh..num_blocks - 1 were never handed out.
-        # So the resident blocks are at most the peak held (used + pending) + residue_blocks: the
-        # prefix cache's residue lives in memory the work made resident, and under its own cap
-        # beyond it (without the cap, a server's idle prefixes would fault in the whole pool).
+        # So the resident blocks are at most the peak held (used + pending) + the cap: the prefix
+        # cache's residue lives in memory the work made resident, and under its own cap beyond
+        # it (without the cap, a server's idle prefixes would fault in the whole pool).
         self.free_plain: deque[int] = deque()  # pop() takes the right end: the last freed
         self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.fresh = 0
@@ -116,6 +119,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         return len(self.free_plain) + len(self.free_cached) + self.num_untouched
+
+    @property
+    def residue_cap(self) -> int | None:
+        """Cached free blocks beyond which untouched memory is not used for new work (None: no cap)."""
+        return self.peak_held if self.residue_blocks == FOLLOW_PEAK else self.residue_blocks
 
     @property
     def num_untouched(self) -> int:
@@ -142,7 +150,7 @@ class BlockPool:
         self.pending.clear()
 
     def pop_free(self) -> int:
-        cap = self.residue_blocks
+        cap = self.residue_cap
         if self.free_plain:
             block_id = self.free_plain.pop()
         elif self.free_cached and (not self.num_untouched or (cap is not None and len(self.free_cached) >= cap)):
@@ -225,8 +233,9 @@ class BlockPool:
             assert block.hash == h and len(block.token_ids) == self.block_size, "I4"
         assert all(b < self.fresh for b in used | pending | set(self.free_plain) | set(self.free_cached)), \
             "I7: only ids below fresh were ever handed out"
-        if self.residue_blocks is not None:
-            assert self.num_resident <= self.peak_held + self.residue_blocks, "I7: resident <= peak held + residue"
+        cap = self.residue_cap
+        if cap is not None:
+            assert self.num_resident <= self.peak_held + cap, "I7: resident <= peak held + residue cap"
 
 
 class BlockManager:
@@ -235,7 +244,8 @@ class BlockManager:
     `window` 0: one pool, full attention (the model has no windows). `window` > 0 and
     `num_window_blocks` None: one pool, every layer windowed. Both: a full-attention pool of
     `num_blocks` and a windowed one of `num_window_blocks`. `residue_blocks`: the cap of each pool's
-    cached free blocks beyond its resident work (BlockPool.pop_free); None: no cap."""
+    cached free blocks beyond its resident work (BlockPool.pop_free); FOLLOW_PEAK: the most blocks
+    the pool's work has held at once; None: no cap."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int = 0,
                  num_window_blocks: int | None = None, block_bytes: tuple[int, ...] = (),

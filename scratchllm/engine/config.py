@@ -22,8 +22,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     # the prefix cache's residue beyond the blocks the work holds (block_manager.BlockPool.pop_free):
     # freed blocks keep their cached prefixes in memory that is resident anyway, and may grow it by
-    # at most this much; None: no cap (every untouched block is used before a cached one is evicted)
-    prefix_cache_memory_bytes: int | None = 32 << 20
+    # at most this much; None: as much as the most KV the work has held at once (the pool's
+    # resident memory then stays within twice that peak)
+    prefix_cache_memory_bytes: int | None = None
     # --- batching ---
     # sequences in one step: 16, chosen by measurement (docs/memory.md): against 64 on a burst of 48
     # requests, time per output token 0.38x, requests/s 0.95x, end-to-end p99 the same, TTFT p99 1.7x

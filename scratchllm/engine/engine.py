@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_manager import FOLLOW_PEAK, BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
@@ -62,8 +62,9 @@ class LLMEngine:
         window_pool = self.plan.num_window_blocks or None  # the windowed layers' own pool, if any
         group_bytes = (self.plan.kv_block_bytes, self.plan.window_block_bytes) if window_pool else \
             (self.plan.kv_block_bytes,)
-        # the prefix cache's residue cap, in blocks of every group together (a prefix is cached in each)
-        residue = None if config.prefix_cache_memory_bytes is None else \
+        # the prefix cache's residue cap, in blocks of every group together (a prefix is cached in
+        # each); by default as many blocks as the work's peak
+        residue = FOLLOW_PEAK if config.prefix_cache_memory_bytes is None else \
             config.prefix_cache_memory_bytes // sum(group_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                           self.plan.window, window_pool, block_bytes=group_bytes,

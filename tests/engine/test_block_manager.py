@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scratchllm.engine.block_manager import DROPPED, BlockManager
+from scratchllm.engine.block_manager import DROPPED, FOLLOW_PEAK, BlockManager
 from scratchllm.engine.request import Priority, Request
 from scratchllm.sampling import SamplingParams
 
@@ -213,7 +213,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 class WindowedBlockManagerMachine(BlockManagerMachine):
     WINDOW = 6  # 1.5 blocks: windows that start inside a block
-    RESIDUE = 0  # the cache only in resident blocks
+    RESIDUE = FOLLOW_PEAK  # the engine's default: as many cached blocks as the work's peak
 
 
 class UncappedBlockManagerMachine(BlockManagerMachine):
@@ -341,7 +341,7 @@ def run_and_free(bm, first_token, n_tokens):
     return seq
 
 
-@pytest.mark.parametrize("residue, resident_after", [(0, 3), (2, 4), (3, 5), (4, 6), (None, 6)])
+@pytest.mark.parametrize("residue, resident_after", [(0, 3), (2, 4), (3, 5), (4, 6), (None, 6), (FOLLOW_PEAK, 5)])
 def test_prefix_cache_residue_is_capped_beyond_the_resident_work(residue, resident_after):
     # a 12-token run fills 3 blocks, all registered; a second run with other tokens needs 3 more:
     # it takes untouched memory only while fewer than `residue` cached blocks are free (the rest is

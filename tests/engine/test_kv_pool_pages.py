@@ -68,8 +68,7 @@ PAGE_PER_BLOCK = 2 * 2 * mmap.PAGESIZE  # K and V, 2 layers
 def test_cached_prefixes_live_in_the_resident_blocks_under_their_own_cap(model, residue_blocks, grows_by):
     # with prefix caching on, the first run's 9 freed blocks keep 6 prefixes; a second run of other
     # prompts takes 8 blocks: the 3 plain ones, then cached ones (evicted) while `residue_blocks` or
-    # more are cached, then untouched memory. Without a cap (None) it took untouched blocks before
-    # any cached one: over a server's life, the whole pool became resident.
+    # more are cached, then untouched memory. None (the default): as many as the work's peak, 9.
     cap = None if residue_blocks is None else residue_blocks * PAGE_PER_BLOCK
     engine = LLMEngine(model, config(prefix_cache_memory_bytes=cap))
     run(engine, [40, 40, 40], 8)  # 9 blocks written, 6 of them full and cached when freed
@@ -80,12 +79,15 @@ def test_cached_prefixes_live_in_the_resident_blocks_under_their_own_cap(model, 
     assert engine.stats()["kv_bytes_resident"] == pool_resident(engine)  # what /metrics reports
 
 
-def test_the_resident_pool_follows_the_work_over_many_rounds(model):
+@pytest.mark.parametrize("cap_blocks", [None, 4])
+def test_the_resident_pool_follows_the_work_over_many_rounds(model, cap_blocks):
     # a soak in miniature: 30 rounds of 3 new prompts each; the work holds at most 9 blocks at once,
-    # the prefix cache may keep 4 more: the pool never grows past that
-    engine = LLMEngine(model, config(prefix_cache_memory_bytes=4 * PAGE_PER_BLOCK))
+    # the prefix cache may keep as many again (the default) or 4: the pool never grows past that.
+    # The old order (untouched blocks before any cached one) made 114 of the 256 blocks resident.
+    cap = None if cap_blocks is None else cap_blocks * PAGE_PER_BLOCK
+    engine = LLMEngine(model, config(prefix_cache_memory_bytes=cap))
     for r in range(30):
         run(engine, [40, 33, 20], 8, first_id=11 * r + 1)
     held = engine.block_manager.stats.peak_used
-    assert held <= 9 and pool_resident(engine) <= (held + 4) * PAGE_PER_BLOCK
+    assert held <= 9 and pool_resident(engine) <= (held + (cap_blocks or held)) * PAGE_PER_BLOCK
     assert engine.block_manager.num_blocks == 256  # the pool is 256 blocks: most never touched
