@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,11 +158,15 @@ class PagedAttention:
         # each layer's pools and scales as views made once (indexing k_cache[layer] makes two arrays
         # per call), its group and its window
         self._layers: list[tuple[Any, Any, Any, Any, int, int]] = [None] * num_layers  # type: ignore[list-item]
+        # the same per layer for the fused block loop (kernels/llama_blocks.pyx): [L, 3] int32 of
+        # (pool, index in the pool, window)
+        self.layer_slots = np.zeros((num_layers, 3), dtype=np.int32)
         for n, g in enumerate(groups):
             scales = self.scales[n]
             for i, layer in enumerate(g):
                 ks, vs = (scales[0][i], scales[1][i]) if scales is not None else (None, None)
                 self._layers[layer] = (self.pools[n][0][i], self.pools[n][1][i], ks, vs, n, windows[layer])
+                self.layer_slots[layer] = (n, i, windows[layer])
         self.windows = windows
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -222,23 +226,10 @@ class PagedAttention:
                            self.pools[1][0].shape[1])
         self.elapsed_ns = 0  # attention time of this step's forward, summed over layers
 
-    @property
-    def fusable(self) -> bool:
-        """Whether the fused block loop (kernels/llama_blocks.pyx) computes this attention: one pool,
-        no window, no soft-cap; it takes one pool and the scale, nothing else."""
-        return self.num_groups == 1 and not any(self.windows) and not self.softcap
-
-    @property
-    def paged_step(self) -> Callable[[int], AbstractContextManager[PagedAttention]]:
-        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks) on this
-        pool and the layout set_layout gave it. Absent (AttributeError: the model then calls the
-        layers one by one) when the fused loop would not honour a window or a soft-cap."""
-        if not self.fusable:
-            raise AttributeError("paged_step: this attention has windows or a soft-cap the fused blocks lack")
-        return self._paged_step
-
     @contextmanager
-    def _paged_step(self, n: int) -> Iterator[PagedAttention]:
+    def paged_step(self, n: int) -> Iterator[PagedAttention]:
+        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks) on this
+        pool and the layout set_layout gave it, windows, scale and soft-cap included."""
         if self.token_pos is None or len(self.token_pos) != n:
             have = None if self.token_pos is None else len(self.token_pos)
             raise ValueError(f"the layout holds {have} tokens, the step {n}: call set_layout first")
@@ -295,16 +286,9 @@ class PagedSequence:
         window_tables = self.table if self.attention.num_groups == 2 else None
         self.attention.set_layout(self.table, np.zeros(n, dtype=np.int32), pos, window_tables)
 
-    @property
-    def paged_step(self) -> Callable[[int], AbstractContextManager[PagedAttention]]:
-        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks); absent
-        (AttributeError) where the fused loop would not honour a window or a soft-cap."""
-        if not self.attention.fusable:
-            raise AttributeError("paged_step: this attention has windows or a soft-cap the fused blocks lack")
-        return self._paged_step
-
     @contextmanager
-    def _paged_step(self, n: int) -> Iterator[PagedAttention]:
+    def paged_step(self, n: int) -> Iterator[PagedAttention]:
+        """A forward of n tokens that runs every layer itself (models/llama.fused_blocks)."""
         self._lay_out(n)
         yield self.attention
         self.length += n

@@ -1,4 +1,4 @@
-/* The elementwise kernels' C: SwiGLU's silu(g) * u, RMSNorm of a row and the rotary embedding of
+/* The elementwise kernels' C: SwiGLU's silu(g) * u, GeGLU's gelu_tanh(g) * u, RMSNorm of a row and the rotary embedding of
    a head. Included by scratchllm/kernels/pointwise.pyx, whose `cdef extern from "pointwise.h"`
    declares what Cython calls. */
 #ifndef SCRATCHLLM_POINTWISE_H
@@ -8,30 +8,49 @@
 #include "simd.h"  /* scratchllm_vf, scratchllm_select, scratchllm_exp */
 #define PW_VL SCRATCHLLM_VL
 
-/* out[0:n] = silu(g) * u, silu(g) = g * sigmoid(g); sigmoid from e = exp(-|g|) <= 1, which
-   cannot overflow: 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0. Whole groups of 16 take the
-   vector path and the rest libm's expf, on every instruction set alike. */
-static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
+/* sigmoid(z) from e = exp(-|z|) <= 1, which cannot overflow: 1 / (1 + e) for z >= 0, e / (1 + e)
+   for z < 0; sixteen lanes on the vector path, libm's expf on the scalar one. */
+static inline scratchllm_vf pw_sigmoid_v(scratchllm_vf z) {
+    scratchllm_vi neg = z < 0.0f;
+    scratchllm_vf e = scratchllm_exp(scratchllm_select(neg, z, -z));  /* exp(-|z|) */
+    scratchllm_vf one = (scratchllm_vf){0} + 1.0f;
+    return scratchllm_select(neg, e, one) / (1.0f + e);
+}
+
+static inline float pw_sigmoid(float z) {
+    float e = expf(-fabsf(z));
+    return (z < 0.0f ? e : 1.0f) / (1.0f + e);
+}
+
+/* out[0:n] = act(g) * u, act(g) = g * sigmoid(z): SwiGLU's silu (z = g) or, with `gelu`, GeGLU's
+   tanh GELU (Gemma): 0.5 g (1 + tanh(y)) with y = sqrt(2/pi) (g + 0.044715 g^3), which is the same
+   function as g * sigmoid(2 y). Whole groups of 16 take the vector path and the rest libm's expf,
+   on every instruction set alike. */
+static inline void pw_gated(const float *g, const float *u, float *out, long n, int gelu) {
+    const float c = 1.5957691216057308f;  /* 2 sqrt(2 / pi) */
     long i = 0;
     for (; i + 16 <= n; i += 16) {
         for (int l = 0; l < 16; l += PW_VL) {
             scratchllm_vf gv, uv;
             memcpy(&gv, g + i + l, sizeof gv);
             memcpy(&uv, u + i + l, sizeof uv);
-            scratchllm_vi neg = gv < 0.0f;
-            scratchllm_vf a = scratchllm_select(neg, gv, -gv);  /* -|g| */
-            scratchllm_vf e = scratchllm_exp(a);
-            scratchllm_vf one = (scratchllm_vf){0} + 1.0f;
-            scratchllm_vf sig = scratchllm_select(neg, e, one) / (1.0f + e);
-            scratchllm_vf o = gv * sig * uv;
+            scratchllm_vf z = gelu ? c * (gv + 0.044715f * (gv * gv * gv)) : gv;
+            scratchllm_vf o = gv * pw_sigmoid_v(z) * uv;
             memcpy(out + i + l, &o, sizeof o);
         }
     }
     for (; i < n; i++) {
-        float e = expf(-fabsf(g[i]));
-        float sig = (g[i] < 0.0f ? e : 1.0f) / (1.0f + e);
-        out[i] = g[i] * sig * u[i];
+        float z = gelu ? c * (g[i] + 0.044715f * (g[i] * g[i] * g[i])) : g[i];
+        out[i] = g[i] * pw_sigmoid(z) * u[i];
     }
+}
+
+static void pw_silu_mul(const float *g, const float *u, float *out, long n) {
+    pw_gated(g, u, out, n, 0);
+}
+
+static void pw_gelu_tanh_mul(const float *g, const float *u, float *out, long n) {
+    pw_gated(g, u, out, n, 1);
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. The sum of squares runs in 16 lanes

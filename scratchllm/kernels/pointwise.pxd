@@ -13,6 +13,10 @@ cdef void add_rms_norm_rows(float *x, Py_ssize_t ldx, const float *h, Py_ssize_t
 cdef void silu_mul_rows(const float *gate_up, Py_ssize_t ldg, float *out, Py_ssize_t ldo, Py_ssize_t N,
                         Py_ssize_t I) noexcept nogil
 
+# out [N, I] = gelu_tanh(gate) * up of gate_up [N, 2 I] (GeGLU)
+cdef void gelu_tanh_mul_rows(const float *gate_up, Py_ssize_t ldg, float *out, Py_ssize_t ldo, Py_ssize_t N,
+                             Py_ssize_t I) noexcept nogil
+
 # the first `heads` heads of x (rows ldr apart, heads ldh apart, D contiguous) rotated in place by
 # cos, sin [N, D/2]
 cdef void rope_rows(float *x, Py_ssize_t ldr, Py_ssize_t ldh, Py_ssize_t N, Py_ssize_t heads, Py_ssize_t D,

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The elementwise steps of a Llama block, one pass each over memory, in C: RMSNorm, the rotary
-embedding (in place), the SwiGLU gate silu(g) * u, and the residual add fused into the RMSNorm
+embedding (in place), the SwiGLU gate silu(g) * u (GeGLU's gelu_tanh(g) * u), and the residual add fused into the RMSNorm
 after it. Each writes into a buffer the caller passes (`out=`) where it has one: the model's
 per-step workspace, so that a decode step allocates no arrays layer by layer.
 
@@ -16,6 +16,7 @@ import numpy as np
 
 cdef extern from "pointwise.h":
     void pw_silu_mul(const float *g, const float *u, float *out, long n) noexcept nogil
+    void pw_gelu_tanh_mul(const float *g, const float *u, float *out, long n) noexcept nogil
     void pw_rms_norm(const float *x, const float *w, float eps, float *out, long n) noexcept nogil
     void pw_rope_head(float *x, const float *c, const float *s, long half) noexcept nogil
 
@@ -43,6 +44,13 @@ cdef void silu_mul_rows(const float *gate_up, Py_ssize_t ldg, float *out, Py_ssi
         pw_silu_mul(gate_up + r * ldg, gate_up + r * ldg + I, out + r * ldo, I)
 
 
+cdef void gelu_tanh_mul_rows(const float *gate_up, Py_ssize_t ldg, float *out, Py_ssize_t ldo, Py_ssize_t N,
+                             Py_ssize_t I) noexcept nogil:
+    cdef Py_ssize_t r
+    for r in range(N):
+        pw_gelu_tanh_mul(gate_up + r * ldg, gate_up + r * ldg + I, out + r * ldo, I)
+
+
 cdef void rope_rows(float *x, Py_ssize_t ldr, Py_ssize_t ldh, Py_ssize_t N, Py_ssize_t heads, Py_ssize_t D,
                     const float *cos, Py_ssize_t ldc, const float *sin, Py_ssize_t lds) noexcept nogil:
     cdef Py_ssize_t r, h
@@ -66,14 +74,26 @@ cdef float[:, ::1] _out(out, Py_ssize_t N, Py_ssize_t C) except *:
 
 def silu_mul(const float[:, ::1] gate_up, out=None):
     """[N, 2I] (gate | up, as the fused matmul makes them) -> silu(gate) * up, [N, I] (into `out` if given)."""
-    cdef Py_ssize_t N = gate_up.shape[0], I = gate_up.shape[1] // 2, r
+    return _gated(gate_up, out, False)
+
+
+def gelu_tanh_mul(const float[:, ::1] gate_up, out=None):
+    """[N, 2I] (gate | up) -> gelu_tanh(gate) * up, [N, I] (into `out` if given): Gemma's GeGLU."""
+    return _gated(gate_up, out, True)
+
+
+cdef _gated(const float[:, ::1] gate_up, out, bint gelu):
+    cdef Py_ssize_t N = gate_up.shape[0], I = gate_up.shape[1] // 2
     if out is None:
         out = np.empty((N, I), dtype=np.float32)
     cdef float[:, ::1] o = _out(out, N, I)
     if N == 0 or I == 0:
         return out
     with nogil:
-        silu_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
+        if gelu:
+            gelu_tanh_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
+        else:
+            silu_mul_rows(&gate_up[0, 0], gate_up.strides[0] // 4, &o[0, 0], o.strides[0] // 4, N, I)
     return out
 
 

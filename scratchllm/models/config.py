@@ -308,16 +308,25 @@ def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: 
     window = int(get("attention.sliding_window", 0))
     gemma = arch in ("gemma2", "gemma3")
     if arch == "gemma3":  # llama.cpp: every sliding_window_pattern-th layer (default 6) is global
-        pattern = int(get("attention.sliding_window_pattern", 6))
-        windows = tuple(window if (i + 1) % pattern else 0 for i in range(layers))
+        pattern = get("attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):  # or, per layer, whether it slides
+            if len(pattern) != layers:
+                raise ConfigError(f"GGUF {arch}: attention.sliding_window_pattern has {len(pattern)} entries "
+                                  f"for {layers} layers")
+            windows = tuple(window if slides else 0 for slides in pattern)
+        else:
+            windows = tuple(window if (i + 1) % int(pattern) else 0 for i in range(layers))
     elif arch == "gemma2":  # llama.cpp: the even layers slide
         windows = tuple(window if i % 2 == 0 else 0 for i in range(layers))
-    elif arch in ("phi3",):
+    elif arch in ("phi3", "llama"):  # every layer (llama: Mistral; its converted files rarely say so)
         windows = (window,) * layers
     elif window:
         raise ConfigError(f"GGUF {arch}: sliding-window attention is not supported for this architecture")
     else:
         windows = ()
+    # The softmax scale llama.cpp gives Gemma: 1 / sqrt(head size), but 1 / sqrt(hidden / heads) for
+    # the 27B models (Gemma 2: 46 layers, Gemma 3: 62), whose query_pre_attn_scalar is that
+    scale_by_hidden = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
     softcap = float(get("attn_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
     final_softcap = float(get("final_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
@@ -333,6 +342,7 @@ def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: 
         hidden_act="gelu_tanh" if gemma else "silu",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         layer_windows=windows if any(windows) else (),
+        attn_scale=(hidden / heads) ** -0.5 if scale_by_hidden else None,
         attn_softcap=softcap or None, final_softcap=final_softcap or None, rope_scaling=scaling,
         rope_local_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
         qk_norm=arch in ("qwen3", "gemma3"), post_norms=gemma,

@@ -150,9 +150,10 @@ def gelu_tanh(x: Floats) -> Floats:  # [...] -> [...]   Gemma's gelu_pytorch_tan
 
 
 def gated_act(gu: Floats, act: str, out: Floats | None = None) -> Floats:  # [N, 2I] -> [N, I]
-    """act(gate) * up: SwiGLU ("silu", the fused kernel) or GeGLU ("gelu_tanh", Gemma)."""
-    if act == "silu" and isinstance(gu, np.ndarray):
-        return pointwise.silu_mul(gu) if out is None else pointwise.silu_mul(gu, out=out)
+    """act(gate) * up: SwiGLU ("silu") or GeGLU ("gelu_tanh", Gemma), the fused kernels on NumPy arrays."""
+    if isinstance(gu, np.ndarray) and gu.dtype == np.float32 and gu.flags.c_contiguous:
+        kernel = pointwise.silu_mul if act == "silu" else pointwise.gelu_tanh_mul
+        return kernel(gu) if out is None else kernel(gu, out=out)
     I = gu.shape[1] // 2
     y = gelu_tanh(gu[:, :I]) * gu[:, I:] if act == "gelu_tanh" else swiglu_act(gu)
     if out is None:
@@ -265,23 +266,25 @@ def blocks_into(x: F32, params: Mapping[str, Any], cfg: ModelConfig, angles: Seq
     return x
 
 
-def fused_blocks_cover(cfg: ModelConfig) -> bool:
-    """Whether kernels/llama_blocks computes this config's blocks: SwiGLU blocks with one norm
-    before each sublayer and one rope base. QK-norm, output norms, GeGLU and Gemma 3's two rope
-    bases take blocks_into's NumPy pieces. (Windows, the softmax scale and soft-capping belong to
-    the attention the blocks are handed.)"""
-    return not (cfg.qk_norm or cfg.post_norms or cfg.hidden_act != "silu" or cfg.rope_local_theta is not None)
-
-
-def fused_blocks(x: F32, blocks: LlamaBlocks, cos: F32, sin: F32, attention: Any, buf: StepBuffers) -> None:
+def fused_blocks(x: F32, blocks: LlamaBlocks, angles: tuple[Angles, Angles | None], attention: Any,
+                 buf: StepBuffers) -> None:
     """blocks_into's arithmetic in one C call (kernels/llama_blocks.pyx): the same bits, without
-    Python between the kernels. `attention` is the engine's paged attention (or a sequence of its
-    own, engine/paged_attention.PagedSequence): `paged_step(n)` lays out this step's n tokens and
-    yields the PagedAttention that holds the pools. (Typed Any: that class lives in the engine, a
-    layer above this one.)"""
+    Python between the kernels. `angles`: the rotation of the rope and of the second rope (Gemma
+    3's sliding-window layers; None without one). `attention` is the engine's paged attention (or
+    a sequence of its own, engine/paged_attention.PagedSequence): `paged_step(n)` lays out this
+    step's n tokens and yields the PagedAttention that holds the pools, the windows and the
+    soft-cap. (Typed Any: that class lives in the engine, a layer above this one.)"""
+    (cos, sin), local = angles
     with attention.paged_step(x.shape[0]) as paged:
+        window = paged.pools[1] if len(paged.pools) > 1 else (None, None)
+        # an int8 KV cache's scales, of the windowed pool too (None for the other dtypes)
+        window_scales = (paged.scales[1] if len(paged.scales) > 1 else None) or (None, None)
         blocks.run(x, buf, cos, sin, paged.k_cache, paged.v_cache, paged.block_tables, paged.token_seq,
-                   paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads, paged.k_scale, paged.v_scale)
+                   paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads,
+                   cos_local=None if local is None else local[0], sin_local=None if local is None else local[1],
+                   k_window=window[0], v_window=window[1], window_tables=paged.window_tables,
+                   layer_slots=paged.layer_slots, softcap=paged.softcap, k_scale=paged.k_scale,
+                   v_scale=paged.v_scale, k_window_scale=window_scales[0], v_window_scale=window_scales[1])
         paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
 
 
@@ -292,11 +295,12 @@ def llama(input_ids: Ints, positions: Ints, attention: Attention, params: Mappin
     x = embed(params, input_ids)  # [N, C], a new array: the residual stream
     if cfg.embed_scale is not None:
         x *= np.float32(cfg.embed_scale)
-    angles = layer_angles(positions, params, cfg)
+    pair = rope_pair(positions, params)
+    angles = layer_angles(pair, cfg)
     if workspace is not None and isinstance(x, np.ndarray):
         with workspace.rows(x.shape[0]) as buf:
             if params.get("blocks") is not None and hasattr(attention, "paged_step"):
-                fused_blocks(x, params["blocks"], *angles[0], attention, buf)
+                fused_blocks(x, params["blocks"], pair, attention, buf)
             else:
                 x = blocks_into(x, params, cfg, angles, attention, buf)
     else:
@@ -313,17 +317,26 @@ def llama(input_ids: Ints, positions: Ints, attention: Attention, params: Mappin
     return logits
 
 
-def layer_angles(positions: Ints, params: Mapping[str, Any], cfg: ModelConfig) -> list[Angles]:  # -> per layer
-    """The rotation of each layer at these positions. Computed per step for its positions, not
-    tabulated for the whole context (2 MB for 8192 positions): the same float64 products and
-    roundings, a few microseconds per decode step. Gemma 3's sliding-window layers rotate with a
-    base of their own (params["rope_local_inv_freq"])."""
-    angles = rope_angles(positions, params["rope_inv_freq"])  # [N, D/2]
+def rope_pair(positions: Ints, params: Mapping[str, Any]) -> tuple[Angles, Angles | None]:
+    """The rotations at these positions by the rope and by the second rope (Gemma 3's sliding-window
+    layers; None without one). Computed per step for its positions, not tabulated for the whole
+    context (2 MB for 8192 positions): the same float64 products and roundings, a few
+    microseconds per decode step."""
     local = params.get("rope_local_inv_freq")
+    return rope_angles(positions, params["rope_inv_freq"]), None if local is None else rope_angles(positions, local)
+
+
+def local_rope_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer, whether it rotates by the second rope: Gemma 3's sliding-window layers."""
+    return [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(cfg.num_layers)]
+
+
+def layer_angles(pair: tuple[Angles, Angles | None], cfg: ModelConfig) -> list[Angles]:  # -> per layer
+    """The rotation of each layer: rope_pair's second where local_rope_layers says so."""
+    angles, local = pair
     if local is None:
         return [angles] * cfg.num_layers
-    local_angles = rope_angles(positions, local)
-    return [local_angles if cfg.window(i) is not None else angles for i in range(cfg.num_layers)]
+    return [local if is_local else angles for is_local in local_rope_layers(cfg)]
 
 
 def embed(params: Mapping[str, Any], input_ids: Ints) -> F32:  # [N] -> [N, C]
@@ -429,11 +442,10 @@ class Packer:
                                   "norm": self.norm("model.norm.weight"), "lm_head": lm_head,
                                   "context": cfg.max_position_embeddings} | self.rope()
         params["blocks"] = None
-        if fused_blocks_cover(cfg):
-            try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
-                params["blocks"] = LlamaBlocks(layers, cfg)
-            except TypeError:
-                pass
+        try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
+            params["blocks"] = LlamaBlocks(layers, cfg, local_rope_layers(cfg))
+        except TypeError:
+            pass
         if self.panel_cache is not None:
             self.panel_cache.save()  # writes only when this load packed something
         return params, self.view

@@ -106,8 +106,7 @@ class BPE:
         vocab = self.vocab
         if self.ignore_merges and word in vocab:
             return [vocab[word]]
-        symbols = self.symbols(word)
-        symbols = self._merge_heap(symbols) if len(symbols) > HEAP_ABOVE else self.table.merge(symbols)
+        symbols = self.merge(self.symbols(word))
         first_extra = self.first_extra
         if min(symbols, default=0) >= 0 and max(symbols, default=0) < first_extra:
             return symbols  # the common case: every symbol is a token
@@ -115,6 +114,10 @@ class BPE:
         if unk is None:
             return [s for s in symbols if 0 <= s < first_extra]
         return [s if 0 <= s < first_extra else unk for s in symbols]
+
+    def merge(self, symbols: list[int]) -> list[int]:
+        """Merge the best pair (lowest rank, then leftmost) until none merges: a new list."""
+        return self._merge_heap(symbols) if len(symbols) > HEAP_ABOVE else self.table.merge(symbols)
 
     def symbols(self, word: str) -> list[int]:
         """The symbol of each character of `word`, before any merge."""

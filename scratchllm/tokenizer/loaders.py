@@ -12,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from scratchllm.errors import FormatError
 from scratchllm.formats.checkpoint import Checkpoint
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.refs import resolve_model
 from scratchllm.tokenizer import pretokenize as pt
+from scratchllm.tokenizer import spm_json
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
 from scratchllm.tokenizer.gguf_vocab import from_gguf
@@ -120,16 +123,26 @@ def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
     # Not modelled: `normalized: true` tokens are matched on the raw text here, on normalized text
     # by tokenizers; the two differ only where the normalizer changes the token's own characters.
 
-    model: BPE | WordPiece
+    model: BPE | WordPiece | spm_json.PieceMergesBPE
+    normalizer = _normalizer(spec.get("normalizer"), path)
+    pre_tokenizer: Callable[[str], list[str]] | None = None
+    prefix_space = "never"
     if mtype == "BPE":
         vocab = _vocab(model_spec["vocab"], added, path)
         merges = [_merge_pair(m, path) for m in model_spec.get("merges", [])]
-        unk = model_spec.get("unk_token")
-        model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
-                                unk_id=vocab.get(unk) if unk else None)
-        kind = "bpe"
-        if not _is_byte_level(spec):
-            raise FormatError(path, "only byte-level BPE is supported (no ByteLevel pre-tokenizer or decoder found)")
+        if _is_byte_level(spec):
+            unk = model_spec.get("unk_token")
+            model = BPE.from_merges(vocab, merges, ignore_merges=bool(model_spec.get("ignore_merges", False)),
+                                    unk_id=vocab.get(unk) if unk else None)
+            kind = "bpe"
+        elif spm_json.is_piece_decoder(spec.get("decoder")):  # converted from SentencePiece
+            pieces = spm_json.read(spec, path, vocab, merges, normalizer)
+            model, normalizer, pre_tokenizer, prefix_space = (pieces.model, pieces.normalizer,
+                                                              pieces.pre_tokenizer, pieces.prefix_space)
+            kind = "spm"
+        else:
+            raise FormatError(path, "BPE is read byte-level (a ByteLevel pre-tokenizer or decoder) or as SentencePiece "
+                                    "converted it (a decoder of '\u2581' to spaces); this file has neither")
     elif mtype == "WordPiece":
         vocab = _vocab(model_spec["vocab"], added, path)
         unk, prefix = model_spec.get("unk_token", "[UNK]"), model_spec.get("continuing_subword_prefix", "##")
@@ -142,6 +155,8 @@ def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
         kind = "wordpiece"
     else:
         raise FormatError(path, f"model type {mtype!r} is not supported (BPE and WordPiece are)")
+    if pre_tokenizer is None:
+        pre_tokenizer = _pre_tokenizer(spec.get("pre_tokenizer"), path)
 
     id_to_token = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():
@@ -152,8 +167,7 @@ def _from_tokenizer_json(spec: Json, path: Path) -> TokenizerSpec:
         pad = added.get("[PAD]", vocab.get("[PAD]"))
     return TokenizerSpec(
         kind=kind, model=model, id_to_token=id_to_token,
-        pre_tokenizer=_pre_tokenizer(spec.get("pre_tokenizer"), path),
-        normalizer=_normalizer(spec.get("normalizer"), path),
+        pre_tokenizer=pre_tokenizer, normalizer=normalizer, prefix_space=prefix_space,
         added=added, added_options=options, special_ids=special, prefix_ids=prefix, suffix_ids=suffix,
         bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
         chat_template=_chat_template(config, path.parent), model_max_length=_max_length(config, path.parent),
@@ -205,7 +219,7 @@ def _split_steps(node: Json, path: Path) -> list[pt.Split]:
         return [pt.Split(r"\p{N}" if node.get("individual_digits") else r"\p{N}+")]
     if kind == "Split":
         pattern = node["pattern"]
-        source = pattern["Regex"] if "Regex" in pattern else _escape(pattern["String"])
+        source = pattern["Regex"] if "Regex" in pattern else pt.escape(pattern["String"])
         behavior = {"Isolated": "isolated", "Removed": "removed"}.get(node.get("behavior"))
         if behavior is None:
             raise FormatError(path, f"Split behavior {node.get('behavior')!r} is not supported")
@@ -215,13 +229,6 @@ def _split_steps(node: Json, path: Path) -> list[pt.Split]:
     if kind == "WhitespaceSplit":
         return [pt.Split(r"\s+", "removed")]
     raise FormatError(path, f"pre-tokenizer {kind!r} is not supported")
-
-
-def _escape(s: str) -> str:
-    import regex
-
-    escaped: str = regex.escape(s)
-    return escaped
 
 
 def _normalizer(node: Json, path: Path) -> Callable[[str], str] | None:
@@ -246,6 +253,22 @@ def _normalizer(node: Json, path: Path) -> Callable[[str], str] | None:
         return lambda text: unicodedata.normalize(kind, text)
     if kind == "Lowercase":
         return str.lower
+    if kind == "Prepend":  # SentencePiece's prefix space, on every non-empty section
+        prepend = node["prepend"]
+        if not isinstance(prepend, str):
+            raise FormatError(path, f"Prepend {prepend!r} is not a string")
+        return lambda text: prepend + text if text else text
+    if kind == "Replace":
+        pattern, content = node["pattern"], node["content"]
+        if not isinstance(content, str):
+            raise FormatError(path, f"Replace content {content!r} is not a string")
+        if "String" in pattern:
+            old = pattern["String"]
+            if not isinstance(old, str) or not old:
+                raise FormatError(path, f"Replace pattern {old!r} is not a non-empty string")
+            return lambda text: text.replace(old, content)
+        compiled = regex.compile(pattern["Regex"])
+        return lambda text: compiled.sub(lambda _: content, text)
     if kind == "BertNormalizer":
         opts = dict(lowercase=bool(node.get("lowercase", True)), strip_accents=node.get("strip_accents"),
                     clean_text=bool(node.get("clean_text", True)),

@@ -46,7 +46,8 @@ class Split:
     """One step: cut each piece at the matches of `pattern`.
 
     behavior 'isolated' keeps matches and the text between them as pieces; 'removed' drops the
-    matches (whitespace splitting). invert=True means the pattern describes the pieces to keep.
+    matches (whitespace splitting); 'merged_with_previous' / 'merged_with_next' join each match
+    to the text before / after it. invert=True means the pattern describes the pieces to keep.
     """
 
     pattern: str
@@ -54,7 +55,17 @@ class Split:
     invert: bool = False
 
     def __post_init__(self) -> None:
-        assert self.behavior in ("isolated", "removed"), self.behavior
+        assert self.behavior in BEHAVIORS, self.behavior
+        assert not (self.invert and self.behavior.startswith("merged")), "merged behaviours are not inverted"
+
+
+BEHAVIORS = ("isolated", "removed", "merged_with_previous", "merged_with_next")
+
+
+def escape(text: str) -> str:
+    """A regex that matches `text` literally (tokenizers' Split on a String pattern)."""
+    escaped: str = regex.escape(text)
+    return escaped
 
 
 class PreTokenizer:
@@ -82,6 +93,8 @@ class PreTokenizer:
 
 
 def _split(pattern: regex.Pattern[str], step: Split, simple: bool, text: str) -> list[str]:
+    if step.behavior.startswith("merged"):
+        return _split_merged(pattern, step.behavior == "merged_with_previous", text)
     keep_matches = step.behavior == "isolated" or step.invert
     keep_gaps = step.behavior == "isolated" or not step.invert
     if keep_matches and keep_gaps and simple:
@@ -98,6 +111,22 @@ def _split(pattern: regex.Pattern[str], step: Split, simple: bool, text: str) ->
             pieces.append(m.group())
         start = m.end()
     if keep_gaps and start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def _split_merged(pattern: regex.Pattern[str], with_previous: bool, text: str) -> list[str]:
+    """Cut after each match (joined to the text before it) or before it (joined to the text after)."""
+    pieces: list[str] = []
+    start = 0
+    for m in pattern.finditer(text):
+        if m.end() == m.start():
+            continue
+        cut = m.end() if with_previous else m.start()
+        if cut > start:
+            pieces.append(text[start:cut])
+        start = cut
+    if start < len(text):
         pieces.append(text[start:])
     return pieces
 

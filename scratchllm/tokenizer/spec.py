@@ -71,6 +71,10 @@ class TokenizerSpec:
     # single_word: it only matches where no word character touches it.
     added_options: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)
     special_ids: frozenset[int] = frozenset()
+    # SentencePiece's prefix space (a Metaspace pre-tokenizer's prepend_scheme): "first" puts "▁"
+    # before the text's first section, "always" before every section (the text between added
+    # tokens), each only where the normalized section does not begin with "▁"; "never": none.
+    prefix_space: str = "never"
     prefix_ids: tuple[int, ...] = ()  # added by encode(add_special_tokens=True)
     suffix_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
@@ -82,3 +86,4 @@ class TokenizerSpec:
 
     def __post_init__(self) -> None:
         assert self.kind in ("bpe", "wordpiece", "spm"), self.kind
+        assert self.prefix_space in ("first", "always", "never"), self.prefix_space

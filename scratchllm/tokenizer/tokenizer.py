@@ -1,8 +1,10 @@
 """The Tokenizer: text <-> ids for every model kind we read, behind one class.
 
-encode: split out special tokens (never cut into pieces) -> normalize -> pre-tokenize ->
-        model (BPE or WordPiece) per piece -> add the model's BOS/CLS/SEP when asked.
-decode: ids -> bytes per token -> UTF-8 text (byte-level), or WordPiece's '##' joining.
+encode: split out special tokens (never cut into pieces) -> normalize (and SentencePiece's
+        prefix "▁") -> pre-tokenize -> model (BPE, SentencePiece or WordPiece) per piece -> add the
+        model's BOS/CLS/SEP when asked.
+decode: ids -> bytes per token -> UTF-8 text (byte-level), SentencePiece's pieces, or
+        WordPiece's '##' joining.
 
 Which normalizer, pre-tokenizer and model a checkpoint uses is read from its files by
 scratchllm.tokenizer.loaders; this module only runs the pipeline.
@@ -19,6 +21,7 @@ from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
 from scratchllm.tokenizer.loaders import load_spec
+from scratchllm.tokenizer.pieces import SPACE
 from scratchllm.tokenizer.spec import PieceModel, TokenizerSpec
 from scratchllm.tokenizer.wordpiece import WordPiece
 
@@ -126,21 +129,25 @@ class Tokenizer:
         """text -> ids. Special tokens written in the text become their single id."""
         ids = list(self.spec.prefix_ids) if add_special_tokens else []
         if self._special_re is None:
-            ids += self._encode_ordinary(text)
+            ids += self._encode_ordinary(text, True)
         else:
             # split with a group alternates text, special, text, ...: odd indices are specials.
             for i, part in enumerate(self._special_re.split(text)):
                 if i % 2:
                     ids.append(self._added_id(part))
                 elif part:
-                    ids += self._encode_ordinary(part)
+                    ids += self._encode_ordinary(part, i == 0)
         if add_special_tokens:
             ids += self.spec.suffix_ids
         return ids
 
-    def _encode_ordinary(self, text: str) -> list[int]:
+    def _encode_ordinary(self, text: str, first: bool) -> list[int]:
+        """One section of text between added tokens; `first`: it begins the text."""
         if self.spec.normalizer is not None:
             text = self.spec.normalizer(text)
+        prefix = self.spec.prefix_space
+        if prefix != "never" and text and (first or prefix == "always") and not text.startswith(SPACE):
+            text = SPACE + text
         # Ids per raw pre-token: a word seen before costs one dict lookup, skipping the byte-level
         # translation and the merges (where nearly all the time goes).
         cache = self._piece_cache

@@ -244,3 +244,27 @@ def test_bench_kv_dtype_on_a_tiny_model(tmp_path):
     assert 0 < f["int8"]["peak_kv_mb"] < f["float16"]["peak_kv_mb"] < f["float32"]["peak_kv_mb"]
     assert set(r["kernel_us"]) == {"1x16", "2x40"}
     assert "paged attention alone" in kv_dtype.render(r)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_the_fused_blocks_read_both_pools_of_each_dtype(arch, dtype):
+    # a windowed model's step in one C call equals its layer-by-layer loop at this dtype, the
+    # windowed layers' pool (and an int8 pool's scales) included
+    from tests.models.test_llama_blocks import forward_both, random_model
+
+    model = random_model(arch, seed=1)
+    lens = [5, 1, 37, 2]
+    seq = np.repeat(np.arange(4), lens).astype(np.int32)
+    pos = np.concatenate([np.arange(n) + (20 if n == 1 else 0) for n in lens])
+    ids = np.arange(len(seq)) * 13 % model.config.vocab_size
+    tables = np.arange(12, dtype=np.int32).reshape(4, 3)
+
+    def attention():
+        a = PagedAttention.for_model(model.config, num_blocks=12, block_size=16, kv_dtype=dtype)
+        a.set_layout(tables, seq, pos, tables[::-1, ::-1].copy())
+        assert a.num_groups == 2 and (a.scales[1] is not None) == (dtype == "int8")
+        return a
+
+    fused, loop = forward_both(model, ids, pos, attention)
+    np.testing.assert_array_equal(fused, loop)

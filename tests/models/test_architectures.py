@@ -191,3 +191,30 @@ def test_unsupported_gguf_architecture_lists_the_supported():
             "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.vocab_size": 10, "llama.rope.scaling.type": "yarn"}
     with pytest.raises(ConfigError, match="rope scaling 'yarn' is not supported"):
         from_gguf_metadata(meta, True, False)
+
+
+def _gguf_meta(arch, **keys):
+    base = {"embedding_length": 64, "attention.head_count": 4, "block_count": 4, "feed_forward_length": 8,
+            "context_length": 16, "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": 10} | keys
+    return {"general.architecture": arch} | {f"{arch}.{k}": v for k, v in base.items()}
+
+
+def test_gguf_windows_and_gemma_scales():
+    """A llama file that states a window (Mistral) windows every layer; Gemma 3's pattern may be
+    a count or a flag per layer; the Gemma 27B models take llama.cpp's scale 1 / sqrt(hidden / heads)."""
+    assert from_gguf_metadata(_gguf_meta("llama", **{"attention.sliding_window": 7}), True, False).layer_windows \
+        == (7, 7, 7, 7)
+    with pytest.raises(ConfigError, match="qwen2: sliding-window attention is not supported"):
+        from_gguf_metadata(_gguf_meta("qwen2", **{"attention.sliding_window": 7}), True, False)
+    flags = {"attention.sliding_window": 5, "attention.sliding_window_pattern": [True, False, True, True]}
+    assert from_gguf_metadata(_gguf_meta("gemma3", **flags), True, False).layer_windows == (5, 0, 5, 5)
+    with pytest.raises(ConfigError, match="3 entries for 4 layers"):
+        from_gguf_metadata(_gguf_meta("gemma3", **flags | {"attention.sliding_window_pattern": [True] * 3}),
+                           True, False)
+    assert from_gguf_metadata(_gguf_meta("gemma3", **{"attention.sliding_window_pattern": 2,
+                                                      "attention.sliding_window": 3}), True, False).layer_windows \
+        == (3, 0, 3, 0)
+    head = {"attention.key_length": 32, "attention.value_length": 32}
+    assert from_gguf_metadata(_gguf_meta("gemma2", **head), True, False).softmax_scale == 32 ** -0.5
+    big = from_gguf_metadata(_gguf_meta("gemma2", **head | {"block_count": 46}), True, False)
+    assert big.softmax_scale == (64 / 4) ** -0.5  # hidden / heads = 16, not the head size 32

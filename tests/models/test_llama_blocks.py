@@ -1,18 +1,24 @@
 """Every block in one C call (kernels/llama_blocks.pyx) against the Python loop over the same
 kernels (models/llama.blocks_into), which it must equal bit for bit; when the model takes it; and
-what it refuses. test_fused_forward.py compares both against the expressions of llama.block."""
+what it refuses. test_fused_forward.py compares both against the expressions of llama.block.
+
+The llama family's variations run in the C blocks too: each architecture below is a tiny random
+model of that shape (QK-norm, Gemma's output norms and GeGLU, Gemma 3's second rope base, sliding
+windows in one pool or two, the scores' soft-cap), checked against the Python loop and against the
+block-by-block definition, bit for bit, on an engine step of several sequences and on decode steps
+that go past the windows."""
 
 import numpy as np
 import pytest
 
 from scratchllm.engine.paged_attention import PagedAttention, PagedSequence
 from scratchllm.kernels.llama_blocks import LlamaBlocks
-from scratchllm.models import ContiguousKVCache
+from scratchllm.models import ContiguousKVCache, ModelConfig
 from scratchllm.models import llama as llama_module
-from scratchllm.models.llama import llama
+from scratchllm.models.llama import LlamaModel, llama
 from scratchllm.models.workspace import StepBuffers
 from tests.engine.tiny import tiny_llama
-from tests.models.test_fused_forward import with_biases
+from tests.models.test_fused_forward import assert_paths_equal, with_biases
 
 
 def forward_both(model, ids, pos, make_attention):
@@ -138,3 +144,92 @@ def test_check_bit_equal_script_on_the_default_model():
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["equal"] and report["dtype"] == "quantized" and report["rows_compared"] == 40 + 3
+
+
+# ---- the llama family's variations ---------------------------------------------------------------
+BASE = dict(family="llama", vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+            intermediate_size=48, norm_eps=1e-6, max_position_embeddings=512)
+GEMMA = dict(post_norms=True, hidden_act="gelu_tanh", embed_scale=32 ** 0.5, norm_weight_offset=1.0,
+             tie_word_embeddings=True, attn_scale=0.2)
+ARCHITECTURES = {  # windows of 5 and 9 start inside a 16-token block; 37 tokens go past them
+    "gemma3": dict(model_type="gemma3", qk_norm=True, layer_windows=(5, 5, 0), rope_theta=1e6,
+                   rope_local_theta=10000.0, **GEMMA),
+    "gemma2": dict(model_type="gemma2", layer_windows=(9, 0, 9), attn_softcap=2.0, final_softcap=5.0, **GEMMA),
+    "qwen3": dict(model_type="qwen3", qk_norm=True),
+    "mistral": dict(model_type="mistral", layer_windows=(9, 9, 9)),
+    "phi3": dict(model_type="phi3", layer_windows=(5, 5, 5), fused_checkpoint=True),
+}
+
+
+def random_model(arch: str, seed: int = 0) -> LlamaModel:
+    """A random model of `arch`'s shape, its tensors under the Hugging Face names the loader reads."""
+    cfg = ModelConfig(**BASE, **ARCHITECTURES[arch])
+    rng = np.random.default_rng(seed)
+    C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+
+    def w(*shape, scale=None):
+        return (rng.standard_normal(shape) * (scale or shape[-1] ** -0.5)).astype(np.float32)
+
+    def norm(n):  # Gemma's files store w for a scale of 1 + w
+        return w(n, scale=0.3) + (0.0 if cfg.norm_weight_offset else 1.0)
+
+    weights = {"model.embed_tokens.weight": w(cfg.vocab_size, C, scale=1.0), "model.norm.weight": norm(C)}
+    if not cfg.tie_word_embeddings:
+        weights["lm_head.weight"] = w(cfg.vocab_size, C)
+    for i in range(cfg.num_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if cfg.post_norms else []
+        weights |= {p + n + ".weight": norm(C) for n in norms}
+        if cfg.fused_checkpoint:
+            weights[a + "qkv_proj.weight"] = w(cfg.q_size + 2 * cfg.kv_size, C)
+            weights[m + "gate_up_proj.weight"] = w(2 * I, C)
+        else:
+            weights |= {a + "q_proj.weight": w(cfg.q_size, C), a + "k_proj.weight": w(cfg.kv_size, C),
+                        a + "v_proj.weight": w(cfg.kv_size, C), m + "gate_proj.weight": w(I, C),
+                        m + "up_proj.weight": w(I, C)}
+        if cfg.qk_norm:
+            weights |= {a + "q_norm.weight": norm(D), a + "k_norm.weight": norm(D)}
+        weights |= {a + "o_proj.weight": w(C, cfg.q_size), m + "down_proj.weight": w(C, I)}
+    return LlamaModel(cfg, weights)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_architecture_runs_in_the_c_blocks(arch, monkeypatch):
+    model = random_model(arch)
+    assert isinstance(model.params["blocks"], LlamaBlocks)
+    assert model.params["blocks"].gelu == (model.config.hidden_act == "gelu_tanh")
+    calls = []
+    original = llama_module.blocks_into
+    monkeypatch.setattr(llama_module, "blocks_into", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model.forward(np.arange(6), np.arange(6), PagedSequence(model.config, 16))
+    assert calls == []
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_architecture_engine_step_bit_for_bit(arch):
+    """Prefills and decode rows of four sequences in one step, each sequence's windowed layers in
+    blocks of their own pool (other block ids than the full-attention layers')."""
+    model = random_model(arch, seed=1)
+    cfg = model.config
+    lens = [5, 1, 37, 2]
+    seq = np.repeat(np.arange(4), lens).astype(np.int32)
+    pos = np.concatenate([np.arange(n) + (20 if n == 1 else 0) for n in lens])
+    ids = np.arange(len(seq)) * 13 % cfg.vocab_size
+    tables = np.arange(4 * 3, dtype=np.int32).reshape(4, 3)
+    window_tables = tables[::-1, ::-1].copy()  # the same blocks, other ids
+
+    def attention():
+        a = PagedAttention.for_model(cfg, num_blocks=12, block_size=16)
+        a.set_layout(tables, seq, pos, window_tables if a.num_groups == 2 else None)
+        return a
+
+    assert attention().num_groups == (2 if arch in ("gemma3", "gemma2") else 1)
+    fused, loop = forward_both(model, ids, pos, attention)
+    assert np.array_equal(fused, loop)
+    assert np.array_equal(fused, llama(ids, pos, attention(), model.params, cfg))  # the definition, block by block
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_architecture_decode_past_the_windows_bit_for_bit(arch):
+    assert_paths_equal(random_model(arch, seed=2), lambda cfg: PagedSequence(cfg, 64), prompt_len=7, steps=12)

@@ -83,7 +83,7 @@ def test_add_bos_default_follows_llama_cpp(tmp_path, pre, expected):
     assert (tok.encode("ab")[:1] == [0]) == expected
 
 
-@pytest.mark.parametrize("kwargs, message", [({"model": "llama"}, "tokenizer.ggml.model"),
+@pytest.mark.parametrize("kwargs, message", [({"model": "t5"}, "tokenizer.ggml.model"),
                                              ({"pre": "no-such-pre"}, "no-such-pre")])
 def test_unsupported_gguf_tokenizers_are_refused(tmp_path, kwargs, message):
     _write_gguf(tmp_path / "x.gguf", **kwargs)

@@ -29,7 +29,8 @@ def write_spm(path, pieces=PIECES, arch="gemma3", **flags):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
-    w.add_token_scores(scores)
+    if flags.get("scores", True):
+        w.add_token_scores(scores)
     w.add_token_types(types)
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
@@ -37,7 +38,7 @@ def write_spm(path, pieces=PIECES, arch="gemma3", **flags):
     w.add_pad_token_id(0)
     w.add_add_bos_token(flags.get("add_bos", True))
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
+    w.add_add_space_prefix(flags.get("prefix", False))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -92,9 +93,24 @@ def test_specials_and_spaces(small):
     assert tok.decode(tok.encode("a  a", add_special_tokens=False)) == "a  a"
 
 
-def test_other_sentencepiece_architectures_are_refused(tmp_path):
-    with pytest.raises(FormatError, match="Gemma family"):
-        Tokenizer.from_pretrained(write_spm(tmp_path / "llama.gguf", arch="llama"))
+def test_other_architectures_merge_by_score_with_a_prefix_space(tmp_path):
+    """The same small file as a llama one: merges by score (cd, the best, before bc and ab), and
+    the prefix space the file asks for; against transformers' tokenizer of that file."""
+    from transformers import AutoTokenizer
+
+    path = write_spm(tmp_path / "llama.gguf", arch="llama", prefix=True)
+    tok, ref = Tokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in SMALL_TEXTS:
+        ids = ref.encode(text)
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids) == ref.decode(ids), text
+    # "▁abcd": cd (the best score) first, then b + cd, then ▁a; Gemma's order gives abc, d
+    assert tok.encode("abcd", add_special_tokens=False) == ids_of(tok, S + "a", "bcd")
+
+
+def test_scores_are_needed_outside_the_gemma_family(tmp_path):
+    with pytest.raises(FormatError, match="tokenizer.ggml.scores"):
+        Tokenizer.from_pretrained(write_spm(tmp_path / "llama.gguf", arch="llama", scores=False))
 
 
 @pytest.fixture(scope="module")
