@@ -61,8 +61,11 @@ lint: $(VENV)/.test-deps
 clean:
 	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
 
-# The peer of `scratchllm bench peers`: llama-cpp-python (requirements/peers.txt) built from source
-# with this CPU's instruction sets named explicitly, proven by loading the default model.
+# The peers of `scratchllm bench peers` and `bench serving --peer llama-server`: llama-cpp-python
+# (requirements/peers.txt) and llama.cpp's own llama-bench, llama-batched-bench and llama-server
+# (CMake, from the llama.cpp sources its sdist vendors, into .venv/peers/llama.cpp/bin), built
+# from source with this CPU's instruction sets named explicitly, each proven on the default model.
+# About 12 minutes per build on 2 cores.
 .PHONY: peers
 peers: $(VENV)/.run-deps
 	$(PY) scripts/build_peers.py

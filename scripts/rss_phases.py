@@ -52,8 +52,7 @@ class Probe:
     def kv_mb(self) -> float:
         if self.engine is None:
             return 0.0
-        a = self.engine.runner.attention
-        return (resident_bytes(a.k_cache) + resident_bytes(a.v_cache)) / MB
+        return sum(resident_bytes(a) for a in self.engine.runner.attention.arrays()) / MB
 
     def row(self, phase: str) -> None:
         s = status()
@@ -91,13 +90,14 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=500)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV-cache dtype (default auto)")
     parser.add_argument("--tracemalloc", action="store_true", help="also the Python allocator's peak per phase")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from scratchllm.formats.refs import resolve_model
 
     spec = {"path": str(resolve_model(args.model)), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
-            "new_tokens": args.new_tokens, "batch": args.batch}
+            "new_tokens": args.new_tokens, "batch": args.batch, "kv_cache_dtype": args.kv_cache_dtype}
     probe = Probe(args.tracemalloc)
     probe.row("start (imports)")
     out = peers._ours(spec, probe)

@@ -12,6 +12,7 @@ from scratchllm.kernels import packed_gemm
 @pytest.mark.slow
 def test_a_short_round_measures_every_row(monkeypatch):
     monkeypatch.setattr(peers, "peer_installed", lambda: False)  # the peer's side is its own test below
+    monkeypatch.setattr(peers.peers_llama_cpp, "available", lambda: False)  # and llama.cpp's programs theirs
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     args = parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
@@ -26,7 +27,8 @@ def test_a_short_round_measures_every_row(monkeypatch):
     assert ours["peak_rss_mb"] >= ours["rss_after_load_mb"]
     assert len(r["rounds"]["ours"][0]["greedy"]) == 3
     text = peers.render(r)
-    assert "not installed" in text and "make peers" in text and "llama.cpp" not in text.split("\n", 3)[3]
+    assert "not installed" in text and "make peers" in text and "llama-bench" in text
+    assert "against llama.cpp's own programs" not in text and r["inputs"]["ours_kv_cache_dtype"] == "float16"
     assert "3 steps after a 40-token prompt" in text
 
 
@@ -44,6 +46,26 @@ def test_the_peer_runs_the_same_file():
     assert [len(r["rounds"][side][0]["greedy"]) for side in ("ours", peers.PEER)] == [3, 3]
     parting = r.get("greedy_parting")
     assert r["greedy_ids_agree_for"] == 3 or max(parting["top2_gap"].values()) < 0.5, parting
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not peers.peers_llama_cpp.available(), reason="llama.cpp's programs not built (make peers)")
+def test_llama_cpp_programs_are_measured_at_each_concurrency(monkeypatch):
+    monkeypatch.setattr(peers, "peer_installed", lambda: False)
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    r = peers.run(parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
+                                     "--bandwidth-mb", "64", "--sequences", "1,2"]))
+    rows = r["llama_cpp_tools"]["rows"]
+    for key in ("prefill", "decode"):
+        assert rows[key]["ours"] > 0 and rows[key]["llama.cpp"] > 0 and rows[key]["advantage"] > 0
+    for n in (1, 2):
+        cell = rows[f"seq{n}"]
+        assert cell["ours"]["tok_s"] > 0 and cell["llama.cpp"]["tok_s"] > 0
+        assert cell["ours"]["peak_rss_mb"] > 50 and cell["llama.cpp"]["peak_rss_mb"] > 50  # each its own process
+        assert cell["kv_dtype"] == "float16"
+    text = peers.render(r)
+    assert "llama-bench pp24" in text and "2 at once, 32 + 3 each" in text
 
 
 def test_step_breakdown_splits_a_decode_step(tmp_path):

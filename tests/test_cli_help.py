@@ -49,7 +49,7 @@ def test_serve_help_shows_the_defaults_a_newcomer_looks_for(capsys):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("(default: 8000)", "(default: 0.01)", "(default: minilm)", "(default: 64)",
-                  "default: 64 for the continuous engine", "address to listen on"):
+                  "default: 16 for the continuous engine", "address to listen on"):
         assert shown in text, shown
 
 

@@ -1,6 +1,7 @@
 """What every benchmark shares: timing with medians, the facts of the machine it ran on, and the
 decode bound's two numbers (the memory bandwidth measured, the weight bytes a decode step reads)."""
 
+import argparse
 import os
 import platform
 import statistics
@@ -39,6 +40,15 @@ class MachineFacts(TypedDict):
     numpy: str
     blas: list[str]  # each BLAS library: its API, version and thread count
     platform: str
+
+
+def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype, as `serve`, `LLM(kv_cache_dtype=...)` and every bench that runs the engine take it."""
+    from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPE_CHOICES
+
+    parser.add_argument("--kv-cache-dtype", choices=KV_DTYPE_CHOICES, default="auto",
+                        help=f"the KV cache's element type (default auto = {DEFAULT_KV_DTYPE}); int8 keeps a "
+                             "float32 scale per block and KV head. Smaller: fewer bytes per token of context")
 
 
 def median(values: Iterable[float]) -> float:

@@ -81,6 +81,11 @@ QUESTIONS = [
 ]
 
 
+# The static baseline keeps float32 K/V (engine/static.py): the engine runs at the same KV-cache
+# dtype here, so that outputs compare token for token and KV memory byte for byte.
+BASELINE_KV_DTYPE = "float32"
+
+
 def _range(text: str) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in text.split(","))
@@ -182,9 +187,10 @@ def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs
 
     blocks = None
     if kv_bytes is not None:
-        blocks = kv_bytes // PagedAttention.bytes_per_block(model.config, EngineConfig.block_size)
+        blocks = kv_bytes // PagedAttention.bytes_per_block(model.config, EngineConfig.block_size, BASELINE_KV_DTYPE)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, num_threads=args.threads, num_kv_blocks=blocks,
-                                           max_num_batched_tokens=args.max_num_batched_tokens, policy=policy))
+                                           max_num_batched_tokens=args.max_num_batched_tokens, policy=policy,
+                                           kv_cache_dtype=BASELINE_KV_DTYPE))
     n = len(prompts)
     tokens: list[list[int | None]]  # None: a request that ended without a token (an abort; none here)
     tokens, finish = [[] for _ in range(n)], [0.0] * n
@@ -425,7 +431,7 @@ def _kv_floor(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Seq
 
     bs = EngineConfig.block_size
     longest = max(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs, strict=True))
-    return longest * PagedAttention.bytes_per_block(model.config, bs)
+    return longest * PagedAttention.bytes_per_block(model.config, bs, BASELINE_KV_DTYPE)
 
 
 def _mixed_ratios(runs: dict[str, dict[str, Any]], ratios: dict[str, float]) -> None:

@@ -5,7 +5,10 @@ off the socket, whatever the framing (chunked, sized, or a stream delimited by t
 close); lines end with LF or CRLF. Events follow the SSE rules: `data:` with
 or without the space, several data lines joined by newlines, a blank line dispatches; the event's
 time is when its last line arrived. https and any headers (an API key) work as httpx does them.
-Metrics are read with prometheus_client's own parser, labels kept.
+Metrics are read with prometheus_client's own parser, labels kept. A server whose /metrics is
+missing, refused or not Prometheus text (llama-server without --metrics answers 501 with JSON)
+gives no metrics and a note saying why: a load test of any OpenAI-compatible server never fails
+for it.
 """
 
 from __future__ import annotations
@@ -99,5 +102,20 @@ def metric(metrics: dict[str, float], name: str) -> float | None:
 
 
 async def scrape_metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    reply = await request(client, url + "/metrics", timeout=30)
-    return parse_metrics(reply.body.decode())
+    """The server's /metrics, or {} when it has none to read (see scrape_metrics_noted)."""
+    return (await scrape_metrics_noted(client, url))[0]
+
+
+async def scrape_metrics_noted(client: httpx.AsyncClient, url: str) -> tuple[dict[str, float], str | None]:
+    """(metrics, None), or ({}, why not): no answer, a status other than 200, or a body that is not
+    Prometheus text."""
+    try:
+        reply = await request(client, url + "/metrics", timeout=30)
+    except (httpx.HTTPError, OSError) as err:
+        return {}, f"/metrics did not answer: {type(err).__name__}: {err}"
+    if reply.status != 200:
+        return {}, f"/metrics answered {reply.status}: {reply.body.decode(errors='replace').strip()[:120]}"
+    try:
+        return parse_metrics(reply.body.decode(errors="replace")), None
+    except (ValueError, TypeError, IndexError, KeyError) as err:
+        return {}, f"/metrics is not Prometheus text ({type(err).__name__}: {str(err)[:80]})"

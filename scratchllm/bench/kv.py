@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts
+from scratchllm.bench.common import add_kv_cache_dtype_argument, machine_facts
 from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.engine.memory_plan import MiB, sequence_kv_bytes
 from scratchllm.engine.paged_attention import block_bytes, layer_groups
@@ -52,18 +52,20 @@ def random_model(cfg: ModelConfig, seed: int = 0) -> LlamaModel:
 
 
 def kv_held(engine: LLMEngine) -> int:
-    """Bytes of KV the engine's sequences hold now, every pool."""
+    """Bytes of KV the engine's sequences hold now, every pool (at the engine's KV-cache dtype)."""
     mc, bs = engine.model.config, engine.config.block_size
-    return sum(pool.num_used * block_bytes(mc, bs, len(group.layers))
+    return sum(pool.num_used * block_bytes(mc, bs, len(group.layers), engine.plan.kv_dtype)
                for pool, group in zip(engine.block_manager.groups, layer_groups(mc), strict=True))
 
 
 def measure(cfg: ModelConfig, prompt_len: int, max_tokens: int, block_size: int = 16,
-            max_num_batched_tokens: int = 512) -> dict[str, Any]:
+            max_num_batched_tokens: int = 512, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """One request of prompt_len + max_tokens tokens, alone; the KV it held, against the bounds."""
     model = random_model(cfg)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=1, block_size=block_size, enable_prefix_caching=False,
-                                           max_num_batched_tokens=max_num_batched_tokens))
+                                           max_num_batched_tokens=max_num_batched_tokens,
+                                           kv_cache_dtype=kv_cache_dtype))
+    dtype = engine.plan.kv_dtype
     prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, prompt_len).tolist()
     engine.add_request("long", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     between, steps, start = 0, 0, time.perf_counter()
@@ -73,16 +75,17 @@ def measure(cfg: ModelConfig, prompt_len: int, max_tokens: int, block_size: int 
         if engine.scheduler.num_running():  # still running: what it keeps between steps
             between = max(between, kv_held(engine))
     context = prompt_len + max_tokens
-    peaks = [pool.peak_used * block_bytes(cfg, block_size, len(g.layers))
+    peaks = [pool.peak_used * block_bytes(cfg, block_size, len(g.layers), dtype)
              for pool, g in zip(engine.block_manager.groups, layer_groups(cfg), strict=True)]
     return {
         "context_tokens": context, "block_size": block_size, "steps": steps,
         "seconds": time.perf_counter() - start,
         "kv_held_between_steps_bytes": between,
         "kv_peak_in_step_bytes": sum(peaks),  # + the prefill chunk in the windowed pool
-        "bound_bytes": sequence_kv_bytes(cfg, context, block_size),
-        "full_attention_bytes": sequence_kv_bytes(cfg, context, block_size, windows=False),
-        "pool_bytes": engine.plan.kv_bytes,
+        "bound_bytes": sequence_kv_bytes(cfg, context, block_size, kv_dtype=dtype),
+        "full_attention_bytes": sequence_kv_bytes(cfg, context, block_size, windows=False, kv_dtype=dtype),
+        "pool_bytes": engine.plan.kv_bytes, "kv_cache_dtype": dtype,
+        "kv_bytes_per_token": engine.plan.kv_bytes_per_token,
     }
 
 
@@ -90,12 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=4000, help="prompt tokens (default 4000)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated after it (default 16)")
     parser.add_argument("--window", type=int, default=512, help="the windowed layers' window (default 512)")
+    add_kv_cache_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     context = args.prompt_len + args.max_tokens
     cfg = gemma3_270m_attention(context, args.window)
-    result = measure(replace(cfg, max_position_embeddings=context), args.prompt_len, args.max_tokens)
+    result = measure(replace(cfg, max_position_embeddings=context), args.prompt_len, args.max_tokens,
+                     kv_cache_dtype=args.kv_cache_dtype)
     return {"model": "Gemma 3 270M attention shape (18 layers, 1 KV head, head_dim 256, windows "
                      f"{args.window} on 15 layers), random weights", **result, "machine": machine_facts()}
 
@@ -104,6 +109,8 @@ def render(result: dict[str, Any]) -> str:
     r = result
     return "\n".join([
         f"{r['model']}: one request of {r['context_tokens']} tokens, {r['steps']} steps, {r['seconds']:.1f} s",
+        f"  KV-cache dtype {r['kv_cache_dtype']}: {r['kv_bytes_per_token'] / 1024:.1f} KiB per token of context "
+        "(every layer)",
         f"  KV held between steps  {r['kv_held_between_steps_bytes'] / MiB:8.2f} MiB",
         f"  bound (window + block) {r['bound_bytes'] / MiB:8.2f} MiB",
         f"  full attention         {r['full_attention_bytes'] / MiB:8.2f} MiB "

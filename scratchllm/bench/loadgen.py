@@ -98,6 +98,7 @@ class Result:
     ttft: float | None = None  # seconds
     e2e: float | None = None
     itl: list[float] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the server says it took from its prefix cache (usage)
 
     @property
     def ok(self) -> bool:
@@ -125,7 +126,8 @@ class LoadRun(TypedDict):
     duration_s: float  # from the first arrival to the last reply
     probe_ms: list[float]  # /health latency, sampled through the run
     kv_samples: list[float]  # KV blocks in use, sampled through the run
-    metrics: dict[str, float]  # the server's /metrics at the end
+    metrics: dict[str, float]  # the server's /metrics at the end ({} when it has none)
+    metrics_note: str | None  # why there are no metrics (a missing or non-Prometheus /metrics), or None
 
 
 async def run_load(url: str, model: str, workload: Workload, concurrency: int | None = None,
@@ -164,9 +166,9 @@ async def _run_load(client: httpx.AsyncClient, url: str, model: str, workload: W
     duration = time.monotonic() - start
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
-    final = await http_client.scrape_metrics(client, url)
+    final, note = await http_client.scrape_metrics_noted(client, url)
     return {"results": results, "duration_s": duration, "probe_ms": watcher.probe_ms,
-            "kv_samples": watcher.kv_blocks, "metrics": final}
+            "kv_samples": watcher.kv_blocks, "metrics": final, "metrics_note": note}
 
 
 async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any], r: Result, deadline: float) -> None:
@@ -187,6 +189,7 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any], r: Re
         r.error = "stream ended early"
         return
     r.output_tokens = usage[-1]["completion_tokens"]
+    r.cached_tokens = int((usage[-1].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     r.ttft = token_times[0] - r.start
     r.e2e = reply.events[-1][0] - r.start
     r.itl = np.diff(token_times).tolist()
@@ -199,6 +202,7 @@ class Watcher:
         self.client, self.url, self.interval_s = client, url, interval_s
         self.probe_ms: list[float] = []
         self.kv_blocks: list[float] = []
+        self.metrics_note: str | None = None  # once /metrics has none to give, it is not asked again
 
     async def run(self) -> None:
         while True:
@@ -206,10 +210,11 @@ class Watcher:
             try:
                 await http_client.request(self.client, self.url + "/health", timeout=30)
                 self.probe_ms.append((time.monotonic() - t) * 1e3)
-                m = await http_client.scrape_metrics(self.client, self.url)
-                used = http_client.metric(m, "kv_blocks_used")
-                if used is not None:
-                    self.kv_blocks.append(used)
+                if self.metrics_note is None:
+                    m, self.metrics_note = await http_client.scrape_metrics_noted(self.client, self.url)
+                    used = http_client.metric(m, "kv_blocks_used")
+                    if used is not None:
+                        self.kv_blocks.append(used)
             except (httpx.HTTPError, OSError):
                 pass
             await asyncio.sleep(self.interval_s)
@@ -256,4 +261,10 @@ def summarize(run: LoadRun, slo: dict[str, float | None]) -> dict[str, Any]:
         "e2e_ms": percentiles([r.e2e for r in ok if r.e2e is not None]),
         "health_probe_ms": percentiles(run["probe_ms"], ms=False),
         "peak_kv_blocks": peak_blocks, "peak_kv_bytes": peak_blocks * block_bytes if block_bytes else None,
+        "kv_bytes_per_token": http_client.metric(m, "kv_cache_bytes_per_token"),
+        "metrics_note": run.get("metrics_note"),
+        # prompt tokens the server took from its prefix cache: > 0 on random prompts means it has
+        # seen them before (a repeated seed): a warm cache, not a cold run
+        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
     }

@@ -1,8 +1,11 @@
-"""Ours against llama.cpp (through llama-cpp-python) on the same GGUF file, measured here, now.
+"""Ours against llama.cpp on the same GGUF file, measured here, now: through its Python API
+(llama-cpp-python), and through llama.cpp's own programs (llama-bench, llama-batched-bench).
 
 Both run on the same file, with the same token ids, the same thread count, each in a child
 process of its own (so RSS is its own), in interleaved rounds: ours then the peer, the peer then
-ours, ... A round of either measures, in this order:
+ours, ... The first table is against llama-cpp-python's high-level API, which serves one sequence
+at a time (so its aggregate row runs the batch's prompts in turn). A round of either measures, in
+this order:
   load, s                     constructing the runnable model from the file (ours: `LLM`, the
                               default dtype; the peer: `llama_cpp.Llama`)
   RSS after load, MB          the child's resident memory right after
@@ -18,6 +21,14 @@ The bandwidth bound (memory read bandwidth, measured here between rounds, over t
 weights a decode step reads) is printed for each side, and whether the two sides' greedy ids
 agree over the decode run. Rows are medians of the rounds; `advantage` > 1 means ours is ahead
 (throughputs: ours / peer; times and memory: peer / ours).
+
+The second table (scratchllm/bench/peers_llama_cpp.py, when `make peers` has built the programs)
+is against llama.cpp's own batching: llama-bench's prefill and decode, llama-batched-bench at
+each of --sequences sequences at once, and each side's peak RSS at that concurrency. Ours runs at
+--kv-cache-dtype (default auto), llama.cpp at its default (f16).
+
+More sections (a comparison of closeness to the float32 model, say) join SECTIONS: each measures
+in its own rounds after the tables above and renders its own lines.
 """
 
 import argparse
@@ -28,12 +39,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from scratchllm.bench.common import LoadedModel, machine_facts, measure_bandwidth, median, weight_bytes_per_token
+from scratchllm.bench import peers_llama_cpp
+from scratchllm.bench.common import (
+    LoadedModel,
+    add_kv_cache_dtype_argument,
+    machine_facts,
+    measure_bandwidth,
+    median,
+    weight_bytes_per_token,
+)
 
 if TYPE_CHECKING:  # for the annotation only: a child process imports it where it loads the model
     from scratchllm.llm import LLM
@@ -46,8 +65,20 @@ ROWS = [  # (key, label, higher is better)
     ("aggregate_tok_s", "aggregate tok/s, prefill included", True),
     ("peak_rss_mb", "peak RSS, MB", False),
 ]
-PEER = "llama.cpp"
+PEER = "llama.cpp"  # the key of llama-cpp-python's side (its Python API), kept for the JSON's readers
+PEER_LABEL = "llama-cpp-python"
 DECODE_CONTEXT = 16  # the decode row's prompt ids unless --decode-context says otherwise
+
+
+class Section(Protocol):
+    """A further comparison of `bench peers`: measure(spec, args) -> its figures (or None: it could
+    not run here, and says nothing), render(figures, inputs) -> its lines of the report."""
+
+    name: str
+
+    def measure(self, spec: "Spec", args: argparse.Namespace) -> dict[str, Any] | None: ...
+
+    def render(self, figures: dict[str, Any], inputs: dict[str, Any]) -> list[str]: ...
 
 
 class Spec(TypedDict):
@@ -61,6 +92,8 @@ class Spec(TypedDict):
     decode_context: NotRequired[int]
     batch: NotRequired[int]
     batch_ids: NotRequired[list[list[int]]]  # the peer's batch alone, on these prompts (peer_batch)
+    sequences: NotRequired[int]  # ours: only the n-sequence row (load, then n prompts of 32 ids at once)
+    kv_cache_dtype: NotRequired[str]  # ours: the engine's KV-cache dtype (default auto)
 
 
 class Ids(TypedDict):
@@ -81,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"prompt ids before the decode row's steps (default {DECODE_CONTEXT})")
     parser.add_argument("--batch", type=int, default=16, help="prompts of the aggregate row (default 16)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="array size for the bandwidth probe")
+    parser.add_argument("--sequences", default="1,4,16",
+                        help="sequences at once of the rows against llama-batched-bench (default 1,4,16)")
+    add_kv_cache_dtype_argument(parser)
 
 
 def peer_installed() -> bool:
@@ -128,20 +164,30 @@ def _ours(spec: Spec, probe: Callable[[str, "LLM"], None] = _no_probe) -> dict[s
     from scratchllm.sampling import SamplingParams
 
     t = time.perf_counter()
-    llm = LLM(spec["path"], threads=spec["threads"])
+    llm = LLM(spec["path"], threads=spec["threads"], kv_cache_dtype=spec.get("kv_cache_dtype", "auto"))
     out: dict[str, Any] = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
     probe("load", llm)
     model: LoadedModel = llm.model
+    kv_dtype = llm.engine.plan.kv_dtype
+    out["kv_cache_dtype"] = kv_dtype
+    params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
+    if "sequences" in spec:  # the n-sequence row alone: n prompts of 32 ids at once
+        prompts = np.random.default_rng(2).integers(min(100, model.config.vocab_size // 2), model.config.vocab_size,
+                                                    (spec["sequences"], peers_llama_cpp.SEQ_PROMPT)).tolist()
+        t = time.perf_counter()
+        done = llm.generate(prompts, params)
+        out["tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
+        return out
     ids = workload(model.config.vocab_size, spec)
     prefill = np.array(ids["prefill"])
     for _ in range(2):  # the first warms caches and page tables
-        cache = PagedSequence(model.config, len(prefill) + 1)
+        cache = PagedSequence(model.config, len(prefill) + 1, kv_dtype=kv_dtype)
         t = time.perf_counter()
         model.forward(prefill, np.arange(len(prefill)), cache, logits_rows=[len(prefill) - 1])
         out["prefill_tok_s"] = len(prefill) / (time.perf_counter() - t)
     probe("prefill", llm)
     prompt = np.array(ids["decode"])
-    cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1)
+    cache = PagedSequence(model.config, len(prompt) + spec["new_tokens"] + 1, kv_dtype=kv_dtype)
     logits = model.forward(prompt, np.arange(len(prompt)), cache, logits_rows=[-1])
     greedy, gaps = [], []
     t = time.perf_counter()
@@ -154,7 +200,6 @@ def _ours(spec: Spec, probe: Callable[[str, "LLM"], None] = _no_probe) -> dict[s
     out["top2_gap"] = gaps
     del cache, logits  # the decode run's KV cache is not the batched run's: its peak RSS counts what generating takes
     probe("decode", llm)
-    params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
     done = llm.generate(ids["batch"], params)
     out["aggregate_tok_s"] = sum(len(r.token_ids) for r in done) / (time.perf_counter() - t)
@@ -274,6 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("rounds", "threads", "prompt_tokens", "new_tokens", "decode_context", "batch", "bandwidth_mb"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    sequences = _sequences(args.sequences)
     path = resolve_model(args.model)
     ckpt = load_checkpoint(path)
     if ckpt.format != "gguf":
@@ -281,7 +327,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     file_weight_bytes = sum(i.nbytes for i in ckpt.infos.values())
     spec: Spec
     spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
-            "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch}
+            "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch,
+            "kv_cache_dtype": args.kv_cache_dtype}
     context = ckpt.metadata.get(f"{ckpt.metadata.get('general.architecture')}.context_length")
     if context is not None and _positions_needed(spec) > context:
         raise ConfigError(f"the rows need {_positions_needed(spec)} positions (--prompt-tokens, --decode-context + "
@@ -319,7 +366,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["greedy_parting"] = {"step": agree, "ours_token": a[agree], "peer_token": b[agree],
                                         "top2_gap": gaps}
         result["inputs"]["peer_version"] = rounds[PEER][0]["version"]
+    result["inputs"]["ours_kv_cache_dtype"] = rounds["ours"][0]["kv_cache_dtype"]
+    if peers_llama_cpp.available():
+        result["llama_cpp_tools"] = measure_tools(spec, sequences, args.rounds, rounds["ours"])
+    for section in SECTIONS:
+        measured = section.measure(spec, args)
+        if measured is not None:
+            result.setdefault("sections", {})[section.name] = measured
     return result
+
+
+def _sequences(text: str) -> list[int]:
+    from scratchllm.errors import ConfigError
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"--sequences takes counts >= 1 separated by commas (1,4,16), got {text!r}")
+    return values
+
+
+def measure_tools(spec: Spec, sequences: list[int], rounds: int, ours_rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows against llama.cpp's own programs (peers_llama_cpp.py), in interleaved rounds."""
+    from scratchllm.bench import llama_tools
+
+    def ours_batch(n: int) -> dict[str, Any]:
+        return run_side({**spec, "side": "ours", "sequences": n})
+
+    done = [peers_llama_cpp.measure_round(dict(spec), sequences, r % 2 == 1, ours_batch) for r in range(rounds)]
+    return {"rows": peers_llama_cpp.summarize(done, ours_rounds, sequences), "rounds": done, "sequences": sequences,
+            "build": llama_tools.build_info(), "tools_dir": str(llama_tools.tools_dir())}
+
+
+# Further comparisons (see the module doc); each runs after the tables above.
+SECTIONS: list[Section] = []
 
 
 def render(r: dict[str, Any]) -> str:
@@ -331,11 +413,13 @@ def render(r: dict[str, Any]) -> str:
     if not r["peer_installed"]:
         lines.append("llama-cpp-python is not installed (`make peers` builds it for this CPU): ours only, no peer "
                      "figures")
-    lines += ["", f"{'row':<36}{'ours':>10}" + (f"{PEER:>12}{'advantage':>11}" if r["peer_installed"] else "")]
+    else:
+        lines.append(f"against {PEER_LABEL}: llama.cpp through its Python API, which serves one sequence at a time")
+    lines += ["", f"{'row':<36}{'ours':>10}" + (f"{PEER_LABEL:>18}{'advantage':>11}" if r["peer_installed"] else "")]
     for key, label, _ in ROWS:
         line = f"{label:<36}{f['ours'][key]:>10.2f}"
         if r["peer_installed"]:
-            line += f"{f[PEER][key]:>12.2f}{r['advantage'][key]:>10.2f}x"
+            line += f"{f[PEER][key]:>18.2f}{r['advantage'][key]:>10.2f}x"
         lines.append(line)
     lines.append(f"decode: {i['new_tokens']} steps after a {i.get('decode_context', DECODE_CONTEXT)}-token prompt")
     cached = sum(bool(x.get("panels_from_cache")) for x in r["rounds"]["ours"])
@@ -352,6 +436,15 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"  they part at step {g['step']} (ours {g['ours_token']}, {PEER} {g['peer_token']}), "
                          f"where the two best logits were {g['top2_gap']['ours']:.3g} apart for ours and "
                          f"{g['top2_gap'][PEER]:.3g} for {PEER}: a near-tie if small beside the logits' spread")
+    lines.append(f"ours: KV cache {i.get('ours_kv_cache_dtype', '?')}")
+    if "llama_cpp_tools" in r:
+        lines += peers_llama_cpp.render(r["llama_cpp_tools"], i)
+    else:
+        lines.append("llama.cpp's own programs are not built (`make peers` builds llama-bench and "
+                     "llama-batched-bench): no rows against its batching")
+    for section in SECTIONS:
+        if section.name in r.get("sections", {}):
+            lines += section.render(r["sections"][section.name], i)
     loads = r["machine"]["loadavg_1min"]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)

@@ -9,7 +9,17 @@ and output lengths in tokens, arrivals Poisson/gamma at --rate, or all at once w
 `--compare` starts `scratchllm serve` twice on the same model, `--batching static` then
 `--batching continuous`, runs the same workload on each and prints the design article's figures
 beside ours (docs/references.md).
-Everything stays on loopback and is bounded by --num-requests and --max-duration.
+
+`--peer llama-server` starts llama.cpp's server (built by `make peers`) on the same GGUF file,
+threads and slot count (the first --max-num-seqs) beside ours at each --max-num-seqs, in
+alternating rounds, and prints ours / llama-server for every figure; several --max-num-seqs
+without a peer print the TTFT/TPOT trade of our concurrency (scratchllm/bench/serving_peer.py).
+
+Against --url (any OpenAI-compatible server), each run draws fresh prompts (a new seed, printed)
+unless --seed repeats a run's; the report says how many prompt tokens the server's prefix cache
+served, so a warm cache is never mistaken for a cold run. A missing or non-Prometheus /metrics is
+reported, never fatal. Everything stays on loopback and is bounded by --num-requests and
+--max-duration.
 """
 
 import argparse
@@ -26,8 +36,8 @@ from typing import Any
 
 import httpx
 
-from scratchllm.bench import http_client, loadgen
-from scratchllm.bench.common import machine_facts
+from scratchllm.bench import http_client, loadgen, serving_peer
+from scratchllm.bench.common import add_kv_cache_dtype_argument, machine_facts
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.errors import ConfigError
 
@@ -42,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=None, help="requests/s (inf = all at once); default: the workload's")
     p.add_argument("--burstiness", type=float, default=None, help="gamma shape of the gaps; 1 = Poisson")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight at once")
-    p.add_argument("--seed", type=int, default=None, help="default: the workload's")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the prompts' seed (default: the workload's when servers are started here; a fresh one "
+                        "against --url, so that a repeated run does not replay prompts the server has cached)")
     p.add_argument("--model", default=None, help="model id to request (default: the server's first)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (a server that needs one)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
@@ -55,31 +67,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compare", action="store_true", help="start the server twice: static vs continuous batching")
     p.add_argument("--serve-model", default="default", help="--compare: the model to serve")
-    p.add_argument("--max-num-seqs", type=int, default=16,
-                   help="--compare: sequences per step, the same for both modes (static: the batch size)")
-    p.add_argument("--fake-engine", action="store_true", help="--compare: serve the fake engine (no model)")
+    p.add_argument("--max-num-seqs", default="16",
+                   help="servers started here: sequences per step (static: the batch size; llama-server: its "
+                        "slots, the first value); several, comma-separated (16,32,64), run ours at each; 'default' "
+                        "is our server's own")
+    p.add_argument("--peer", choices=serving_peer.PEERS, default=None,
+                   help="also start this server on the same GGUF file, threads and slots, in alternating rounds")
+    p.add_argument("--threads", type=int, default=2, help="--peer / several --max-num-seqs: each server's threads")
+    add_kv_cache_dtype_argument(p)
+    p.add_argument("--target-tpot-ms", type=float, default=None,
+                   help="--peer / several --max-num-seqs: our servers' time-per-output-token target")
+    p.add_argument("--fake-engine", action="store_true",
+                   help="--compare / several --max-num-seqs: serve the fake engine (no model)")
     p.add_argument("--fake-step-ms", type=float, default=5.0, help="--compare --fake-engine: ms per decode step")
     p.add_argument("--repeat", type=int, default=1,
-                   help="--compare: interleaved trials per mode; the figures are the median trial's")
+                   help="servers started here: interleaved trials of each; --compare's figures are the median "
+                        "trial's, --peer's medians of each figure")
     p.add_argument("--overhead", action="store_true",
                    help="--compare: also run the workload offline (LLMEngine in this process, all requests at "
                    "t=0) and report HTTP output tok/s at saturation as a share of it")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    workload = loadgen.load_workload(args.workload, args.num_requests, args.rate, args.burstiness, args.seed)
+    fresh_seed = args.url and args.seed is None
+    seed = int(time.time_ns() % 1_000_000_007) if fresh_seed else args.seed
+    workload = loadgen.load_workload(args.workload, args.num_requests, args.rate, args.burstiness, seed)
     slo: dict[str, float | None] = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2e_ms": args.slo_e2e_ms}
     inputs = {"workload": workload.name, "num_requests": len(workload.prompts), "rate": workload.rate,
               "burstiness": workload.burstiness, "concurrency": args.concurrency, "seed": workload.seed,
               "mean_prompt_tokens": sum(map(len, workload.prompts)) / len(workload.prompts),
-              "mean_output_tokens": sum(workload.output_tokens) / len(workload.output_tokens)}
+              "mean_output_tokens": sum(workload.output_tokens) / len(workload.output_tokens),
+              "fresh_seed": bool(fresh_seed)}
+    if args.peer or len(serving_peer.max_num_seqs_list(args.max_num_seqs)) > 1:
+        if args.url or args.compare:
+            raise ConfigError("--peer and several --max-num-seqs start their own servers: not with --url or --compare")
+        return serving_peer.run(args, workload, slo, inputs)
     if not args.compare:
         if not args.url:
-            raise ConfigError("give --url of a running server, or --compare to start one")
+            raise ConfigError("give --url of a running server, --compare or --peer to start them")
         figures = _measure(args.url, args, workload, slo)
         _plot(args, {"run": figures.pop("raw")})
         return {"inputs": {**inputs, "url": args.url}, "figures": figures, "ratios": {},
                 "machine": machine_facts()}
+    args.max_num_seqs = serving_peer.max_num_seqs_list(args.max_num_seqs)[0]
+    if args.max_num_seqs is None:
+        raise ConfigError("--compare runs both modes at one --max-num-seqs: a number")
     trials: dict[str, list[dict[str, Any]]] = {"static": [], "continuous": [], "offline": []}
     for _ in range(args.repeat):
         # Interleaved, so load that drifts on a shared machine hits every mode alike.
@@ -251,7 +283,14 @@ def _summary(f: dict[str, Any]) -> list[str]:
              f"  request/s {_fmt(f['request_throughput'], 2)}   output tok/s {_fmt(f['output_token_throughput'])}   "
              f"total tok/s {_fmt(f['total_token_throughput'])}   goodput {_fmt(f['goodput'], 2)} req/s",
              f"  peak KV blocks {_fmt(f['peak_kv_blocks'], 0)}"
-             + (f" ({_fmt(f['peak_kv_bytes'] / 2**20)} MiB)" if f["peak_kv_bytes"] else "")]
+             + (f" ({_fmt(f['peak_kv_bytes'] / 2**20)} MiB)" if f["peak_kv_bytes"] else "")
+             + (f", {f['kv_bytes_per_token'] / 1024:.1f} KiB per token" if f.get("kv_bytes_per_token") else "")]
+    if f.get("metrics_note"):
+        lines.append(f"  no server metrics: {f['metrics_note']}")
+    cached, prompts = f.get("cached_prompt_tokens", 0), f.get("prompt_tokens", 0)
+    lines.append(f"  prompt tokens from the server's prefix cache: {cached} of {prompts}"
+                 + (" - a warm cache: these prompts (this seed) ran against it before" if cached > prompts // 10
+                    else ""))
     return lines + _latency_rows(f)
 
 
@@ -260,8 +299,12 @@ def render(result: dict[str, Any]) -> str:
     head = (f"workload {i['workload']}: {i['num_requests']} requests, rate {i['rate']}/s "
             f"(gamma shape {i['burstiness']}), concurrency {i['concurrency'] or 'unbounded'}, seed {i['seed']}, "
             f"mean prompt {_fmt(i['mean_prompt_tokens'])} / output {_fmt(i['mean_output_tokens'])} tokens")
+    if "servers" in result:
+        return serving_peer.render(result)
     if "published" not in result:
-        return "\n".join([f"serving benchmark against {i['url']}", head, *_summary(result["figures"])])
+        seed = (" (a fresh seed: pass --seed to repeat these prompts; against the same server they then meet a "
+                "warm prefix cache)" if i.get("fresh_seed") else "")
+        return "\n".join([f"serving benchmark against {i['url']}", head + seed, *_summary(result["figures"])])
     s, c, r = result["figures"]["static"], result["figures"]["continuous"], result["ratios"]
     pub = result["published"]
     kv_less = r["kv_memory_less"]

@@ -13,7 +13,10 @@ Then it waits for the server to go idle and reports the 5xx count, the KV blocks
 descriptors, threads and RSS over time (from /proc/PID), as a table, a PNG (--plot) or --json.
 
 What it promises (`check`): no 5xx, no transport error or hang, no leaked block, the same file
-descriptors and threads (within a small slack) after the run as after the warm-up.
+descriptors and threads (within a small slack) after the run as after the warm-up, and a resident
+set that follows the work: RSS after the warm-up (the first minute, or quarter of a shorter run)
+within the model's weights + twice the most KV the requests held at once + 100 MB (checked when
+the served model is known: a started server, or --url with --serve-model naming its file).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from scratchllm.bench.serving import _first_model, _server
 from scratchllm.cluster.soak import _one
 from scratchllm.errors import ConfigError
 
+RSS_SLACK_BYTES = 100_000_000  # 100 MB: the interpreter, the libraries, the HTTP side and activations
 FD_SLACK = 4  # descriptors the server may hold at the end beyond the warm-up's (a log file, an epoll)
 THREAD_SLACK = 2  # threads likewise (the event loop's executor starts its threads on demand)
 HOSTILE: list[tuple[str, bytes]] = [  # (what, body) sent to /v1/chat/completions; each must be refused with a 4xx
@@ -56,7 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=2.0, help="traffic time (default 2)")
     p.add_argument("--url", default=None, help="a running server on loopback instead of starting one")
     p.add_argument("--pid", type=int, default=None, help="with --url: its process, for fds, threads and RSS")
-    p.add_argument("--serve-model", default="default", help="the model to serve (default: the default model)")
+    p.add_argument("--serve-model", default="default",
+                   help="the model to serve (default: the default model); with --url, the model it serves (its "
+                        "weights bound the RSS promise)")
     p.add_argument("--fake-engine", action="store_true", help="serve the fake engine (no model)")
     p.add_argument("--fake-step-ms", type=float, default=5.0, help="--fake-engine: milliseconds per step")
     p.add_argument("--max-num-seqs", type=int, default=4, help="the started server's sequences per step")
@@ -185,7 +191,7 @@ async def soak(url: str, pid: int | None, model: str, seconds: float, clients: i
             samples.append(Sample(time.monotonic() - start, rss, fds, threads, kv, in_flight, counts["requests"],
                                   _fivexx(counts)))
 
-        await sample()  # the baseline: after the warm-up, before the load
+        await sample()  # the baseline: after the warm-up request, before the load
 
         async def loop(i: int) -> None:
             local = random.Random(seed * 1000 + i)
@@ -226,7 +232,10 @@ async def soak(url: str, pid: int | None, model: str, seconds: float, clients: i
         rss, fds, threads = process_facts(pid)
         samples.append(Sample(time.monotonic() - start, rss, fds, threads, kv, in_flight, counts["requests"],
                               _fivexx(counts)))
+        final = await http_client.scrape_metrics(probe, url)
     return {"seconds": seconds, "traffic_s": traffic_s, "clients": clients, "max_in_flight": max_in_flight,
+            "peak_kv_bytes": http_client.metric(final, "kv_cache_peak_bytes"),
+            "kv_resident_bytes": http_client.metric(final, "kv_cache_resident_bytes"),
             "model": model, "pid": pid, "counts": dict(sorted(counts.items())), "http_5xx": _fivexx(counts),
             "leaked_kv_blocks": kv, "in_flight_at_end": in_flight,
             "samples": [asdict(s) for s in samples]}
@@ -253,7 +262,34 @@ def check(result: dict[str, Any]) -> list[str]:
     threads = first["threads"], last["threads"]
     if threads[0] is not None and threads[1] is not None and threads[1] > threads[0] + THREAD_SLACK:
         problems.append(f"threads grew from {first['threads']} to {last['threads']}")
+    rss, bound = result.get("rss_after_warmup_mib"), result.get("rss_bound_mib")
+    if rss is not None and bound is not None and rss > bound:
+        problems.append(f"RSS after the warm-up reached {rss:.0f} MiB, over weights + 2 x peak KV + 100 MB = "
+                        f"{bound:.0f} MiB")
     return problems
+
+
+def rss_figures(result: dict[str, Any], weights_bytes: int | None) -> dict[str, float | None]:
+    """The most RSS after the warm-up (samples from the first minute on, or the first quarter of a
+    shorter run) and its bound: weights + 2 x the peak KV held + 100 MB (None: unknown), in MiB."""
+    warm = min(60.0, result["seconds"] / 4)
+    after = [s["rss_mb"] for s in result["samples"][1:] if s["t_s"] >= warm and s["rss_mb"] is not None]
+    peak_kv = result.get("peak_kv_bytes")
+    bound = None if weights_bytes is None or peak_kv is None else \
+        (weights_bytes + 2 * peak_kv + RSS_SLACK_BYTES) / 2**20
+    return {"rss_after_warmup_mib": max(after) if after else None, "rss_bound_mib": bound,
+            "weights_mib": None if weights_bytes is None else weights_bytes / 2**20}
+
+
+def _weights_bytes(args: argparse.Namespace) -> int | None:
+    """The served model file's tensor bytes (its header only is read), or None for the fake engine."""
+    if args.fake_engine:
+        return None
+    from scratchllm.formats import load_checkpoint
+    from scratchllm.formats.refs import resolve_model
+
+    ckpt = load_checkpoint(resolve_model(args.serve_model))
+    return sum(info.nbytes for info in ckpt.infos.values())
 
 
 class _SoakServer(_server):
@@ -302,6 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result = _drive(args, started, server.proc.pid, seconds, sample_s)
         result["server_errors_logged"] = server.errors_logged
         result["server_log_tail"] = server.log[-10:]
+    result.update(rss_figures(result, _weights_bytes(args)))
     result["problems"] = check(result)
     result["inputs"] = {"minutes": args.minutes, "served": "fake engine" if args.fake_engine and not args.url
                         else (args.url or args.serve_model), "clients": args.clients,
@@ -343,6 +380,12 @@ def render(result: dict[str, Any]) -> str:
              f"  outcomes  {kinds}", f"  statuses  {statuses}",
              f"  5xx {result['http_5xx']}   leaked KV blocks {_fmt(result['leaked_kv_blocks'])}   "
              f"in flight at the end {_fmt(result['in_flight_at_end'])}", *table(result["samples"])]
+    if result.get("rss_after_warmup_mib") is not None:
+        peak_kv, resident = result.get("peak_kv_bytes"), result.get("kv_resident_bytes")
+        lines.append(f"  RSS after the warm-up {result['rss_after_warmup_mib']:.0f} MiB; bound "
+                     f"{_fmt(result.get('rss_bound_mib'))} MiB = weights {_fmt(result.get('weights_mib'))} + 2 x peak "
+                     f"KV {_fmt(None if peak_kv is None else peak_kv / 2**20, 1)} + 100 MB; KV pool resident "
+                     f"{_fmt(None if resident is None else resident / 2**20, 1)} MiB")
     if result.get("plot"):
         lines.append(f"  picture: {result['plot']}")
     problems = result["problems"]

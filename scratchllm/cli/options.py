@@ -2,6 +2,10 @@
 
 import argparse
 
+from scratchllm.bench.common import add_kv_cache_dtype_argument
+
+__all__ = ["add_kv_cache_dtype_argument", "add_threads_argument"]
+
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:
     """--threads: the process's compute threads (our matmul and attention pool, and BLAS)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from scratchllm.cli import Subparsers
 from scratchllm.cli.listen import listen, url
-from scratchllm.cli.options import add_threads_argument
+from scratchllm.cli.options import add_kv_cache_dtype_argument, add_threads_argument
 from scratchllm.cli.serve_config import apply_config, environment_defaults, render_config, track_given
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
@@ -89,13 +89,22 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--batching", choices=["continuous", "static"], default="continuous",
                    help="engine batching mode: continuous (default) or the static, padded baseline")
     p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="most sequences in one engine step (default: 64 for the continuous engine, 8 for the fake one)")
+                   help="most sequences in one engine step (default: 16 for the continuous engine: fewer give each "
+                        "token sooner, more start each request sooner; 8 for the fake one)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: memory plan)")
     p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
                    help="memory of the KV-cache pool, e.g. 256MiB, 1GiB or a number of bytes (default: what "
                         "--max-num-seqs sequences of --max-model-len tokens need, within the machine's memory); "
                         "the pool is touched only as it fills")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add_kv_cache_dtype_argument(p)
+    p.add_argument("--prefix-cache-memory", type=cache_size, default=None, metavar="SIZE",
+                   help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB or 0 "
+                        "(cached prefixes only in memory the work made resident); default: as much as the most "
+                        "KV the work has held at once")
+    p.add_argument("--target-tpot-ms", type=float, default=None, metavar="MS",
+                   help="time per output token to hold: each step takes only the tokens whose predicted time "
+                        "fits, so admission stops adding sequences past it (default: none, --max-num-seqs only)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests each model holds at once (running + waiting); more get 429 + Retry-After")
@@ -192,6 +201,11 @@ def memory_size(text: str) -> int:
     return size
 
 
+def cache_size(text: str) -> int:
+    """--prefix-cache-memory: a size, 0 allowed."""
+    return 0 if text.strip() in ("0", "0B", "0b") else memory_size(text)
+
+
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
 
 
@@ -226,6 +240,12 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             options[key] = getattr(args, key)
     if args.kv_cache_memory is not None:
         options["kv_cache_memory_bytes"] = args.kv_cache_memory
+    if args.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.prefix_cache_memory is not None:
+        options["prefix_cache_memory_bytes"] = args.prefix_cache_memory
+    if args.target_tpot_ms is not None:
+        options["target_tpot_s"] = args.target_tpot_ms / 1000
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
     return options

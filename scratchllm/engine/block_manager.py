@@ -40,6 +40,9 @@ Invariants (asserted in `check()`, relied on everywhere):
      copy-on-write), and never in a cached full block.
   I6 a DROPPED entry is only in a windowed table, and only before the window of the sequence's
      next query: every block a future query reads is held.
+  I7 the resident blocks (ever handed out) are at most the most ever held at once (used or
+     pending) plus the prefix cache's residue cap, which by default is that peak again
+     (FOLLOW_PEAK): resident <= 2 x the peak held (BlockPool.pop_free says why).
 All of them hold in each group's pool.
 """
 
@@ -60,6 +63,7 @@ class Block:
 
 
 DROPPED = -1  # a windowed table's entry whose block no future query reads (released)
+FOLLOW_PEAK = -1  # residue_blocks: the prefix cache's residue may be as many blocks as the work's peak
 
 
 @dataclass
@@ -82,26 +86,54 @@ class BlockPool:
     """One group's blocks: reference counts, the free lists, the step fence and the prefix cache.
     Tables are the manager's (lists of ids); this class only counts."""
 
-    def __init__(self, num_blocks: int, block_size: int, window: int = 0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, window: int = 0, residue_blocks: int | None = None) -> None:
         assert num_blocks >= 1 and block_size >= 1 and window >= 0
+        assert residue_blocks is None or residue_blocks >= 0 or residue_blocks == FOLLOW_PEAK
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.window = window  # 0: the group's layers attend to the whole context
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Free blocks in two O(1) lists: plain ones are reused first, most recently freed first
-        # (a stack: its pages are resident and likely in cache, while an untouched block would
-        # fault in fresh memory and grow RSS; untouched blocks go out in id order after them);
-        # cached ones (still holding a registered prefix) are reused least-recently-freed first (LRU).
-        self.free_plain: deque[int] = deque(range(num_blocks - 1, -1, -1))  # pop() takes the right end
+        # Where a new block comes from, in this order (pop_free), so that the pool's resident
+        # memory follows the work: a block's pages become resident when it is first written and
+        # stay so, and an untouched block costs address space only.
+        #   1. free_plain: freed blocks that hold nothing cached, most recently freed first (a
+        #      stack: resident, and likely still in the CPU's caches);
+        #   2. free_cached: freed blocks still holding a registered prefix, least recently freed
+        #      first (LRU), evicted here once they number the residue cap or more (residue_blocks;
+        #      FOLLOW_PEAK: the most blocks held at once so far; None: no cap), or when no
+        #      untouched block is left;
+        #   3. untouched blocks, in id order: ids fresh..num_blocks - 1 were never handed out.
+        # So the resident blocks are at most the peak held (used + pending) + the cap: the prefix
+        # cache's residue lives in memory the work made resident, and under its own cap beyond
+        # it (without the cap, a server's idle prefixes would fault in the whole pool).
+        self.free_plain: deque[int] = deque()  # pop() takes the right end: the last freed
         self.free_cached: OrderedDict[int, None] = OrderedDict()
+        self.fresh = 0
+        self.residue_blocks = residue_blocks
         self.pending: list[int] = []  # ref_count 0, waiting for the in-flight step to end (I3)
         self.hash_to_block: dict[int, int] = {}
         self.in_step = False
         self.peak_used = 0
+        self.peak_held = 0  # most blocks used or pending at once
 
     @property
     def num_free(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
+        return len(self.free_plain) + len(self.free_cached) + self.num_untouched
+
+    @property
+    def residue_cap(self) -> int | None:
+        """Cached free blocks beyond which untouched memory is not used for new work (None: no cap)."""
+        return self.peak_held if self.residue_blocks == FOLLOW_PEAK else self.residue_blocks
+
+    @property
+    def num_untouched(self) -> int:
+        """Blocks never handed out: their memory is not resident."""
+        return self.num_blocks - self.fresh
+
+    @property
+    def num_resident(self) -> int:
+        """Blocks ever handed out (their pages were written, and stay resident)."""
+        return self.fresh
 
     @property
     def num_used(self) -> int:
@@ -118,10 +150,15 @@ class BlockPool:
         self.pending.clear()
 
     def pop_free(self) -> int:
+        cap = self.residue_cap
         if self.free_plain:
             block_id = self.free_plain.pop()
-        else:
+        elif self.free_cached and (not self.num_untouched or (cap is not None and len(self.free_cached) >= cap)):
             block_id, _ = self.free_cached.popitem(last=False)  # least recently freed
+        else:
+            assert self.num_untouched, "the caller checked can_allocate"
+            block_id = self.fresh
+            self.fresh += 1
         block = self.blocks[block_id]
         assert block.ref_count == 0, "only a block at count 0 is reused (I3)"
         if block.hash is not None:  # evict its prefix: its slots are about to be overwritten
@@ -130,6 +167,7 @@ class BlockPool:
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
         self.peak_used = max(self.peak_used, self.num_used)
+        self.peak_held = max(self.peak_held, self.num_used + len(self.pending))
         return block_id
 
     def _to_free(self, block_id: int) -> None:
@@ -150,6 +188,7 @@ class BlockPool:
                 self.pending.remove(block_id)
         block.ref_count += 1
         self.peak_used = max(self.peak_used, self.num_used)
+        self.peak_held = max(self.peak_held, self.num_used + len(self.pending))
 
     def release(self, block_id: int) -> None:
         """One reference fewer; at 0 the block is free (after the step in flight, I3)."""
@@ -176,7 +215,7 @@ class BlockPool:
             self.hash_to_block[h] = block_id
 
     def check(self, tables: Iterable[list[int]]) -> None:
-        free = set(self.free_plain) | set(self.free_cached)
+        free = set(self.free_plain) | set(self.free_cached) | set(range(self.fresh, self.num_blocks))
         pending = set(self.pending)
         used = {b.block_id for b in self.blocks if b.ref_count > 0}
         assert len(free) == self.num_free and len(pending) == len(self.pending), "no duplicates"
@@ -192,6 +231,11 @@ class BlockPool:
         for h, block_id in self.hash_to_block.items():
             block = self.blocks[block_id]
             assert block.hash == h and len(block.token_ids) == self.block_size, "I4"
+        assert all(b < self.fresh for b in used | pending | set(self.free_plain) | set(self.free_cached)), \
+            "I7: only ids below fresh were ever handed out"
+        cap = self.residue_cap
+        if cap is not None:
+            assert self.num_resident <= self.peak_held + cap, "I7: resident <= peak held + residue cap"
 
 
 class BlockManager:
@@ -199,17 +243,21 @@ class BlockManager:
 
     `window` 0: one pool, full attention (the model has no windows). `window` > 0 and
     `num_window_blocks` None: one pool, every layer windowed. Both: a full-attention pool of
-    `num_blocks` and a windowed one of `num_window_blocks`."""
+    `num_blocks` and a windowed one of `num_window_blocks`. `residue_blocks`: the cap of each pool's
+    cached free blocks beyond its resident work (BlockPool.pop_free); FOLLOW_PEAK: the most blocks
+    the pool's work has held at once; None: no cap."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int = 0,
-                 num_window_blocks: int | None = None, block_bytes: tuple[int, ...] = ()) -> None:
+                 num_window_blocks: int | None = None, block_bytes: tuple[int, ...] = (),
+                 residue_blocks: int | None = None) -> None:
         assert num_blocks >= 1 and block_size >= 1
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         if window and num_window_blocks is not None:
-            self.groups = [BlockPool(num_blocks, block_size), BlockPool(num_window_blocks, block_size, window)]
+            self.groups = [BlockPool(num_blocks, block_size, residue_blocks=residue_blocks),
+                           BlockPool(num_window_blocks, block_size, window, residue_blocks)]
         else:
-            self.groups = [BlockPool(num_blocks, block_size, window)]
+            self.groups = [BlockPool(num_blocks, block_size, window, residue_blocks)]
         # KV bytes of one block of each group (the groups' layers differ in count): () = not known
         assert not block_bytes or len(block_bytes) == len(self.groups), (block_bytes, len(self.groups))
         self.block_bytes = block_bytes
@@ -244,6 +292,16 @@ class BlockManager:
     @property
     def num_used(self) -> int:
         return sum(g.num_used for g in self.groups)
+
+    @property
+    def num_resident(self) -> int:
+        """Blocks whose memory the work has made resident (ever handed out), every group."""
+        return sum(g.num_resident for g in self.groups)
+
+    @property
+    def num_cached_free(self) -> int:
+        """Free blocks that still hold a prefix-cache entry (the cache's residue)."""
+        return sum(len(g.free_cached) for g in self.groups)
 
     @property
     def occupancy(self) -> float:

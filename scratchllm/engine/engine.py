@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_manager import FOLLOW_PEAK, BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
@@ -62,10 +62,16 @@ class LLMEngine:
         window_pool = self.plan.num_window_blocks or None  # the windowed layers' own pool, if any
         group_bytes = (self.plan.kv_block_bytes, self.plan.window_block_bytes) if window_pool else \
             (self.plan.kv_block_bytes,)
+        # the prefix cache's residue cap, in blocks of every group together (a prefix is cached in
+        # each); by default as many blocks as the work's peak
+        residue = FOLLOW_PEAK if config.prefix_cache_memory_bytes is None else \
+            config.prefix_cache_memory_bytes // sum(group_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                          self.plan.window, window_pool, block_bytes=group_bytes)
+                                          self.plan.window, window_pool, block_bytes=group_bytes,
+                                          residue_blocks=residue)
         self.scheduler = Scheduler(config, self.block_manager, clock)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads, window_pool)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads, window_pool,
+                                  self.plan.kv_dtype)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
         self._ids = RequestIds("req")  # for requests added without one
@@ -172,7 +178,8 @@ class LLMEngine:
     # --- the step ---
     def step(self) -> list[TokenEvent]:
         start_ns = time.monotonic_ns()
-        batch = self.scheduler.schedule(self.clock())
+        schedule_time = self.clock()
+        batch = self.scheduler.schedule(schedule_time)
         self.last_step_tokens = batch.num_tokens
         if not batch.items:
             return []
@@ -197,6 +204,7 @@ class LLMEngine:
                         forks.append((req, kid))
             self._emit(req, sampled, now, events, finished)
         self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks)
+        self.scheduler.observe_step(batch.num_tokens, self.clock() - schedule_time)
         if self.tracer is not None:
             bm, s = self.block_manager, self.scheduler
             self.tracer.step(self.num_steps, start_ns, time.monotonic_ns(), events, self.requests,
@@ -253,6 +261,12 @@ class LLMEngine:
             "kv_block_bytes": self.plan.kv_block_bytes,
             "kv_bytes_used": bm.bytes_used,  # each pool's blocks at its own size (windowed layers' differ)
             "kv_bytes_peak": bm.stats.peak_bytes,
+            "kv_cache_dtype": self.plan.kv_dtype,
+            "kv_bytes_per_token": self.plan.kv_bytes_per_token,
+            # blocks the work has made resident (ever handed out) and the free ones holding cached prefixes
+            "kv_blocks_resident": bm.num_resident,
+            "kv_bytes_resident": sum(g.num_resident * b for g, b in zip(bm.groups, bm.block_bytes, strict=False)),
+            "prefix_cache_free_blocks": bm.num_cached_free,
             "kv_occupancy": bm.occupancy,
             "utilization": s.last_utilization,
             "prefix_cache_queries": bm.stats.prefix_queries,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scratchllm.engine.config import EngineConfig
-from scratchllm.engine.paged_attention import block_bytes, layer_groups
+from scratchllm.engine.paged_attention import block_bytes, kv_bytes_per_token, layer_groups, resolve_kv_dtype
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.packed import PackedWeight
@@ -42,6 +42,8 @@ class MemoryPlan:
     window: int = 0  # the windowed layers' window (0: no layer has one)
     window_block_bytes: int = 0  # the windowed layers' pool, when the model has both kinds
     num_window_blocks: int = 0
+    kv_dtype: str = "float32"  # the KV cache's element type (resolved: never "auto")
+    kv_bytes_per_token: float = 0.0  # K and V of one token of context, every layer, in kv_dtype
 
     @property
     def kv_bytes(self) -> int:
@@ -61,7 +63,8 @@ class MemoryPlan:
         if self.num_window_blocks:
             pools += (f" + windowed ({self.window} tokens) {self.num_window_blocks} blocks x "
                       f"{self.window_block_bytes / 1024:.1f} KiB")
-        return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool {pools} = {self.kv_bytes / MiB:.1f} MiB"
+        return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool ({self.kv_dtype}, "
+                f"{self.kv_bytes_per_token / 1024:.1f} KiB per token) {pools} = {self.kv_bytes / MiB:.1f} MiB"
                 f" + activations {self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
                 f"(budget {self.budget_bytes / MiB:.1f} MiB)")
 
@@ -71,12 +74,13 @@ def window_blocks(window: int, block_size: int) -> int:
     return (window - 1 + block_size - 1) // block_size + 1
 
 
-def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, windows: bool = True) -> int:
+def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, windows: bool = True,
+                      kv_dtype: str = "float32") -> int:
     """Most KV bytes one sequence of `context_len` tokens holds between steps: each full-attention
     layer its context, each windowed layer its window plus the block being filled (in whole blocks).
     windows=False: as if every layer attended to the whole context."""
     blocks = -(-context_len // block_size)
-    layer_block = block_bytes(mc, block_size, 1)
+    layer_block = block_bytes(mc, block_size, 1, kv_dtype)
     total = 0
     for layer in range(mc.num_layers):
         w = mc.window(layer) if windows else None
@@ -139,11 +143,12 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
     w = weights_bytes(model)
     groups = layer_groups(mc)
     bs = cfg.block_size
-    block = block_bytes(mc, bs, len(groups[0].layers))
+    dtype = resolve_kv_dtype(cfg.kv_cache_dtype)
+    block = block_bytes(mc, bs, len(groups[0].layers), dtype)
     window = groups[-1].window
     # the windowed pool: every sequence's window (+ a block) and the step's prefill chunks
     windowed_need = cfg.max_num_seqs * (window_blocks(window, bs) + 1) + -(-cfg.max_num_batched_tokens // bs)
-    wblock = block_bytes(mc, bs, len(groups[1].layers)) if len(groups) == 2 else 0
+    wblock = block_bytes(mc, bs, len(groups[1].layers), dtype) if len(groups) == 2 else 0
     full_need = -(-max_model_len // bs)  # blocks of one sequence at full length
     wblocks = 0
     act = activation_bytes(mc, cfg, max_model_len)
@@ -159,7 +164,7 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
         per_seq = windowed_need if window and not wblock else cfg.max_num_seqs * full_need
         blocks = min(DEFAULT_KV_BYTES, per_seq * block, budget - w - act - wblocks * wblock) // block
     plan = MemoryPlan(w, block, int(max(blocks, 0)), act, int(budget), window, wblock,
-                      int(max(wblocks, 0)) if wblock else 0)
+                      int(max(wblocks, 0)) if wblock else 0, dtype, kv_bytes_per_token(mc, dtype, block_size=bs))
     # one sequence of max_model_len must fit, or a long request could never run
     min_blocks = window_blocks(window, bs) + 1 if plan.all_windowed else full_need
     if plan.total_bytes > budget or plan.num_kv_blocks < 1 or (wblock and plan.num_window_blocks < 1):

@@ -22,11 +22,11 @@ SampledToken = tuple[int, float | None, list[tuple[int, float]] | None]
 
 class ModelRunner:
     def __init__(self, model: Model, num_blocks: int, block_size: int, num_threads: int = 0,
-                 num_window_blocks: int | None = None) -> None:
+                 num_window_blocks: int | None = None, kv_dtype: str = "float32") -> None:
         self.model = model
         self.block_size = block_size
         self.attention = PagedAttention.for_model(model.config, num_blocks, block_size, num_threads,
-                                                  num_window_blocks)
+                                                  num_window_blocks, kv_dtype)
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Request], npt.NDArray[np.float32]]:
         """Run the step's forward. Returns (requests that get a token, their logits [R, V])."""

@@ -15,9 +15,15 @@ which layers share a pool; a model without windows has one group, every layer, a
 softmax scale (ModelConfig.softmax_scale) and the tanh soft-capping of scores (attn_softcap)
 are the kernel's too.
 
-Pool layout, per layer, float32: V as [num_blocks, block_size, KVH, D] (a slot's values are
-one contiguous row) and K as [num_blocks, KVH, D, block_size] (a block's keys transposed, so a
+Pool layout, per layer: V as [num_blocks, block_size, KVH, D] (a slot's values are one
+contiguous row) and K as [num_blocks, KVH, D, block_size] (a block's keys transposed, so a
 block's scores are computed 16 lanes at a time without a horizontal sum per key).
+
+The KV-cache dtype (EngineConfig.kv_cache_dtype): float32, float16, bfloat16 (kept as its uint16
+bits: NumPy has no bfloat16) or int8 with a float32 scale per (block, kv head) for K and for V
+(k_scale, v_scale: [L, num_blocks, KVH]). The kernel reads each in place (widened in registers;
+scratchllm/kernels/paged_attention.pyx says how int8 is kept), so a smaller dtype is fewer bytes
+per token of context, resident and read per step. `kv_bytes_per_token` says how many.
 
 `reference_attention` is the NumPy twin the kernel is tested against: gather each sequence's keys
 through its block table into a padded batch and use the 3-D mask generator.
@@ -36,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.engine.masks import varlen_causal_mask
+from scratchllm.errors import ConfigError
 from scratchllm.kernels.paged_attention import copy_blocks, layout_context, paged_attention
 from scratchllm.models.arena import anonymous_mapping
 
@@ -46,16 +53,35 @@ Floats = npt.NDArray[np.floating[Any]]
 Ints = npt.NDArray[np.integer[Any]]
 
 
-def lazy_zeros(shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
-    """A float32 array of zeros in an anonymous mapping of its own, in 4 KiB pages that the kernel
+# the KV-cache dtypes: the NumPy dtype each is stored in (bfloat16 as its bits)
+KV_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+                                       "bfloat16": np.dtype(np.uint16), "int8": np.dtype(np.int8)}
+KV_DTYPE_CHOICES = ("auto", *KV_DTYPES)
+# what "auto" means (docs/memory.md says why: measured, half the bytes of float32 per token for the
+# same decode speed, and the logits stay within float16's rounding of the float32 cache's)
+DEFAULT_KV_DTYPE = "float16"
+
+
+def resolve_kv_dtype(name: str) -> str:
+    """A --kv-cache-dtype value -> the dtype it means; a clear error for one that is not a choice."""
+    if name == "auto":
+        return DEFAULT_KV_DTYPE
+    if name not in KV_DTYPES:
+        raise ConfigError(f"KV-cache dtype must be one of {', '.join(KV_DTYPE_CHOICES)}, got {name!r}")
+    return name
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+    """An array of zeros in an anonymous mapping of its own, in 4 KiB pages that the kernel
     maps on first write: untouched blocks cost address space, not memory. Not np.zeros: NumPy
     asks for transparent huge pages on large arrays, and then writing one 12 KiB block of a
     layer made 2 MiB resident (a 16-sequence run of the default model grew RSS by twice its KV)."""
-    size = int(np.prod(shape)) * 4
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
     if size == 0:
-        return np.zeros(shape, dtype=np.float32)
+        return np.zeros(shape, dtype=dtype)
     region = anonymous_mapping(size, huge_pages=False)
-    return np.frombuffer(region, dtype=np.float32).reshape(shape)  # the array keeps the mapping alive
+    return np.frombuffer(region, dtype=dtype).reshape(shape)  # the array keeps the mapping alive
 
 
 @dataclass(frozen=True)
@@ -80,10 +106,21 @@ def layer_groups(config: ModelConfig) -> list[LayerGroup]:
     return [group] if not full else [LayerGroup(full, 0), group]
 
 
-def block_bytes(config: ModelConfig, block_size: int, num_layers: int | None = None) -> int:
-    """Bytes of one block of K and V (float32) over `num_layers` layers (default: every layer)."""
+def kv_bytes_per_token(config: ModelConfig, kv_dtype: str = "float32", num_layers: int | None = None,
+                       block_size: int = 16) -> float:
+    """Bytes of K and V one token of context takes over `num_layers` layers (default: every layer)
+    in `kv_dtype`; int8 counts its per-block scales (2 x 4 bytes per kv head per block)."""
     layers = config.num_layers if num_layers is None else num_layers
-    return 2 * layers * block_size * config.num_kv_heads * config.head_dim * 4
+    per_layer: float = 2 * config.num_kv_heads * config.head_dim * KV_DTYPES[resolve_kv_dtype(kv_dtype)].itemsize
+    if resolve_kv_dtype(kv_dtype) == "int8":
+        per_layer += 2 * config.num_kv_heads * 4 / block_size
+    return layers * per_layer
+
+
+def block_bytes(config: ModelConfig, block_size: int, num_layers: int | None = None, kv_dtype: str = "float32") -> int:
+    """Bytes of one block of K and V (with an int8 block's scales) over `num_layers` layers
+    (default: every layer) in `kv_dtype`."""
+    return round(kv_bytes_per_token(config, kv_dtype, num_layers, block_size) * block_size)
 
 
 class PagedAttention:
@@ -91,31 +128,44 @@ class PagedAttention:
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  num_threads: int = 0, *, windows: Sequence[int] = (), scale: float | None = None,
-                 softcap: float | None = None, num_window_blocks: int | None = None) -> None:
+                 softcap: float | None = None, num_window_blocks: int | None = None,
+                 kv_dtype: str = "float32") -> None:
         """`windows`: each layer's sliding window in tokens (0: full attention; (): none has one).
         With both kinds of layer, the windowed ones keep a pool of `num_window_blocks` blocks
-        (default num_blocks) and read their tables from set_layout's `window_tables`."""
+        (default num_blocks) and read their tables from set_layout's `window_tables`.
+        `kv_dtype`: the element type of the pools (KV_DTYPES; "auto" is DEFAULT_KV_DTYPE)."""
         windows = tuple(windows) or (0,) * num_layers
         assert len(windows) == num_layers and min(windows, default=0) >= 0, "one window >= 0 per layer"
         full = [i for i in range(num_layers) if not windows[i]]
         windowed = [i for i in range(num_layers) if windows[i]]
         groups = [full, windowed] if full and windowed else [list(range(num_layers))]
         sizes = [num_blocks, num_blocks if num_window_blocks is None else num_window_blocks]
+        self.kv_dtype = resolve_kv_dtype(kv_dtype)
+        store = KV_DTYPES[self.kv_dtype]
         # K is stored transposed per block (see the kernel): [L, blocks, KVH, D, BS]; one pair per group
-        self.pools = [(lazy_zeros((len(g), size, num_kv_heads, head_dim, block_size)),
-                       lazy_zeros((len(g), size, block_size, num_kv_heads, head_dim)))
+        self.pools = [(lazy_zeros((len(g), size, num_kv_heads, head_dim, block_size), store),
+                       lazy_zeros((len(g), size, block_size, num_kv_heads, head_dim), store))
                       for g, size in zip(groups, sizes, strict=False)]
+        # int8: a float32 scale per (layer, block, kv head) for K and for V, per group; None otherwise
+        self.scales: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None] = [
+            (lazy_zeros((len(g), size, num_kv_heads)), lazy_zeros((len(g), size, num_kv_heads)))
+            if self.kv_dtype == "int8" else None for g, size in zip(groups, sizes, strict=False)]
         self.k_cache, self.v_cache = self.pools[0]  # the first group's (every layer's, without windows)
-        # each layer's pool as a view made once (indexing k_cache[layer] makes two arrays per call),
-        # its group and its window
-        self._layers: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int, int]] = [
-            (np.empty(0, np.float32), np.empty(0, np.float32), 0, 0)] * num_layers
+        self.k_scale: npt.NDArray[np.float32] | None = None  # the first group's int8 scales
+        self.v_scale: npt.NDArray[np.float32] | None = None
+        if self.scales[0] is not None:
+            self.k_scale, self.v_scale = self.scales[0]
+        # each layer's pools and scales as views made once (indexing k_cache[layer] makes two arrays
+        # per call), its group and its window
+        self._layers: list[tuple[Any, Any, Any, Any, int, int]] = [None] * num_layers  # type: ignore[list-item]
         # the same per layer for the fused block loop (kernels/llama_blocks.pyx): [L, 3] int32 of
         # (pool, index in the pool, window)
         self.layer_slots = np.zeros((num_layers, 3), dtype=np.int32)
         for n, g in enumerate(groups):
+            scales = self.scales[n]
             for i, layer in enumerate(g):
-                self._layers[layer] = (self.pools[n][0][i], self.pools[n][1][i], n, windows[layer])
+                ks, vs = (scales[0][i], scales[1][i]) if scales is not None else (None, None)
+                self._layers[layer] = (self.pools[n][0][i], self.pools[n][1][i], ks, vs, n, windows[layer])
                 self.layer_slots[layer] = (n, i, windows[layer])
         self.windows = windows
         self.block_size = block_size
@@ -131,14 +181,29 @@ class PagedAttention:
 
     @classmethod
     def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, num_threads: int = 0,
-                  num_window_blocks: int | None = None) -> PagedAttention:
+                  num_window_blocks: int | None = None, kv_dtype: str = "float32") -> PagedAttention:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads,
                    windows=[config.window(i) or 0 for i in range(config.num_layers)], scale=config.softmax_scale,
-                   softcap=config.attn_softcap, num_window_blocks=num_window_blocks)
+                   softcap=config.attn_softcap, num_window_blocks=num_window_blocks, kv_dtype=kv_dtype)
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int) -> int:
-        return block_bytes(config, block_size)
+    def bytes_per_block(config: ModelConfig, block_size: int, kv_dtype: str = "float32") -> int:
+        return block_bytes(config, block_size, kv_dtype=kv_dtype)
+
+    def arrays(self) -> list[npt.NDArray[Any]]:
+        """Every array of the pools (K, V and int8 scales, every group): what the KV cache maps."""
+        out = [a for pair in self.pools for a in pair]
+        return out + [a for pair in self.scales if pair is not None for a in pair]
+
+    def dequantized(self, layer: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """A layer's K and V pools as float32 copies ([blocks, KVH, D, BS], [blocks, BS, KVH, D]):
+        the values the kernel reads, for tests and the NumPy reference."""
+        k, v, ks, vs, _, _ = self._layers[layer]
+        if self.kv_dtype == "bfloat16":
+            return ((k.astype(np.uint32) << 16).view(np.float32), (v.astype(np.uint32) << 16).view(np.float32))
+        if self.kv_dtype == "int8":
+            return (k.astype(np.float32) * ks[:, :, None, None], v.astype(np.float32) * vs[:, None, :, None])
+        return k.astype(np.float32), v.astype(np.float32)
 
     @property
     def num_groups(self) -> int:
@@ -171,11 +236,12 @@ class PagedAttention:
         yield self
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]] | Ints, group: int = 0) -> None:
-        """Copy-on-write: block dst becomes a copy of block src in `group`'s pool, every layer, K and V."""
+        """Copy-on-write: block dst becomes a copy of block src in `group`'s pool, every layer, K and V
+        (and an int8 block's scales)."""
         if not len(pairs):
             return
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        for cache in self.pools[group]:
+        for cache in (*self.pools[group], *(self.scales[group] or ())):
             for layer in range(cache.shape[0]):
                 copy_blocks(cache[layer], pairs)
 
@@ -187,11 +253,11 @@ class PagedAttention:
             q, k, v = (a.astype(np.float32) for a in (q, k, v))
         if out is None:
             out = np.empty(q.shape, dtype=np.float32)
-        k_pool, v_pool, group, window = self._layers[layer]
+        k_pool, v_pool, k_scale, v_scale, group, window = self._layers[layer]
         tables = self.window_tables if group else self.block_tables
         assert tables is not None and self.token_seq is not None and self.token_pos is not None, "set_layout first"
         paged_attention(q, k, v, k_pool, v_pool, tables, self.token_seq, self.token_pos, self.scale, out,
-                        self.max_ctx, self.num_threads, window, self.softcap)
+                        self.max_ctx, self.num_threads, window, self.softcap, k_scale, v_scale)
         self.elapsed_ns += time.perf_counter_ns() - start  # the trace's attention share of a step
         return out
 
@@ -204,9 +270,10 @@ class PagedSequence:
 
     accepts_out = True
 
-    def __init__(self, config: ModelConfig, max_len: int, block_size: int = 16, num_threads: int = 0) -> None:
+    def __init__(self, config: ModelConfig, max_len: int, block_size: int = 16, num_threads: int = 0,
+                 kv_dtype: str = "float32") -> None:
         blocks = -(-max_len // block_size)
-        self.attention = PagedAttention.for_model(config, blocks, block_size, num_threads)
+        self.attention = PagedAttention.for_model(config, blocks, block_size, num_threads, kv_dtype=kv_dtype)
         self.table = np.arange(blocks, dtype=np.int32)[None]  # the sequence owns every block, in order (each group)
         self.capacity = blocks * block_size
         self.num_layers = config.num_layers
@@ -239,17 +306,20 @@ class PagedSequence:
 
 def reference_attention(q: Floats, k: Floats, v: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints,
                         token_seq: Ints, token_pos: Ints, window: int = 0, scale: float | None = None,
-                        softcap: float = 0.0) -> npt.NDArray[np.float32]:
+                        softcap: float = 0.0, write: bool = True) -> npt.NDArray[np.float32]:
     """NumPy paged attention for one layer: the same contract as the kernel, written plainly.
-    Writes k, v into the caches; returns [N, H, D]. Tokens of a sequence must be contiguous and
-    in position order (as the model runner packs them). With a window, only the table entries
-    inside the window of the sequence's first query are read (the ones before may be dropped)."""
+    Writes k, v into the (float32) caches unless `write` is False (the caches then already hold
+    them: a quantized pool's values, dequantized); returns [N, H, D]. Tokens of a sequence must be
+    contiguous and in position order (as the model runner packs them). With a window, only the
+    table entries inside the window of the sequence's first query are read (the ones before may
+    be dropped)."""
     N, H, D = q.shape
     KVH, BS = k.shape[1], v_cache.shape[1]
     G = H // KVH
     blocks = block_tables[token_seq, token_pos // BS]
-    k_cache[blocks, :, :, token_pos % BS] = k  # k_cache: [NB, KVH, D, BS]
-    v_cache[blocks, token_pos % BS] = v  # v_cache: [NB, BS, KVH, D]
+    if write:
+        k_cache[blocks, :, :, token_pos % BS] = k  # k_cache: [NB, KVH, D, BS]
+        v_cache[blocks, token_pos % BS] = v  # v_cache: [NB, BS, KVH, D]
     seqs = list(dict.fromkeys(token_seq.tolist()))  # in order of first appearance
     rows = [np.flatnonzero(token_seq == s) for s in seqs]
     q_lens = np.array([len(r) for r in rows])

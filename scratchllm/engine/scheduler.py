@@ -18,6 +18,11 @@ memory is nearly spent, the second that this step's GEMMs are already full.
 
 The priority hook (request -> seconds, set by the evaluation loop) is clamped to
 +-max_priority_adjust_s and moves a request's virtual arrival: positive = earlier.
+
+A TPOT target (EngineConfig.target_tpot_s): the engine reports each step's tokens and duration
+(observe_step) to a step-time model (step_time.py); the step's token budget becomes the most
+tokens predicted to fit the target, but never fewer than the running decodes (they are not
+starved) nor than 1, so admission stops adding sequences once the decodes fill it.
 """
 
 import bisect
@@ -30,6 +35,7 @@ from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.policy import POLICIES, AdmissionPolicy
 from scratchllm.engine.request import Request, RequestStatus
+from scratchllm.engine.step_time import StepTimeModel
 
 
 @dataclass
@@ -60,6 +66,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_priority_adjusted = 0  # requests the hook moved (an audit count for /metrics)
         self.last_utilization = 0.0
+        self.step_time = StepTimeModel()  # fed by observe_step; read only with a TPOT target
+        self.last_token_budget = config.max_num_batched_tokens
 
     @staticmethod
     def _order_key(req: Request) -> tuple[int, float, int]:
@@ -126,17 +134,31 @@ class Scheduler:
         fill = tokens_in_step / self.config.max_num_batched_tokens
         return max(self.bm.occupancy, fill)
 
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """A step of `tokens` tokens took `seconds` (schedule to update): the step-time model's data."""
+        self.step_time.observe(tokens, seconds)
+
+    def token_budget(self, decodes: int) -> int:
+        """This step's token budget: the configured one, within a TPOT target if one is set."""
+        budget = self.config.max_num_batched_tokens
+        target = self.config.target_tpot_s
+        if target is not None:
+            fit = self.step_time.max_tokens(target)
+            if fit is not None:
+                budget = min(budget, max(fit, decodes, 1))
+        return budget
+
     # --- one step ---
     def schedule(self, now: float | None = None) -> ScheduledBatch:
         now = self.clock() if now is None else now
-        cfg, bm = self.config, self.bm
+        bm = self.bm
         batch = ScheduledBatch()
-        budget = cfg.max_num_batched_tokens
         scheduled: set[int] = set()
 
         self.running.sort(key=self._order_key)
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        budget = self.last_token_budget = self.token_budget(len(decodes))
         for req in decodes + prefills:
             if budget == 0:
                 break

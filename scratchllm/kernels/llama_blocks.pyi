@@ -22,8 +22,10 @@ class LlamaBlocks:
     other_ns: int
     def __init__(self, layers: Sequence[Mapping[str, object]], cfg: ModelConfig,
                  local_rope: Sequence[bool] = ()) -> None: ...
-    def run(self, x: F32, buf: StepBuffers, cos: F32, sin: F32, k_cache: F32, v_cache: F32, block_tables: I32,
-            token_seq: I32, token_pos: I32, max_ctx: int, scale: float, num_threads: int = 0, *,
-            cos_local: F32 | None = None, sin_local: F32 | None = None, k_window: F32 | None = None,
-            v_window: F32 | None = None, window_tables: I32 | None = None, layer_slots: I32 | None = None,
-            softcap: float = 0.0) -> None: ...
+    def run(self, x: F32, buf: StepBuffers, cos: F32, sin: F32, k_cache: npt.NDArray[np.generic],
+            v_cache: npt.NDArray[np.generic], block_tables: I32, token_seq: I32, token_pos: I32, max_ctx: int,
+            scale: float, num_threads: int = 0, *, cos_local: F32 | None = None, sin_local: F32 | None = None,
+            k_window: npt.NDArray[np.generic] | None = None, v_window: npt.NDArray[np.generic] | None = None,
+            window_tables: I32 | None = None, layer_slots: I32 | None = None, softcap: float = 0.0,
+            k_scale: F32 | None = None, v_scale: F32 | None = None, k_window_scale: F32 | None = None,
+            v_window_scale: F32 | None = None) -> None: ...

@@ -24,7 +24,7 @@ from libc.stdlib cimport free, malloc
 
 from scratchllm.kernels cimport packed_gemm, paged_attention, pointwise
 from scratchllm.kernels.packed_gemm cimport GemmWeight
-from scratchllm.kernels.paged_attention cimport PagedLayout
+from scratchllm.kernels.paged_attention cimport KVCache, PagedLayout
 
 
 cdef extern from "<time.h>" nogil:
@@ -116,23 +116,33 @@ cdef class LlamaBlocks:
         free(self.blocks)
 
     def run(self, float[:, ::1] x, buf, const float[:, ::1] cos, const float[:, ::1] sin,
-            float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache, const int[:, ::1] block_tables,
+            k_cache, v_cache, const int[:, ::1] block_tables,
             const int[::1] token_seq, const int[::1] token_pos, Py_ssize_t max_ctx, float scale,
             int num_threads=0, *, const float[:, ::1] cos_local=None, const float[:, ::1] sin_local=None,
-            float[:, :, :, :, ::1] k_window=None, float[:, :, :, :, ::1] v_window=None,
-            const int[:, ::1] window_tables=None, const int[:, ::1] layer_slots=None, float softcap=0.0):
+            k_window=None, v_window=None, const int[:, ::1] window_tables=None,
+            const int[:, ::1] layer_slots=None, float softcap=0.0, k_scale=None, v_scale=None,
+            k_window_scale=None, v_window_scale=None):
         """x [N, C], the residual stream, through every block in place; `buf`: the step's
         StepBuffers (models/workspace.py) of N rows. The attention is the engine's paged one
-        (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] and the step's layout,
-        which must have passed layout_context (max_ctx is what it returned).
+        (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] of any KV-cache element
+        kind (with an int8 pool's scales, k_scale and v_scale) and the step's layout, which must
+        have passed layout_context (max_ctx is what it returned).
 
         With sliding windows the attention keeps a second pool for the windowed layers
-        (k_window, v_window, read through window_tables); `layer_slots` [L, 3] says, per layer,
-        its pool (0 or 1), its index in that pool and its window in tokens (0: none). Without
-        it, layer i is index i of the first pool, with no window. `softcap`: of the scores (0:
-        off). cos_local, sin_local: the angles of the layers that rotate by the second rope."""
+        (k_window, v_window and their scales, read through window_tables); `layer_slots` [L, 3]
+        says, per layer, its pool (0 or 1), its index in that pool and its window in tokens (0:
+        none). Without it, layer i is index i of the first pool, with no window. `softcap`: of the
+        scores (0: off). cos_local, sin_local: the angles of the layers that rotate by the second
+        rope."""
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
         cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
+        cdef KVCache kvs[2]
+        paged_attention.kv_cache(k_cache, v_cache, k_scale, v_scale, &kvs[0])
+        kvs[1] = kvs[0]
+        if (k_window is None) != (v_window is None):
+            raise ValueError("the windowed pool needs both its keys and its values")
+        if k_window is not None:
+            paged_attention.kv_cache(k_window, v_window, k_window_scale, v_window_scale, &kvs[1])
         cdef float[:, ::1] h = buf.h, qkv = buf.qkv_rows, attn = buf.attn_rows, delta = buf.delta
         cdef float[:, ::1] gate_up = buf.gate_up, act = buf.act
         if (h.shape[0] != N or qkv.shape[0] != N or attn.shape[0] != N or delta.shape[0] != N
@@ -153,7 +163,7 @@ cdef class LlamaBlocks:
         if slots == NULL:
             raise MemoryError()
         try:
-            _read_slots(layer_slots, self.num_layers, k_cache, v_cache, k_window, v_window, KVH, D, slots)
+            _read_slots(layer_slots, self.num_layers, kvs, 1 if k_window is None else 2, KVH, D, slots)
             if token_seq.shape[0] != N or token_pos.shape[0] != N:
                 raise ValueError(f"the layout has {token_pos.shape[0]} tokens, the step {N}")
             if k_window is not None and (window_tables is None or window_tables.shape[0] != block_tables.shape[0]):
@@ -161,20 +171,19 @@ cdef class LlamaBlocks:
             if softcap < 0:
                 raise ValueError(f"softcap must be >= 0, got {softcap}")
             self._run(x, h, qkv, attn, delta, gate_up, act, cos, sin, cos_local if any_local else cos,
-                      sin_local if any_local else sin, k_cache, v_cache, block_tables, k_window, v_window,
-                      window_tables, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots)
+                      sin_local if any_local else sin, kvs, block_tables, window_tables if k_window is not None
+                      else None, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots)
         finally:
             free(slots)
 
     cdef void _run(self, float[:, ::1] x, float[:, ::1] h, float[:, ::1] qkv, float[:, ::1] attn,
                    float[:, ::1] delta, float[:, ::1] gate_up, float[:, ::1] act, const float[:, ::1] cos,
                    const float[:, ::1] sin, const float[:, ::1] cos_local, const float[:, ::1] sin_local,
-                   float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache, const int[:, ::1] block_tables,
-                   float[:, :, :, :, ::1] k_window, float[:, :, :, :, ::1] v_window,
-                   const int[:, ::1] window_tables, const int[::1] token_seq, const int[::1] token_pos,
-                   Py_ssize_t max_ctx, float scale, float softcap, int num_threads, const int *slots) except *:
+                   const KVCache *kvs, const int[:, ::1] block_tables, const int[:, ::1] window_tables,
+                   const int[::1] token_seq, const int[::1] token_pos, Py_ssize_t max_ctx, float scale,
+                   float softcap, int num_threads, const int *slots) except *:
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
-        cdef Py_ssize_t W = (H + 2 * KVH) * D, BS = k_cache.shape[4], layer
+        cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
         self.matmul_ns = self.attention_ns = self.other_ns = 0
         if N == 0:
             return
@@ -182,18 +191,8 @@ cdef class LlamaBlocks:
         layouts[0].block_tables, layouts[0].token_seq, layouts[0].token_pos = &block_tables[0, 0], &token_seq[0], &token_pos[0]
         layouts[0].N, layouts[0].MB, layouts[0].max_ctx = N, block_tables.shape[1], max_ctx
         layouts[1] = layouts[0]
-        # the pools: [layer, blocks, ...] each; a layer's slice lies layer_stride floats from the last
-        cdef float *k_pools[2]
-        cdef float *v_pools[2]
-        cdef Py_ssize_t k_layer[2]
-        cdef Py_ssize_t v_layer[2]
-        k_pools[0], v_pools[0] = &k_cache[0, 0, 0, 0, 0], &v_cache[0, 0, 0, 0, 0]
-        k_layer[0], v_layer[0] = k_cache.strides[0] // 4, v_cache.strides[0] // 4
-        k_pools[1], v_pools[1], k_layer[1], v_layer[1] = k_pools[0], v_pools[0], k_layer[0], v_layer[0]
-        if k_window is not None:
+        if window_tables is not None:  # the windowed layers' pool (kvs[1]) through their own tables
             layouts[1].block_tables, layouts[1].MB = &window_tables[0, 0], window_tables.shape[1]
-            k_pools[1], v_pools[1] = &k_window[0, 0, 0, 0, 0], &v_window[0, 0, 0, 0, 0]
-            k_layer[1], v_layer[1] = k_window.strides[0] // 4, v_window.strides[0] // 4
         cdef float *xp = &x[0, 0]
         cdef float *hp = &h[0, 0]
         cdef float *qkvp = &qkv[0, 0]
@@ -238,10 +237,9 @@ cdef class LlamaBlocks:
                 pointwise.rope_rows(qkvp, ldq, D, N, H + KVH, D, cp, ldc, sp, lds)
                 t1 = _now_ns(); other += t1 - t0; t0 = t1
                 group, pool_index = slots[3 * layer], slots[3 * layer + 1]
-                paged_attention.attend_layer(qkvp, ldq, D, 1, qkvp + H * D, ldq, D, 1, qkvp + (H + KVH) * D, ldq, D, 1,
-                                             k_pools[group] + pool_index * k_layer[group],
-                                             v_pools[group] + pool_index * v_layer[group], &layouts[group],
-                                             slots[3 * layer + 2], softcap, H, KVH, D, BS, scale, attnp, num_threads)
+                paged_attention.attend_layer(qkvp, ldq, D, 1, qkvp + H * D, ldq, D, 1, qkvp + (H + KVH) * D, ldq,
+                                             D, 1, &kvs[group], pool_index, &layouts[group], slots[3 * layer + 2],
+                                             softcap, H, scale, attnp, num_threads)
                 t1 = _now_ns(); at += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.o, attnp, N, dp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
@@ -282,16 +280,12 @@ cdef const float *_norm(p, str name, Py_ssize_t size, Py_ssize_t i, bint optiona
     return &w[0]
 
 
-cdef int _read_slots(const int[:, ::1] layer_slots, Py_ssize_t L, float[:, :, :, :, ::1] k_cache,
-                     float[:, :, :, :, ::1] v_cache, float[:, :, :, :, ::1] k_window,
-                     float[:, :, :, :, ::1] v_window, Py_ssize_t KVH, Py_ssize_t D, int *slots) except -1:
+cdef int _read_slots(const int[:, ::1] layer_slots, Py_ssize_t L, const KVCache *kvs, int pools, Py_ssize_t KVH,
+                     Py_ssize_t D, int *slots) except -1:
     """slots[3 layer ..]: (pool, index in it, window) of each layer, checked against the pools."""
-    cdef Py_ssize_t layer
+    cdef Py_ssize_t layer, g
     cdef Py_ssize_t count[2]
-    cdef int pools = 1 if k_window is None else 2
     count[0] = count[1] = 0
-    if (k_window is None) != (v_window is None):
-        raise ValueError("the windowed pool needs both its keys and its values")
     if layer_slots is None:
         for layer in range(L):
             slots[3 * layer], slots[3 * layer + 1], slots[3 * layer + 2] = 0, layer, 0
@@ -305,9 +299,9 @@ cdef int _read_slots(const int[:, ::1] layer_slots, Py_ssize_t L, float[:, :, :,
         if not 0 <= slots[3 * layer] < pools or slots[3 * layer + 2] < 0:
             raise ValueError(f"layer {layer}: pool {slots[3 * layer]} of {pools}, window {slots[3 * layer + 2]}")
         count[slots[3 * layer]] += 1
-    for g, (k, v) in enumerate(((k_cache, v_cache), (k_window, v_window))[:pools]):
-        if (k.shape[0] != count[g] or v.shape[0] != count[g] or tuple(k.shape)[1:4] != (v.shape[1], KVH, D)
-                or tuple(v.shape)[2:5] != (k.shape[4], KVH, D) or k.shape[4] != k_cache.shape[4]):
+    for g in range(pools):
+        if (kvs[g].num_layers != count[g] or kvs[g].KVH != KVH or kvs[g].D != D or kvs[g].BS != kvs[0].BS
+                or kvs[g].kind != kvs[0].kind):
             raise ValueError("the KV pools do not fit this model")
     for layer in range(L):
         if not 0 <= slots[3 * layer + 1] < count[slots[3 * layer]]:

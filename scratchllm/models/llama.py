@@ -277,11 +277,14 @@ def fused_blocks(x: F32, blocks: LlamaBlocks, angles: tuple[Angles, Angles | Non
     (cos, sin), local = angles
     with attention.paged_step(x.shape[0]) as paged:
         window = paged.pools[1] if len(paged.pools) > 1 else (None, None)
+        # an int8 KV cache's scales, of the windowed pool too (None for the other dtypes)
+        window_scales = (paged.scales[1] if len(paged.scales) > 1 else None) or (None, None)
         blocks.run(x, buf, cos, sin, paged.k_cache, paged.v_cache, paged.block_tables, paged.token_seq,
                    paged.token_pos, paged.max_ctx, paged.scale, paged.num_threads,
                    cos_local=None if local is None else local[0], sin_local=None if local is None else local[1],
                    k_window=window[0], v_window=window[1], window_tables=paged.window_tables,
-                   layer_slots=paged.layer_slots, softcap=paged.softcap)
+                   layer_slots=paged.layer_slots, softcap=paged.softcap, k_scale=paged.k_scale,
+                   v_scale=paged.v_scale, k_window_scale=window_scales[0], v_window_scale=window_scales[1])
         paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
 
 

@@ -217,6 +217,15 @@ class _EngineCollector:
             add(gauge, "kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
             add(gauge, "kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
                 s.peak_kv_blocks * block_bytes)
+        if stats.get("kv_bytes_per_token"):
+            add(gauge, "kv_cache_bytes_per_token", "Bytes of K and V one token of context takes, every layer, at the "
+                "KV-cache dtype (--kv-cache-dtype)", stats["kv_bytes_per_token"])
+        if "kv_bytes_resident" in stats:
+            add(gauge, "kv_cache_resident_bytes", "Bytes of the KV pool the work has made resident (blocks ever "
+                "written; the rest of the pool is address space only)", stats["kv_bytes_resident"])
+        if "prefix_cache_free_blocks" in stats:
+            add(gauge, "prefix_cache_free_blocks", "Free KV blocks that still hold a cached prefix",
+                stats["prefix_cache_free_blocks"])
         for key, name, doc in (("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of blocks"),
                                ("prefix_cache_queries", "prefix_cache_queries", "Prompt blocks looked up in the cache"),
                                ("prefix_cache_hits", "prefix_cache_hits", "Prompt blocks found in the prefix cache"),

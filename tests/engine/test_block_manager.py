@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scratchllm.engine.block_manager import DROPPED, BlockManager
+from scratchllm.engine.block_manager import DROPPED, FOLLOW_PEAK, BlockManager
 from scratchllm.engine.request import Priority, Request
 from scratchllm.sampling import SamplingParams
 
@@ -113,11 +113,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
     included): all of them in the full-attention group, the last WINDOW in the windowed one."""
 
     WINDOW = 0  # the windowed subclass: a second pool for layers with this window
+    # the prefix cache's residue beyond the resident work: BlockManager.check asserts the resident
+    # blocks stay within the peak held + this (I7), so the allocation order is checked each step
+    RESIDUE: int | None = 2
 
     def __init__(self):
         super().__init__()
         window_blocks = 8 if self.WINDOW else None
-        self.bm = BlockManager(12, BS, window=self.WINDOW, num_window_blocks=window_blocks)
+        self.bm = BlockManager(12, BS, window=self.WINDOW, num_window_blocks=window_blocks,
+                               residue_blocks=self.RESIDUE)
         self.pools = [{i: [None] * BS for i in range(g.num_blocks)} for g in self.bm.groups]
         self.live: list[Request] = []
         self.preempted: list[Request] = []
@@ -209,12 +213,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 class WindowedBlockManagerMachine(BlockManagerMachine):
     WINDOW = 6  # 1.5 blocks: windows that start inside a block
+    RESIDUE = FOLLOW_PEAK  # the engine's default: as many cached blocks as the work's peak
+
+
+class UncappedBlockManagerMachine(BlockManagerMachine):
+    RESIDUE = None  # untouched blocks before any cached one is evicted
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestWindowedBlockManagerMachine = WindowedBlockManagerMachine.TestCase
 TestWindowedBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestUncappedBlockManagerMachine = UncappedBlockManagerMachine.TestCase
+TestUncappedBlockManagerMachine.settings = settings(max_examples=20, stateful_step_count=40, deadline=None)
 
 
 def test_abort_returns_every_block():
@@ -320,3 +331,34 @@ def test_recently_freed_plain_blocks_are_reused_before_untouched_ones():
     assert sorted(b.block_table) == first  # the freed ones, not blocks 2 and 3
     assert bm.stats.peak_used == 2
     bm.check([b])
+
+
+def run_and_free(bm, first_token, n_tokens):
+    seq = make_seq(range(first_token, first_token + n_tokens), f"s{first_token}")
+    bm.allocate_prefix(seq)
+    compute(bm, seq)
+    bm.free(seq)
+    return seq
+
+
+@pytest.mark.parametrize("residue, resident_after", [(0, 3), (2, 4), (3, 5), (4, 6), (None, 6), (FOLLOW_PEAK, 5)])
+def test_prefix_cache_residue_is_capped_beyond_the_resident_work(residue, resident_after):
+    # a 12-token run fills 3 blocks, all registered; a second run with other tokens needs 3 more:
+    # it takes untouched memory only while fewer than `residue` cached blocks are free (the rest is
+    # evicted first): resident <= the blocks the work holds + residue
+    bm = BlockManager(16, BS, residue_blocks=residue)
+    run_and_free(bm, 0, 12)
+    assert bm.num_resident == 3 and bm.num_cached_free == 3
+    run_and_free(bm, 100, 12)
+    assert bm.num_resident == resident_after
+    bm.check([])
+
+
+def test_a_capped_cache_still_hits_what_it_holds():
+    bm = BlockManager(16, BS, residue_blocks=0)
+    run_and_free(bm, 0, 13)  # 3 full blocks registered and a partial one (plain)
+    again = make_seq(range(0, 13), "again")
+    assert bm.allocate_prefix(again) == 12
+    compute(bm, again)
+    assert bm.num_resident == 4
+    bm.check([again])

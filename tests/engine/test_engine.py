@@ -38,7 +38,8 @@ def workload(n=32, seed=0, vocab=97):
 
 def test_one_request_equals_the_plain_loop(model):
     prompt = [5, 9, 11, 2, 40, 41, 42, 7, 1, 3, 3, 3, 8, 60, 61, 62, 63, 20]
-    got, _ = run_all(LLMEngine(model, EngineConfig(num_kv_blocks=16)), [prompt], [30])
+    # the float32 KV cache: the exact path, token for token with the plain float32 loop
+    got, _ = run_all(LLMEngine(model, EngineConfig(num_kv_blocks=16, kv_cache_dtype="float32")), [prompt], [30])
     assert got[0] == greedy_alone(model, prompt, 30)
 
 
@@ -47,7 +48,8 @@ def test_one_request_equals_the_plain_loop(model):
 def test_batch_invariance_32_mixed_requests(model, kv_blocks, budget):
     prompts, max_tokens = workload()
     want = [greedy_alone(model, p, m) for p, m in zip(prompts, max_tokens, strict=True)]
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=kv_blocks, max_num_batched_tokens=budget, block_size=4))
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=kv_blocks, max_num_batched_tokens=budget, block_size=4,
+                                           kv_cache_dtype="float32"))  # the plain loop's float32 K/V
     got, reasons = run_all(engine, prompts, max_tokens)
     assert got == want
     assert set(reasons.values()) == {"length"}
@@ -137,7 +139,7 @@ def test_bad_requests_are_refused(model):
 
 
 def test_memory_plan_refuses_at_start_with_numbers(model):
-    with pytest.raises(MemoryPlanError, match=r"weights .* MiB .* KV pool 100000 blocks .*budget"):
+    with pytest.raises(MemoryPlanError, match=r"weights .* MiB .* KV pool .*per token\) 100000 blocks .*budget"):
         LLMEngine(model, EngineConfig(num_kv_blocks=100_000, memory_budget_bytes=64 << 20))
     engine = LLMEngine(model, EngineConfig(memory_budget_bytes=64 << 20))
     plan = engine.plan
@@ -157,7 +159,7 @@ def test_generate_reports_logprobs_of_the_forward(model):
     from scratchllm.models import ContiguousKVCache
     from scratchllm.sampling import top_logprobs
 
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=16))
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=16, kv_cache_dtype="float32"))  # the forward's own K/V
     (r,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0.0, logprobs=3))
     logits = model.forward(np.array([1, 2, 3]), np.arange(3), ContiguousKVCache.for_model(model.config, 8))[-1]
     lp, top = top_logprobs(logits, r.token_ids[0], 3)

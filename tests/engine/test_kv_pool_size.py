@@ -4,6 +4,7 @@ import pytest
 
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.memory_plan import DEFAULT_KV_BYTES, plan_memory
+from scratchllm.engine.paged_attention import KV_DTYPES, resolve_kv_dtype
 from scratchllm.errors import ConfigError
 from scratchllm.models import load_model
 from tests.models.test_loader import tiny_llama_tensors, write
@@ -14,9 +15,10 @@ def tiny(tmp_path_factory):
     return load_model(write(tmp_path_factory.mktemp("m") / "tiny", tiny_llama_tensors()))
 
 
-def block_bytes(model, block_size=16):  # K and V, every layer, float32
+def block_bytes(model, block_size=16):  # K and V, every layer, at the default KV-cache dtype
     c = model.config
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
+    itemsize = KV_DTYPES[resolve_kv_dtype("auto")].itemsize
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * itemsize
 
 
 def test_default_pool_holds_max_num_seqs_full_length_sequences(tiny):

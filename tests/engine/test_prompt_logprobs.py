@@ -16,6 +16,7 @@ from scratchllm.sampling import SamplingParams, log_softmax
 from .tiny import tiny_llama
 
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(0, 97, 45)]
+EXACT = {"kv_cache_dtype": "float32"}  # the reference forward's own float32 K/V
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def check(got, want):
 
 @pytest.mark.parametrize("budget", [512, 16, 7])  # one chunk; chunks of 16 and of 7 tokens
 def test_prompt_logprobs_equal_a_full_forward(model, budget):
-    engine = LLMEngine(model, EngineConfig(max_num_batched_tokens=budget, num_kv_blocks=64))
+    engine = LLMEngine(model, EngineConfig(max_num_batched_tokens=budget, num_kv_blocks=64, **EXACT))
     plain, asked = engine.generate([PROMPT, PROMPT[:20]], [SamplingParams(max_tokens=3, temperature=0),
                                                            SamplingParams(max_tokens=3, temperature=0,
                                                                           prompt_logprobs=2)])
@@ -57,7 +58,7 @@ def test_prompt_logprobs_equal_a_full_forward(model, budget):
 
 
 def test_n_choices_share_the_prompt_logprobs(model):
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=64))
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=64, **EXACT))
     params = [SamplingParams(max_tokens=2, temperature=1.0, seed=s, prompt_logprobs=1) for s in range(3)]
     reqs = engine.add_group([None, None, None], PROMPT, params)
     firsts = {}
@@ -72,7 +73,8 @@ def test_n_choices_share_the_prompt_logprobs(model):
 
 def test_a_preempted_request_keeps_its_prompt_logprobs_once(model):
     # 3 blocks of 16: two requests cannot both grow, so one is preempted and recomputed
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=5, max_num_batched_tokens=16, enable_prefix_caching=False))
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=5, max_num_batched_tokens=16, enable_prefix_caching=False,
+                                           **EXACT))
     p = SamplingParams(max_tokens=30, temperature=0, prompt_logprobs=0, ignore_eos=True)
     outs = engine.generate([PROMPT[:30], PROMPT[5:35]], [p, dataclasses.replace(p)])
     assert engine.scheduler.num_preemptions > 0

@@ -154,8 +154,8 @@ def test_memory_plan_sizes_the_windowed_pool_by_the_window():
     plan = plan_memory(model, cfg, 512)
     assert plan.window == 7 and plan.num_window_blocks == 4 * (window_blocks(7, 4) + 1) + 16 // 4
     assert plan.num_kv_blocks == 4 * 512 // 4  # the full-attention layer: every sequence at full length
-    assert plan.kv_block_bytes == block_bytes(model.config, 4, 1)
-    assert plan.window_block_bytes == block_bytes(model.config, 4, 2)
+    assert plan.kv_block_bytes == block_bytes(model.config, 4, 1, plan.kv_dtype)
+    assert plan.window_block_bytes == block_bytes(model.config, 4, 2, plan.kv_dtype)
     assert plan.kv_bytes == plan.num_kv_blocks * plan.kv_block_bytes + plan.num_window_blocks * plan.window_block_bytes
     assert "windowed (7 tokens)" in plan.describe()
     fixed = plan_memory(model, replace(cfg, num_kv_blocks=10), 512)  # never more windowed blocks than full ones

@@ -82,7 +82,7 @@ def test_bench_against_a_live_fake_server(serve):
     with serve(create_app(model, embedder, ServerConfig(max_in_flight=64))) as url:
         result = serving.run(bench_args(url=url, workload="short", num_requests=12, rate=50.0, concurrency=6))
     f = result["figures"]
-    wl = loadgen.load_workload("short", num_requests=12)
+    wl = loadgen.load_workload("short", num_requests=12, seed=result["inputs"]["seed"])  # a fresh seed per run
     assert f["completed"] == 12 and f["failed"] == 0
     # ignore_eos: every request produced exactly the output length the workload asked for
     assert f["output_tokens"] == sum(wl.output_tokens) and model.engine.finished["length"] == 12

@@ -87,7 +87,8 @@ def test_prompt_logprobs_equal_transformers_on_the_default_model(serve, default_
     reference.tie_weights()
     reference.eval()
     # chunks of 8 tokens: every prompt's prefill runs in several steps
-    served = load_model("default", "default", {"dtype": "float32", "max_num_batched_tokens": 8})
+    served = load_model("default", "default", {"dtype": "float32", "kv_cache_dtype": "float32",
+                                                "max_num_batched_tokens": 8})
     worst = 0.0
     with serve(create_app(served, None, ServerConfig())) as url, \
             openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:

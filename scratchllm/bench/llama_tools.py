@@ -1,0 +1,139 @@
+"""llama.cpp's own programs as peers: where `make peers` installs them, and running them.
+
+`make peers` (scripts/build_peers.py) builds `llama-bench`, `llama-batched-bench` and
+`llama-server` with CMake from the llama.cpp sources that the pinned llama-cpp-python sdist
+vendors, and installs them into `<virtualenv>/peers/llama.cpp/bin`, next to a `build.json` that
+says what was built with which options. Every checkout that runs with that virtualenv finds them
+there; SCRATCHLLM_LLAMA_CPP names another folder.
+
+Peak RSS of a program we did not write: its /proc/<pid>/status VmHWM (the kernel's high-water
+mark of its resident set), sampled every 20 ms while it runs; the last sample before it exits is
+the peak unless memory grew in those final milliseconds. Not getrusage's ru_maxrss: on Linux a
+child's starts at its parent's resident set (copied at fork, kept across exec).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
+ENV = "SCRATCHLLM_LLAMA_CPP"
+
+
+def tools_dir() -> Path:
+    """The folder holding bin/<tool> and build.json: $SCRATCHLLM_LLAMA_CPP, or the virtualenv's."""
+    return Path(os.environ.get(ENV) or Path(sys.prefix) / "peers" / "llama.cpp")
+
+
+def tool(name: str, folder: Path | None = None) -> Path | None:
+    """The installed program `name` (one of TOOLS), or None when `make peers` has not built it."""
+    path = (folder or tools_dir()) / "bin" / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def build_info(folder: Path | None = None) -> dict[str, Any]:
+    """What build.json says (version, CMake options, instruction sets); {} when there is none."""
+    path = (folder or tools_dir()) / "build.json"
+    if not path.is_file():
+        return {}
+    info: dict[str, Any] = json.loads(path.read_text())
+    return info
+
+
+def status_mb(pid: int, field: str) -> float | None:
+    """A process's VmRSS or VmHWM in MB; None once it is gone (or has no memory: a zombie)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")), None)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+class PeakSampler:
+    """Samples a running process's VmHWM every `period` seconds from a thread of its own."""
+
+    def __init__(self, pid: int, period: float = 0.02) -> None:
+        self.pid, self.period, self.peak_mb = pid, period, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            mb = status_mb(self.pid, "VmHWM")
+            if mb is not None:
+                self.peak_mb = max(self.peak_mb, mb)
+            self._stop.wait(self.period)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+@dataclass
+class ToolRun:
+    """A finished run of a program: its standard output, wall seconds and peak RSS."""
+
+    stdout: str
+    seconds: float
+    peak_rss_mb: float
+
+
+def run_tool(argv: list[str], timeout: float = 1800) -> ToolRun:
+    """Runs argv to its end with its peak RSS sampled; a failure raises with the end of its stderr."""
+    from scratchllm.errors import ConfigError
+
+    t = time.perf_counter()
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        sampler = PeakSampler(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise ConfigError(f"{Path(argv[0]).name} ran past {timeout:.0f} s") from None
+        finally:
+            peak = sampler.stop()
+    if proc.returncode:
+        raise ConfigError(f"{' '.join(argv)} failed (exit {proc.returncode}): {err.strip()[-800:]}")
+    return ToolRun(out, time.perf_counter() - t, peak)
+
+
+def bench_args(model: str, threads: int, prompt: int, new: int, reps: int) -> list[str]:
+    """llama-bench's command line for one pp<prompt> and one tg<new> test (JSON on stdout)."""
+    return ["-m", model, "-t", str(threads), "-p", str(prompt), "-n", str(new), "-r", str(reps), "-o", "json"]
+
+
+def parse_bench(stdout: str) -> dict[str, float]:
+    """llama-bench's JSON tests -> {"prefill_tok_s", "decode_tok_s"} (its mean tokens/s of each)."""
+    out = {}
+    for test in json.loads(stdout):
+        key = "prefill_tok_s" if test["n_gen"] == 0 else "decode_tok_s"
+        out[key] = float(test["avg_ts"])
+    return out
+
+
+def batched_args(model: str, threads: int, prompt: int, new: int, sequences: list[int], ctx: int) -> list[str]:
+    """llama-batched-bench's command line: each of `sequences` parallel sequences of prompt + new tokens."""
+    return ["-m", model, "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
+            "-npp", str(prompt), "-ntg", str(new), "-npl", ",".join(map(str, sequences)), "--output-format", "jsonl"]
+
+
+def parse_batched(stdout: str) -> dict[int, dict[str, float]]:
+    """llama-batched-bench's JSON lines -> {sequences: {"aggregate_tok_s", "prefill_tok_s", "decode_tok_s"}}:
+    aggregate is all tokens (prompts and generated) over the whole time, as its `S t/s` column."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            out[int(row["pl"])] = {"aggregate_tok_s": float(row["speed"]), "prefill_tok_s": float(row["speed_pp"]),
+                                   "decode_tok_s": float(row["speed_tg"]),
+                                   "generated_tok_s": int(row["pl"]) * int(row["tg"]) / float(row["t"])}
+    return out
