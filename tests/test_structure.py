@@ -73,9 +73,11 @@ def test_the_checks_can_fail():
 LAYERS = [
     ("scratchllm.errors", "scratchllm.dtypes"),  # the error types; the dtype names (no imports)
     ("scratchllm",),  # the package's __init__: its version and lazily imported public names
-    # model files -> arrays; the compiled kernels; the trace ring (record format, writer, reader)
-    # and the OTLP span export, which the engine and the server write; the logit processors
-    ("scratchllm.formats", "scratchllm.kernels", "scratchllm.trace", "scratchllm.logits"),
+    ("scratchllm.formats",),  # model files -> arrays, and the layout of their quantized blocks
+    # the compiled kernels (which pack a file's quantized blocks into their panels); the trace
+    # ring (record format, writer, reader) and the OTLP span export, which the engine and the
+    # server write; the logit processors
+    ("scratchllm.kernels", "scratchllm.trace", "scratchllm.logits"),
     ("scratchllm.tokenizer", "scratchllm.models"),
     ("scratchllm.structured",),  # grammars and their matchers over a tokenizer's vocabulary
     ("scratchllm.sampling",),  # SamplingParams and the sampler (a grammar's mask among its steps)

@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for the bandwidth probe")
     parser.add_argument("--threads", default=None,
                         help="comma-separated BLAS thread counts to measure (default: 1 and one per core)")
+    parser.add_argument("--sequences", type=int, default=16,
+                        help="also split an engine step of this many sequences decoding at once into its parts "
+                             "(default 16; 1 skips it)")
+    parser.add_argument("--compare", default="quantized",
+                        help="a second dtype measured beside --dtype, interleaved, on the same weights (default "
+                             "quantized: the exact path beside the default integer products; `none` skips it; "
+                             "only where the two differ)")
     parser.add_argument("--peer", choices=["llama.cpp"], default=None,
                         help="also measure llama.cpp (llama-cpp-python; `make peers` builds it) on the same GGUF "
                              "file, at the most threads measured, in child processes before and after ours")
@@ -106,6 +113,29 @@ def time_matmuls_only(model: LoadedModel, repeat: int) -> float:
             x[m.shape[0]] @ m
         cpu.append(time.thread_time() - c)
     return min(cpu)
+
+
+def compare_dtypes(model: LoadedModel, other: LoadedModel, args: argparse.Namespace, threads: int,
+                   bound: float) -> dict[str, Any]:
+    """model and other (the same file in two dtypes) timed in turns, model first, at `threads`:
+    decode and prefill tok/s of each (medians) and the medians of the paired ratios model / other."""
+    from scratchllm.models.threads import blas_threads
+
+    runs: dict[str, dict[str, list[float]]] = {"model": {"decode": [], "prefill": []},
+                                               "other": {"decode": [], "prefill": []}}
+    with blas_threads(threads):
+        for _ in range(args.repeat):
+            for side, m in (("model", model), ("other", other)):
+                runs[side]["decode"].append(args.new_tokens / time_decode(m, args.new_tokens, 1)[0][0])
+                runs[side]["prefill"].append(args.prompt_tokens / time_prefill(m, args.prompt_tokens, 1)[0])
+    out: dict[str, Any] = {"dtype": other.dtype, "threads": threads, "rounds": args.repeat}
+    for row in ("decode", "prefill"):
+        for side in ("model", "other"):
+            out[f"{side}_{row}_tok_s"] = median(runs[side][row])
+        out[f"{row}_ratio"] = median([a / b for a, b in zip(runs["model"][row], runs["other"][row], strict=True)])
+    out["model_decode_vs_bound"] = out["model_decode_tok_s"] / bound
+    out["other_decode_vs_bound"] = out["other_decode_tok_s"] / bound
+    return out
 
 
 def rss_mb() -> float | None:
@@ -213,10 +243,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "decode_tok_s_best_run": args.new_tokens / min(decode),
                 "decode_step_ms_best_run": 1e3 * min(decode) / args.new_tokens,
             }
-    from scratchllm.bench.step_profile import step_breakdown
+    from scratchllm.bench.step_profile import batched_breakdown, step_breakdown
 
     with blas_threads(max(per_threads)):
         breakdown = step_breakdown(model)
+        sequences = getattr(args, "sequences", 16)
+        batched = batched_breakdown(model, sequences) if sequences > 1 else None
     bound = max(bandwidth.values()) / bytes_per_token
     best_decode = max(per_threads, key=lambda n: per_threads[n]["decode_tok_s"])
     best_prefill = max(per_threads, key=lambda n: per_threads[n]["prefill_tok_s"])
@@ -233,8 +265,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # one BLAS thread, timed by its own CPU time: the figures with a core to ourselves
         "one_thread_cpu_time": cpu_view,
         "decode_step_ms": breakdown,  # matmuls / attention / rest / python, at the most threads measured
+        "batched_step_ms": batched,  # the same of an engine step of --sequences sequences decoding
     }
     ratios = {"decode_vs_bound": figures["decode_tok_s"] / bound}
+    figures["compare"] = None
+    compare, mine = getattr(args, "compare", None), getattr(model, "dtype", args.dtype)
+    if compare not in (None, "none", mine) and mine in ("quantized", "int8", "int16"):  # a file's quantized blocks
+        other = load_model(args.model, dtype=compare)
+        assert not isinstance(other, BertModel), "the same file as the decoder measured above"
+        if other.dtype != mine:
+            figures["compare"] = compare_dtypes(model, other, args, max(per_threads), bound)
+        del other
     peer = None
     if peer_before is not None:
         after = _peer_runs(args, model.path, peer_before["threads"])
@@ -295,10 +336,23 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"decode vs bound: {q['decode_vs_bound']:.0%}" + (
         "" if peer else "   (llama.cpp not measured: --peer llama.cpp, or `scratchllm bench peers`, "
                         "measures it here, now)"))
+    c = f.get("compare")
+    if c:
+        mine = r["inputs"].get("weights_dtype", r["inputs"]["dtype"])
+        lines.append(f"{mine} beside {c['dtype']}, {c['rounds']} rounds in turns at {c['threads']} threads: decode "
+                     f"{c['model_decode_tok_s']:.1f} vs {c['other_decode_tok_s']:.1f} tok/s "
+                     f"({c['decode_ratio']:.2f}x; "
+                     f"{c['model_decode_vs_bound']:.0%} vs {c['other_decode_vs_bound']:.0%} of the bound), prefill "
+                     f"{c['model_prefill_tok_s']:.1f} vs {c['other_prefill_tok_s']:.1f} tok/s "
+                     f"({c['prefill_ratio']:.2f}x)")
     if f.get("decode_step_ms"):
         from scratchllm.bench.step_profile import render_breakdown
 
         lines.append(render_breakdown(f["decode_step_ms"]))
+    if f.get("batched_step_ms"):
+        from scratchllm.bench.step_profile import render_batched
+
+        lines.append(render_batched(f["batched_step_ms"]))
     for n, t in f["by_threads"].items():
         lines.append(f"BLAS threads {n}: prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s "
                      f"(best run {t['decode_tok_s_best_run']:.1f})")

@@ -26,6 +26,7 @@ import numpy as np
 if TYPE_CHECKING:
     from scratchllm.engine.paged_attention import PagedSequence
     from scratchllm.models.config import ModelConfig
+    from scratchllm.models.protocol import Model
 
 # each leaf by the attribute the model looks it up through at every call, so that replacing the
 # attribute times every call: the layers' matmuls, the LM head's, the other array kernels
@@ -120,6 +121,67 @@ def step_breakdown(model: DecodeModel, steps: int = 32, prompt_len: int = 16) ->
     ms["total"] = 1e3 * total / steps
     ms["python"] = ms["total"] - ms["matmuls"] - ms["attention"] - ms["rest"]
     return ms
+
+
+def batched_breakdown(model: Model, sequences: int = 16, steps: int = 16, prompt_len: int = 32
+                      ) -> dict[str, float] | None:
+    """ms per engine step of `sequences` sequences decoding at once (one token each; LLMEngine,
+    greedy): total, matmuls (the blocks' products at M = sequences, and the LM head's), attention
+    (over the sequences' block tables), rest (the blocks' other kernels), sampling, python (the
+    remainder: scheduling, the output path). Only for a model whose blocks run in one C call
+    (their counters split the step); None otherwise."""
+    import importlib
+
+    from scratchllm.engine.config import EngineConfig
+    from scratchllm.engine.engine import LLMEngine
+    from scratchllm.engine.model_runner import ModelRunner
+    from scratchllm.sampling import SamplingParams
+
+    params = getattr(model, "params", None)
+    fused = params.get("blocks") if isinstance(params, dict) else None
+    if fused is None:
+        return None
+    engine = LLMEngine(model, EngineConfig(max_num_seqs=sequences, max_model_len=prompt_len + steps + 8,
+                                           max_num_batched_tokens=max(512, sequences * prompt_len)))
+    rng = np.random.default_rng(0)
+    sampling = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    for i in range(sequences):
+        engine.add_request(f"s{i}", rng.integers(0, model.config.vocab_size, prompt_len).tolist(), sampling)
+    while any(r.num_output_tokens == 0 for r in engine.requests.values()):  # the prefills, and first tokens
+        engine.step()
+    totals = {"lm_head": 0.0, "sampling": 0.0}
+    head_owner = getattr(importlib.import_module(HEAD_MATMUL[0]), HEAD_MATMUL[1])
+    sample = ModelRunner.__dict__["sample"]  # the staticmethod itself, to put back as it was
+    patches = [_timed(head_owner, HEAD_MATMUL[2], totals, "lm_head"), _timed(ModelRunner, "sample", totals, "sampling")]
+    blocks = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
+    for p in patches:
+        p.__enter__()
+    try:
+        total = 0.0
+        for _ in range(steps):
+            t = time.perf_counter()
+            engine.step()
+            total += time.perf_counter() - t
+            blocks["matmul"] += fused.matmul_ns * 1e-9
+            blocks["attention"] += fused.attention_ns * 1e-9
+            blocks["rest"] += fused.other_ns * 1e-9
+    finally:
+        for p in reversed(patches):
+            p.__exit__(None, None, None)
+        type.__setattr__(ModelRunner, "sample", sample)  # _timed put back the bare function
+    ms = {"sequences": float(sequences), "total": 1e3 * total / steps,
+          "layer_matmuls": 1e3 * blocks["matmul"] / steps, "lm_head": 1e3 * totals["lm_head"] / steps,
+          "attention": 1e3 * blocks["attention"] / steps, "rest": 1e3 * blocks["rest"] / steps,
+          "sampling": 1e3 * totals["sampling"] / steps}
+    ms["matmuls"] = ms["layer_matmuls"] + ms["lm_head"]
+    ms["python"] = ms["total"] - ms["matmuls"] - ms["attention"] - ms["rest"] - ms["sampling"]
+    return ms
+
+
+def render_batched(ms: dict[str, float]) -> str:
+    return (f"an engine step of {ms['sequences']:.0f} sequences decoding takes {ms['total']:.2f} ms: matmuls "
+            f"{ms['matmuls']:.2f} (the LM head's {ms['lm_head']:.2f}), attention {ms['attention']:.2f}, the rest "
+            f"(norms, RoPE, SwiGLU) {ms['rest']:.2f}, sampling {ms['sampling']:.2f}, Python {ms['python']:.2f}")
 
 
 def render_breakdown(ms: dict[str, float]) -> str:

@@ -27,6 +27,7 @@ BENCHES = {
     "serving": "HTTP load test: Poisson arrivals, TTFT/TPOT/ITL/e2e percentiles; --peer llama-server",
     "trace": "token tracing: writer ns per record, engine throughput with tracing off vs on",
     "peers": "ours vs llama.cpp on one GGUF file: its Python API, llama-bench, llama-batched-bench",
+    "accuracy": "logits against the dequantized float32 model: each dtype of ours, and llama.cpp",
     "structured": "structured output: grammar mask cost per token, throughput with and without",
     "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
     "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",

@@ -3,9 +3,11 @@ from their headers before any weights are read, so that what does not fit is ref
 
 Each model's need:
   weights      an upper bound of what the loader will hold, from the tensor table: per matrix
-               (a 2-D tensor), at dtype "quantized" 0.625 bytes a weight for Q4_0 / Q4_1 (4 bits
-               and two float16 per 32), 1.25 for the other types with one scale per 32 (int8 and
-               two float32 per 32), 4 for the rest (dequantized); at "bfloat16" 2; at "float32" 4;
+               (a 2-D tensor), at a quantized dtype ("quantized", "int8", "int16") the bytes a
+               weight of its type takes in its panels (models/packed.panel_bytes_per_weight: 0.625
+               for Q4_0 / Q4_1, 0.58 / 0.70 / 0.82 / 0.57 / 0.64 for Q4_K / Q5_K / Q6_K / Q3_K /
+               Q2_K, 1.06 for Q8_0, 1.25 for the other 32-wide types), 4 for the rest
+               (dequantized); at "bfloat16" 2; at "float32" 4;
                every vector 4 bytes an element; plus 1% and 1 MiB for what the loader adds (rotary
                tables, copies of norms). The matrices' layouts are models/packed.py's.
   KV pool and  a generator's, as engine/memory_plan.py's plan_memory sizes them for the engine
@@ -22,6 +24,7 @@ loaded again after an unload, finds the memory it was planned.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -32,14 +35,13 @@ from scratchllm.engine.memory_plan import MiB, available_bytes, plan_memory
 from scratchllm.errors import ConfigError, MemoryPlanError
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.checkpoint import Checkpoint
-from scratchllm.formats.ggml_quants import KERNEL_TYPES
 from scratchllm.formats.refs import resolve_model
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.loader import auto_dtype, read_config
+from scratchllm.models.packed import panel_bytes_per_weight
 from scratchllm.models.protocol import Attention, Ints, Logits
 
 EMBED_PLAN_ROWS = 8  # inputs of one embedding batch the plan holds activations for
-FOUR_BIT = frozenset({"Q4_0", "Q4_1"})  # kept as 4 bits a weight; the other KERNEL_TYPES as int8
 ENGINE_ONLY = ("dtype", "batching")  # engine options that are not EngineConfig's
 
 
@@ -83,12 +85,9 @@ def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
             total += 4 * info.numel
         elif dtype == "bfloat16":
             total += 2 * info.numel
-        elif info.dtype in FOUR_BIT:
-            total += info.numel * 5 // 8
-        elif info.dtype in KERNEL_TYPES:
-            total += info.numel * 5 // 4
         else:
-            total += 4 * info.numel
+            per_weight = panel_bytes_per_weight(info.dtype)
+            total += 4 * info.numel if per_weight is None else math.ceil(info.numel * per_weight)
     return total + total // 100
 
 

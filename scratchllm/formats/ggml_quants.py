@@ -39,7 +39,8 @@ Which types the quantized GEMM kernels keep as they are (`KERNEL_TYPES`): those 
 are 32 wide, the kernels' group. Their (q, d, m) go to the kernels as they come from `groups`
 (`as_q8`, or `as_q4` for Q4_0 / Q4_1), and the kernels compute d * q + m with the same two
 roundings, so the product equals the float32 product on `dequantize`'s matrix bit for bit. The
-16-wide types (Q6_K, Q3_K, Q2_K) have no such kernel: a model dequantizes them to float32 once.
+16-wide types have no 8-bit form: Q6_K has panels of its own (kernels/kpanels.py, which reads
+the blocks themselves), and so have Q3_K and Q2_K.
 """
 
 from collections.abc import Iterable
@@ -189,6 +190,16 @@ def _f32(a: npt.ArrayLike) -> npt.NDArray[np.float32]:
 Groups = tuple[npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.float32] | None]
 
 
+def scales_q3k(s: npt.NDArray[np.uint8]) -> npt.NDArray[np.int8]:
+    """Q3_K's 12 bytes of scales [n, 12] -> its 16 scales less 32, int8 [n, 16]: scale j is the
+    nibble of byte j % 8 (low half first) and 2 bits of byte 8 + j % 4."""
+    n = len(s)
+    low = _bits(s[:, 0:8], (0, 4), 0x0F).reshape(n, 16)
+    high = _bits(s[:, 8:12], (0, 2, 4, 6), 3).reshape(n, 16)
+    sc: npt.NDArray[np.int8] = (low | (high << 4)).view(np.int8) - np.int8(32)
+    return sc
+
+
 def groups(type_name: str, blocks: np.ndarray) -> Groups:
     """Structured blocks [n] -> (q int8 [n, G, g], d float32 [n, G], m float32 [n, G] or None): value
     = d * q + m for the g = GROUP[type] consecutive elements of each of a block's G groups, d and m
@@ -231,10 +242,7 @@ def groups(type_name: str, blocks: np.ndarray) -> Groups:
         q = (low | (high << 4)).view(np.int8) - np.int8(32)
         return q.reshape(n, 16, 16), d[:, None] * _f32(blocks["scales"]), None
     if type_name == "Q3_K":
-        s = np.ascontiguousarray(blocks["scales"])
-        low = _bits(s[:, 0:8], (0, 4), 0x0F).reshape(n, 16)  # scale j: nibble of byte j % 8, low half first
-        high = _bits(s[:, 8:12], (0, 2, 4, 6), 3).reshape(n, 16)  # and 2 bits of byte 8 + j % 4
-        sc = (low | (high << 4)).view(np.int8) - np.int8(32)
+        sc = scales_q3k(np.ascontiguousarray(blocks["scales"]))
         q2 = _bits(np.ascontiguousarray(blocks["qs"]).reshape(n * 2, 32), (0, 2, 4, 6), 3).reshape(n, 256)
         mask = _bits(np.ascontiguousarray(blocks["hmask"]), range(8), 1).reshape(n, 256)
         q = q2.view(np.int8) - ((mask ^ 1) << 2).view(np.int8)  # a clear mask bit subtracts 4

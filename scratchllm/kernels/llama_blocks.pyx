@@ -96,10 +96,10 @@ cdef class LlamaBlocks:
             for name, shape in shapes.items():
                 if tuple(getattr(p[name], "shape", ())) != shape or not hasattr(p[name], "panels"):
                     raise TypeError(f"block {i}: {name} is not a packed [{shape[0]}, {shape[1]}] matrix")
-            packed_gemm.bind_weight(p["qkv_proj"].panels, shapes["qkv_proj"][1], &self.blocks[i].qkv)
-            packed_gemm.bind_weight(p["o_proj"].panels, self.C, &self.blocks[i].o)
-            packed_gemm.bind_weight(p["gate_up_proj"].panels, 2 * self.I, &self.blocks[i].gate_up)
-            packed_gemm.bind_weight(p["down_proj"].panels, self.C, &self.blocks[i].down)
+            packed_gemm.bind_weight(p["qkv_proj"], shapes["qkv_proj"][1], &self.blocks[i].qkv)
+            packed_gemm.bind_weight(p["o_proj"], self.C, &self.blocks[i].o)
+            packed_gemm.bind_weight(p["gate_up_proj"], 2 * self.I, &self.blocks[i].gate_up)
+            packed_gemm.bind_weight(p["down_proj"], self.C, &self.blocks[i].down)
             self.blocks[i].input_norm = _norm(p, "input_layernorm", self.C, i, False)
             self.blocks[i].post_norm = _norm(p, "post_attention_layernorm", self.C, i, False)
             self.blocks[i].q_norm = _norm(p, "q_norm", self.D, i, True)

@@ -209,24 +209,27 @@ static void pg_gemm_bf16_task(void *ctx, long p) {
     }
 }
 
-/* PG_VL int8 -> PG_VL floats (exact). GCC does not vectorize __builtin_convertvector from int8,
-   so this is the sign extension and conversion spelled out. */
-static inline __attribute__((always_inline)) void pg_int8_to_f32(const int8_t *q, pg_vec *out) {
+/* a * b + c rounded once, lane by lane: an FMA by instruction, never left to the compiler's
+   choice of contracting (or not) where the rounding matters. */
+static inline __attribute__((always_inline)) pg_vec pg_fma(pg_vec a, pg_vec b, pg_vec c) {
 #if PG_VL == 16
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-    memcpy(out, &f, sizeof f);
-#elif defined(__AVX2__)
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-    memcpy(out, &f, sizeof f);
+    return (pg_vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif PG_VL == 8 && defined(__FMA__)
+    return (pg_vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    float f[PG_VL];
-    for (int i = 0; i < PG_VL; i++) f[i] = (float)q[i];
-    memcpy(out, f, sizeof f);
+    for (int i = 0; i < PG_VL; i++)
+        c[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return c;
 #endif
 }
 
 /* ---- quantized panels, w = d * q + m per quantization group of 32 rows and column ----
-   8-bit: q int8 [P, K, NR], d and m float32 [P, K/32, NR].
+   8-bit: q uint8 [P, K, NR] in words of 4 rows: for each run of 4 rows of k (k = 4 r .. 4 r + 3)
+          the NR columns' 32-bit words lie one after another, byte t of word (r, j) holding
+          q[4 r + t, j] + 128 (the int8 biased to an unsigned byte). d and m float32 [P, K/32, NR],
+          or d float16 and no m (half: a file's Q8_0). Why words of biased bytes: a 32-bit lane
+          holds 4 consecutive k of a column, what an integer dot product instruction multiplies
+          with 4 bytes of x (packed_int8.h); and row t of a word is one AND away (pg_q8_weight).
    4-bit: q4 uint8 [P, K/2, NR] in words: for each run of 8 rows of k (k = 8 r .. 8 r + 7) the
           NR columns' 32-bit words lie one after another, word (r, j) = sum over t of
           q[8 r + t, j] << 4 t, q in 0..15 (so its byte s holds rows 8 r + 2 s and 8 r + 2 s + 1,
@@ -289,44 +292,74 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q4_group_at(const ui
     return s;
 }
 
-/* d * a + m as ggml's (and our loader's) dequantization computes it: the product rounded, then
-   the sum rounded; so the GEMM is bit-identical to the float32 kernel on the dequantized matrix.
-   `exact`: the caller knows d * a is exact in float32 (4-bit panels: an 11-bit float16 d times a
-   4-bit a has at most 15 significant bits), so rounding it changes nothing and one FMA (which
-   rounds d * a + m once) gives the same float; GCC contracts it. Otherwise (8-bit panels take
-   any float32 d) the empty asm stops GCC from contracting the two operations into an FMA. */
-static inline __attribute__((always_inline)) void pg_scale_row(pg_vec a, pg_vec b, const pg_q8_group *s,
-                                                              pg_vec *w0, pg_vec *w1, const int exact) {
-    a *= s->d0;
-    b *= s->d1;
-    if (!exact) {
-        SCRATCHLLM_OPAQUE(a);  /* round the products here */
-        SCRATCHLLM_OPAQUE(b);
+typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in one instruction */
+typedef unsigned int pg_vu __attribute__((vector_size(4 * PG_VL)));
+
+/* An 8-bit group's scales for its word rows: s[t] = d 256^-t for rows t = 0, 1, 2 of a word
+   and d for row 3 (see pg_q8_weight), and m (zero where the panels have none). d 256^-t is
+   exact: the panels' scales are 0 or at least 2^-100 in magnitude (pack_q8 checks), so no
+   scaled copy is subnormal. */
+typedef struct { pg_vec s0[4], s1[4], z0, z1, m0, m1; } pg_q8_scales;  /* z: -128 d */
+
+static inline __attribute__((always_inline)) pg_q8_scales pg_q8_scales_of(const pg_q8_group *g) {
+    pg_q8_scales s;
+    const float step[4] = {1.0f, 1.0f / 256, 1.0f / 65536, 1.0f};
+    for (int t = 0; t < 4; t++) {
+        s.s0[t] = g->d0 * step[t];
+        s.s1[t] = g->d1 * step[t];
     }
-    *w0 = a + s->m0;
-    *w1 = b + s->m1;
+    s.z0 = g->d0 * -128.0f;
+    s.z1 = g->d1 * -128.0f;
+    s.m0 = g->m0;
+    s.m1 = g->m1;
+    return s;
 }
 
-/* Row k of an 8-bit panel as NR floats. `exact`: the panels' d are float16 values (a GGUF
-   file's), so d * q is exact and one FMA gives d * q + m (see pg_scale_row). */
-static inline __attribute__((always_inline)) void pg_q8_row(const int8_t *qrow, const pg_q8_group *s,
-                                                           pg_vec *w0, pg_vec *w1, const int exact) {
-    pg_vec a, b;
-    pg_int8_to_f32(qrow, &a);
-    pg_int8_to_f32(qrow + PG_VL, &b);
-    pg_scale_row(a, b, s, w0, w1, exact);
+/* Row t of an 8-bit word row as floats, v the words of NR / 2 columns, by `mode`:
+   PG_Q8_NO_M (a file's Q8_0: float16 d, no offset): (q + 128) 256^t is one AND for t < 3 (the
+     top byte is shifted down instead: its bits would make the lane negative), converted
+     exactly, and fma((q + 128) 256^t, d 256^-t, -128 d) is d q: d (q + 128) and 128 d are exact
+     for a float16 d, so the one rounding is of the exact d q, which is a float. ggml's d * q.
+   PG_Q8_M_EXACT (offsets, float16 d): q 256^t is the AND less the bias, converted; times
+     d 256^-t plus m in one FMA: d q is exact, so its one rounding is ggml's d * q + m.
+   PG_Q8_M (offsets, any d): the same q 256^t, times d 256^-t rounded on its own (the empty asm
+     keeps GCC from fusing it with the sum), then + m: ggml's two roundings, bit for bit. */
+enum { PG_Q8_NO_M = 0, PG_Q8_M_EXACT = 1, PG_Q8_M = 2 };
+
+static inline __attribute__((always_inline)) pg_vec pg_q8_weight(pg_vi v, const int t, pg_vec s, pg_vec z,
+                                                               pg_vec m, const int mode) {
+    pg_vi u = t == 3 ? (pg_vi)((pg_vu)v >> 24) : v & (0xFF << (8 * t));
+    if (mode == PG_Q8_NO_M)
+        return pg_fma(__builtin_convertvector(u, pg_vec), s, z);
+    pg_vec w = __builtin_convertvector(u - (128 << (8 * (t == 3 ? 0 : t))), pg_vec) * s;
+    if (mode == PG_Q8_M)
+        SCRATCHLLM_OPAQUE(w);
+    return w + m;
 }
+
+/* The mode of a panel's 8-bit weights (pg_q8_weight). */
+#define PG_Q8_MODE(half, exact) ((half) ? PG_Q8_NO_M : (exact) ? PG_Q8_M_EXACT : PG_Q8_M)
+
+/* The words of 8-bit word row r (rows 4 r .. 4 r + 3) of a panel, the NR columns' two halves. */
+static inline __attribute__((always_inline)) void pg_q8_words_at(const uint8_t *q, long r, pg_vi *v0, pg_vi *v1) {
+    memcpy(v0, q + r * 4 * PG_NR, sizeof *v0);
+    memcpy(v1, q + r * 4 * PG_NR + 4 * PG_VL, sizeof *v1);
+}
+
+/* PG_Q8_ROWS(BODY): BODY once per row t = 0..3 of a word row, with w0, w1 that row's weights
+   (v0, v1: the word row's words, s: the group's pg_q8_scales, mode in scope). */
+#define PG_Q8_ROW(t, BODY) { const int tt = (t); \
+    pg_vec w0 = pg_q8_weight(v0, tt, s.s0[tt], s.z0, s.m0, mode), w1 = pg_q8_weight(v1, tt, s.s1[tt], s.z1, s.m1, mode); \
+    BODY }
+#define PG_Q8_ROWS(BODY) PG_Q8_ROW(0, BODY) PG_Q8_ROW(1, BODY) PG_Q8_ROW(2, BODY) PG_Q8_ROW(3, BODY)
 
 /* A 4-bit group's scales for the word rows: d 16^-u for u = 0..3 (exact: a power of two times
    a float16 value stays a normal float), and m. Row 8 r + t of a column is
    q 16^(t % 4) = (word >> (t < 4 ? 0 : 16)) & (0xF << 4 (t % 4)), converted exactly (< 2^16),
    times d 16^-(t % 4): d q exactly; plus m, rounded once: ggml's d * q + m, bit for bit. */
 typedef struct { pg_vec s0[4], s1[4], m0, m1; } pg_q4_group;
-typedef scratchllm_vi pg_vi;  /* signed: AVX2 converts signed ints to floats in one instruction */
 
-static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
-                                                                     long g) {
-    pg_q8_group b = pg_q4_group_at(d, m, g);
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales_of(pg_q8_group b) {
     pg_q4_group s;
     float u = 1.0f;
     for (int i = 0; i < 4; i++, u *= 0.0625f) {
@@ -336,6 +369,121 @@ static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint
     s.m0 = b.m0;
     s.m1 = b.m1;
     return s;
+}
+
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales(const uint16_t *d, const uint16_t *m,
+                                                                     long g) {
+    return pg_q4_scales_of(pg_q4_group_at(d, m, g));
+}
+
+/* PG_VL bytes -> PG_VL floats (exact): unsigned (sgn 0) or signed (sgn 1). */
+static inline __attribute__((always_inline)) pg_vec pg_bytes_to_f32(const void *p, const int sgn) {
+#if PG_VL == 16
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return (pg_vec)_mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#elif PG_VL == 8 && defined(__AVX2__)
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    return (pg_vec)_mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#else
+    pg_vec f;
+    for (int i = 0; i < PG_VL; i++)
+        f[i] = sgn ? (float)((const int8_t *)p)[i] : (float)((const uint8_t *)p)[i];
+    return f;
+#endif
+}
+
+/* ---- K-quant panels (kernels/kpanels.py: Q4_K, Q6_K) ----
+   q (the panel's q4) holds the low 4 bits in the 4-bit panels' words; per super-block of 256 rows
+   and column a float16 D (and Dmin), per group (Q4_K: 32 rows, Q6_K: 16) and column an integer
+   scale sc (and min mn); Q6_K's high 2 bits in qh, one word per 16 rows and column (row
+   8 r + 2 j + p in bits 2 v of byte j, v = 2 r + p). A group's scale D sc and offset -(Dmin mn)
+   are exact float32 products, as ggml makes them. */
+enum { PG_K_NONE = 0, PG_K_Q4K = 1, PG_K_Q6K = 2, PG_K_Q5K = 3, PG_K_Q3K = 4, PG_K_Q2K = 5, PG_K_Q50 = 6, PG_K_Q51 = 7 };
+typedef struct {
+    int kind;
+    const uint8_t *qh;        /* high bits: Q6_K [P, K/4, NR], Q5_K [P, K/8, NR] */
+    const void *sc;           /* [P, K/group, NR]: uint8 (Q4_K, Q5_K, Q2_K), int8 (Q6_K, Q3_K) */
+    const uint8_t *mn;        /* Q4_K, Q5_K, Q2_K: [P, K/group, NR] */
+    const uint16_t *D, *Dmin; /* float16 [P, K/256, NR]; Dmin: Q4_K, Q5_K, Q2_K. Q5_0, Q5_1: their d
+                                 (and Q5_1's m) per 32 [P, K/32, NR], no sc or mn */
+} pg_kq;
+
+/* Rows per float16 scale D: a super-block's 256, or Q5_0's and Q5_1's group of 32. */
+#define PG_KQ_DROWS(kind) ((kind) == PG_K_Q50 || (kind) == PG_K_Q51 ? 32 : 256)
+
+/* Rows per scale group: 16 for Q6_K, Q3_K, Q2_K, 32 for the others. */
+#define PG_KQ_GROUP(kind) ((kind) == PG_K_Q6K || (kind) == PG_K_Q3K || (kind) == PG_K_Q2K ? 16 : 32)
+
+/* Bytes of high-bit words per row of k and column: Q6_K one word per 16 rows, Q5_K per 32. */
+#define PG_KQ_QH_DIV(kind) ((kind) == PG_K_Q6K ? 4 : 8)
+
+/* Q4_K (or Q5_K) group g (rows 32 g .. 32 g + 31 from the panel pointers' row 0, a super-block's
+   first): d = D sc and m = -(Dmin mn) for the NR columns. */
+static inline __attribute__((always_inline)) pg_q8_group pg_q4k_group_at(const pg_kq *k, long g) {
+    pg_q8_group b;
+    pg_vec D0, D1, M0, M1;
+    pg_f16_to_f32(k->D + (g / 8) * PG_NR, &D0);
+    pg_f16_to_f32(k->D + (g / 8) * PG_NR + PG_VL, &D1);
+    pg_f16_to_f32(k->Dmin + (g / 8) * PG_NR, &M0);
+    pg_f16_to_f32(k->Dmin + (g / 8) * PG_NR + PG_VL, &M1);
+    const uint8_t *sc = (const uint8_t *)k->sc + g * PG_NR, *mn = k->mn + g * PG_NR;
+    b.d0 = D0 * pg_bytes_to_f32(sc, 0);
+    b.d1 = D1 * pg_bytes_to_f32(sc + PG_VL, 0);
+    b.m0 = -(M0 * pg_bytes_to_f32(mn, 0));
+    b.m1 = -(M1 * pg_bytes_to_f32(mn + PG_VL, 0));
+    return b;
+}
+
+/* A group g of 16 rows (Q6_K, Q3_K, Q2_K): d = D sc for the NR columns (D of super-block g / 16;
+   sc signed but Q2_K's), and Q2_K's m = -(Dmin mn) (m0, m1 untouched for the others). */
+static inline __attribute__((always_inline)) void pg_k16_scales_at(const pg_kq *k, long g, pg_vec *d0, pg_vec *d1,
+                                                                  pg_vec *m0, pg_vec *m1) {
+    pg_vec D0, D1;
+    const int sgn = k->kind != PG_K_Q2K;
+    pg_f16_to_f32(k->D + (g / 16) * PG_NR, &D0);
+    pg_f16_to_f32(k->D + (g / 16) * PG_NR + PG_VL, &D1);
+    const uint8_t *sc = (const uint8_t *)k->sc + g * PG_NR;
+    *d0 = D0 * pg_bytes_to_f32(sc, sgn);
+    *d1 = D1 * pg_bytes_to_f32(sc + PG_VL, sgn);
+    if (k->kind == PG_K_Q2K) {
+        pg_vec M0, M1;
+        pg_f16_to_f32(k->Dmin + (g / 16) * PG_NR, &M0);
+        pg_f16_to_f32(k->Dmin + (g / 16) * PG_NR + PG_VL, &M1);
+        *m0 = -(M0 * pg_bytes_to_f32(k->mn + g * PG_NR, 0));
+        *m1 = -(M1 * pg_bytes_to_f32(k->mn + g * PG_NR + PG_VL, 0));
+    }
+}
+
+/* A 5-bit group g's d and offset: Q5_K's D sc and -(Dmin mn); Q5_0's float16 d and -16 d (exact);
+   Q5_1's d and m. */
+static inline __attribute__((always_inline)) pg_q8_group pg_q5_group_at(const pg_kq *k, long g) {
+    if (k->kind == PG_K_Q5K)
+        return pg_q4k_group_at(k, g);
+    pg_q8_group b;
+    pg_f16_to_f32(k->D + g * PG_NR, &b.d0);
+    pg_f16_to_f32(k->D + g * PG_NR + PG_VL, &b.d1);
+    if (k->kind == PG_K_Q51) {
+        pg_f16_to_f32(k->Dmin + g * PG_NR, &b.m0);
+        pg_f16_to_f32(k->Dmin + g * PG_NR + PG_VL, &b.m1);
+    } else {
+        b.m0 = b.d0 * -16.0f;
+        b.m1 = b.d1 * -16.0f;
+    }
+    return b;
+}
+
+/* The K-quant pointers from row k0 on (k0 a multiple of 256). */
+static inline pg_kq pg_kq_from(const pg_kq *k, long k0) {
+    pg_kq b = *k;
+    if (k->kind == PG_K_NONE)
+        return b;
+    long groups = k0 / PG_KQ_GROUP(k->kind), drows = PG_KQ_DROWS(k->kind);
+    b.sc = k->sc ? (const uint8_t *)k->sc + groups * PG_NR : NULL;
+    b.mn = k->mn ? k->mn + groups * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + k0 / PG_KQ_QH_DIV(k->kind) * PG_NR : NULL;
+    b.D = k->D + (k0 / drows) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + (k0 / drows) * PG_NR : NULL;
+    return b;
 }
 
 /* The words of word row r (NR columns: two native vectors); hi: the same shifted right by 16
@@ -435,13 +583,22 @@ static inline __attribute__((always_inline)) pg_q8_group pg_q8h_group_at(const u
     return s;
 }
 
-/* A panel's quantized data (bits 8 or 4) and the offsets of row k and group g in it.
-   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). */
-typedef struct { const void *q, *d, *m; int bits, exact, half; } pg_qpanel;  /* exact: see pg_q8_row */
+/* A panel's quantized data (bits 8 or 4; 5, 6: Q5_K, Q6_K) and the offsets of row k and group g in it.
+   half (8-bit only): d is float16 and there is no m (pg_q8h_group_at). exact: Q8Panels.exact.
+   k: K-quant panels' scales (k.kind PG_K_NONE: d and m hold them). */
+typedef struct { const void *q, *d, *m; int bits, exact, half; pg_kq k; } pg_qpanel;
 
-static inline __attribute__((always_inline)) pg_q8_group pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
-    return a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
-                   : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
+/* A 4-bit panel's group g: its float16 d and m, or a Q4_K panel's D sc and -(Dmin mn). */
+static inline __attribute__((always_inline)) pg_q4_group pg_q4_scales_at(const pg_qpanel *a, long g) {
+    if (a->k.kind == PG_K_Q4K)
+        return pg_q4_scales_of(pg_q4k_group_at(&a->k, g));
+    return pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+}
+
+static inline __attribute__((always_inline)) pg_q8_scales pg_group(const pg_qpanel *a, long g) {  /* 8-bit */
+    pg_q8_group b = a->half ? pg_q8h_group_at((const uint16_t *)a->d, g)
+                            : pg_q8_group_at((const float *)a->d, (const float *)a->m, g);
+    return pg_q8_scales_of(&b);
 }
 
 static inline long pg_scale_size(int bits, int half) {  /* bytes of one d (or m) */
@@ -452,16 +609,71 @@ static inline pg_qpanel pg_qpanel_from(const pg_qpanel *a, long k0) {  /* the pa
     pg_qpanel b = *a;
     long scale = pg_scale_size(a->bits, a->half);
     b.q = (const char *)a->q + (a->bits == 8 ? k0 : k0 / 2) * PG_NR;
-    b.d = (const char *)a->d + (k0 / 32) * PG_NR * scale;
+    b.d = a->d ? (const char *)a->d + (k0 / 32) * PG_NR * scale : NULL;
     b.m = a->m ? (const char *)a->m + (k0 / 32) * PG_NR * scale : NULL;
+    b.k = pg_kq_from(&a->k, k0);
     return b;
+}
+
+/* Rows 16 g .. 16 g + 15 of a panel of 16-row groups into buf (rows 16 g on), w = fma(u, d, z):
+   Q6_K u = low | high << 4, d = D sc, z = -32 d (the exact d (u - 32): at most 11 + 7 + 5
+   significant bits); Q3_K u = low, z = -4 d (exact too); Q2_K u = low, z = -(Dmin mn) (D sc u
+   exact, so the one rounding is ggml's). ggml's values. */
+static void pg_k16_rows(const pg_qpanel *a, long g, float *buf) {
+    pg_vec d[2], z[2];
+    pg_k16_scales_at(&a->k, g, &d[0], &d[1], &z[0], &z[1]);
+    if (a->k.kind != PG_K_Q2K)
+        for (int h = 0; h < 2; h++)
+            z[h] = d[h] * (a->k.kind == PG_K_Q6K ? -32.0f : -4.0f);
+    for (int h = 0; h < 2; h++) {
+        pg_vi H = (pg_vi){0}, w[2];
+        if (a->k.kind == PG_K_Q6K)
+            memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
+        for (int r = 0; r < 2; r++)
+            memcpy(&w[r], (const uint8_t *)a->q + (2 * g + r) * 4 * PG_NR + h * 4 * PG_VL, sizeof w[r]);
+        for (int i = 0; i < 16; i++) {
+            const int r = i / 8, t = i % 8, at = 8 * (t / 2) + 2 * (2 * r + t % 2);
+            pg_vi u = (pg_vi)(((pg_vu)w[r] >> (4 * t)) & 0xF) | (pg_vi)((((pg_vu)H >> at) & 3) << 4);
+            pg_vec wt = pg_fma(__builtin_convertvector(u, pg_vec), d[h], z[h]);
+            memcpy(buf + (16 * g + i) * PG_NR + h * PG_VL, &wt, sizeof wt);
+        }
+    }
+}
+
+/* Rows 32 g .. 32 g + 31 of a 5-bit panel (Q5_K, Q5_0, Q5_1) into buf (rows 32 g on): u = low |
+   high << 4, w = fma(u, d, m) (pg_q5_group_at): d u is exact (at most 11 + 6 + 5 significant
+   bits), so the one rounding is ggml's (D sc) u - Dmin mn, d (u - 16) (exact itself), d u + m. */
+static void pg_q5k_rows(const pg_qpanel *a, long g, float *buf) {
+    pg_q8_group s = pg_q5_group_at(&a->k, g);
+    pg_vec d[2] = {s.d0, s.d1}, m[2] = {s.m0, s.m1};
+    for (int h = 0; h < 2; h++) {
+        pg_vi H;
+        memcpy(&H, a->k.qh + g * 4 * PG_NR + h * 4 * PG_VL, sizeof H);
+        for (int i = 0; i < 32; i++) {
+            const int r = i / 8, t = i % 8, at = 8 * (t / 2) + 2 * r + t % 2;
+            pg_vi w;
+            memcpy(&w, (const uint8_t *)a->q + (4 * g + r) * 4 * PG_NR + h * 4 * PG_VL, sizeof w);
+            pg_vi u = (pg_vi)(((pg_vu)w >> (4 * t)) & 0xF) | (pg_vi)((((pg_vu)H >> at) & 1) << 4);
+            pg_vec wt = pg_fma(__builtin_convertvector(u, pg_vec), d[h], m[h]);
+            memcpy(buf + (32 * g + i) * PG_NR + h * PG_VL, &wt, sizeof wt);
+        }
+    }
 }
 
 /* Rows 0..kc-1 of a panel block into buf [kc, NR] float32 (kc a multiple of 32). */
 static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
     for (long g = 0; g < kc / 32; g++) {
+        if (a->bits == 5) {
+            pg_q5k_rows(a, g, buf);
+            continue;
+        }
+        if (a->bits == 6) {  /* Q6_K, Q3_K, Q2_K */
+            pg_k16_rows(a, 2 * g, buf);
+            pg_k16_rows(a, 2 * g + 1, buf);
+            continue;
+        }
         if (a->bits == 4) {
-            pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+            pg_q4_group s = pg_q4_scales_at(a, g);
             for (long r = 4 * g; r < 4 * g + 4; r++) {
                 pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r);
                 float *row = buf + 8 * r * PG_NR;
@@ -469,19 +681,22 @@ static void pg_dequant_block(const pg_qpanel *a, long kc, float *buf) {
             }
             continue;
         }
-        pg_q8_group s = pg_group(a, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {
-            pg_vec w[2];
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w[0], &w[1], a->exact);
-            memcpy(buf + k * PG_NR, w, sizeof w);  /* row k, NR floats */
+        pg_q8_scales s = pg_group(a, g);
+        const int mode = PG_Q8_MODE(a->half, a->exact);
+        for (long r = 8 * g; r < 8 * g + 8; r++) {
+            pg_vi v0, v1;
+            pg_q8_words_at((const uint8_t *)a->q, r, &v0, &v1);
+            float *row = buf + 4 * r * PG_NR;
+            PG_Q8_ROWS(memcpy(row + tt * PG_NR, &w0, sizeof w0); memcpy(row + tt * PG_NR + PG_VL, &w1, sizeof w1);)
         }
     }
 }
 
 /* One row tile (M <= PG_MAXR): dequantize each row of the panel into registers and use it
    at once, so the panel streams from memory without pauses (a block-then-compute loop would
-   let the prefetcher stall between blocks). bits and exact are constants at every call site. */
-static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int exact,
+   let the prefetcher stall between blocks). bits and mode (8-bit: pg_q8_weight's) are constants
+   at every call site. */
+static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, const int bits, const int mode,
                                                               const float *x,
                                                               long lda, const pg_qpanel *a, long kc, float *c,
                                                               long ldc, int cols, int first) {
@@ -490,7 +705,7 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
         acc[r] = (pg_vec){0};
     for (long g = 0; g < kc / 32; g++) {
         if (bits == 4) {  /* a word row is eight rows of k, in order */
-            pg_q4_group s = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g);
+            pg_q4_group s = pg_q4_scales_at(a, g);
             for (long r8 = 4 * g; r8 < 4 * g + 4; r8++) {
                 pg_q4_words v = pg_q4_words_at((const uint8_t *)a->q, r8);
                 PG_Q4_ROWS(for (int r = 0; r < R; r++) {
@@ -501,15 +716,15 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
             }
             continue;
         }
-        pg_q8_group s = pg_group(a, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {  /* one row at a time: 2 R + 2 + 1 live vectors */
-            pg_vec w0, w1;
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &s, &w0, &w1, exact);
-            for (int r = 0; r < R; r++) {
-                float xr = x[r * lda + k];
-                acc[2 * r] += xr * w0;
-                acc[2 * r + 1] += xr * w1;
-            }
+        pg_q8_scales s = pg_group(a, g);
+        for (long r4 = 8 * g; r4 < 8 * g + 8; r4++) {  /* a word row is four rows of k, in order */
+            pg_vi v0, v1;
+            pg_q8_words_at((const uint8_t *)a->q, r4, &v0, &v1);
+            PG_Q8_ROWS(for (int r = 0; r < R; r++) {
+                           float xr = x[r * lda + 4 * r4 + tt];
+                           acc[2 * r] += xr * w0;
+                           acc[2 * r + 1] += xr * w1;
+                       })
         }
     }
     pg_store(R, acc, c, ldc, cols, first);
@@ -517,15 +732,22 @@ static inline __attribute__((always_inline)) void pg_micro_q_r(const int R, cons
 
 static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long kc, float *c, long ldc,
                        int cols, int first) {
-    if (a->bits == 8 && a->exact) {
+    int mode = PG_Q8_MODE(a->half, a->exact);
+    if (a->bits == 8 && mode == PG_Q8_M) {
         switch (R) {
-#define PG_CASE(n) case n: pg_micro_q_r(n, 8, 1, x, lda, a, kc, c, ldc, cols, first); break;
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_M, x, lda, a, kc, c, ldc, cols, first); break;
+        PG_CASES
+#undef PG_CASE
+        }
+    } else if (a->bits == 8 && mode == PG_Q8_M_EXACT) {
+        switch (R) {
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_M_EXACT, x, lda, a, kc, c, ldc, cols, first); break;
         PG_CASES
 #undef PG_CASE
         }
     } else if (a->bits == 8) {
         switch (R) {
-#define PG_CASE(n) case n: pg_micro_q_r(n, 8, 0, x, lda, a, kc, c, ldc, cols, first); break;
+#define PG_CASE(n) case n: pg_micro_q_r(n, 8, PG_Q8_NO_M, x, lda, a, kc, c, ldc, cols, first); break;
         PG_CASES
 #undef PG_CASE
         }
@@ -540,11 +762,12 @@ static void pg_micro_q(int R, const float *x, long lda, const pg_qpanel *a, long
 
 typedef struct {
     const float *x;           /* [M, K] */
-    const void *q;            /* 8-bit: int8 [P, K, NR]; 4-bit: uint8 [P, K/2, NR] */
+    const void *q;            /* 8-bit: uint8 [P, K, NR] in words of biased bytes; 4-bit: uint8 [P, K/2, NR] in words */
     const void *d, *m;        /* [P, K/32, NR]: float32 (8-bit) or float16 (4-bit, 8-bit half) */
-    float *c;                 /* [M, n] */
-    long M, K, n, kc, P, chunk, fused_tiles;
-    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL) */
+    float *c;                 /* [M, n] columns of rows ldc apart */
+    long M, K, n, ldc, kc, P, chunk, fused_tiles;
+    int bits, exact, half;    /* half: 8-bit with float16 d and no m (NULL); bits 5: Q5_K, 6: Q6_K, Q3_K, Q2_K */
+    pg_kq k;                  /* K-quant panels (k.kind != PG_K_NONE): their scales, d and m NULL */
 } pg_q8_job;
 
 static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf);
@@ -561,18 +784,33 @@ static void pg_gemm_q8_task(void *ctx, long t) {
     if (j->M == 1 && j->half)
         for (; p + 3 < end; p += 4)
             pg_gemm_q8h_quad(j, p);
-    if (j->M == 1)
+    if (j->M == 1 && j->bits < 5)  /* Q5_K, Q6_K: a block at a time through the buffer */
         for (; p + 1 < end; p += 2)
             pg_gemm_q8_pair(j, p);
     for (; p < end; p++)
         pg_gemm_q8_panel(j, p, buf);
 }
 
+/* The K-quant pointers of panel p (K rows). */
+static inline pg_kq pg_kq_panel(const pg_kq *k, long K, long p) {
+    pg_kq b = *k;
+    if (k->kind == PG_K_NONE)
+        return b;
+    long groups = K / PG_KQ_GROUP(k->kind), drows = PG_KQ_DROWS(k->kind);
+    b.sc = k->sc ? (const uint8_t *)k->sc + p * groups * PG_NR : NULL;
+    b.mn = k->mn ? k->mn + p * groups * PG_NR : NULL;
+    b.qh = k->qh ? k->qh + p * (K / PG_KQ_QH_DIV(k->kind)) * PG_NR : NULL;
+    b.D = k->D + p * (K / drows) * PG_NR;
+    b.Dmin = k->Dmin ? k->Dmin + p * (K / drows) * PG_NR : NULL;
+    return b;
+}
+
 static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p, from row 0 */
     long scale = pg_scale_size(j->bits, j->half), groups = p * (j->K / 32) * PG_NR;
     pg_qpanel whole = {(const char *)j->q + p * (j->bits == 8 ? j->K : j->K / 2) * PG_NR,
-                       (const char *)j->d + groups * scale, j->m ? (const char *)j->m + groups * scale : NULL,
-                       j->bits, j->exact, j->half};
+                       j->d ? (const char *)j->d + groups * scale : NULL,
+                       j->m ? (const char *)j->m + groups * scale : NULL,
+                       j->bits, j->exact, j->half, pg_kq_panel(&j->k, j->K, p)};
     return whole;
 }
 
@@ -580,7 +818,7 @@ static inline pg_qpanel pg_whole_panel(const pg_q8_job *j, long p) {  /* panel p
    independent, so one panel's FMA latency overlaps the other's unpacking (about 12% faster
    single-stream on Zen 3). Every output is still one chain over k in order, block by block:
    the same sums as pg_gemm_q8_panel. */
-static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int exact,
+static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits, const int mode,
                                                                   const float *x, const pg_qpanel *a,
                                                                   const pg_qpanel *b, long kc, float *c,
                                                                   int cols_b, int first, long ahead) {
@@ -589,8 +827,7 @@ static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits
         acc[r] = (pg_vec){0};
     for (long g = 0; g < kc / 32; g++) {
         if (bits == 4) {
-            pg_q4_group sa = pg_q4_scales((const uint16_t *)a->d, (const uint16_t *)a->m, g),
-                        sb = pg_q4_scales((const uint16_t *)b->d, (const uint16_t *)b->m, g);
+            pg_q4_group sa = pg_q4_scales_at(a, g), sb = pg_q4_scales_at(b, g);
             for (long r = 4 * g; r < 4 * g + 4; r++) {
                 /* the next pair's row r, a pair's time ahead: see pg_gemm_q8_pair */
                 __builtin_prefetch((const char *)a->q + r * 4 * PG_NR + ahead);
@@ -609,15 +846,18 @@ static inline __attribute__((always_inline)) void pg_micro_q1x2_r(const int bits
             }
             continue;
         }
-        pg_q8_group sa = pg_group(a, g), sb = pg_group(b, g);
-        for (long k = 32 * g; k < 32 * g + 32; k++) {
-            pg_vec w0, w1, w2, w3;
-            pg_q8_row((const int8_t *)a->q + k * PG_NR, &sa, &w0, &w1, exact);
-            pg_q8_row((const int8_t *)b->q + k * PG_NR, &sb, &w2, &w3, exact);
-            acc[0] += x[k] * w0;
-            acc[1] += x[k] * w1;
-            acc[2] += x[k] * w2;
-            acc[3] += x[k] * w3;
+        pg_q8_scales sa = pg_group(a, g), sb = pg_group(b, g);
+        for (long r = 8 * g; r < 8 * g + 8; r++) {
+            pg_vi a0, a1, b0, b1;
+            pg_q8_words_at((const uint8_t *)a->q, r, &a0, &a1);
+            pg_q8_words_at((const uint8_t *)b->q, r, &b0, &b1);
+            for (int t = 0; t < 4; t++) {
+                float xk = x[4 * r + t];
+                acc[0] += xk * pg_q8_weight(a0, t, sa.s0[t], sa.z0, sa.m0, mode);
+                acc[1] += xk * pg_q8_weight(a1, t, sa.s1[t], sa.z1, sa.m1, mode);
+                acc[2] += xk * pg_q8_weight(b0, t, sb.s0[t], sb.z0, sb.m0, mode);
+                acc[3] += xk * pg_q8_weight(b1, t, sb.s1[t], sb.z1, sb.m1, mode);
+            }
         }
     }
     pg_store(1, acc, c, 0, PG_NR, first);  /* panel p is whole: another one follows it */
@@ -640,27 +880,28 @@ static void pg_gemm_q8_pair(const pg_q8_job *j, long p) {
         float *c = j->c + p * PG_NR;
         if (j->bits == 4)
             pg_micro_q1x2_r(4, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 2 * (j->K / 2) * PG_NR);
+        else if (j->half)
+            pg_micro_q1x2_r(8, PG_Q8_NO_M, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
         else if (j->exact)
-            pg_micro_q1x2_r(8, 1, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+            pg_micro_q1x2_r(8, PG_Q8_M_EXACT, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
         else
-            pg_micro_q1x2_r(8, 0, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
+            pg_micro_q1x2_r(8, PG_Q8_M, x, &a, &b, kcur, c, cols_b, k0 == 0, 0);
     }
 }
 
 /* One row of x against four 8-bit panels without offsets (a file's Q8_0, w = d * q, exact):
    eight accumulator chains, so that neither the FMA latency nor the register file binds (two
    panels at a time left 4 chains for 8 FMAs per k, and their scales spilled). The group's
-   scales are widened once into ds, in L1, and read by the multiplies from there. w = d * q
-   is one rounding-free multiply (d * q + 0 would only turn a -0 weight into +0, which adds
-   the same to every sum), then the float32 kernel's FMA: every output is one chain over k in
-   order, block by block, the same sums as pg_gemm_q8_panel. */
+   scales (pg_q8_scales: four scaled copies of d and -128 d per half panel) are made once into
+   ds, in L1, and read by the weights' FMAs from there. Then the float32 kernel's FMA: every
+   output is one chain over k in order, block by block, the same sums as pg_gemm_q8_panel. */
 static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
     const long K = j->K, G = K / 32;
-    const int8_t *q[4];
+    const uint8_t *q[4];
     const uint16_t *d[4];
-    float ds[8][PG_VL] __attribute__((aligned(64)));
+    pg_q8_scales ds[4];
     for (int i = 0; i < 4; i++) {
-        q[i] = (const int8_t *)j->q + (p + i) * K * PG_NR;
+        q[i] = (const uint8_t *)j->q + (p + i) * K * PG_NR;
         d[i] = (const uint16_t *)j->d + (p + i) * G * PG_NR;
     }
     float *c = j->c + p * PG_NR;
@@ -672,27 +913,23 @@ static void pg_gemm_q8h_quad(const pg_q8_job *j, long p) {
             acc[r] = (pg_vec){0};
         for (long g = k0 / 32; g < kend / 32; g++) {
             for (int i = 0; i < 4; i++) {
-                pg_vec h0, h1;
-                pg_f16_to_f32(d[i] + g * PG_NR, &h0);
-                pg_f16_to_f32(d[i] + g * PG_NR + PG_VL, &h1);
-                memcpy(ds[2 * i], &h0, sizeof h0);
-                memcpy(ds[2 * i + 1], &h1, sizeof h1);
+                pg_q8_group b = pg_q8h_group_at(d[i], g);
+                ds[i] = pg_q8_scales_of(&b);
             }
-            for (long k = 32 * g; k < 32 * g + 32; k++) {
-                float xk = j->x[k];
-                if (!(k & 3))  /* the next four panels' line of rows k..k+3: see pg_gemm_q8_pair */
-                    for (int i = 0; i < 4; i++)
-                        __builtin_prefetch(q[i] + k * PG_NR + 4 * K * PG_NR);
-                for (int i = 0; i < 4; i++) {
-                    pg_vec a, b, da, db;
-                    pg_int8_to_f32(q[i] + k * PG_NR, &a);
-                    pg_int8_to_f32(q[i] + k * PG_NR + PG_VL, &b);
-                    memcpy(&da, ds[2 * i], sizeof da);
-                    memcpy(&db, ds[2 * i + 1], sizeof db);
-                    a *= da;
-                    b *= db;
-                    acc[2 * i] += xk * a;
-                    acc[2 * i + 1] += xk * b;
+            for (long r = 8 * g; r < 8 * g + 8; r++) {
+                /* the next four panels' line of this word row: see pg_gemm_q8_pair */
+                for (int i = 0; i < 4; i++)
+                    __builtin_prefetch(q[i] + r * 4 * PG_NR + 4 * K * PG_NR);
+                pg_vi v[8];
+                for (int i = 0; i < 4; i++)
+                    pg_q8_words_at(q[i], r, &v[2 * i], &v[2 * i + 1]);
+                for (int t = 0; t < 4; t++) {
+                    float xk = j->x[4 * r + t];
+                    for (int i = 0; i < 4; i++) {
+                        acc[2 * i] += xk * pg_q8_weight(v[2 * i], t, ds[i].s0[t], ds[i].z0, ds[i].m0, PG_Q8_NO_M);
+                        acc[2 * i + 1] += xk * pg_q8_weight(v[2 * i + 1], t, ds[i].s1[t], ds[i].z1, ds[i].m1,
+                                                            PG_Q8_NO_M);
+                    }
                 }
             }
         }
@@ -708,17 +945,18 @@ static void pg_gemm_q8_panel(const pg_q8_job *j, long p, float *buf) {
     for (long k0 = 0; k0 < j->K; k0 += j->kc) {  /* blocks as the float32 kernel sums them */
         long kcur = j->K - k0 < j->kc ? j->K - k0 : j->kc;
         pg_qpanel block = pg_qpanel_from(&whole, k0);
-        int fused = ntiles <= j->fused_tiles;  /* dequantize in registers, no buffer (tile 2+: q from L1) */
+        /* dequantize in registers, no buffer (tile 2+: q from L1); Q5_K, Q6_K always through the buffer */
+        int fused = ntiles <= j->fused_tiles && j->bits != 5 && j->bits != 6;
         if (!fused)
             pg_dequant_block(&block, kcur, buf);
         for (long t = 0; t < ntiles; t++) {
             pg_tile(j->M, t, ntiles, &r0, &rows);
             if (fused)
-                pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->n + p * PG_NR,
-                           j->n, cols, k0 == 0);
+                pg_micro_q(rows, j->x + r0 * j->K + k0, j->K, &block, kcur, j->c + r0 * j->ldc + p * PG_NR,
+                           j->ldc, cols, k0 == 0);
             else
                 pg_micro_f32(rows, j->x + r0 * j->K + k0, j->K, buf, kcur,
-                             j->c + r0 * j->n + p * PG_NR, j->n, cols, k0 == 0);
+                             j->c + r0 * j->ldc + p * PG_NR, j->ldc, cols, k0 == 0);
         }
     }
 }
@@ -744,7 +982,7 @@ typedef struct {
     const uint8_t *const *rows;
     const uint8_t *types;
     long N, K;
-    uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs; Q8_0: int8 [P, K, NR] */
+    uint8_t *q;               /* Q4: [P, K/2, NR] nibble pairs in words; Q8_0: [P, K, NR] biased bytes in words */
     uint16_t *d, *m;          /* [P, K/32, NR] float16 bits (m NULL: Q8_0, or Q4_0 only) */
     int overflow;             /* set (atomically) when a Q4_0 scale's -8 d is beyond float16 */
 } pg_repack_job;
@@ -752,6 +990,8 @@ typedef struct {
 /* Where byte row k2 (rows 2 k2, 2 k2 + 1 of k) of column j lies in a 4-bit panel's words: byte
    k2 % 4 of word (k2 / 4, j). */
 #define PG_Q4_AT(k2, j) (((k2) / 4 * PG_NR + (j)) * 4 + (k2) % 4)
+/* Where row k of column j lies in an 8-bit panel's words: byte k % 4 of word (k / 4, j). */
+#define PG_Q8_AT(k, j) (((k) / 4 * PG_NR + (j)) * 4 + (k) % 4)
 
 /* -8 d for a float16 d, as float16 bits: exact (a power of two times a half) unless it
    overflows, which returns 0xFFFF (not a value -8 d can take: that is a NaN pattern). */
@@ -860,13 +1100,17 @@ static void pg_repack_task(void *ctx, long p) {
        columns) is written whole before the next, while the panel's rows are read as NR
        sequential streams */
     for (long g = 0; g < G; g++) {
+        if (rows < PG_NR && j->types[p * PG_NR] == PG_Q8_0)  /* the right edge's missing columns: q = 0 */
+            for (long jj = rows; jj < PG_NR; jj++)
+                for (int i = 0; i < 32; i++)
+                    j->q[(p * j->K + 32 * g) * PG_NR + PG_Q8_AT(i, jj)] = 0x80;
         for (long jj = 0; jj < rows; jj++) {
             long o = p * PG_NR + jj;
             const uint8_t *qs = pg_repack_scales(j, o, g, (p * G + g) * PG_NR + jj);
-            if (j->types[o] == PG_Q8_0) {
-                int8_t *q = (int8_t *)j->q + (p * j->K + 32 * g) * PG_NR + jj;
+            if (j->types[o] == PG_Q8_0) {  /* row i of the group, column jj: PG_Q8_AT, biased by 128 */
+                uint8_t *q = j->q + (p * j->K + 32 * g) * PG_NR;
                 for (int i = 0; i < 32; i++)
-                    q[i * PG_NR] = (int8_t)qs[i];
+                    q[PG_Q8_AT(i, jj)] = (uint8_t)(qs[i] ^ 0x80);
                 continue;
             }
             uint8_t *q = j->q + (p * (j->K / 2) + 16 * g) * PG_NR;  /* byte row t, column jj: PG_Q4_AT */

@@ -359,15 +359,17 @@ class LlamaModel:
     panels_from_cache: bool  # its panels were mapped from the panel cache, packed by an earlier load
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
-                 panel_cache: "PanelCache | None" = None) -> None:
+                 panel_cache: "PanelCache | None" = None, activations: str = "float32") -> None:
         """`weights`: name -> array with Hugging Face names (model.layers.N.self_attn.q_proj.weight ...).
         `dtype`: how the matrices are stored and multiplied: "float32", "bfloat16" or "quantized".
-        `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only)."""
+        `panel_cache`: a models.panel_cache.PanelCache of the weights' file (quantized only).
+        `activations`: how quantized matrices multiply x: dtypes.ACTIVATIONS, "float32" (exact),
+        "int8" or "int16" (PackedWeight.activations)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.config = config
         self.dtype = dtype
-        self.params, self.weights = pack(config, weights, dtype, panel_cache)
+        self.params, self.weights = pack(config, weights, dtype, panel_cache, activations)
         self.workspace = Workspace(config)  # a step's buffers, reused across layers and steps
 
     def forward(self, input_ids: Ints, positions: Ints, attention: Attention,
@@ -405,13 +407,14 @@ class CheckpointView(Mapping[str, F32]):
 
 
 def pack(cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
-         panel_cache: "PanelCache | None" = None) -> tuple[dict[str, Any], CheckpointView]:
+         panel_cache: "PanelCache | None" = None,
+         activations: str = "float32") -> tuple[dict[str, Any], CheckpointView]:
     """HF-named arrays -> (params for `llama`, a CheckpointView of them). Shapes are asserted.
 
     Every matrix becomes a PackedWeight [in, out], q|k|v and gate|up fused along `out`; see the
     module docstring for why. `panel_cache` (models/panel_cache.py): panels packed by an earlier
     load of the same file, and where this load's go."""
-    return Packer(cfg, w, dtype, panel_cache).pack()
+    return Packer(cfg, w, dtype, panel_cache, activations).pack()
 
 
 class Packer:
@@ -420,8 +423,9 @@ class Packer:
     assert their shapes and record them in the CheckpointView."""
 
     def __init__(self, cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str,
-                 panel_cache: "PanelCache | None" = None) -> None:
+                 panel_cache: "PanelCache | None" = None, activations: str = "float32") -> None:
         self.cfg, self.w, self.dtype, self.panel_cache = cfg, w, dtype, panel_cache
+        self.activations = activations  # of the quantized matrices (PackedWeight.activations)
         self.view = CheckpointView()
         self.arena = PanelArena()  # the panels of the file's blocks, in huge pages (see models/arena.py)
 
@@ -552,6 +556,8 @@ class Packer:
             else:  # "quantized" with a matrix the file stores unquantized: float32
                 rows = [self.tensor(n, s) for n, s in zip(names, shapes, strict=True)]
                 packed = PackedWeight.from_rows(rows, "float32" if self.dtype == "quantized" else self.dtype)
+        if packed.dtype == "quantized":
+            packed.activations = self.activations
         col = 0
         for name, shape in zip(names, shapes, strict=True):
             self.view.parts[name] = (packed, slice(col, col + shape[0]))
@@ -581,15 +587,12 @@ class Packer:
         parts = [w.blocks(n) for n in names]
         if any(p is None for p in parts):
             return None
-        kinds = {p[0] for p in parts}
-        if "Q8_0" in kinds and len(kinds) > 1:  # Q8_0 beside Q4: the 8-bit panels of from_quantized_rows
-            return None
         for name, shape, (kind, raw, _) in zip(names, shapes, parts, strict=True):
-            if shape[1] % 32 or raw.shape != (shape[0], shape[1] // 32 * packed_gemm.BLOCK_BYTES[kind]):
+            if shape[1] % 32 or raw.shape != (shape[0], packed_gemm.row_bytes(kind, shape[1])):
                 raise ValueError(f"tensor {name!r} has {raw.shape[0]} rows of {raw.shape[1]} bytes of {kind} "
                                  f"blocks, expected shape {shape}")
         shape = (shapes[0][1], sum(s[0] for s in shapes))
-        rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # Q8_0: a byte per k; Q4: a nibble
+        rows = (shape[0] if parts[0][0] == "Q8_0" else shape[0] // 2)  # the first part's: Q8_0 a byte a k
         panel_shape = (-(-shape[1] // packed_gemm.NR), rows, packed_gemm.NR)
         cached = cache.get("|".join(names), panel_shape) if cache is not None else None
         if cached is not None:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from scratchllm.dtypes import DTYPES
+from scratchllm.dtypes import DTYPES, storage
 from scratchllm.errors import ConfigError, FormatError
 from scratchllm.formats import Checkpoint, load_checkpoint
 from scratchllm.formats import ggml_quants as gq
@@ -146,12 +146,13 @@ class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
         return self._unpermute(hf_name, q), self._unpermute(hf_name, d), self._unpermute(hf_name, m)
 
     def blocks(self, hf_name: str) -> Blocks | None:
-        """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D Q8_0 / Q4_0 / Q4_1
-        tensor: its blocks as the file stores them (a view of the mapped file, nothing read yet),
-        and for q/k rows the order that undoes llama.cpp's permutation (output row i is stored
-        row order[i]); None for any other type. What packed_gemm.pack_blocks takes."""
+        """(type name, raw uint8 [rows, row bytes], row order or None) of a 2-D tensor of a type
+        with panels of its own (packed_gemm.PANEL_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): its blocks
+        as the file stores them (a view of the mapped file, nothing read yet), and for q/k rows
+        the order that undoes llama.cpp's permutation (output row i is stored row order[i]); None
+        for any other type. What packed_gemm.pack_blocks takes."""
         info = self.ckpt.tensor_info(self.names[hf_name])
-        if info.dtype not in packed_gemm.BLOCK_TYPES or len(info.shape) != 2:
+        if info.dtype not in packed_gemm.PANEL_TYPES or len(info.shape) != 2:
             return None
         rows = info.shape[0]
         raw = self.ckpt.raw(info.name).reshape(rows, -1)
@@ -236,8 +237,8 @@ def check_tensor_types(ckpt: Checkpoint) -> None:
 
 
 def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint) -> None:
-    """One line saying which quantized matrices of a "quantized" model run in float32 (types with no
-    exact quantized kernel: ggml_quants.GROUP 16, or fused with such a part) and what it costs."""
+    """One line saying which quantized matrices of a "quantized" model run in float32 (a K-quant
+    fused with a type that has no panels of its own) and what it costs."""
     parts = getattr(getattr(model, "weights", None), "parts", {})
     names, f32_bytes, file_bytes, seen = [], 0, 0, set()
     for hf_name, (packed, _) in parts.items():
@@ -257,25 +258,35 @@ def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint
 
 def auto_dtype(ckpt: Checkpoint, config: ModelConfig) -> str:
     """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
-    compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. Both
-    give float32's logits."""
-    return "quantized" if config.family == "llama" and _has_quantized_blocks(ckpt) else "float32"
+    compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. The
+    blocks are multiplied by activations rounded to 16 bits ("int16": within about 1e-3 of the
+    exact logits) where this build has a dot-product instruction (AVX512-VNNI, AVX-VNNI), with
+    which that beats the exact "quantized" products at every batch size measured; without it
+    (AVX2), "int16" is faster at decode but slower at prefill, and auto keeps the exact path
+    (docs/kernels.md)."""
+    if config.family != "llama" or not _has_quantized_blocks(ckpt):
+        return "float32"
+    return "int16" if packed_gemm.INT_DOT_INSTRUCTION else "quantized"
 
 
 def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Checkpoint | None = None) -> FamilyModel:
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
-    `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is "quantized"
-    for a Llama-family GGUF file that has quantized matrices and "float32" otherwise: the file's
-    own blocks where there are any, and in either case float32's logits. "float32" computes
+    `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is, for a
+    Llama-family GGUF file that has quantized matrices, "int16" where the build has VNNI dot
+    products and "quantized" elsewhere (auto_dtype), and "float32" otherwise. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
-    (Llama family, GGUF files) keeps the file's matrices of ggml_quants.KERNEL_TYPES quantized in
-    memory (Q4_0 / Q4_1 as 4 bits per weight, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS as one
-    int8 per weight; a scale and offset per 32) and dequantizes them inside the GEMM exactly as the
-    float32 path does: the same logits, bit for bit, from a third of the bytes or less. Matrices
-    the file stores unquantized, or in a type with 16-wide groups (Q6_K, Q3_K, Q2_K), are float32
-    (dequantized once at load; logged).
+    (Llama family, GGUF files) keeps the file's quantized matrices in memory (Q4_0 / Q4_1 as 4 bits
+    per weight, Q4_K, Q5_K and Q6_K at about the file's bits, Q8_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS as
+    one int8 per weight with a scale and offset per 32) and dequantizes them inside the GEMM
+    exactly as the float32 path does: the same logits, bit for bit, from a third of the bytes or
+    less; Q3_K and Q2_K in 4-bit words. Matrices the file stores unquantized, or that fuse a
+    K-quant with a 32-wide type, are float32 (dequantized once
+    at load; logged). "int16" and "int8" store them as "quantized" does and
+    multiply them by activations rounded to integers per 32 values with integer dot products:
+    faster, with logits close to float32's but not equal (scratchllm/bench/accuracy.py measures
+    how close): "int8" rounds x to 8 bits, as llama.cpp does; "int16" to 16, in two 8-bit levels.
 
     `checkpoint`: `ref` already opened with formats.load_checkpoint, for a caller that reads
     the same file's tokenizer too (the header is then parsed once)."""
@@ -292,13 +303,14 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
         logger.info("dtype auto: %s runs as %s", path, dtype)
     if dtype != "float32" and config.family != "llama":
         raise ConfigError(f"dtype {dtype} is implemented for the Llama family; {config.model_type} runs in float32")
-    if dtype == "quantized" and not _has_quantized_blocks(ckpt):
-        raise ConfigError(f"dtype quantized keeps a GGUF file's {' / '.join(sorted(gq.KERNEL_TYPES))} matrices "
+    stored, activations = storage(dtype)
+    if stored == "quantized" and not _has_quantized_blocks(ckpt):
+        raise ConfigError(f"dtype {dtype} keeps a GGUF file's {' / '.join(sorted(gq.KERNEL_TYPES))} matrices "
                           f"quantized; {path} has none (use float32 or bfloat16)")
     weights = _Recorder(GGUFAsHF(ckpt, config) if ckpt.format == "gguf" else ckpt)
     try:
-        options: dict[str, Any] = {"dtype": dtype} if config.family == "llama" else {}
-        if config.family == "llama" and dtype == "quantized" and ckpt.format == "gguf" and panel_cache.enabled():
+        options: dict[str, Any] = {"dtype": stored, "activations": activations} if config.family == "llama" else {}
+        if config.family == "llama" and stored == "quantized" and ckpt.format == "gguf" and panel_cache.enabled():
             options["panel_cache"] = panel_cache.PanelCache(ckpt.path)
         model = FAMILIES[config.family](config, weights, **options)
     except (KeyError, ValueError) as err:
@@ -307,7 +319,7 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     if extra:
         raise FormatError(ckpt.path, f"{len(extra)} tensors the {config.model_type} model does not use: "
                                      + ", ".join(extra[:5]))
-    if ckpt.format == "gguf" and dtype == "quantized":
+    if ckpt.format == "gguf" and stored == "quantized":
         assert isinstance(weights.inner, GGUFAsHF), "a GGUF file is read through GGUFAsHF"
         log_float32_matrices(model, weights.inner, ckpt)
         # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the

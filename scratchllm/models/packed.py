@@ -9,12 +9,15 @@ dtype "float32" keeps every weight bit; "bfloat16" rounds weights (and, inside t
 activations they multiply) to bfloat16 for half the bytes and twice the multiply rate;
 "quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
 4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
-bytes; packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
-Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see
-formats.ggml_quants.as_q8) and computes with exactly the float32 values they stand for. Types
-with a scale per 16 weights (Q6_K, Q3_K, Q2_K) have no such panels: their matrices, and any
-matrix fused with one, are float32 (the loader logs which). Norms, rotary embeddings, attention
-and the KV cache stay float32 in every mode.
+bytes; kernels/kpanels.KPanels for the K-quants, Q4_K, Q5_K and Q6_K at about the file's bits
+per weight, Q3_K and Q2_K in 4-bit words;
+packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
+Q5_1, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see formats.ggml_quants.as_q8;
+a fused matrix of K-quants beside other types in parts, packed_gemm.SegmentedPanels) and computes
+with exactly the float32 values they stand for. A matrix that fuses a K-quant with a type that
+has no panels of its own (Q5_0, Q5_1, IQ4_*) is float32 (the loader logs which). `activations`
+"int8" or "int16" multiplies the same panels by x rounded to integers instead (dtypes.ACTIVATIONS).
+Norms, rotary embeddings, attention and the KV cache stay float32 in every mode.
 """
 
 from collections.abc import Callable, Sequence
@@ -24,13 +27,32 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
+from scratchllm.formats.ggml_quants import KERNEL_TYPES
 from scratchllm.kernels import packed_gemm
+from scratchllm.kernels.kpanels import PANEL_BYTES, SUPER
+from scratchllm.kernels.kpanels import TYPES as KPANEL_TYPES
 
-__all__ = ["DTYPES", "PackedWeight"]  # DTYPES re-exported: models.llama checks against it
+__all__ = ["DTYPES", "PackedWeight", "panel_bytes_per_weight"]  # DTYPES re-exported: models.llama checks against it
 
 F32 = npt.NDArray[np.float32]
 # (q, d, m) of one quantized part: formats.ggml_quants.as_q8 / as_q4
 QuantizedPart = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]
+
+
+def panel_bytes_per_weight(type_name: str) -> float | None:
+    """Bytes per weight a matrix of this GGUF type takes in its quantized panels (the layouts of
+    packed_gemm and kpanels), or None where the model keeps it in float32 (plain types). For a
+    matrix of one type, or of K-quants in parts; a part fused with parts of another
+    type may take more (Q8_0 beside the 32-wide types: 40 / 32), or less (Q4_0 alone: 18 / 32)."""
+    if type_name in KPANEL_TYPES:
+        return PANEL_BYTES[type_name] / SUPER
+    if type_name in ("Q4_0", "Q4_1"):
+        return 20 / 32  # 16 bytes of nibbles, float16 d and m
+    if type_name == "Q8_0":
+        return 34 / 32  # int8, a float16 d
+    if type_name in KERNEL_TYPES:
+        return 40 / 32  # int8 and float32 d and m per 32
+    return None
 
 
 class PackedWeight:
@@ -38,6 +60,10 @@ class PackedWeight:
 
     shape: tuple[int, int]
     panels: "packed_gemm.Panels"  # a stub-only alias (kernels/packed_gemm.pyi)
+    # How quantized panels multiply x (dtypes.ACTIVATIONS): "float32" (exact), "int8" or "int16" (x
+    # rounded to integers per 32 values, integer dot products; kernels/packed_int8.h). Set before the first
+    # product: the kernel binding reads it once. Float32 and bfloat16 panels ignore it.
+    activations: str = "float32"
 
     def __init__(self, w: npt.NDArray[Any], dtype: str = "float32") -> None:
         """w: the [in, out] matrix, any strides (a transposed [out, in] checkpoint tensor is fine)."""
@@ -84,8 +110,15 @@ class PackedWeight:
                     shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
-        `shape`: (in, out). None where the blocks cannot be kept as they are (a Q4_0 scale whose
-        -8 d overflows float16): `from_quantized_rows` handles those."""
+        `shape`: (in, out). Parts of types that share no panels (a K-quant or Q5_0 beside another
+        type, Q8_0 beside a 4-bit type): packed_gemm.SegmentedPanels, each run of parts of one kind
+        in panels of its own. None where the blocks cannot be kept as they are (a Q4_0 scale whose
+        -8 d overflows float16; a run of parts that is not whole panels wide before another):
+        `from_quantized_rows` handles those."""
+        kinds = {kind for kind, _, _ in parts}
+        if len({_family(kind) for kind in kinds}) > 1:
+            segmented = _segments(parts, shape[0], alloc)
+            return None if segmented is None else cls.from_panels(segmented, shape)
         panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
         return None if panels is None else cls.from_panels(panels, shape)
 
@@ -96,7 +129,7 @@ class PackedWeight:
         gemm: packed_gemm.QuantizedGemm | None = getattr(self, "_gemm", None)
         if gemm is None:  # checked and bound once (packed_gemm.QuantizedGemm)
             assert not isinstance(self.panels, np.ndarray), "quantized weights have quantized panels"
-            gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1])
+            gemm = self._gemm = packed_gemm.QuantizedGemm(self.panels, self.shape[1], self.activations)
         gemm(x, out)
         return out
 
@@ -106,7 +139,7 @@ class PackedWeight:
         if self.dtype == "quantized" and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32 \
                 and x.flags.c_contiguous:  # the LM head of a decode step: the product bound once (matmul_into)
             return self.matmul_into(x, np.empty((x.shape[0], self.shape[1]), dtype=np.float32))
-        return packed_gemm.matmul(x, self.panels, self.shape[1])
+        return packed_gemm.matmul(x, self.panels, self.shape[1], activations=self.activations)
 
     @property
     def nbytes(self) -> int:
@@ -121,4 +154,33 @@ class PackedWeight:
         return packed_gemm.columns(self.panels, self.shape[0], ids)
 
     def __repr__(self) -> str:
-        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, {self.nbytes / 2**20:.1f} MiB)"
+        x8 = f", {self.activations} activations" if self.activations != "float32" else ""
+        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}{x8}, {self.nbytes / 2**20:.1f} MiB)"
+
+
+def _family(kind: str) -> str:
+    """Parts of one family share panels: Q4_0 and Q4_1 (Q4Panels); each other type its own."""
+    return "Q4" if kind in ("Q4_0", "Q4_1") else kind
+
+
+def _segments(parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], K: int,
+              alloc: Callable[..., npt.NDArray[Any]]) -> "packed_gemm.SegmentedPanels | None":
+    """Consecutive parts of one family, each run in its own panels (pack_blocks); None where a run
+    before the last is not whole panels wide (its panels could not write straight into its columns)
+    or a run cannot be kept as it is."""
+    runs: list[list[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]]] = []
+    for part in parts:
+        if runs and _family(runs[-1][-1][0]) == _family(part[0]):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    cols = [sum(raw.shape[0] for _, raw, _ in run) for run in runs]
+    if any(c % packed_gemm.NR for c in cols[:-1]):
+        return None
+    panels = []
+    for run in runs:
+        packed = packed_gemm.pack_blocks(run, K, alloc)
+        if packed is None:
+            return None
+        panels.append(packed)
+    return packed_gemm.SegmentedPanels(tuple(panels), tuple(cols))

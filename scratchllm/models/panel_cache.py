@@ -28,20 +28,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from scratchllm.kernels import packed_gemm
+from scratchllm.kernels import kpanels, packed_gemm
+from scratchllm.kernels.kpanels import KPanels
 from scratchllm.models import progress
 
 logger = logging.getLogger(__name__)
 
-QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels  # what the cache keeps: a file's blocks, packed
+# what the cache keeps: a file's blocks, packed
+QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels | packed_gemm.SegmentedPanels
 
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
-FORMAT = 5  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
+FORMAT = 7  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
 # 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
-# cache written before is written once more instead of being read in small pages for ever
+# cache written before is written once more instead of being read in small pages for ever;
+# 6: 8-bit panels in words of 4 rows, bytes biased by 128 (packed_gemm.Q8Panels); 7: K-quant panels
+# (kernels/kpanels.py), where format 6 had Q4_K in 8-bit panels
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 
@@ -72,6 +77,60 @@ def _drop_from_page_cache(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # no such call here: the cache still works, in small pages
         pass
+
+
+Leaf = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels  # panels of one kind
+
+
+def _leaf_entry(panels: Leaf) -> tuple[dict[str, Any], list[npt.NDArray[Any]]]:
+    """An index entry for panels of one kind (its arrays' places still to be filled) and the arrays."""
+    if isinstance(panels, KPanels):
+        fields = [f for f in kpanels.ARRAYS if getattr(panels, f) is not None]
+        return ({"kind": "k", "ktype": panels.kind, "fields": fields, "arrays": []},
+                [getattr(panels, f) for f in fields])
+    if isinstance(panels, packed_gemm.Q8Panels):
+        parts = [panels.q, panels.d, panels.m]
+        entry: dict[str, Any] = {"kind": "q8", "exact": bool(panels.exact), "arrays": []}
+    else:
+        parts = [panels.q4, panels.d, panels.m]
+        entry = {"kind": "q4", "exact": False, "arrays": []}
+    return entry, [a for a in parts if a is not None]  # Q8_0 and Q4_0 panels have no offsets
+
+
+Leaves = list[tuple[dict[str, Any], list[npt.NDArray[Any]]]]  # (a part's index entry, its arrays) each
+
+
+def _entry(panels: QuantizedPanels) -> tuple[dict[str, Any], Leaves]:
+    """The index entry of panels, and its leaves: (a part's entry, its arrays) for each part."""
+    if not isinstance(panels, packed_gemm.SegmentedPanels):
+        entry, arrays = _leaf_entry(panels)
+        return entry, [(entry, arrays)]
+    leaves = [_leaf_entry(p) for p in panels.parts]
+    return {"kind": "seg", "cols": list(panels.cols), "parts": [e for e, _ in leaves]}, leaves
+
+
+def _panels(entry: dict[str, Any], mm: mmap.mmap) -> QuantizedPanels:
+    """The panels an index entry describes, as arrays over the mapped file."""
+    if entry["kind"] == "seg":
+        parts = tuple(_leaf_panels(p, mm) for p in entry["parts"])
+        return packed_gemm.SegmentedPanels(parts, tuple(entry["cols"]))
+    return _leaf_panels(entry, mm)
+
+
+def _leaf_panels(entry: dict[str, Any], mm: mmap.mmap) -> Leaf:
+    arrays = []
+    for dtype, shape, offset in entry["arrays"]:
+        count = int(np.prod(shape))
+        if offset + count * np.dtype(dtype).itemsize > len(mm):
+            raise ValueError("an array past the end of the file")
+        arrays.append(np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape))
+    if entry["kind"] == "k":  # K-quant panels: the fields present, by name
+        named = dict(zip(entry["fields"], arrays, strict=True))
+        return KPanels._make([*(named.get(f) for f in kpanels.ARRAYS), entry["ktype"]])
+    if entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
+        return packed_gemm.Q4Panels(*arrays, *([None] if len(arrays) == 2 else []))
+    # q, d (float16 and no m: a file's Q8_0) or q, d, m
+    return packed_gemm.Q8Panels._make([*arrays, *([None] if len(arrays) == 2 else []), entry["exact"]])
 
 
 def cache_dir() -> Path:
@@ -150,17 +209,7 @@ class PanelCache:
             index.pop(SOURCE, None)
             index.pop(SOURCE_STAT, None)
             for name, entry in index.items():
-                arrays = []
-                for dtype, shape, offset in entry["arrays"]:
-                    count = int(np.prod(shape))
-                    if offset + count * np.dtype(dtype).itemsize > len(mm):
-                        raise ValueError(f"{name}: array past the end of the file")
-                    arrays.append(np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape))
-                if entry["kind"] == "q4":  # q4, d (Q4_0: no m) or q4, d, m
-                    self.hits[name] = packed_gemm.Q4Panels(*arrays, *([None] if len(arrays) == 2 else []))
-                else:  # q, d (float16 and no m: a file's Q8_0) or q, d, m
-                    self.hits[name] = packed_gemm.Q8Panels._make([*arrays, None, entry["exact"]] if len(arrays) == 2
-                                                                 else [*arrays, entry["exact"]])
+                self.hits[name] = _panels(entry, mm)
             _mark_used(self.path)
             try:  # map every page now (from the page cache), as llama.cpp's loader does with MAP_POPULATE
                 mm.madvise(MADV_POPULATE_READ)
@@ -171,9 +220,14 @@ class PanelCache:
             self.hits = {}
 
     def get(self, name: str, shape: tuple[int, ...]) -> QuantizedPanels | None:
-        """The cached panels of matrix `name`, if they have the panel shape `shape` [P, rows, NR]."""
+        """The cached panels of matrix `name`, if they have the panel shape `shape` [P, rows, NR]
+        (in parts: P panels in all, the first part's rows, every part's NR)."""
         panels = self.hits.get(name)
-        if panels is None or panels[0].shape != tuple(shape):
+        if panels is None:
+            return None
+        parts: tuple[Leaf, ...] = panels.parts if isinstance(panels, packed_gemm.SegmentedPanels) else (panels,)
+        if (sum(p[0].shape[0] for p in parts), parts[0][0].shape[1]) != tuple(shape[:2]) or \
+                any(p[0].shape[2] != shape[2] for p in parts):
             return None
         return panels
 
@@ -213,18 +267,12 @@ class PanelCache:
         index: dict[str, Any] = {}  # name -> entry, and SOURCE, SOURCE_STAT
         offset, blobs = 0, []
         for name, panels in everything.items():
-            entry: dict[str, Any]
-            if isinstance(panels, packed_gemm.Q8Panels):
-                parts = [panels.q, panels.d, panels.m]
-                entry = {"kind": "q8", "exact": bool(panels.exact), "arrays": []}
-            else:
-                parts = [panels.q4, panels.d, panels.m]
-                entry = {"kind": "q4", "exact": False, "arrays": []}
-            arrays = [a for a in parts if a is not None]  # Q8_0 and Q4_0 panels have no offsets
-            for a in arrays:
-                entry["arrays"].append([a.dtype.str, list(a.shape), offset])  # relative for now
-                blobs.append(a)
-                offset += -(-a.nbytes // ALIGN) * ALIGN
+            entry, leaves = _entry(panels)
+            for leaf, arrays in leaves:
+                for a in arrays:
+                    leaf["arrays"].append([a.dtype.str, list(a.shape), offset])  # relative for now
+                    blobs.append(a)
+                    offset += -(-a.nbytes // ALIGN) * ALIGN
             index[name] = entry
         index[SOURCE] = str(self.model_path.resolve())
         index[SOURCE_STAT] = _source_stat(self.model_path)
@@ -232,7 +280,10 @@ class PanelCache:
         # the data starts on a page; each offset grows by at most 12 digits when made absolute
         start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
         for name, entry in index.items():
-            for arr in entry["arrays"] if name not in (SOURCE, SOURCE_STAT) else ():
+            if name in (SOURCE, SOURCE_STAT):
+                continue
+            parts: list[dict[str, Any]] = entry["parts"] if entry["kind"] == "seg" else [entry]
+            for arr in (a for part in parts for a in part["arrays"]):
                 arr[2] += start
         body = json.dumps(index).encode()
         assert 16 + len(body) <= start, "the index outgrew its room"

@@ -177,15 +177,18 @@ QUANTIZED_SHAPES = [(1, 32, 7), (1, 96, 65), (1, 576, 960), (3, 64, 65), (13, 57
 def test_quantized_matmul_is_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(kind, M, K, N):
     q, d, m, w = quantized_operands(K, N, kind)
     panels = pg.pack_q8(q, d, m)
-    assert panels.q.dtype == np.int8 and panels.nbytes < pg.pack(w).nbytes / 3
+    assert panels.q.dtype == np.uint8 and panels.nbytes < pg.pack(w).nbytes / 3
+    np.testing.assert_array_equal(pg.unpack(panels, K, N), w)  # the words of biased bytes hold q, d and m
     assert_quantized_panels_compute_w(panels, w, M)
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
 @pytest.mark.parametrize("M,K,N", QUANTIZED_SHAPES[:5])
-def test_eight_bit_panels_with_any_float32_scale_round_the_product_first(M, K, N):
+def test_eight_bit_panels_with_any_float32_scale_round_the_product_first(M, K, N, kind):
     """Scales that are not float16 values: d * q is rounded before + m (no fused multiply-add), as the
     dequantized matrix was made."""
-    q, _, m, _ = quantized_operands(K, N, "Q4_1")
+    q, _, m, _ = quantized_operands(K, N, kind)
+    m = (np.random.default_rng(6).standard_normal((K // 32, N)) * 0.02).astype(np.float32)
     d = (np.random.default_rng(5).standard_normal((K // 32, N)) * 0.02).astype(np.float32)  # 24-bit mantissas
     w = (q.astype(np.float32).reshape(K // 32, 32, N) * d[:, None] + m[:, None]).reshape(K, N)
     panels = pg.pack_q8(q, d, m)
@@ -299,7 +302,7 @@ def test_pack_blocks_refuses_what_it_cannot_keep():
     x = np.random.default_rng(0).standard_normal((1, K)).astype(np.float32)
     w = alone.dequantize().transpose(1, 0, 2).reshape(K, -1)
     assert np.isfinite(w).all() and np.array_equal(pg.matmul(x, alone, 16), pg.matmul(x, pg.pack(w), 16))
-    with pytest.raises(ValueError, match="Q4_0/Q4_1 parts or Q8_0 parts"):
+    with pytest.raises(ValueError, match="Q4_0/Q4_1 parts, Q8_0 parts, or parts of one type of"):
         pg.pack_blocks([("Q8_0", raw_blocks("Q8_0", 16, K), None), ("Q4_1", raw_blocks("Q4_1", 16, K), None)], K)
     with pytest.raises(ValueError, match="rows must be"):
         pg.pack_blocks([("Q4_1", raw_blocks("Q4_1", 16, K)[:, :-1], None)], K)

@@ -41,7 +41,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def ours():
-    return load_model("gemma3-270m"), Tokenizer.from_pretrained("gemma3-270m")
+    return load_model("gemma3-270m", dtype="quantized"), Tokenizer.from_pretrained("gemma3-270m")  # exact path
 
 
 def _ref_logits(reference, ids, keep):  # the last `keep` positions' logits

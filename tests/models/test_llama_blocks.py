@@ -130,7 +130,7 @@ def test_no_workspace_path_is_unchanged():
 
 
 def test_check_bit_equal_script_on_the_default_model():
-    """scripts/check_bit_equal.py: the default dtype's logits against float32's, through the C blocks."""
+    """scripts/check_bit_equal.py: the exact path's logits against float32's, through the C blocks."""
     import json
     import os
     import subprocess

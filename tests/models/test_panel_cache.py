@@ -146,3 +146,34 @@ def test_a_new_cache_leaves_the_page_cache_and_is_mapped_with_huge_page_advice(c
         assert "hg" in fields["VmFlags"].split()
     assert int(fields["Rss"].split()[0]) * 1024 > 0.9 * path.stat().st_size  # populated at load
     np.testing.assert_array_equal(logits(model), logits(load_model("default")))
+
+
+def test_k_quant_panels_round_trip(tmp_path):
+    """Q4_K and Q6_K panels (kernels/kpanels.py), and a matrix of both in parts, come back from the
+    cache file as they went in."""
+    from scratchllm.kernels import packed_gemm
+    from scratchllm.kernels.kpanels import KPanels
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"stands for a model file")
+    rng = np.random.default_rng(0)
+    panels = {}
+    for kind, block in (("Q4_K", 144), ("Q6_K", 210)):
+        raw = rng.integers(0, 256, (40, 2 * block), dtype=np.uint8)  # any bytes: compared as bytes
+        panels[kind] = packed_gemm.pack_blocks([(kind, raw, None)], 512)
+    panels["both"] = packed_gemm.SegmentedPanels((panels["Q6_K"], panels["Q4_K"]), (packed_gemm.NR, 40))
+    cache = pc.PanelCache(model, tmp_path)
+    for kind, p in panels.items():
+        cache.put(kind, p)
+    cache.save()
+    again = pc.PanelCache(model, tmp_path)
+    for kind in ("Q4_K", "Q6_K"):
+        got, p = again.get(kind, panels[kind].q4.shape), panels[kind]
+        assert isinstance(got, KPanels) and got.kind == kind and not got.q4.flags.writeable  # mapped
+        for a, b in zip(got[:6], p[:6], strict=True):
+            assert (a is None and b is None) or np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert again.get(kind, (1, 2, 3)) is None  # another shape: not these panels
+    both = again.get("both", (panels["Q6_K"].q4.shape[0] + panels["Q4_K"].q4.shape[0], 256, packed_gemm.NR))
+    assert isinstance(both, packed_gemm.SegmentedPanels) and both.cols == (packed_gemm.NR, 40)
+    assert [p.kind for p in both.parts] == ["Q6_K", "Q4_K"]
+    assert np.array_equal(both.parts[1].sc, panels["Q4_K"].sc)

@@ -1,5 +1,5 @@
 """scripts/make_random_gguf.py writes a Llama GGUF that loads, whose Q4_0 weights are the gguf
-package's own dequantization, and whose default dtype gives float32's logits bit for bit."""
+package's own dequantization, and whose dtype "quantized" gives float32's logits bit for bit."""
 
 import importlib.util
 from pathlib import Path
@@ -20,7 +20,7 @@ def test_tiny_random_llama_loads_quantized_and_matches_float32(tmp_path, default
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     path = script.write_random_llama_gguf(tmp_path / "tiny.gguf", **script.SIZES["tiny"], tokenizer_from=default_gguf)
-    auto, f32 = load_model(path), load_model(path, dtype="float32")
+    auto, f32 = load_model(path, dtype="quantized"), load_model(path, dtype="float32")
     assert auto.dtype == "quantized" and auto.config.num_layers == 2 and auto.config.hidden_size == 64
     reader = gguf.GGUFReader(str(path))
     t = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
