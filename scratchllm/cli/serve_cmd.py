@@ -47,7 +47,7 @@ from scratchllm.server.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 if TYPE_CHECKING:
     import uvicorn
 
-    from scratchllm.server.app import Drain, ServedModel
+    from scratchllm.server.app import Drain, ServedModel, ServerConfig
     from scratchllm.server.registry import ModelRegistry, ModelSpec
     from scratchllm.tokenizer import Tokenizer
     from scratchllm.tokenizer.protocol import TokenizerLike
@@ -405,6 +405,27 @@ def _with_chat_template(tokenizer: TokenizerLike, template: str) -> Tokenizer:
     return Tokenizer(dataclasses.replace(tokenizer.spec, chat_template=template))
 
 
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The HTTP server's options (one process or the replicas' ingress alike), checked."""
+    from scratchllm.server.app import ServerConfig
+    from scratchllm.server.metrics import check_prefix
+
+    try:
+        check_prefix(args.metrics_prefix)
+    except ValueError as err:
+        raise ConfigError(f"--metrics-prefix: {err}") from None
+    if args.sse_ping_interval < 0:
+        raise ConfigError(f"--sse-ping-interval must be >= 0 seconds (0 = off), got {args.sse_ping_interval}")
+    if args.drain_timeout < 0:
+        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    return ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
+                        drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
+                        allowed_origins=origins, metrics_prefix=args.metrics_prefix,
+                        trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,
+                        sse_ping_interval_s=args.sse_ping_interval, tool_call_parser=args.tool_call_parser)
+
+
 def run(args: argparse.Namespace) -> int:
     sources = apply_config(args, args.serve_parser, args.env_set)  # the file, under the environment and flags
     if sources.get("log_level") in ("file", "environment"):
@@ -416,32 +437,18 @@ def run(args: argparse.Namespace) -> int:
         from scratchllm.cluster.cli import serve_replicas
 
         args.model = model_from_args(args)
-        return serve_replicas(args)
+        return serve_replicas(args, server_config(args))
     import uvicorn
 
-    from scratchllm.server.app import ServerConfig, create_app
-    from scratchllm.server.metrics import check_prefix
+    from scratchllm.server.app import create_app
 
     # Everything the command line alone decides is checked, and the port bound, before the model
     # loads or the trace ring, the capture folder or any other file is touched.
-    try:
-        check_prefix(args.metrics_prefix)
-    except ValueError as err:
-        raise ConfigError(f"--metrics-prefix: {err}") from None
+    config = server_config(args)
     check_capture_args(args)
-    if args.sse_ping_interval < 0:
-        raise ConfigError(f"--sse-ping-interval must be >= 0 seconds (0 = off), got {args.sse_ping_interval}")
-    if args.drain_timeout < 0:
-        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     sock = listen(args.host, args.port, "scratchllm serve")
     try:
         registry = build(args)
-        origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-        config = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                              drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
-                              allowed_origins=origins, metrics_prefix=args.metrics_prefix,
-                              trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,
-                              sse_ping_interval_s=args.sse_ping_interval, tool_call_parser=args.tool_call_parser)
         otlp = None
         if args.otlp_traces_endpoint:
             from scratchllm.trace.otlp import make_tracer

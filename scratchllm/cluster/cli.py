@@ -7,12 +7,14 @@ import sys
 from typing import Any
 
 from scratchllm.errors import ConfigError
+from scratchllm.server.state import ServerConfig
 
 
-def spec_from_args(args: Any) -> Any:
+def spec_from_args(args: Any, server: ServerConfig) -> Any:
+    """`server`: the HTTP options the ingress serves with (API key, CORS, limits, field
+    strictness, pings, tool-call format), checked by the serve command as for one process."""
     from scratchllm.cluster.app import ClusterSpec
     from scratchllm.cluster.replica import ReplicaSpec
-    from scratchllm.server.app import ServerConfig
 
     if args.batching != "continuous":
         raise ConfigError("--replicas serves the continuous engine only (not --batching static)")
@@ -31,9 +33,6 @@ def spec_from_args(args: Any) -> Any:
         # error here, before Ray starts, not a failed deploy of every replica and the ingress
         load_frontend(args.model, options)
         replica = ReplicaSpec(args.model, options, dtype=args.dtype)
-    server = ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout,
-                          tool_call_parser=getattr(args, "tool_call_parser", "auto"))
     embedding = None if args.embedding_model == "none" else args.embedding_model
     if embedding is not None and not args.fake_engine:
         from scratchllm.formats.refs import resolve_model
@@ -43,14 +42,14 @@ def spec_from_args(args: Any) -> Any:
                        max_model_len=args.max_model_len, server=server, embedding_model=embedding)
 
 
-def serve_replicas(args: Any) -> int:
+def serve_replicas(args: Any, server: ServerConfig) -> int:
     try:
         import ray  # noqa: F401 - only to say clearly what is missing
     except ImportError as err:
         raise ConfigError(f"--replicas needs the cluster extra (pip install 'scratchllm[cluster]'): {err}") from None
     from scratchllm.cluster.app import start
 
-    spec = spec_from_args(args)  # bad options fail here, before Ray starts
+    spec = spec_from_args(args, server)  # bad options fail here, before Ray starts
     print(f"scratchllm serve: {spec.replicas} replicas of {spec.replica.model} on Ray Serve, "
           f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     start(spec, args.ray_address, args.host, args.port)

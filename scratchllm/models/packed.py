@@ -10,12 +10,12 @@ activations they multiply) to bfloat16 for half the bytes and twice the multiply
 "quantized" keeps a GGUF file's quantized blocks (packed_gemm.Q4Panels for Q4_0 / Q4_1: two
 4-bit values per byte plus a float16 scale and offset per 32 weights of a column, the file's
 bytes; kernels/kpanels.KPanels for the K-quants, Q4_K, Q5_K and Q6_K at about the file's bits
-per weight, Q3_K and Q2_K in 4-bit words;
-packed_gemm.Q8Panels for Q8_0 and for the other types with one scale per 32 weights, Q5_0,
-Q5_1, IQ4_NL, IQ4_XS: int8 plus a float32 scale and offset, see formats.ggml_quants.as_q8;
-a fused matrix of K-quants beside other types in parts, packed_gemm.SegmentedPanels) and computes
-with exactly the float32 values they stand for. A matrix that fuses a K-quant with a type that
-has no panels of its own (Q5_0, Q5_1, IQ4_*) is float32 (the loader logs which). `activations`
+per weight, Q3_K and Q2_K in 4-bit words, and for Q5_0 and Q5_1 in the same words;
+packed_gemm.Q8Panels for Q8_0 and for IQ4_NL and IQ4_XS: int8 plus a float32 scale and offset,
+see formats.ggml_quants.as_q8; a fused matrix of parts of several types,
+packed_gemm.SegmentedPanels, each run of one type in its own panels) and computes with exactly
+the float32 values they stand for. A fused matrix whose parts cannot be kept so (a run before
+the last that is not whole panels wide) is float32 (the loader logs which). `activations`
 "int8" or "int16" multiplies the same panels by x rounded to integers instead (dtypes.ACTIVATIONS).
 Norms, rotary embeddings, attention and the KV cache stay float32 in every mode.
 """

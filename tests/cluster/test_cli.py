@@ -9,7 +9,7 @@ from scratchllm.cli import serve_cmd
 from scratchllm.errors import ConfigError
 
 pytest.importorskip("ray", reason="the cluster extra (ray[serve]) is not installed")
-from scratchllm.cluster.cli import spec_from_args
+from scratchllm.cluster import cli as cluster_cli
 
 
 def parse(argv):
@@ -18,11 +18,30 @@ def parse(argv):
     return parser.parse_args(["serve", *argv])
 
 
+def spec_from_args(args):
+    """The spec the serve command hands the cluster: the replica's options and the ingress's HTTP
+    options, checked as for one process."""
+    return cluster_cli.spec_from_args(args, serve_cmd.server_config(args))
+
+
 def test_the_fake_engine_and_the_servers_limits_reach_the_spec():
     spec = spec_from_args(parse(["--replicas", "3", "--fake-engine", "--max-num-seqs", "5", "--fake-step-ms", "7",
                                  "--max-in-flight", "9", "--num-kv-blocks", "200"]))
     assert spec.replicas == 3 and spec.replica.fake and spec.server.max_in_flight == 9
     assert spec.replica.engine_options == {"max_running": 5, "step_ms": 7.0, "max_model_len": 2048, "num_blocks": 200}
+
+
+def test_the_ingress_serves_with_every_http_option_one_process_takes(monkeypatch):
+    """An API key, CORS origins, field strictness, pings and the tool-call format reach the
+    ingress (an API key given with --replicas once served without one)."""
+    spec = _started_spec(monkeypatch, ["--replicas", "2", "--fake-engine", "--api-key", "k3y", "--allowed-origins",
+                                       "http://a.example", "--lenient-fields", "--sse-ping-interval", "4",
+                                       "--tool-call-parser", "hermes", "--max-body-bytes", "1000"])
+    assert spec.server.api_key == "k3y" and spec.server.allowed_origins == ("http://a.example",)
+    assert spec.server.lenient_fields and spec.server.sse_ping_interval_s == 4.0
+    assert spec.server.tool_call_parser == "hermes" and spec.server.max_body_bytes == 1000
+    with pytest.raises(ConfigError, match="sse-ping-interval"):
+        _started_spec(monkeypatch, ["--replicas", "2", "--fake-engine", "--sse-ping-interval", "-1"])
 
 
 def test_a_model_replica_gets_the_engine_options():
