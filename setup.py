@@ -68,9 +68,17 @@ extensions += [
     for path in sorted(glob.glob(f"scratchllm/{package}/*.pyx"))
 ]
 
+# `make` installs the package (metadata, the `scratchllm` command) with SCRATCHLLM_NO_EXTENSIONS=1
+# and builds the extensions in place itself, in parallel (`build_ext --inplace -j`): an editable
+# pip install would otherwise compile every one a second time, serially, into a directory of its
+# own that the source tree's in-place modules shadow anyway.
+if os.environ.get("SCRATCHLLM_NO_EXTENSIONS") == "1":
+    extensions = []
+
 setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives={"language_level": 3, "boundscheck": False, "wraparound": False, "cdivision": True},
+        nthreads=os.cpu_count() or 1,  # the .pyx -> .c translations in parallel (the C compiles: build_ext -j)
     )
 )
