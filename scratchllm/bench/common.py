@@ -51,6 +51,15 @@ def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
                              "float32 scale per block and KV head. Smaller: fewer bytes per token of context")
 
 
+def require_at_least_one(args: argparse.Namespace, *names: str) -> None:
+    """Refuse, naming the flag, any of these counts below 1 (before a bench does any work)."""
+    from scratchllm.errors import ConfigError
+
+    for name in names:
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+
+
 def median(values: Iterable[float]) -> float:
     return float(statistics.median(values))
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.bench.common import LoadedModel, machine_facts, median
+from scratchllm.bench.common import LoadedModel, machine_facts, median, require_at_least_one
 from scratchllm.bench.engine_report import render as render  # the report of these runs
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
@@ -362,9 +362,8 @@ def _settle(args: argparse.Namespace) -> tuple[set[str], list[str]]:
         args.chat_new_tokens = min(args.chat_new_tokens, 32)
     for lengths in (args.prompt_len, args.output_len):
         _range(lengths)  # LO,HI refused before any work
-    for name in ("requests", "batch_size", "max_seqs", "latency_requests", "decode_seqs", "chat_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least_one(args, "requests", "batch_size", "max_seqs", "latency_requests", "decode_seqs",
+                         "chat_new_tokens")
     if args.load < 0 or args.rate < 0:
         raise ConfigError("--load and --rate must be >= 0")
     if not 0 <= args.kv_fraction <= 1:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.common import machine_facts, median, require_at_least_one
 from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPES, PagedSequence, kv_bytes_per_token
 
 DTYPES = list(KV_DTYPES)
@@ -116,13 +116,10 @@ def kernel_times(config: Any, threads: int, calls: int, shapes: list[tuple[int, 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.engine import EngineConfig, LLMEngine
     from scratchllm.engine.load import load_weights
-    from scratchllm.errors import ConfigError
     from scratchllm.models.threads import set_blas_threads
     from scratchllm.sampling import SamplingParams
 
-    for name in ("rounds", "threads", "short", "long", "new_tokens", "batch", "kernel_calls"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least_one(args, "rounds", "threads", "short", "long", "new_tokens", "batch", "kernel_calls")
     shapes = kernel_shapes(args.kernel_shapes)
     set_blas_threads(args.threads)
     model, _ = load_weights(args.model, "auto", tokenizer=False)  # one model; an engine (a pool) per dtype

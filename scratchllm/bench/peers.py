@@ -51,6 +51,7 @@ from scratchllm.bench.common import (
     machine_facts,
     measure_bandwidth,
     median,
+    require_at_least_one,
     weight_bytes_per_token,
 )
 
@@ -316,9 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.formats import load_checkpoint
     from scratchllm.formats.refs import resolve_model
 
-    for name in ("rounds", "threads", "prompt_tokens", "new_tokens", "decode_context", "batch", "bandwidth_mb"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least_one(args, "rounds", "threads", "prompt_tokens", "new_tokens", "decode_context", "batch",
+                         "bandwidth_mb")
     sequences = _sequences(args.sequences)
     path = resolve_model(args.model)
     ckpt = load_checkpoint(path)

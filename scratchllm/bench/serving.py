@@ -26,9 +26,6 @@ import argparse
 import asyncio
 import json
 import math
-import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -116,8 +113,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.repeat):
         # Interleaved, so load that drifts on a shared machine hits every mode alike.
         for mode in ("static", "continuous"):
-            with _server(args, mode, len(workload.prompts)) as url:
-                trials[mode].append(_measure(url, args, workload, slo))
+            with serving_peer.Server(mode, _compare_cmd(args, mode, len(workload.prompts)), timeout_s=120) as server:
+                assert server.url is not None  # read from the server's first line
+                trials[mode].append(_measure(server.url, args, workload, slo))
         if args.overhead and not args.fake_engine:
             trials["offline"].append(_offline(args, workload))
     runs = {mode: _median_run(t) for mode, t in trials.items() if t}
@@ -222,44 +220,14 @@ def _first_model(url: str, args: argparse.Namespace) -> str:
         raise ConfigError(f"no OpenAI-compatible server at {url}: {err}") from None
 
 
-class _server:
-    """`scratchllm serve` in a subprocess on a free loopback port; SIGTERM (drain) on exit."""
-
-    def __init__(self, args: argparse.Namespace, batching: str, num_requests: int) -> None:
-        self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
-                    "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
-        self.cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
-            else ["--model", args.serve_model]
-        self.cmd += ["--max-num-seqs", str(args.max_num_seqs)]
-
-    def __enter__(self) -> str:
-        self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None  # stderr=PIPE
-        line = self.proc.stderr.readline()
-        found = re.search(r"http://\S+", line)
-        if not found:
-            rest = line + self.proc.stderr.read()
-            self.proc.wait()
-            raise ConfigError(f"server did not start: {rest.strip()[-500:]}")
-        url = found.group(0)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if _get(url + "/health", {}, 5).status == 200:
-                    return url
-            except (httpx.HTTPError, OSError):
-                time.sleep(0.1)
-        raise ConfigError(f"server at {url} never became healthy")
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        assert self.proc.stderr is not None  # stderr=PIPE
-        self.proc.stderr.close()
+def _compare_cmd(args: argparse.Namespace, batching: str, num_requests: int) -> list[str]:
+    """`scratchllm serve` for --compare: one batching mode on a free loopback port (started and
+    stopped, SIGTERM first, by serving_peer.Server)."""
+    cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--batching", batching,
+           "--embedding-model", "none", "--max-in-flight", str(num_requests + 8)]
+    cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
+        else ["--model", args.serve_model]
+    return cmd + ["--max-num-seqs", str(args.max_num_seqs)]
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -63,8 +64,13 @@ def _free_port() -> int:
 class Server:
     """A server process we start: its command, how its URL is found, its memory while it runs."""
 
-    def __init__(self, name: str, cmd: list[str], url: str | None = None, timeout_s: float = 300) -> None:
+    def __init__(self, name: str, cmd: list[str], url: str | None = None, timeout_s: float = 300,
+                 on_log_line: Callable[[str], None] | None = None) -> None:
+        """url: where a server given its port answers (None: read from its stderr's first line, as
+        `scratchllm serve --port 0` prints it). on_log_line: each later line of that stderr (else
+        they are read and dropped: a full pipe would stop the server mid-run)."""
         self.name, self.cmd, self.url, self.timeout_s = name, cmd, url, timeout_s
+        self.on_log_line = on_log_line
         self.rss_ready_mb = 0.0
         self.drain: threading.Thread | None = None
 
@@ -77,12 +83,13 @@ class Server:
             assert self.proc.stderr is not None
             line = self.proc.stderr.readline()
             found = re.search(r"http://\S+", line)
-            if not found:
+            if not found:  # it exited (a bad option, a model that does not load): its last words
+                self.proc.wait()
+                rest = line + self.proc.stderr.read()
                 self._stop()
-                raise ConfigError(f"{self.name} did not start: {line.strip()[-300:]}")
+                raise ConfigError(f"{self.name} did not start: {rest.strip()[-500:]}")
             self.url = found.group(0)
-            # the rest of its log, read and dropped: a full pipe would stop the server mid-run
-            self.drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+            self.drain = threading.Thread(target=self._read_log, daemon=True)
             self.drain.start()
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
@@ -97,6 +104,15 @@ class Server:
             time.sleep(0.2)
         self._stop()
         raise ConfigError(f"{self.name} at {self.url} never became healthy")
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None  # stderr=PIPE
+        try:
+            for line in self.proc.stderr:
+                if self.on_log_line is not None:
+                    self.on_log_line(line)
+        except (OSError, ValueError):  # closed by _stop once the server is gone
+            pass
 
     def _stop(self) -> float:
         self.proc.send_signal(signal.SIGTERM)

@@ -27,7 +27,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -37,8 +36,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from scratchllm.bench import http_client
-from scratchllm.bench.serving import _first_model, _server
+from scratchllm.bench import http_client, serving_peer
+from scratchllm.bench.serving import _first_model
 from scratchllm.cluster.soak import _one
 from scratchllm.errors import ConfigError
 
@@ -292,33 +291,35 @@ def _weights_bytes(args: argparse.Namespace) -> int | None:
     return sum(info.nbytes for info in ckpt.infos.values())
 
 
-class _SoakServer(_server):
-    """`scratchllm serve` on a free loopback port, with a small admission bound (so bursts meet 429)."""
+class _SoakServer:
+    """`scratchllm serve` on a free loopback port, with a small admission bound (so bursts meet 429),
+    its log's last lines and ERROR lines counted as they come."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--embedding-model", "none",
-                    "--max-in-flight", str(args.max_in_flight), "--max-num-seqs", str(args.max_num_seqs),
-                    "--trace", "none"]
-        self.cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
+        cmd = [sys.executable, "-m", "scratchllm.cli.main", "serve", "--port", "0", "--embedding-model", "none",
+               "--max-in-flight", str(args.max_in_flight), "--max-num-seqs", str(args.max_num_seqs),
+               "--trace", "none"]
+        cmd += ["--fake-engine", "--fake-step-ms", str(args.fake_step_ms)] if args.fake_engine \
             else ["--model", args.serve_model]
-
         self.log: list[str] = []  # the server's last lines of stderr
         self.errors_logged = 0  # of its lines, those logged at ERROR or CRITICAL
+        self.server = serving_peer.Server("scratchllm serve", cmd, timeout_s=120, on_log_line=self._log_line)
 
     def __enter__(self) -> str:
-        url = super().__enter__()
-        # read the rest of its stderr all along: a full pipe would block a server that logs
-        threading.Thread(target=self._read_log, daemon=True).start()
-        return url
+        self.server.__enter__()
+        assert self.server.url is not None  # read from the server's first line
+        return self.server.url
 
-    def _read_log(self) -> None:
-        assert self.proc.stderr is not None  # stderr=PIPE
-        try:
-            for line in self.proc.stderr:
-                self.log = [*self.log[-49:], line.rstrip()]
-                self.errors_logged += " ERROR " in line or " CRITICAL " in line
-        except (OSError, ValueError):  # closed by __exit__ once the server is gone
-            pass
+    def __exit__(self, *exc: object) -> None:
+        self.server.__exit__(*exc)
+
+    @property
+    def pid(self) -> int:
+        return self.server.proc.pid
+
+    def _log_line(self, line: str) -> None:
+        self.log = [*self.log[-49:], line.rstrip()]
+        self.errors_logged += " ERROR " in line or " CRITICAL " in line
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -335,7 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         server = _SoakServer(args)
         with server as started:
-            result = _drive(args, started, server.proc.pid, seconds, sample_s)
+            result = _drive(args, started, server.pid, seconds, sample_s)
         result["server_errors_logged"] = server.errors_logged
         result["server_log_tail"] = server.log[-10:]
     result.update(rss_figures(result, _weights_bytes(args)))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.common import machine_facts, median, require_at_least_one
 from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -164,9 +164,7 @@ def engine_overhead(model: Model, args: argparse.Namespace, tokenizer: Tokenizer
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_num_seqs < 0:
         raise ConfigError(f"--max-num-seqs must be >= 0, got {args.max_num_seqs}")
-    for name in ("ring_mib", "steps", "repeat", "requests", "prompt_len", "output_len", "engine_repeat"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least_one(args, "ring_mib", "steps", "repeat", "requests", "prompt_len", "output_len", "engine_repeat")
     figs: dict[str, Any] = {}
     result: dict[str, Any] = {"inputs": {k: v for k, v in vars(args).items() if k != "func"}, "goals": GOALS,
                               "figures": figs, "ratios": {}}
