@@ -51,6 +51,17 @@ def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
                              "float32 scale per block and KV head. Smaller: fewer bytes per token of context")
 
 
+def status_mb(pid: int | str, field: str) -> float | None:
+    """A process's /proc status memory field (VmRSS, VmHWM: its peak) in MB; pid "self" for this
+    process. None once it is gone (or has no memory: a zombie). For a peak, not getrusage's
+    ru_maxrss: on Linux a child starts with its parent's peak at fork."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")), None)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def require_at_least_one(args: argparse.Namespace, *names: str) -> None:
     """Refuse, naming the flag, any of these counts below 1 (before a bench does any work)."""
     from scratchllm.errors import ConfigError

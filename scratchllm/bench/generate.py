@@ -25,7 +25,14 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.bench import peers
-from scratchllm.bench.common import LoadedModel, machine_facts, measure_bandwidth, median, weight_bytes_per_token
+from scratchllm.bench.common import (
+    LoadedModel,
+    machine_facts,
+    measure_bandwidth,
+    median,
+    status_mb,
+    weight_bytes_per_token,
+)
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 
 if TYPE_CHECKING:
@@ -140,11 +147,7 @@ def compare_dtypes(model: LoadedModel, other: LoadedModel, args: argparse.Namesp
 
 def rss_mb() -> float | None:
     """Resident memory of this process (Linux /proc), MB."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
+    return status_mb("self", "VmRSS")
 
 
 def _model_sha256(path: str | os.PathLike[str]) -> str | None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scratchllm.bench.common import status_mb
+
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
 ENV = "SCRATCHLLM_LLAMA_CPP"
 
@@ -44,15 +46,6 @@ def build_info(folder: Path | None = None) -> dict[str, Any]:
         return {}
     info: dict[str, Any] = json.loads(path.read_text())
     return info
-
-
-def status_mb(pid: int, field: str) -> float | None:
-    """A process's VmRSS or VmHWM in MB; None once it is gone (or has no memory: a zombie)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")), None)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
 
 
 class PeakSampler:

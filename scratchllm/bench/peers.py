@@ -52,6 +52,7 @@ from scratchllm.bench.common import (
     measure_bandwidth,
     median,
     require_at_least_one,
+    status_mb,
     weight_bytes_per_token,
 )
 
@@ -146,11 +147,11 @@ def _positions_needed(spec: Spec) -> int:
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
-    """This process's resident memory (VmRSS), or its peak (VmHWM), in MB. Not getrusage's
-    ru_maxrss for the peak: on Linux a child starts with its parent's peak at fork, and the parent
-    here has just held the bandwidth probe's array, so every child would report at least that."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+    """This process's resident memory (VmRSS), or its peak (VmHWM), in MB (not ru_maxrss: the
+    parent here has just held the bandwidth probe's array, and a child starts with its peak)."""
+    mb = status_mb("self", field)
+    assert mb is not None, f"/proc/self/status has no {field}"
+    return mb
 
 
 def _no_probe(phase: str, llm: "LLM") -> None:

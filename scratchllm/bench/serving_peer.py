@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from scratchllm.bench import http_client, llama_tools, loadgen
-from scratchllm.bench.common import machine_facts, median
+from scratchllm.bench.common import machine_facts, median, status_mb
 from scratchllm.errors import ConfigError
 
 PEERS = ("llama-server",)
@@ -97,7 +97,7 @@ class Server:
                 raise ConfigError(f"{self.name} exited with status {self.proc.returncode} before it was ready")
             try:
                 if _get(self.url + "/health").status == 200:
-                    self.rss_ready_mb = llama_tools.status_mb(self.proc.pid, "VmRSS") or 0.0
+                    self.rss_ready_mb = status_mb(self.proc.pid, "VmRSS") or 0.0
                     return self
             except (httpx.HTTPError, OSError):
                 pass
