@@ -30,7 +30,9 @@ from typing import Any
 
 from fastapi.responses import Response
 from ray import serve
+from ray.exceptions import RayError
 from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import RayServeException
 
 from scratchllm.cluster.ledger import VIEWS
 from scratchllm.cluster.remote import RemoteEngine
@@ -289,6 +291,32 @@ def _stop(signum: int, frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _deployed_ingress() -> Any:
+    """The ingress's handle if the application was deployed, else None. A signal can come while
+    `serve.run` is still waiting for the last replica: the ingress may already be serving
+    requests then (its /health answers before `serve.run` returns), and they must drain too."""
+    try:
+        return serve.get_app_handle(APP_NAME)
+    except (RayServeException, RayError):  # no Serve controller yet, or no application: nothing was served
+        return None
+
+
+def _drain(ingress: Any, timeout_s: float, say: Any) -> int:
+    """Drain the ingress (Ingress.drain), then give Serve's proxy PROXY_FLUSH_S to write what
+    it holds; returns how many requests the drain timeout cut. An ingress that cannot be asked
+    (it died, or never finished starting) is said in one line, and the shutdown goes on."""
+    if ingress is None:
+        return 0
+    try:
+        left = int(ingress.drain.remote(timeout_s).result(timeout_s=timeout_s + 30))
+    except (RayError, TimeoutError) as err:
+        print(f"scratchllm serve: the ingress could not be drained ({type(err).__name__}: {err}); "
+              "shutting down", file=say, flush=True)
+        return 0
+    time.sleep(PROXY_FLUSH_S)
+    return left
+
+
 def start(spec: ClusterSpec, ray_address: str | None, host: str, port: int) -> None:
     """Join the Ray cluster at `ray_address` (or start a local one) and serve until SIGTERM or
     Ctrl-C: then new requests get 503, the open ones run to their end (up to the drain timeout),
@@ -315,10 +343,7 @@ def start(spec: ClusterSpec, ray_address: str | None, host: str, port: int) -> N
     except _Stop as stop:
         print(f"scratchllm serve: {stop}: draining (up to {spec.server.drain_timeout_s:g} s), then shutting down",
               file=say, flush=True)
-        left = 0 if ingress is None else \
-            ingress.drain.remote(spec.server.drain_timeout_s).result(timeout_s=spec.server.drain_timeout_s + 30)
-        if ingress is not None:
-            time.sleep(PROXY_FLUSH_S)
+        left = _drain(ingress or _deployed_ingress(), spec.server.drain_timeout_s, say)
         print(f"scratchllm serve: stopped ({left} requests cut by the drain timeout)" if left else
               "scratchllm serve: stopped (drained)", file=say, flush=True)
     finally:
