@@ -98,3 +98,32 @@ def test_serve_on_a_port_in_use_is_one_clear_error_before_loading(busy_port, cap
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{busy_port}" in err and "pick another --port" in err
     assert not ring.exists()
+
+
+def test_a_command_builds_only_its_own_parser_and_parses_as_the_whole_one_does():
+    """`scratchllm serve` is a long-running process: its parser must not import the benches (their
+    HTTP clients and parsers, about 7 MB of a server's resident memory), and what it parses must
+    be what the whole parser parses."""
+    import subprocess
+    import sys
+
+    from scratchllm.cli.main import chosen_command
+
+    argv = ["--log-level", "info", "serve", "default", "--port", "0", "--max-num-seqs", "4"]
+    assert chosen_command(argv) == "serve" and chosen_command(["--help"]) is None
+
+    def parsed(parser: argparse.ArgumentParser) -> dict:  # the values, without the functions and parsers set
+        return {k: v for k, v in vars(parser.parse_args(argv)).items() if not callable(v) and
+                not isinstance(v, argparse.ArgumentParser)}
+
+    assert vars(build_parser(only="serve").parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
+    assert parsed(build_parser(only="serve")) == parsed(build_parser()) and parsed(build_parser())["port"] == 0
+    code = ("import sys\nfrom scratchllm.cli.main import build_parser\n{}\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['scratchllm', 'bench'] and m.count('.') == 2"
+            " and m != 'scratchllm.bench.common' or m.split('.')[0] == 'httpx'))")
+    only = subprocess.run([sys.executable, "-c", code.format("build_parser(only='serve')")], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    whole = subprocess.run([sys.executable, "-c", code.format("build_parser()")], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert only == "[]"
+    assert "'scratchllm.bench.serving'" in whole and "'httpx'" in whole  # what the check looks for is there

@@ -47,7 +47,10 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("scra
                 yield from walk_parsers(child, (*path, name))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only`, the parser of that one command (what `main` runs): the other
+    commands' modules are not imported, so a long-running `serve` does not hold the benches'
+    HTTP clients and parsers in its memory."""
     parser = argparse.ArgumentParser(
         prog="scratchllm",
         description="An LLM inference system built from first principles: every layer visible, "
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error", "critical"],
                         help="what the library logs on stderr (default warning); `serve --log-level` also sets it")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else [only]:
         module_name = f"scratchllm.cli.{name}_cmd"
         if importlib.util.find_spec(module_name) is None:
             continue  # a command not built yet is simply absent from --help
@@ -85,9 +88,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+def chosen_command(argv: list[str]) -> str | None:
+    """The command `argv` runs: its first word that names one (None: none does, e.g. `--help`)."""
+    return next((word for word in argv if word in COMMANDS), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=chosen_command(argv))
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
