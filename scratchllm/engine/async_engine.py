@@ -20,6 +20,7 @@ from scratchllm.engine.engine import LLMEngine
 from scratchllm.engine.protocol import RequestStream, TokenEvent
 from scratchllm.engine.streams import StreamHost
 from scratchllm.errors import ConfigError
+from scratchllm.models.heap import release_free_heap
 from scratchllm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,12 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         engine = self.engine
+        worked = False  # whether a step ran since the engine was last idle
         while True:
+            idle = not engine.has_work()
+            if idle and worked:  # the work just ended: give back the heap pages it freed (models/heap.py)
+                release_free_heap()
+            worked = not idle
             with self._cv:
                 if not self._inbox and not engine.has_work() and not self._stopping:
                     self._cv.wait(timeout=self.tick_s)  # idle: one tick, or a submission

@@ -27,6 +27,7 @@ from scratchllm.models import panel_cache
 from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
+from scratchllm.models.heap import release_free_heap
 from scratchllm.models.llama import LlamaModel
 from scratchllm.models.packed import QuantizedPart
 
@@ -330,4 +331,5 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     model.path = str(path)
     model.format = ckpt.format
     model.dtype = dtype  # what "auto" resolved to, for every family (Llama sets it too)
+    release_free_heap()  # the loader's temporaries, freed in the middle of the heap (models/heap.py)
     return model
