@@ -22,7 +22,7 @@ request's tools starts with it (a forced call's grammar allows only those names)
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Delta = dict[str, Any]
@@ -35,6 +35,36 @@ def openai_call_id() -> str:
 
 
 @dataclass
+class JsonNesting:
+    """Where JSON text stands, character by character: inside a string or not, and how deep in
+    containers. Enough to find where a value ends; what is between is not checked."""
+
+    depth: int = 0
+    in_string: bool = False
+    escape: bool = False
+
+    @property
+    def closed(self) -> bool:
+        """Outside every string and container: the value read so far is complete."""
+        return not self.in_string and self.depth == 0
+
+    def step(self, ch: str) -> None:
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+
+
+@dataclass
 class _Object:
     """One call object being read: its key/value state machine at depth 1, and what it sent."""
 
@@ -42,9 +72,7 @@ class _Object:
     state: str = "key?"  # key? -> key -> colon? -> value? -> value -> next?
     key: str = ""
     raw_key: str = ""
-    depth: int = 0  # nesting inside the current value
-    in_string: bool = False
-    escape: bool = False
+    nesting: JsonNesting = field(default_factory=JsonNesting)  # inside the current key or value
     value_kind: str = ""  # "container" | "string" | "primitive"
     value: str = ""  # the current value's text (name, string arguments, or held arguments)
     name: str | None = None
@@ -115,8 +143,7 @@ class CallsReader:
             if obj.name is None and obj.state == "value" and obj.key == "name":
                 obj.name_prefix = obj.value[1:]  # after the opening quote
             if obj.name is None:
-                matches = [n for n in self.names if n.startswith(obj.name_prefix)]
-                obj.name = matches[0] if len(matches) == 1 else None
+                obj.name = complete_name(obj.name_prefix, self.names)
             if obj.name is not None:
                 if obj.state == "value" and obj.key in ARGUMENT_KEYS and obj.value_kind != "container":
                     obj.arguments = (obj.arguments or "") + obj.value  # a string or number cut short
@@ -141,14 +168,11 @@ class CallsReader:
                 return self._close(obj, out)
             if ch != '"':
                 return False
-            obj.state, obj.raw_key = "key", '"'
+            obj.state, obj.raw_key, obj.nesting = "key", '"', JsonNesting(in_string=True)
         elif s == "key":
             obj.raw_key += ch
-            if obj.escape:
-                obj.escape = False
-            elif ch == "\\":
-                obj.escape = True
-            elif ch == '"':
+            obj.nesting.step(ch)
+            if not obj.nesting.in_string:
                 obj.key, obj.state = _loads(obj.raw_key), "colon?"
                 if not isinstance(obj.key, str):
                     return False
@@ -157,12 +181,11 @@ class CallsReader:
                 return False
             obj.state = "value?"
         elif s == "value?":
-            obj.state, obj.value, obj.depth = "value", "", 0
+            obj.state, obj.value, obj.nesting = "value", "", JsonNesting()
             obj.value_kind = "container" if ch in "{[" else "string" if ch == '"' else "primitive"
             if obj.value_kind == "primitive" and ch not in _PRIMITIVE:
                 return False
-            obj.in_string = ch == '"'
-            obj.depth = 1 if ch in "{[" else 0
+            obj.nesting.step(ch)
             return self._take(obj, ch, out)
         elif s == "next?":
             if ch == ",":
@@ -182,22 +205,10 @@ class CallsReader:
             obj.state = "next?"
             obj.raw = obj.raw[:-1]  # _object_char reads it again, as what follows the value
             return self._object_char(obj, ch, out)
-        if obj.in_string:
-            if obj.escape:
-                obj.escape = False
-            elif ch == "\\":
-                obj.escape = True
-            elif ch == '"':
-                obj.in_string = False
-        elif ch == '"':
-            obj.in_string = True
-        elif ch in "{[":
-            obj.depth += 1
-        elif ch in "}]":
-            obj.depth -= 1
+        obj.nesting.step(ch)
         if not self._take(obj, ch, out):
             return False
-        if not obj.in_string and obj.depth == 0:  # a container closed, or a string ended
+        if obj.nesting.closed:  # a container closed, or a string ended
             if not self._end_value(obj, out):
                 return False
             obj.state = "next?"
@@ -244,13 +255,13 @@ class CallsReader:
 
     def _open(self, obj: _Object, out: list[Delta]) -> None:
         if not obj.opened:
+            assert obj.name is not None  # a call opens once its name is known
             obj.opened = True
-            out.append({"index": obj.index, "id": self.new_id(), "type": "function",
-                        "function": {"name": obj.name, "arguments": ""}})
+            out.append(first_delta(obj.index, self.new_id(), obj.name))
 
     def _send_arguments(self, obj: _Object, out: list[Delta]) -> None:
         if obj.opened and obj.arguments is not None and len(obj.arguments) > obj.sent_arguments:
-            out.append({"index": obj.index, "function": {"arguments": obj.arguments[obj.sent_arguments:]}})
+            out.append(arguments_delta(obj.index, obj.arguments[obj.sent_arguments:]))
             obj.sent_arguments = len(obj.arguments)
 
     def _broken(self, rest: str) -> str:
@@ -262,6 +273,22 @@ class CallsReader:
             return rest[1:]  # the breaking character was read into the call
         self.calls -= 1
         return obj.raw[:-1] + rest
+
+
+def first_delta(index: int, call_id: str, name: str) -> Delta:
+    """A call's first stream entry: its index, id, type and name, with empty arguments."""
+    return {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+
+
+def arguments_delta(index: int, text: str) -> Delta:
+    """More of a call's arguments text, in the stream."""
+    return {"index": index, "function": {"arguments": text}}
+
+
+def complete_name(prefix: str, names: Sequence[str]) -> str | None:
+    """A name cut short: the one request tool that starts with it (None: none, or several)."""
+    matches = [n for n in names if n.startswith(prefix)]
+    return matches[0] if len(matches) == 1 else None
 
 
 def _loads(text: str) -> Any:

@@ -16,7 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-Delta = dict[str, Any]
+from scratchllm.server.json_calls import Delta, arguments_delta, first_delta
+
 Call = tuple[str, dict[str, Any]]
 _CALL_START = re.compile(r"\s*(?:print\()?([A-Za-z_][\w.]*)\((.*)", re.DOTALL)
 
@@ -61,9 +62,8 @@ class PythonCallsReader:
         out: list[Delta] = []
         texts = [(name, json.dumps(args, ensure_ascii=False)) for name, args in calls]
         for name, arguments in [*texts, *([cut] if cut else [])]:
-            out.append({"index": self.first_index + self.calls, "id": self.new_id(), "type": "function",
-                        "function": {"name": name, "arguments": ""}})
-            out.append({"index": self.first_index + self.calls, "function": {"arguments": arguments}})
+            out.append(first_delta(self.first_index + self.calls, self.new_id(), name))
+            out.append(arguments_delta(self.first_index + self.calls, arguments))
             self.calls += 1
         return out
 

@@ -5,8 +5,11 @@
   llama3_json  Llama 3.1-3.3: a reply that is JSON, `{"name": ..., "parameters": {...}}` (after
                `<|python_tag|>` when the model writes it), several separated by `;`; a reply that
                does not begin that way is content.
-  mistral      Mistral (v0.3 tokenizers): `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`.
-               `[TOOL_CALLS]` is a special token: the request's text keeps special tokens for it.
+  mistral      Mistral: `[TOOL_CALLS]`, then a JSON list `[{"name": ..., "arguments": {...}}, ...]`
+               (Mistral 7B v0.3), or one call `name[ARGS]{...}` per marker, one after another (the
+               templates of tokenizer v11 and later; v11's writes `name[CALL_ID]id[ARGS]{...}`);
+               mistral_calls.py tells the two apart. Text before the first marker is content. The
+               markers are special tokens: the request's text keeps special tokens for them.
   gemma        Gemma: a fenced block ```tool_code with Python calls, `name(key=literal, ...)`, one
                per line (Gemma's template does not read `tools`; the server shows them in a system
                message of this format's own wording, see GemmaFormat.tool_prompt).
@@ -25,7 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scratchllm.server.json_calls import CallsReader, Delta, openai_call_id
+from scratchllm.server.mistral_calls import MistralCallsReader
 from scratchllm.server.python_calls import PythonCallsReader
+
+Reader = CallsReader | MistralCallsReader | PythonCallsReader  # a call block's reader: feed, finish, calls, unread
 
 FORMATS = ("hermes", "llama3_json", "mistral", "gemma")
 PYTHON_TAG = "<|python_tag|>"
@@ -70,12 +76,12 @@ class CallParser:
         self.buffer = ""  # text not yet decided
         self.block = ""  # a call block's text read so far (given back if it is no call)
         self.marker = ""
-        self.reader: CallsReader | PythonCallsReader | None = None
+        self.reader: Reader | None = None
         self.calls = 0
         self.held = ""  # content's trailing whitespace, sent only if more content follows
         self.after_call = False
 
-    def new_reader(self) -> CallsReader | PythonCallsReader:
+    def new_reader(self) -> Reader:
         return CallsReader(self.names, self.calls, self.new_id)
 
     def push(self, text: str) -> tuple[str, list[Delta]]:
@@ -195,6 +201,9 @@ class MistralFormat(CallParser):
 
     def __init__(self, names: Sequence[str] = (), new_id: Callable[[], str] = mistral_call_id) -> None:
         super().__init__(names, new_id)
+
+    def new_reader(self) -> MistralCallsReader:
+        return MistralCallsReader(self.names, self.calls, self.new_id)
 
 
 class Llama3JsonFormat(CallParser):

@@ -2,12 +2,16 @@
 apply_chat_template renders it (its render_jinja_template, with the same variables).
 
 The templates in chat_templates/ are the `chat_template` of each model's tokenizer_config.json on
-the Hugging Face Hub, as their model cards publish them:
+the Hugging Face Hub, as their model cards publish them, and two of Mistral's own:
   gemma3.jinja  - google/gemma-3-270m-it (the Gemma 3 family's text template)
   gemma2.jinja  - google/gemma-2-2b-it
   qwen3.jinja   - Qwen/Qwen3-0.6B (thinking and tool calls)
   llama3.jinja  - meta-llama/Llama-3.1-8B-Instruct (tools in the user message, date_string)
   mistral.jinja - mistralai/Mistral-7B-Instruct-v0.3 (tool calls, alternation check)
+  mistral_v11.jinja, mistral_v13.jinja - the templates for Mistral's tokenizers v11 and v13, in
+      mistral-common (github.com/mistralai/mistral-common, tests/data/chat_templates/v11.jinja
+      and v13.jinja): tool calls as `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` and
+      `[TOOL_CALLS]name[ARGS]{...}`
   phi3.jinja    - microsoft/Phi-3-mini-4k-instruct
 """
 
@@ -28,7 +32,7 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 TURNS = [{"role": "user", "content": "  Hi there!  "}, {"role": "assistant", "content": "Hello. "},
          {"role": "user", "content": "What is 2 + 2?"}]
 CONVERSATIONS = {"turns": TURNS, "system": [SYSTEM, *TURNS], "one": TURNS[:1], "answered": TURNS[:2]}
-WITH_SYSTEM = {"gemma3", "qwen3", "llama3", "mistral", "phi3"}  # Gemma 2's template refuses a system turn
+WITH_SYSTEM = {"gemma3", "qwen3", "llama3", "mistral", "mistral_v11", "mistral_v13", "phi3"}  # Gemma 2 refuses one
 
 
 def _reference(template, messages, add_generation_prompt, **extra):
@@ -42,7 +46,7 @@ CASES = [(f, c) for f in FAMILIES for c in sorted(CONVERSATIONS) if c != "system
 
 
 def test_every_family_has_its_template():
-    assert FAMILIES == ["gemma2", "gemma3", "llama3", "mistral", "phi3", "qwen3"]
+    assert FAMILIES == ["gemma2", "gemma3", "llama3", "mistral", "mistral_v11", "mistral_v13", "phi3", "qwen3"]
 
 
 @pytest.mark.parametrize("family,conversation", CASES)

@@ -16,8 +16,10 @@ from scratchllm.tokenizer.chat import render_chat
 
 TEMPLATES = Path(__file__).parents[1] / "models" / "chat_templates"
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
-FAMILIES = {"qwen3": "hermes", "llama3": "llama3_json", "mistral": "mistral", "gemma3": "gemma"}
-END_OF_TURN = {"qwen3": "<|im_end|>\n", "llama3": "<|eot_id|>", "mistral": "</s>", "gemma3": "<end_of_turn>\n"}
+FAMILIES = {"qwen3": "hermes", "llama3": "llama3_json", "mistral": "mistral", "mistral_v11": "mistral",
+            "mistral_v13": "mistral", "gemma3": "gemma"}
+END_OF_TURN = {"qwen3": "<|im_end|>\n", "llama3": "<|eot_id|>", "mistral": "</s>", "mistral_v11": "</s>",
+               "mistral_v13": "</s>", "gemma3": "<end_of_turn>\n"}
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
            "required": ["city"]}
@@ -57,7 +59,7 @@ def scripted_app(family: str, config: ServerConfig | None = None) -> tuple[Any, 
 
 
 def call_ids(family: str, count: int) -> list[str]:
-    return [f"call{i:05d}" if family == "mistral" else f"call_{i}" for i in range(count)]  # Mistral's: 9 long
+    return [f"call{i:05d}" if FAMILIES[family] == "mistral" else f"call_{i}" for i in range(count)]  # Mistral's: 9 long
 
 
 def template_reply(family: str, calls: list[tuple[str, dict[str, Any]]], content: str = "",

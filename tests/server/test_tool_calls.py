@@ -17,16 +17,17 @@ from tests.server.scripted import FAMILIES, QUESTION, TOOLS, TemplateTokenizer, 
 
 CALLS = [("get_weather", {"city": "Lyon", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
 NAMES = ("get_weather", "add")
+WRITES_CONTENT = {"qwen3", "gemma3", "mistral_v11", "mistral_v13"}  # the others' templates drop text beside calls
 
 
 def family_calls(family):
     return CALLS[:1] if family == "llama3" else CALLS  # Llama 3.1's template takes one call per turn
 
 
-def parse(fmt, text, piece, thinks=False):
+def parse(fmt, text, piece, thinks=False, finish_reason="stop"):
     parser = ReplyFormat("auto", TOOL_FORMATS[fmt], NAMES, thinks=thinks).parser()
     parts = [parser.push(text[i:i + piece]) for i in range(0, len(text), piece)]
-    end, finish = parser.finish("stop")
+    end, finish = parser.finish(finish_reason)
     parts.append(end)
     content = "".join(p.get("content", "") for p in parts)
     return content, assemble([d for p in parts for d in p.get("tool_calls", [])]), finish
@@ -44,10 +45,9 @@ def test_a_family_reply_parses_to_its_calls_in_pieces_of_any_size(family, piece)
     content, calls, finish = parse(FAMILIES[family], text, piece, thinks=family == "qwen3")
     assert arguments(calls) == family_calls(family) and finish == "tool_calls"
     assert [c["id"] for c in calls] and all(c["type"] == "function" for c in calls)
-    # Llama 3's and Mistral's templates write no text beside their calls
-    assert content == ("I will look that up." if family in ("qwen3", "gemma3") else "")
-    if family == "mistral":
-        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # its template refuses other ids
+    assert content == ("I will look that up." if family in WRITES_CONTENT else "")
+    if FAMILIES[family] == "mistral":
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # its templates refuse other ids
 
 
 @pytest.mark.parametrize("fmt,text,content", [
@@ -69,10 +69,35 @@ def test_llama3_python_tag_and_several_calls():
     assert arguments(calls) == [("get_weather", {"city": "Lyon"}), ("add", {})]
 
 
+@pytest.mark.parametrize("family", ["mistral_v11", "mistral_v13"])
+def test_mistral_calls_one_per_marker_parse_alike_in_pieces_of_every_size(family):
+    text = template_reply(family, CALLS, content="I will look that up.")  # [TOOL_CALLS]name([CALL_ID]id)[ARGS]{..}
+    for piece in range(1, len(text) + 1):
+        content, calls, finish = parse("mistral", text, piece)
+        assert (content, arguments(calls), finish) == ("I will look that up.", CALLS, "tool_calls"), piece
+
+
+@pytest.mark.parametrize("family", ["mistral_v11", "mistral_v13"])
+def test_a_mistral_call_cut_anywhere_is_a_call_once_its_name_is_known(family):
+    text = template_reply(family, CALLS[:1], content="Let me check.")
+    opened = text.index("[TOOL_CALLS]") + len("[TOOL_CALLS]")
+    args_at = text.index("[ARGS]") + len("[ARGS]")
+    for length in range(len(text) + 1):
+        content, calls, finish = parse("mistral", text[:length], 1, finish_reason="length")
+        assert finish == "length"
+        if length < opened:  # a cut marker is the model's text
+            assert (content, calls) == (text[:length], [])
+            continue
+        assert content == "Let me check."
+        # "g" already picks get_weather over add; the arguments as far as they were written
+        written = [("get_weather", text[args_at:length])] if length > opened else []
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == written
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_reply_cut_inside_a_call_is_a_cut_call_never_content(family):
     text = template_reply(family, CALLS[:1])
-    marker = {"qwen3": '"Ly', "llama3": '"Ly', "mistral": '"Ly', "gemma3": "unit="}[family]
+    marker = "unit=" if family == "gemma3" else '"Ly'
     cut = text[:text.index(marker) + len(marker)]
     for piece in (1, 5, 1000):
         parser = ReplyFormat("auto", TOOL_FORMATS[FAMILIES[family]], NAMES, thinks=family == "qwen3").parser()
@@ -116,7 +141,7 @@ def test_a_family_reply_through_the_server_streamed_and_not(serve, family):
             streamed = stream.get_final_completion().choices[0]
     assert full.finish_reason == streamed.finish_reason == "tool_calls"
     assert arguments(full.message.tool_calls) == arguments(streamed.message.tool_calls) == family_calls(family)
-    said = "Let me check." if family in ("qwen3", "gemma3") else None  # the others' templates drop it
+    said = "Let me check." if family in WRITES_CONTENT else None
     assert full.message.content == said and (streamed.message.content or None) == said  # a stream starts with ""
     assert [c.id for c in full.message.tool_calls] != [c.id for c in streamed.message.tool_calls]  # fresh ids
 
