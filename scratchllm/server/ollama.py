@@ -16,8 +16,9 @@ the model, or with `keep_alive` 0 unloads it. Each request is translated into th
 this server runs (ollama_protocol.py), so validation, templates and structured output are one
 pipeline. Errors are `{"error": "..."}` (app.py shapes every error under /api/ so); one that
 happens mid-stream is a last line of that shape (generation.py's EventStream writes both
-streamed formats, closing the request however its stream ends). Ollama requests are not captured for the
-evaluation loop (its replay speaks OpenAI's API).
+streamed formats, closing the request however its stream ends). With `serve --capture`, a generate
+or chat request is captured as the OpenAI request it was translated into (its replay speaks
+OpenAI's API), max_tokens settled, marked `translated_from` the route it came in on.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from scratchllm.server.generation import (
     Generation,
     LogprobItem,
     StreamFormat,
+    origin_of,
     prompt_ids,
     sampling_params,
     token_logprobs,
@@ -152,8 +154,15 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
     if any(not 0 <= t < state.model.tokenizer.vocab_size for t in ids):
         raise bad_request("'context' has token ids outside the vocabulary", param="context")
-    params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
-    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    params = await sampling_params(state, openai_req, max_tokens)
+
+    def same() -> bytes:  # the prompt as text where /v1/completions makes the same ids of it, else the ids
+        as_text = not req.context and (special or prompt_ids(state, text, "prompt") == ids)
+        return _recorded({"model": req.model, "prompt": text if as_text else ids, **fields}, max_tokens, req.stream)
+
+    origin = origin_of(state, request, same, "/v1/completions", "/api/generate")
+    gen = Generation(state, [ids], [[params]], new_id("ollama"), origin)
     if req.stream:
         return EventStream(_stream(gen, head, lease, lambda text: {"response": text}, ids), gen, NDJSON)
     results = await gen.collect(request.receive)
@@ -162,6 +171,14 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     r = results[0]
     return {**head, "created_at": timestamp(), "response": r.text, **_reply_logprobs(gen, r),
             **_end(r.finish_reason, r.metrics, lease), "context": ids + r.token_ids}
+
+
+def _recorded(translated: dict[str, Any], max_tokens: int, stream: bool) -> bytes:
+    """The OpenAI request that runs as this Ollama request ran, as the evaluation loop records it
+    (and replays it): the translation, with max_tokens as settled here (Ollama's default runs to
+    the end of the context, num_ctx's or the model's, where OpenAI's would not)."""
+    assert "num_ctx" not in translated, "num_ctx is settled into max_tokens"
+    return json.dumps({**translated, "max_tokens": max_tokens, "stream": stream}).encode()
 
 
 def _generate_text(state: ServerState, req: OllamaGenerateRequest) -> tuple[str, bool]:
@@ -236,9 +253,11 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
     lease, state = await _hold(request, registry, req.model, keep)
     prompt, reading = chat.prompt_and_reading(state, openai_req)
     ids = prompt_ids(state, prompt, "messages", special=False)
-    params = reading.sampling(await sampling_params(state, openai_req,
-                                                    _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)))
-    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    params = reading.sampling(await sampling_params(state, openai_req, max_tokens))
+    origin = origin_of(state, request, lambda: _recorded(raw, max_tokens, req.stream), "/v1/chat/completions",
+                       "/api/chat")
+    gen = Generation(state, [ids], [[params]], new_id("ollama"), origin)
     if req.stream and reading.mode == "none":
         return EventStream(_stream(gen, head, lease, _assistant), gen, NDJSON)
     results = await gen.collect(request.receive)
