@@ -130,7 +130,9 @@ class CaptureWriter:
                response_token_ids: list[int] | None, timings: dict[str, Any] | None, *,
                endpoint: str = "/v1/completions",
                response_text: str | None = None, finish_reason: str | None = None,
-               time_s: float | None = None) -> None:
+               time_s: float | None = None, translated_from: str | None = None) -> None:
+        """`translated_from`: the route a request came in on when `body` is its equivalent on
+        `endpoint` (an Ollama request), written as the line's `translated_from`."""
         if not isinstance(body, dict):
             body = json.loads(body)
         line = {"v": FORMAT_VERSION, "time": time.time() if time_s is None else time_s, "endpoint": endpoint,
@@ -138,6 +140,8 @@ class CaptureWriter:
                 "response": {"token_ids": list(response_token_ids) if response_token_ids is not None else None,
                              "text": response_text, "finish_reason": finish_reason},
                 "timings": timings}
+        if translated_from is not None:
+            line["translated_from"] = translated_from
         data = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         with self._lock:
             try:

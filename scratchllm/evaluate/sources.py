@@ -31,6 +31,7 @@ class CapturedRequest:
     client: dict[str, Any] | None = None  # the anonymized client (ip_hmac, network), captures only
     response: dict[str, Any] | None = None  # what the serving server answered, captures only
     custom_id: str | None = None  # Batch API input only
+    translated_from: str | None = None  # the route an Ollama request came in on (body: its OpenAI equivalent)
 
 
 @dataclass
@@ -99,7 +100,8 @@ def _parse_line(raw: bytes, where: str) -> CapturedRequest:
     if "v" in obj:
         endpoint = _endpoint(obj.get("endpoint", "/v1/completions"), where)
         return CapturedRequest(endpoint, obj["body"], where, model=obj.get("model"), time=obj.get("time"),
-                               client=obj.get("client"), response=obj.get("response"))
+                               client=obj.get("client"), response=obj.get("response"),
+                               translated_from=obj.get("translated_from"))
     if "custom_id" in obj:
         if obj.get("method", "POST") != "POST":
             raise ConfigError(f"{where}: Batch API method must be POST, got {obj.get('method')!r}")

@@ -48,11 +48,14 @@ SEED_SPACE = 2**64  # seeds are uint64 (the request model wraps negatives); choi
 
 @dataclass
 class Origin:
-    """Where an HTTP request came from: its body as sent, the client's address, the endpoint."""
+    """Where an HTTP request came from: its body as sent, the client's address, the endpoint.
+    A request that came in on another API (Ollama's) has its equivalent OpenAI request as `body`
+    and `endpoint`, and the route it came in on as `translated_from`."""
 
     body: bytes
     client_ip: str | None
     endpoint: str
+    translated_from: str | None = None
 
 
 class Generation:
@@ -217,7 +220,8 @@ class Generation:
             return
         out = c.output
         capture.record(origin.body, self.state.model.name, origin.client_ip, out.token_ids, timings(out.metrics),
-                       endpoint=origin.endpoint, response_text=out.text, finish_reason=out.finish_reason)
+                       endpoint=origin.endpoint, response_text=out.text, finish_reason=out.finish_reason,
+                       translated_from=origin.translated_from)
 
 
 @dataclass(frozen=True)
@@ -314,13 +318,16 @@ async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[Ser
     return await registry.generator(request, req.model), raw, req
 
 
-def origin_of(state: ServerState, request: Request, raw: bytes, endpoint: str) -> Origin | None:
-    """Only when the evaluation loop listens (a capture or the priority feedback)."""
+def origin_of(state: ServerState, request: Request, raw: bytes | Callable[[], bytes], endpoint: str,
+              translated_from: str | None = None) -> Origin | None:
+    """Only when the evaluation loop listens (a capture or the priority feedback). `raw`: the
+    body, or (a translated request) what builds it, called only then."""
     if state.capture is None and state.classes is None:
         return None
     peer = request.client.host if request.client is not None else None
     forwarded = request.headers.get("x-forwarded-for")
-    return Origin(raw, client_ip(peer, forwarded, state.config.trusted_proxies), endpoint)
+    body = raw if isinstance(raw, bytes) else raw()
+    return Origin(body, client_ip(peer, forwarded, state.config.trusted_proxies), endpoint, translated_from)
 
 
 def prompt_ids(state: ServerState, prompt: str | list[int], param: str, special: bool = True) -> list[int]:

@@ -16,26 +16,36 @@ the model, or with `keep_alive` 0 unloads it. Each request is translated into th
 this server runs (ollama_protocol.py), so validation, templates and structured output are one
 pipeline. Errors are `{"error": "..."}` (app.py shapes every error under /api/ so); one that
 happens mid-stream is a last line of that shape (generation.py's EventStream writes both
-streamed formats, closing the request however its stream ends). Ollama requests are not captured for the
-evaluation loop (its replay speaks OpenAI's API).
+streamed formats, closing the request however its stream ends). With `serve --capture`, a generate
+or chat request is captured as the OpenAI request it was translated into (its replay speaks
+OpenAI's API), max_tokens settled, marked `translated_from` the route it came in on.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
 import scratchllm
-from scratchllm.engine.protocol import RequestOutput
+from scratchllm.engine.protocol import RequestMetrics, RequestOutput
 from scratchllm.server import chat, tool_calls
 from scratchllm.server.embeddings import embed
 from scratchllm.server.errors import APIError, bad_request
-from scratchllm.server.generation import EventStream, Generation, StreamFormat, prompt_ids, sampling_params
+from scratchllm.server.generation import (
+    EventStream,
+    Generation,
+    LogprobItem,
+    StreamFormat,
+    origin_of,
+    prompt_ids,
+    sampling_params,
+    token_logprobs,
+)
 from scratchllm.server.ollama_protocol import (
     FOREVER,
     OllamaChatRequest,
@@ -47,6 +57,7 @@ from scratchllm.server.ollama_protocol import (
     durations,
     embed_options,
     error_body,
+    logprob_fields,
     model_details,
     ollama_tool_calls,
     openai_fields,
@@ -131,7 +142,7 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     registry = models_of(request)
     req = parse_body(await request.body(), OllamaGenerateRequest, lenient=registry.config.lenient_fields)
     refuse_unsupported(req)
-    keep, fields = _keep_alive(req.keep_alive), openai_fields(req.options, req.format)
+    keep, fields = _keep_alive(req.keep_alive), {**openai_fields(req.options, req.format), **logprob_fields(req)}
     head = {"model": req.model, "created_at": timestamp(), "response": ""}
     if not req.prompt and not req.context:
         return await _load_or_unload(request, registry, req.model, keep, head)
@@ -143,15 +154,31 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
     if any(not 0 <= t < state.model.tokenizer.vocab_size for t in ids):
         raise bad_request("'context' has token ids outside the vocabulary", param="context")
-    params = await sampling_params(state, openai_req, _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx))
-    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    params = await sampling_params(state, openai_req, max_tokens)
+
+    def same() -> bytes:  # the prompt as text where /v1/completions makes the same ids of it, else the ids
+        as_text = not req.context and (special or prompt_ids(state, text, "prompt") == ids)
+        return _recorded({"model": req.model, "prompt": text if as_text else ids, **fields}, max_tokens, req.stream)
+
+    origin = origin_of(state, request, same, "/v1/completions", "/api/generate")
+    gen = Generation(state, [ids], [[params]], new_id("ollama"), origin)
     if req.stream:
-        return EventStream(_generate_stream(gen, head, ids, lease), gen, NDJSON)
+        return EventStream(_stream(gen, head, lease, lambda text: {"response": text}, ids), gen, NDJSON)
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)
     r = results[0]
-    return {**head, "created_at": timestamp(), "response": r.text, **_end(r, lease), "context": ids + r.token_ids}
+    return {**head, "created_at": timestamp(), "response": r.text, **_reply_logprobs(gen, r),
+            **_end(r.finish_reason, r.metrics, lease), "context": ids + r.token_ids}
+
+
+def _recorded(translated: dict[str, Any], max_tokens: int, stream: bool) -> bytes:
+    """The OpenAI request that runs as this Ollama request ran, as the evaluation loop records it
+    (and replays it): the translation, with max_tokens as settled here (Ollama's default runs to
+    the end of the context, num_ctx's or the model's, where OpenAI's would not)."""
+    assert "num_ctx" not in translated, "num_ctx is settled into max_tokens"
+    return json.dumps({**translated, "max_tokens": max_tokens, "stream": stream}).encode()
 
 
 def _generate_text(state: ServerState, req: OllamaGenerateRequest) -> tuple[str, bool]:
@@ -169,30 +196,51 @@ def _generate_text(state: ServerState, req: OllamaGenerateRequest) -> tuple[str,
     return text, False
 
 
-def _end(r: RequestOutput, lease: Lease) -> dict[str, Any]:
-    reason = r.finish_reason if r.finish_reason in ("stop", "length") else "stop"
-    return {"done": True, "done_reason": reason, **durations(r.metrics, lease.load_s)}
+def _end(finish_reason: str | None, metrics: RequestMetrics | None, lease: Lease) -> dict[str, Any]:
+    """The last line's fields: done, why ("stop" or "length"), the counts and durations."""
+    reason = finish_reason if finish_reason in ("stop", "length") else "stop"
+    return {"done": True, "done_reason": reason, **durations(metrics, lease.load_s)}
 
 
-async def _generate_stream(gen: Generation, head: dict[str, Any], ids: list[int],
-                           lease: Lease) -> AsyncGenerator[bytes, None]:
+def _logprobs(gen: Generation, items: list[LogprobItem]) -> dict[str, Any]:
+    """A reply line's `logprobs` field: one entry per token, of OpenAI chat's shape, which is
+    Ollama's too; nothing when the request did not ask for logprobs or the line has no token."""
+    if gen.params[0].logprobs is None or not items:
+        return {}
+    tok = gen.state.model.tokenizer
+    return {"logprobs": [chat.chat_logprob(tok, *item) for item in items]}
+
+
+def _reply_logprobs(gen: Generation, r: RequestOutput) -> dict[str, Any]:
+    return _logprobs(gen, token_logprobs(r)) if r.logprobs is not None else {}
+
+
+async def _stream(gen: Generation, head: dict[str, Any], lease: Lease, delta: Callable[[str], dict[str, Any]],
+                  context: list[int] | None = None) -> AsyncGenerator[bytes, None]:
+    """The NDJSON lines of a reply: `delta(text)`'s fields per piece of text, then the "done"
+    line (with `context`: the prompt's ids and the reply's). A token's logprobs ride on the first
+    line its event writes; a token that shows no text yet gets a line of its own, so the lines'
+    logprobs add up to the whole reply's."""
     out: list[int] = []
     async for event in gen.events(0):
-        if event.token_id is not None and event.finish_reason != "abort":
+        lp: dict[str, Any] = {}
+        if event.token_id is not None:
             out.append(event.token_id)
-        if event.text:
-            yield _line({**head, "created_at": timestamp(), "response": event.text, "done": False})
+            lp = _logprobs(gen, [(event.token_id, event.logprob, event.top_logprobs)])
+        if event.text or (lp and event.finish_reason is None):
+            yield _line({**head, "created_at": timestamp(), **delta(event.text), **lp, "done": False})
+            lp = {}
         if event.finish_reason is not None:
-            reason = event.finish_reason if event.finish_reason in ("stop", "length") else "stop"
-            yield _line({**head, "created_at": timestamp(), "done": True, "done_reason": reason,
-                         **durations(event.metrics, lease.load_s), "context": ids + out})
+            end = {"context": context + out} if context is not None else {}
+            yield _line({**head, "created_at": timestamp(), **delta(""), **lp,
+                         **_end(event.finish_reason, event.metrics, lease), **end})
 
 
 async def chat_route(request: Request) -> Response | dict[str, Any]:
     registry = models_of(request)
     req = parse_body(await request.body(), OllamaChatRequest, lenient=registry.config.lenient_fields)
     refuse_unsupported(req)
-    keep, fields = _keep_alive(req.keep_alive), openai_fields(req.options, req.format)
+    keep, fields = _keep_alive(req.keep_alive), {**openai_fields(req.options, req.format), **logprob_fields(req)}
     head = {"model": req.model, "created_at": timestamp()}
     if not req.messages:
         return await _load_or_unload(request, registry, req.model, keep,
@@ -205,37 +253,34 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
     lease, state = await _hold(request, registry, req.model, keep)
     prompt, reading = chat.prompt_and_reading(state, openai_req)
     ids = prompt_ids(state, prompt, "messages", special=False)
-    params = reading.sampling(await sampling_params(state, openai_req,
-                                                    _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)))
-    gen = Generation(state, [ids], [[params]], new_id("ollama"))
+    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    params = reading.sampling(await sampling_params(state, openai_req, max_tokens))
+    origin = origin_of(state, request, lambda: _recorded(raw, max_tokens, req.stream), "/v1/chat/completions",
+                       "/api/chat")
+    gen = Generation(state, [ids], [[params]], new_id("ollama"), origin)
     if req.stream and reading.mode == "none":
-        return EventStream(_chat_stream(gen, head, lease), gen, NDJSON)
+        return EventStream(_stream(gen, head, lease, _assistant), gen, NDJSON)
     results = await gen.collect(request.receive)
     if results is None:
         return Response(status_code=499)
-    reply, _ = tool_calls.message(reading, results[0].text, results[0].finish_reason or "stop")
+    r = results[0]
+    reply, _ = tool_calls.message(reading, r.text, r.finish_reason or "stop")
     message = {"role": "assistant", "content": reply.get("content") or ""}
     calls = ollama_tool_calls(reply.get("tool_calls"))
     if calls:
         message["tool_calls"] = calls
-    body = {**head, "created_at": timestamp(), "message": message, **_end(results[0], lease)}
+    end = _end(r.finish_reason, r.metrics, lease)
+    body = {**head, "created_at": timestamp(), "message": message, **_reply_logprobs(gen, r), **end}
     if not req.stream:
         return body
     # a streamed reply with tools: the calls are known only at the end, so it is one message line
     return Response(_line({**body, "done": False, "done_reason": None})
-                    + _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": ""},
-                             **_end(results[0], lease)}), media_type="application/x-ndjson")
+                    + _line({**head, "created_at": timestamp(), **_assistant(""), **end}),
+                    media_type="application/x-ndjson")
 
 
-async def _chat_stream(gen: Generation, head: dict[str, Any], lease: Lease) -> AsyncGenerator[bytes, None]:
-    async for event in gen.events(0):
-        if event.text:
-            yield _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": event.text},
-                         "done": False})
-        if event.finish_reason is not None:
-            reason = event.finish_reason if event.finish_reason in ("stop", "length") else "stop"
-            yield _line({**head, "created_at": timestamp(), "message": {"role": "assistant", "content": ""},
-                         "done": True, "done_reason": reason, **durations(event.metrics, lease.load_s)})
+def _assistant(text: str) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}}
 
 
 async def embed_route(request: Request) -> dict[str, Any]:

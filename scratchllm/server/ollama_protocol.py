@@ -18,6 +18,7 @@ Any other option is refused. Options not given take this server's defaults (temp
 top-k or top-p, no penalty), not the defaults an Ollama model file would set.
 
 `format`: "json" is any JSON object, a JSON schema is that schema (both through the grammar).
+`logprobs` / `top_logprobs` (0 to 20): each reply line's `logprobs`, entries of OpenAI chat's shape.
 Errors are Ollama's shape, `{"error": "..."}`, with the HTTP status OpenAI's API would use.
 """
 
@@ -33,7 +34,7 @@ from pydantic import Field
 from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.server.errors import APIError, bad_request
 from scratchllm.server.messages import Strict
-from scratchllm.server.protocol import refuse_unknown, unknown_fields
+from scratchllm.server.protocol import MAX_TOP_LOGPROBS, refuse_unknown, unknown_fields
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
             "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
@@ -114,9 +115,6 @@ def refuse_unsupported(req: OllamaGenerateRequest | OllamaChatRequest) -> None:
     if req.think not in (None, False):
         raise bad_request("'think' is not supported: the models served here do not reason in a separate channel",
                           param="think")
-    if req.logprobs or req.top_logprobs:
-        raise bad_request("'logprobs' is not supported on Ollama's API here; the OpenAI API has it "
-                          "(/v1/chat/completions)", param="logprobs")
     images = req.images if isinstance(req, OllamaGenerateRequest) else [i for m in req.messages for i in m.images or ()]
     if images:
         raise bad_request("'images' is not supported: the models served here read text only", param="images")
@@ -162,6 +160,20 @@ def openai_fields(options: dict[str, Any] | None, format: str | dict[str, Any] |
     elif format not in (None, ""):
         raise bad_request(f"'format' is \"json\" or a JSON schema, got {format!r}", param="format")
     return out
+
+
+def logprob_fields(req: OllamaGenerateRequest | OllamaChatRequest) -> dict[str, Any]:
+    """`logprobs` and `top_logprobs` as the translated request's fields (chat's or completions'
+    spelling). As Ollama reads them: top_logprobs is checked whether or not logprobs is asked
+    for, and without `"logprobs": true` it asks for nothing."""
+    k = req.top_logprobs
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}", param="top_logprobs")
+    if not req.logprobs:
+        return {}
+    if isinstance(req, OllamaChatRequest):
+        return {"logprobs": True, "top_logprobs": k or 0}
+    return {"logprobs": k or 0}
 
 
 def _why_neutral(name: str) -> str:

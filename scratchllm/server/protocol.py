@@ -45,6 +45,7 @@ MIN_RETRY_AFTER_S = 1
 # sequences (one engine request each, so each also takes an admission slot).
 MAX_CHOICES = 16
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit, and Ollama's)
 # Unknown field names warned about so far (each once); capped so a hostile client cannot grow it.
 _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1000
@@ -52,7 +53,7 @@ MAX_NAMED_FIELDS = 8  # unknown fields a 400 lists by name (the rest are counted
 
 __all__ = ["APIError", "bad_request", "parse_body", "CompletionRequest", "ChatCompletionRequest",
            "EmbeddingRequest", "StreamOptions", "validate_choices", "unknown_fields",
-           "refuse_unknown", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S"]
+           "refuse_unknown", "new_id", "now_s", "usage", "MIN_RETRY_AFTER_S", "MAX_TOP_LOGPROBS"]
 # Fields accepted only at a neutral value: name -> (neutral values, why the rest is refused).
 Refusals = dict[str, tuple[tuple[Any, ...], str]]
 
@@ -236,9 +237,10 @@ class CompletionRequest(_Sampling):
     }
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False  # the prompt's text before the completion; with logprobs, the prompt's logprobs too
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: the prompt's logprobs, in its own shape
+    # vLLM's: the prompt's logprobs, in its own shape
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=128)
     suffix: Any = None
     # not in OpenAI's legacy completions; here as on chat: metadata.request_class names the
@@ -302,7 +304,7 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True  # one forced call satisfies either value

@@ -55,7 +55,7 @@ class Capture(Protocol):
 
     def record(self, body: bytes, model: str | None, client_ip: str | None, response_token_ids: list[int] | None,
                timings: dict[str, Any] | None, *, endpoint: str = ..., response_text: str | None = ...,
-               finish_reason: str | None = ...) -> None: ...
+               finish_reason: str | None = ..., translated_from: str | None = ...) -> None: ...
 
 
 class RequestClassMap(Protocol):

@@ -1,7 +1,8 @@
 """Ollama's API, through the official `ollama` Python client, against a live `scratchllm serve` on
 the fake engine: chat (streamed and not), generate (with its context), embed, list, show, ps,
-keep_alive, the options and their refusals. Each answer is checked against the OpenAI endpoints'
-answer to the same request, on the same server."""
+keep_alive, the options and their refusals, logprobs (and on the real default model, whose
+logprobs are its own). Each answer is checked against the OpenAI endpoints' answer to the same
+request, on the same server."""
 
 import contextlib
 import json
@@ -15,7 +16,7 @@ import ollama
 import pytest
 
 from scratchllm.server.app import ServerConfig, create_app
-from scratchllm.server.backend import fake_specs
+from scratchllm.server.backend import fake_specs, load_model
 from scratchllm.server.registry import ModelRegistry
 
 MSG = [{"role": "user", "content": "Name three colours."}]
@@ -174,6 +175,8 @@ def test_options_map_to_the_sampling_fields(client, server):
     ({"options": {"repeat_penalty": 0}}, "options.repeat_penalty"),
     ({"options": {"num_predict": 0}}, "options.num_predict must be a positive number"),
     ({"think": True}, "'think' is not supported"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ({"top_logprobs": -1}, "top_logprobs must be between 0 and 20"),  # checked even without logprobs
     ({"format": "yaml"}, "'format' is \"json\" or a JSON schema"),
     ({"surprise": 1}, "Unrecognized request argument supplied: surprise"),
 ])
@@ -233,3 +236,94 @@ def test_an_engine_failure_mid_stream_is_a_last_error_line(serve, monkeypatch):
         while state.metrics.in_flight or state.model.engine.stats()["kv_blocks_used"]:
             assert time.monotonic() < deadline, "the failed stream's request was never closed"
             time.sleep(0.01)
+
+
+def entries(lines):
+    """The logprob entries of NDJSON reply lines (or of one whole reply), in order."""
+    return [e for line in lines for e in line.get("logprobs") or []]
+
+
+def ndjson(url, path, body):
+    with httpx.stream("POST", url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+def test_streamed_logprobs_add_up_to_the_whole_replys(server, path):
+    # a stop string holds text back: tokens that show no text yet still bring their logprobs
+    body = {"model": "fake", "options": {**GREEDY, "stop": ["never in the reply"]}, "logprobs": True,
+            "top_logprobs": 2, **({"messages": MSG} if path == "/api/chat" else {"prompt": "Once upon", "raw": True})}
+    whole = httpx.post(server + path, json={**body, "stream": False}).json()
+    lines = ndjson(server, path, body)
+    assert len(whole["logprobs"]) == whole["eval_count"] == 9 and entries(lines) == whole["logprobs"]
+    text = [line["message"]["content"] if "message" in line else line["response"] for line in lines]
+    assert any(t == "" and line.get("logprobs") and not line["done"] for t, line in zip(text, lines, strict=True))
+    for e in whole["logprobs"]:
+        assert e["bytes"] == list(e["token"].encode()) and len(e["top_logprobs"]) == 2
+    plain = httpx.post(server + path, json={**body, "stream": False, "logprobs": False}).json()
+    assert "logprobs" not in plain and entries(ndjson(server, path, {**body, "logprobs": False})) == []
+    # as Ollama reads it: top_logprobs alone asks for nothing
+    assert "logprobs" not in httpx.post(server + path, json={**body, "stream": False, "logprobs": None}).json()
+
+
+@pytest.fixture(scope="module")
+def default_model(serve_module):
+    """(URL, ollama client) of a server on the real default model: logprobs of a real distribution."""
+    app = create_app(load_model("default", "default", {}), None, ServerConfig())
+    with serve_module(app) as url, ollama.Client(host=url, timeout=120) as c:
+        yield url, c
+
+
+def check_top(entry, k):
+    """The alternatives: k of them, most likely first, the greedy choice (the argmax) among them first."""
+    top = entry["top_logprobs"]
+    assert len(top) == k and [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+    assert top[0]["token"] == entry["token"] and abs(top[0]["logprob"] - entry["logprob"]) < 1e-6
+    assert entry["logprob"] <= 0
+
+
+@pytest.mark.slow
+def test_chat_logprobs_equal_the_openai_routes_on_the_default_model(default_model):
+    url, client = default_model
+    mine = client.chat(model="default", messages=MSG, options={"temperature": 0, "num_predict": 8}, logprobs=True,
+                       top_logprobs=5)
+    same = openai_chat(url, "default", MSG, temperature=0, max_tokens=8, logprobs=True, top_logprobs=5)
+    theirs = same["choices"][0]["logprobs"]["content"]
+    got = [e.model_dump() for e in mine.logprobs]
+    assert [e["token"] for e in got] == [e["token"] for e in theirs] and len(got) == mine.eval_count
+    for a, b in zip(got, theirs, strict=True):
+        assert abs(a["logprob"] - b["logprob"]) < 1e-6
+        assert [t["token"] for t in a["top_logprobs"]] == [t["token"] for t in b["top_logprobs"]]
+        assert all(abs(x["logprob"] - y["logprob"]) < 1e-6 for x, y in zip(a["top_logprobs"], b["top_logprobs"],
+                                                                         strict=True))
+        check_top(a, 5)
+    streamed = [part.model_dump() for part in client.chat(model="default", messages=MSG, stream=True, logprobs=True,
+                                                          top_logprobs=5, options={"temperature": 0,
+                                                                                   "num_predict": 8})]
+    assert entries(streamed) == got
+    raw = httpx.post(url + "/api/chat", json={"model": "default", "messages": MSG, "stream": False, "logprobs": True,
+                                              "options": {"temperature": 0, "num_predict": 8}}, timeout=60).json()
+    assert [e["bytes"] for e in raw["logprobs"]] == [b["bytes"] for b in theirs]  # the client drops `bytes`
+    assert all(e["top_logprobs"] == [] for e in raw["logprobs"])  # top_logprobs 0: the chosen token only
+
+
+@pytest.mark.slow
+def test_generate_logprobs_equal_the_completions_route_on_the_default_model(default_model):
+    url, client = default_model
+    options = {"temperature": 0, "num_predict": 8}
+    mine = client.generate(model="default", prompt="The three primary colours are", raw=True, options=options,
+                           logprobs=True, top_logprobs=3)
+    same = httpx.post(url + "/v1/completions", json={"model": "default", "prompt": "The three primary colours are",
+                                                     "max_tokens": 8, "temperature": 0, "logprobs": 3},
+                      timeout=60).json()["choices"][0]["logprobs"]
+    got = [e.model_dump() for e in mine.logprobs]
+    assert [e["token"] for e in got] == same["tokens"] and len(got) == 8
+    for e, lp, top in zip(got, same["token_logprobs"], same["top_logprobs"], strict=True):
+        assert abs(e["logprob"] - lp) < 1e-6
+        assert {t["token"]: t["logprob"] for t in e["top_logprobs"]} == pytest.approx(top, abs=1e-6)
+        check_top(e, 3)
+    streamed = [p.model_dump() for p in client.generate(model="default", prompt="The three primary colours are",
+                                                        raw=True, options=options, logprobs=True, top_logprobs=3,
+                                                        stream=True)]
+    assert entries(streamed) == got and "".join(p["response"] for p in streamed) == mine.response
