@@ -23,6 +23,7 @@ from scratchllm.server.generation import (
     EventStream,
     Generation,
     choice_params,
+    event_logprob,
     max_tokens_for,
     origin_of,
     prompt_ids,
@@ -158,13 +159,15 @@ async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequ
     n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * count)
     async for k, event in gen.merged():
         n_out += event.finish_reason != "abort"
-        lp = {"content": [chat_logprob(tok, event.token_id, event.logprob, event.top_logprobs)]} \
-            if req.logprobs and event.token_id is not None else None
-        chunks = _chunks(head, k, parsers[k].push(event.text), lp) if event.text else []
+        chunks = _chunks(head, k, parsers[k].push(event.text)) if event.text else []
+        item = event_logprob(gen, k, event)
+        if item is not None:  # on the token's first chunk, or on one of its own while it shows nothing
+            chunks = chunks or [_delta(head, k, {})]
+            chunks[0]["choices"][0]["logprobs"] = {"content": [chat_logprob(tok, *item)]}
         if event.finish_reason:
             metrics[k] = event.metrics
             parts, finish = parsers[k].finish(event.finish_reason)
-            chunks += _chunks(head, k, parts, None) + [_delta(head, k, {}, finish)]
+            chunks += _chunks(head, k, parts) + [_delta(head, k, {}, finish)]
         per_token = gen.token_timings(k, event) if req.timings_per_token else None
         if per_token is not None and not chunks:  # a token that shows nothing yet still gets its times
             chunks = [_delta(head, k, {})]
@@ -179,11 +182,7 @@ async def _stream(gen: Generation, head: dict[str, Any], req: ChatCompletionRequ
     yield SSE_DONE
 
 
-def _chunks(head: dict[str, Any], k: int, parts: dict[str, Any], logprobs: Any) -> list[dict[str, Any]]:
-    """One chunk per part of a ReplyParser's output (thinking, content, each tool-call delta);
-    the event's logprobs ride on the first."""
+def _chunks(head: dict[str, Any], k: int, parts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One chunk per part of a ReplyParser's output (thinking, content, each tool-call delta)."""
     out = [_delta(head, k, {key: parts[key]}) for key in ("reasoning_content", "content") if key in parts]
-    out += [_delta(head, k, {"tool_calls": [d]}) for d in parts.get("tool_calls", [])]
-    if out:
-        out[0]["choices"][0]["logprobs"] = logprobs
-    return out
+    return out + [_delta(head, k, {"tool_calls": [d]}) for d in parts.get("tool_calls", [])]

@@ -27,6 +27,7 @@ from scratchllm.server.generation import (
     Generation,
     LogprobItem,
     choice_params,
+    event_logprob,
     max_tokens_for,
     origin_of,
     prompt_ids,
@@ -81,8 +82,9 @@ async def completions(request: Request) -> Response | dict[str, Any]:
             choice = {"index": q * n + j, "text": text, "finish_reason": r.finish_reason, "logprobs": None}
             if req.logprobs is not None:
                 items = _prompt_items(prompts[q], r.prompt_logprobs) if req.echo_logprobs else []
-                choice["logprobs"] = _logprobs(tok, items + token_logprobs(r), 0 if items else len(echoed[q]),
-                                               len(text))
+                items += token_logprobs(r)
+                offsets = TextOffsets(tok, 0 if req.echo_logprobs else len(echoed[q])).of(items)
+                choice["logprobs"] = _logprobs(tok, items, offsets, len(text))
             if req.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompts[q], r.prompt_logprobs)
             choices.append(choice)
@@ -125,45 +127,57 @@ def _best(results: list[RequestOutput], n: int) -> list[RequestOutput]:
     return [results[i] for i in order[:n]]
 
 
-def _logprobs(tok: TokenizerLike, items: list[LogprobItem], start: int, end: int) -> dict[str, Any]:
+class TextOffsets:
+    """Where each token's text starts in a choice's returned text, token after token: from
+    `start` (after the echoed prompt), on by the token's text as it detokenizes (an end token
+    shows none). One per choice, so a stream's chunks count on from the chunks before."""
+
+    def __init__(self, tok: TokenizerLike, start: int) -> None:
+        self.detok, self.at = tok.detokenizer(skip_special_tokens=True), start
+
+    def of(self, items: list[LogprobItem]) -> list[int]:
+        out = []
+        for t, _, _ in items:
+            out.append(self.at)
+            self.at += len(self.detok.push(t)) if t is not None else 0
+        return out
+
+
+def _logprobs(tok: TokenizerLike, items: list[LogprobItem], offsets: list[int], end: int | None) -> dict[str, Any]:
     """OpenAI's completions logprobs; text_offset[i] is where token i's text starts in the
-    returned text (`start`: after the echoed prompt), never past its `end`."""
-    tokens = [token_str(tok, t) for t, _, _ in items]
-    offsets, at = [], start
-    detok = tok.detokenizer(skip_special_tokens=True)  # an end token shows no text
-    for t, _, _ in items:
-        offsets.append(min(at, end))
-        at += len(detok.push(t)) if t is not None else 0
-    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
+    returned text, never past its `end` (None: a stream's end, not known yet)."""
+    return {"tokens": [token_str(tok, t) for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
             "top_logprobs": [None if top is None else {token_str(tok, i): lp for i, lp in top} for _, _, top in items],
-            "text_offset": offsets}
+            "text_offset": offsets if end is None else [min(at, end) for at in offsets]}
 
 
 async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest, tok: TokenizerLike,
                   echoed: str) -> AsyncGenerator[bytes, None]:
-    n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * len(gen.streams))
-    sent = [len(echoed)] * len(gen.streams)  # characters of each choice's returned text so far
+    count = len(gen.streams)
+    n_out, metrics = 0, cast(list[RequestMetrics | None], [None] * count)
+    sent = [len(echoed)] * count  # characters of each choice's returned text so far
+    offsets = [TextOffsets(tok, 0 if req.echo_logprobs else len(echoed)) for _ in range(count)]
     # the echo goes first; with the prompt's logprobs it waits for them (the first event brings them)
     late_echo = req.echo_logprobs or req.prompt_logprobs is not None
     if echoed and not late_echo:
-        for k in range(len(gen.streams)):
+        for k in range(count):
             yield gen.chunks.encode({**head, "choices": [{"index": k, "text": echoed, "finish_reason": None,
                                                           "logprobs": None}]})
     async for k, event in gen.merged():
         if late_echo and event.index == 0 and event.finish_reason != "abort":
             yield gen.chunks.encode({**head, "choices": [_echo_choice(k, req, tok, gen.prompt_of(k), echoed,
-                                                                      event.prompt_logprobs)]})
-        counted = event.finish_reason != "abort"
-        n_out += counted
+                                                                      event.prompt_logprobs, offsets[k])]})
+        n_out += event.finish_reason != "abort"
         per_token = gen.token_timings(k, event) if req.timings_per_token else None
-        if event.text or event.finish_reason or per_token is not None:  # per-token times: a chunk per token
+        item = event_logprob(gen, k, event)
+        # per-token times or logprobs: a chunk per token, with no text while the token shows none
+        if event.text or event.finish_reason or per_token is not None or item is not None:
             choice: dict[str, Any] = {"index": k, "text": event.text, "finish_reason": event.finish_reason,
                                       "logprobs": None}
-            if req.logprobs is not None and counted:
-                item = (event.token_id, event.logprob, event.top_logprobs)
-                lp = _logprobs(tok, [item], sent[k], sent[k] + len(event.text))
-                choice["logprobs"] = lp
             sent[k] += len(event.text)
+            if item is not None:  # the returned text's end is known at its last chunk
+                end = sent[k] if event.finish_reason else None
+                choice["logprobs"] = _logprobs(tok, [item], offsets[k].of([item]), end)
             chunk = {**head, "choices": [choice]}
             if event.finish_reason:
                 chunk["timings"] = gen.final_timings(event.metrics, per_token)
@@ -177,12 +191,13 @@ async def _stream(gen: Generation, head: dict[str, Any], req: CompletionRequest,
 
 
 def _echo_choice(k: int, req: CompletionRequest, tok: TokenizerLike, ids: list[int], echoed: str,
-                 entries: list[PromptLogprob] | None) -> dict[str, Any]:
+                 entries: list[PromptLogprob] | None, offsets: TextOffsets) -> dict[str, Any]:
     """A stream's first chunk when the prompt's logprobs were asked for: the echoed text (if
     echo), its logprobs (echo with logprobs) and vLLM's prompt_logprobs."""
     choice: dict[str, Any] = {"index": k, "text": echoed, "finish_reason": None, "logprobs": None}
     if req.echo_logprobs:
-        choice["logprobs"] = _logprobs(tok, _prompt_items(ids, entries), 0, len(echoed))
+        items = _prompt_items(ids, entries)
+        choice["logprobs"] = _logprobs(tok, items, offsets.of(items), len(echoed))
     if req.prompt_logprobs is not None:
         choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, entries)
     return choice

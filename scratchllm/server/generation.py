@@ -395,6 +395,17 @@ def token_logprobs(r: RequestOutput) -> list[LogprobItem]:
     return [(t, lp, top) for t, (lp, top) in zip(r.token_ids, r.logprobs or [], strict=True)]
 
 
+def event_logprob(gen: Generation, k: int, event: TokenEvent) -> LogprobItem | None:
+    """The logprob item stream k's `event` brings: its token's, when the stream asked for
+    logprobs; None for an event without a token (an abort). A streamed reply sends each once and
+    in order: on the chunk with the text its event shows or, when the event shows none (text held
+    back for a stop string or an incomplete character; an end token's), on a chunk with empty
+    text, so the chunks' entries add up to the whole reply's."""
+    if gen.params[k].logprobs is None or event.token_id is None:
+        return None
+    return event.token_id, event.logprob, event.top_logprobs
+
+
 def token_str(tok: TokenizerLike, token_id: int | None) -> str:
     text: str = tok.decode([token_id]) if token_id is not None else ""
     return text

@@ -41,6 +41,7 @@ from scratchllm.server.generation import (
     Generation,
     LogprobItem,
     StreamFormat,
+    event_logprob,
     origin_of,
     prompt_ids,
     sampling_params,
@@ -223,10 +224,10 @@ async def _stream(gen: Generation, head: dict[str, Any], lease: Lease, delta: Ca
     logprobs add up to the whole reply's."""
     out: list[int] = []
     async for event in gen.events(0):
-        lp: dict[str, Any] = {}
         if event.token_id is not None:
             out.append(event.token_id)
-            lp = _logprobs(gen, [(event.token_id, event.logprob, event.top_logprobs)])
+        item = event_logprob(gen, 0, event)
+        lp = _logprobs(gen, [item]) if item is not None else {}
         if event.text or (lp and event.finish_reason is None):
             yield _line({**head, "created_at": timestamp(), **delta(event.text), **lp, "done": False})
             lp = {}

@@ -111,6 +111,58 @@ def test_chat_logprobs_shape(client):
     assert "".join(c.token for c in content) == r.choices[0].message.content
 
 
+def streamed_logprobs(chunks, n):
+    """Each choice's chat logprob entries, in the order its chunks brought them."""
+    out = [[] for _ in range(n)]
+    for c in chunks:
+        for choice in c.choices:
+            out[choice.index] += [e.model_dump() for e in (choice.logprobs.content if choice.logprobs else None) or ()]
+    return out
+
+
+STORY = [{"role": "user", "content": "Tell me a story ☕"}]
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_streamed_chat_logprobs_add_up_to_the_whole_replys(client, cut):
+    """Tokens whose text is held back (a stop string's possible start, a character's first bytes)
+    or cut (the stop string itself) still stream their logprobs, once each and in order."""
+    stop = expected_greedy(chat_ids(STORY), 60)[20:23] if cut else "never in the reply"
+    kw = {"model": "fake", "messages": STORY, "max_tokens": 60, "temperature": 0, "stop": [stop], "n": 2,
+          "logprobs": True, "top_logprobs": 2}
+    whole = client.chat.completions.create(**kw)
+    want = [[e.model_dump() for e in c.logprobs.content] for c in whole.choices]
+    assert sum(map(len, want)) == whole.usage.completion_tokens and (whole.choices[0].finish_reason == "stop") == cut
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert streamed_logprobs(chunks, 2) == want
+    # a token that shows no text yet has a chunk of its own, with an empty delta
+    assert any(c.choices[0].logprobs and c.choices[0].delta.content is None and not c.choices[0].finish_reason
+               for c in chunks if c.choices)
+    with client.chat.completions.stream(**kw) as stream:  # the client's own accumulation of the chunks
+        final = stream.until_done().current_completion_snapshot
+    assert [[e.model_dump() for e in c.logprobs.content] for c in final.choices] == want
+    assert [c.message.content for c in final.choices] == [c.message.content for c in whole.choices]
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_streamed_completion_logprobs_add_up_to_the_whole_replys(client, cut):
+    kw = {"model": "fake", "prompt": "naïve", "max_tokens": 40, "temperature": 0, "logprobs": 2}
+    stop = expected_greedy(TOK.encode("naïve"), 40)[20:23] if cut else "never in the reply"
+    whole = client.completions.create(**kw, stop=[stop]).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stop=[stop], stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text and (whole.finish_reason == "stop") == cut
+    got = {f: [x for c in chunks if c.logprobs for x in getattr(c.logprobs, f)]
+           for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert got["tokens"] == whole.logprobs.tokens and got["token_logprobs"] == whole.logprobs.token_logprobs
+    assert got["top_logprobs"] == whole.logprobs.top_logprobs
+    # where each token's text starts; a token past the first character of a stop string that cuts
+    # the text is streamed before the cut is known, at where it was generated, and the whole reply
+    # puts it at the returned text's end
+    assert [min(at, len(whole.text)) for at in got["text_offset"]] == whole.logprobs.text_offset
+    assert got["text_offset"] == whole.logprobs.text_offset or cut
+    assert any(c.text == "" and c.logprobs and not c.finish_reason for c in chunks)  # a held-back token's chunk
+
+
 @pytest.mark.parametrize("fmt", ["float", "base64", "client-default"])
 def test_embeddings_equal_the_models_own(client, fmt):
     """The client's default asks for base64 and decodes it itself; explicit base64 comes back raw."""

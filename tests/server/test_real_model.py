@@ -66,6 +66,29 @@ def test_streamed_chat_equals_non_streamed_greedy(client):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_streamed_logprobs_equal_the_whole_replys(client):
+    """Every token's logprobs stream once and in order, the end token's (it shows no text) and
+    those whose text a stop string holds back too: the chunks' entries are the whole reply's."""
+    kw = {"model": "default", "max_tokens": 16, "temperature": 0, "stop": ["never in the reply"]}
+    chat = {**kw, "messages": QUESTION, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat.completions.create(**chat).choices[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(**chat, stream=True) if c.choices]
+    got = [e for c in chunks if c.logprobs for e in c.logprobs.content]
+    assert whole.finish_reason == "stop" and [e.token for e in got] == [e.token for e in whole.logprobs.content]
+    for a, b in zip(got, whole.logprobs.content, strict=True):
+        assert a.bytes == b.bytes and a.logprob == pytest.approx(b.logprob, abs=1e-6)
+        assert [t.token for t in a.top_logprobs] == [t.token for t in b.top_logprobs]
+        assert [t.logprob for t in a.top_logprobs] == pytest.approx([t.logprob for t in b.top_logprobs], abs=1e-6)
+    cmpl = {**kw, "prompt": REF_PROMPT, "logprobs": 3}
+    plain = client.completions.create(**cmpl).choices[0].logprobs
+    parts = [c.choices[0].logprobs for c in client.completions.create(**cmpl, stream=True) if c.choices]
+    assert [t for p in parts if p for t in p.tokens] == plain.tokens and len(plain.tokens) == len(REF_GREEDY_IDS)
+    assert [x for p in parts if p for x in p.text_offset] == plain.text_offset
+    assert [x for p in parts if p for x in p.token_logprobs] == pytest.approx(plain.token_logprobs, abs=1e-6)
+    for a, b in zip([x for p in parts if p for x in p.top_logprobs], plain.top_logprobs, strict=True):
+        assert a.keys() == b.keys() and a == pytest.approx(b, abs=1e-6)
+
+
 def test_completion_on_text_and_token_ids(client, real):
     tok = real[1].state.server.model.tokenizer
     prompt = "The three primary colours are"

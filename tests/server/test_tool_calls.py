@@ -1,7 +1,8 @@
 """Tool calls per model family: each family's reply, as its own chat template writes tool calls
 (tests/server/scripted.py), parsed into OpenAI tool calls by the format the server picks from
 that template, unstreamed and streamed (the official client's stream helper assembles the
-deltas), whole and cut by max_tokens; and the parsers alone, fed in pieces of every size."""
+deltas and their logprobs), whole and cut by max_tokens; and the parsers alone, fed in pieces of
+every size."""
 
 import json
 
@@ -134,12 +135,15 @@ def _client(url):
 def test_a_family_reply_through_the_server_streamed_and_not(serve, family):
     app, engine = scripted_app(family)
     engine.reply = template_reply(family, family_calls(family), content="Let me check.")
-    kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": 400}
+    kw = {"model": "fake", "messages": QUESTION, "tools": TOOLS, "max_tokens": 400, "logprobs": True}
     with serve(app) as url, _client(url) as client:
         full = client.chat.completions.create(**kw).choices[0]
         with client.chat.completions.stream(**kw) as stream:
             streamed = stream.get_final_completion().choices[0]
     assert full.finish_reason == streamed.finish_reason == "tool_calls"
+    # the tokens of the call's markup, which the parser holds back, still stream their logprobs
+    assert streamed.logprobs.content == full.logprobs.content
+    assert len(full.logprobs.content) == len(engine.reply.encode()) + 1  # a byte token each, and the end token
     assert arguments(full.message.tool_calls) == arguments(streamed.message.tool_calls) == family_calls(family)
     said = "Let me check." if family in WRITES_CONTENT else None
     assert full.message.content == said and (streamed.message.content or None) == said  # a stream starts with ""
