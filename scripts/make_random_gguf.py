@@ -3,6 +3,7 @@
     python scripts/make_random_gguf.py out/llama-1b-q4_0.gguf            # ~1.1B parameters
     python scripts/make_random_gguf.py out/tiny.gguf --size tiny
     python scripts/make_random_gguf.py out/small-q4_k_m.gguf --size small --quant-mix q4_k_m
+    python scripts/make_random_gguf.py out/tiny.gguf --size tiny --split-max-tensors 7   # 3 shards
 
 Quantization mixes (--quant-mix):
   q4_0    (default) layer matrices Q4_0 (--layer-type), the tied embedding Q8_0.
@@ -86,13 +87,16 @@ def random_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
 
 def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
                             tokenizer_from=None, layer_type: str = "Q4_0", embed_type: str = "Q8_0", seed: int = 0,
-                            quant_mix: str = "q4_0", vocab: int | None = None):
+                            quant_mix: str = "q4_0", vocab: int | None = None, split_max_tensors: int = 0):
     """The file at `path`; `tokenizer_from`: a GGUF whose tokenizer (and vocabulary size) to copy, or
     None for no tokenizer and `vocab` tokens. `quant_mix`: see the module docstring ("q4_0" takes
-    `layer_type`, and `embed_type` for the tied embedding)."""
+    `layer_type`, and `embed_type` for the tied embedding). `split_max_tensors`: a split model
+    instead, shards of at most that many tensors named as llama.cpp's gguf-split names them
+    (PATH's stem-00001-of-0000N.gguf, ...; the gguf package's split writer); returns the first's path."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     if tokenizer_from is not None:
         reader = gguf.GGUFReader(str(tokenizer_from))
         vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
@@ -146,11 +150,12 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
                                  ("ffn_down", hidden, intermediate)):
             matrix(b + name + ".weight", rows, cols, mix_type(quant_mix, name, i, index, layers, layer_type))
             index += 1
+    first = writer.format_shard_names(path)[0]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return first
 
 
 def main() -> int:
@@ -160,14 +165,18 @@ def main() -> int:
     parser.add_argument("--quant-mix", choices=QUANT_MIXES, default="q4_0")
     parser.add_argument("--layer-type", choices=["Q4_0", "Q4_1", "Q8_0"], default="Q4_0", help="of the q4_0 mix")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split-max-tensors", type=int, default=0, metavar="N",
+                        help="write a split model: shards of at most N tensors, OUT's stem-00001-of-0000K.gguf, ...")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from scratchllm.formats.refs import resolve_model
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_random_llama_gguf(args.out, **SIZES[args.size], tokenizer_from=resolve_model("default"),
-                            layer_type=args.layer_type, seed=args.seed, quant_mix=args.quant_mix)
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.0f} MB)")
+    first = write_random_llama_gguf(args.out, **SIZES[args.size], tokenizer_from=resolve_model("default"),
+                                    layer_type=args.layer_type, seed=args.seed, quant_mix=args.quant_mix,
+                                    split_max_tensors=args.split_max_tensors)
+    shards = " and its other shards" if first != args.out else ""
+    print(f"wrote {first} ({first.stat().st_size / 1e6:.0f} MB){shards}")
     return 0
 
 

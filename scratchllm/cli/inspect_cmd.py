@@ -19,8 +19,8 @@ ARENA_BASE = 0x10000000  # the design article's drawing starts its arena here; o
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("inspect", help="show what is inside a model file", description=__doc__)
-    p.add_argument("model", help="a .gguf, .safetensors, pytorch_model.bin, *.index.json, a model folder, "
-                                 "'default' or 'minilm'")
+    p.add_argument("model", help="a .gguf (or a split model's shard), .safetensors, pytorch_model.bin, "
+                                 "*.index.json, a model folder, 'default' or 'minilm'")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--limit", type=int, default=0, metavar="N",
                    help="show only the first N tensors in the table and the layout (0 = all)")
@@ -68,6 +68,11 @@ def render_container(r: dict[str, Any]) -> list[str]:
     if kind == "gguf":
         out.append(f"GGUF v{c['version']}: {c['tensor_count']} tensors, {c['metadata_count']} metadata keys, "
                    f"alignment {c['alignment']}, tensor data from byte {c['data_offset']:,}")
+        if "shards" in c:  # a split model (formats/gguf_split.py): the header above is its first shard's
+            out.append(f"split into {len(c['shards'])} shards (the metadata below is the first's):")
+            for shard in c["shards"]:
+                out.append(f"  {shard['file']}: {shard['tensors']} tensors, {shard['file_size']:,} bytes, "
+                           f"tensor data from byte {shard['data_offset']:,}")
         types = c["metadata_types"]
         for key, value in r["metadata"].items():
             out.append(f"  {key:<42} {types.get(key, ''):<14} {render_value(value)}")
@@ -158,7 +163,8 @@ def render(r: dict[str, Any], limit: int = 0) -> str:
     lines += hexdump(bytes.fromhex(r["first_bytes"]))
     lines += ["", "-- container"] + render_container(r)
     tensors = r["tensors"][:limit] if limit else r["tensors"]
-    lines += ["", f"-- tensors ({len(r['tensors'])}; offsets are absolute file offsets, strides in elements)"]
+    where = "byte offsets in each tensor's own shard" if "shards" in r["container"] else "absolute file offsets"
+    lines += ["", f"-- tensors ({len(r['tensors'])}; offsets are {where}, strides in elements)"]
     lines += render_table(tensors)
     if limit and len(r["tensors"]) > limit:
         lines.append(f"  ... {len(r['tensors']) - limit} more (--limit 0 shows all)")

@@ -1,8 +1,8 @@
 """Model files -> arrays, with parsers written here (GGUF, safetensors, torch zip).
 
-`load_checkpoint(ref)` accepts `default`, `minilm`, a `.gguf`, a `.safetensors`, a
-`pytorch_model.bin`, a sharded `*.index.json` or a model folder, and returns a `Checkpoint`:
-a lazy Mapping of tensor name -> np.ndarray (see checkpoint.py).
+`load_checkpoint(ref)` accepts `default`, `minilm`, a `.gguf` (or any shard of a split one), a
+`.safetensors`, a `pytorch_model.bin`, a sharded `*.index.json` or a model folder, and returns a
+`Checkpoint`: a lazy Mapping of tensor name -> np.ndarray (see checkpoint.py).
 """
 
 from pathlib import Path

@@ -119,6 +119,11 @@ class Checkpoint(Mapping[str, np.ndarray]):
         raise KeyError(f"{name}: raw bytes are not available for this format")
 
     @property
+    def files(self) -> list[str]:
+        """The files the tensors are read from, in table order: one, or a sharded checkpoint's shards."""
+        return list(dict.fromkeys(info.file for info in self.infos.values()))
+
+    @property
     def nbytes(self) -> int:
         """Bytes of tensor data in the file(s)."""
         return sum(info.nbytes for info in self.infos.values())

@@ -50,9 +50,9 @@ def load_file(path: Path) -> Checkpoint:
     """Open one weights file lazily: only its table of contents is read here."""
     kind = sniff(path)
     if kind == "gguf":
-        from scratchllm.formats.gguf import load_gguf
+        from scratchllm.formats.gguf_split import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path)  # one file, or every shard of a split model
     if kind == "safetensors":
         from scratchllm.formats.safetensors import load_safetensors
 

@@ -2,7 +2,7 @@
 
 A folder holds one of, in this order of preference (safetensors first, as transformers does):
     model.safetensors | model.safetensors.index.json | pytorch_model.bin | pytorch_model.bin.index.json
-    | exactly one *.gguf
+    | exactly one *.gguf (a split GGUF counts as one: its first shard)
 An index is {"metadata": {...}, "weight_map": {tensor name: shard file name}}; the shards are
 opened lazily like any single file and merged into one Checkpoint.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 from scratchllm.errors import FormatError
 from scratchllm.formats.checkpoint import Checkpoint, merge
 from scratchllm.formats.files import load_file
+from scratchllm.formats.gguf_split import first_shard
 
 PREFERENCE = [
     "model.safetensors",
@@ -28,7 +29,7 @@ def load_folder(folder: Path) -> Checkpoint:
             ckpt = load_index(folder / name) if name.endswith(".index.json") else load_file(folder / name)
             ckpt.path = str(folder)
             return ckpt
-    ggufs = sorted(folder.glob("*.gguf"))
+    ggufs = sorted(p for p in folder.glob("*.gguf") if first_shard(p) == p)  # a split model: its first shard
     if len(ggufs) == 1:
         return load_file(ggufs[0])
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"

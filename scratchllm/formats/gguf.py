@@ -272,8 +272,9 @@ def _check_no_overlap(path: str, infos: Iterable[TensorInfo]) -> None:
             raise FormatError(path, f"tensors '{name_a}' and '{name_b}' overlap (bytes {start_b}..{end_a})")
 
 
-def load_gguf(path: str | Path) -> Checkpoint:
-    gguf = GGUFFile(path)
+def file_checkpoint(gguf: GGUFFile) -> Checkpoint:
+    """One parsed file as a Checkpoint, each tensor read in place from its mapping. A split model's
+    shards are each one of these, merged (gguf_split.py)."""
 
     def read(info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
         return read_tensor(gguf, info, out)
@@ -283,7 +284,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
 
     return Checkpoint(
         format="gguf",
-        path=str(path),
+        path=str(gguf.path),
         metadata=gguf.metadata,
         infos=dict(gguf.tensors),
         readers=dict.fromkeys(gguf.tensors, read),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from scratchllm.errors import ConfigError
 from scratchllm.formats import stores
+from scratchllm.formats.gguf_split import first_shard
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,11 @@ def resolve_model(ref: str | Path) -> Path:
         return joined_model(ref_str)
     path = Path(ref_str).expanduser()
     if path.exists():
-        return path
+        return first_shard(path)  # any shard of a split GGUF names the model its first shard opens
     stored = stores.scan()
     found = stores.candidates(ref_str, stored)
     if len(found) == 1:
-        return found[0].path
+        return first_shard(found[0].path)
     if found:
         raise ConfigError(f"model '{ref_str}' is ambiguous: it names " + ", ".join(m.name for m in found)
                           + "; give one of these names")

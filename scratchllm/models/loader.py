@@ -312,7 +312,8 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     try:
         options: dict[str, Any] = {"dtype": stored, "activations": activations} if config.family == "llama" else {}
         if config.family == "llama" and stored == "quantized" and ckpt.format == "gguf" and panel_cache.enabled():
-            options["panel_cache"] = panel_cache.PanelCache(ckpt.path)
+            shards = [f for f in ckpt.files if Path(f) != Path(ckpt.path)]  # a split GGUF's later shards
+            options["panel_cache"] = panel_cache.PanelCache(ckpt.path, shards=shards)
         model = FAMILIES[config.family](config, weights, **options)
     except (KeyError, ValueError) as err:
         raise FormatError(ckpt.path, str(err.args[0])) from None
@@ -325,7 +326,8 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
         log_float32_matrices(model, weights.inner, ckpt)
         # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the
         # forward reads nothing of the file but the rows of an untied float32 embedding table
-        release_pages(ckpt.raw(next(iter(ckpt))))
+        for name in {info.file: name for name, info in ckpt.infos.items()}.values():
+            release_pages(ckpt.raw(name))  # one tensor of each file (each shard of a split GGUF) names its mapping
     cache = options.get("panel_cache")
     model.panels_from_cache = bool(cache is not None and cache.hits and not cache.fresh)  # packed by an earlier load
     model.path = str(path)

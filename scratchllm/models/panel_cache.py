@@ -9,8 +9,9 @@ processes serving the same file) map it, pages shared, nothing copied or zeroed.
 
 Where: $SCRATCHLLM_CACHE_DIR, else $XDG_CACHE_HOME/scratchllm, else ~/.cache/scratchllm, in
 `panels/`. SCRATCHLLM_PANEL_CACHE=0 turns it off. The key covers the model file (real path,
-size, modification time, inode), the kernel build (panel width, the compiled extension's size and
-time) and this format's version, so a changed file or a rebuilt kernel never meets stale panels.
+size, modification time, inode; each shard's, for a split GGUF), the kernel build (panel width,
+the compiled extension's size and time) and this format's version, so a changed file or a
+rebuilt kernel never meets stale panels.
 A cache that cannot be written (read-only, full disk) is logged and skipped: loading still works.
 
 Layout: magic, the length of a JSON index, the index (name -> arrays with dtype, shape, offset;
@@ -24,6 +25,7 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ QuantizedPanels = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels | packed
 MAGIC = b"SLLMPNL1"
 SOURCE = "__source__"  # index entry: the model file the panels came from (for pruning)
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
+# (then each later shard's, for a split model)
+SHARDS = "__shards__"  # index entry: a split model's later shards, beside SOURCE (its first)
 FORMAT = 7  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
 # 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
 # cache written before is written once more instead of being read in small pages for ever;
@@ -143,22 +147,26 @@ def enabled() -> bool:
     return os.environ.get("SCRATCHLLM_PANEL_CACHE", "1").lower() not in ("0", "false", "no", "off")
 
 
-def _source_stat(model_path: Path) -> list[int]:
-    st = model_path.stat()
-    return [st.st_size, st.st_mtime_ns]
+def source_stat(*files: Path) -> list[int]:
+    """[size, mtime_ns] of each model file, one after another. OSError if one is gone."""
+    stats = [f.stat() for f in files]
+    return [n for st in stats for n in (st.st_size, st.st_mtime_ns)]
 
 
-def _key(model_path: Path) -> str:
-    st = model_path.stat()
+def _key(files: list[Path]) -> str:
+    parts: list[object] = []
+    for f in files:  # one file, or every shard of a split model: a change to any is a new key
+        st = f.stat()
+        parts += [str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino]
     so = Path(packed_gemm.__file__).stat()
-    parts = [str(model_path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, packed_gemm.NR, so.st_size,
-             so.st_mtime_ns, FORMAT]
+    parts += [packed_gemm.NR, so.st_size, so.st_mtime_ns, FORMAT]
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
-def read_source(path: Path) -> tuple[str | None, list[int] | None]:
-    """The model file a cache file's panels came from, and its [size, mtime_ns] when they were
-    packed, from the file's index. Raises OSError, ValueError or struct.error on a file that is
+def read_source(path: Path) -> tuple[list[str], list[int] | None]:
+    """The model files a cache file's panels came from (one, or a split model's shards, first
+    first; none if its index names none), and their source_stat when they were packed, from the
+    file's index. Raises OSError, ValueError or struct.error on a file that is
     not a whole panel cache (another process's, mid-write). Read without touching the file's
     access time where the system allows (O_NOATIME: the file's owner), so looking at a cache is
     not using it (see _mark_used)."""
@@ -171,7 +179,10 @@ def read_source(path: Path) -> tuple[str | None, list[int] | None]:
         if head[:8] != MAGIC:
             raise ValueError(f"{path} is not a panel cache")
         index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
-    return index.get(SOURCE), index.get(SOURCE_STAT)
+    source, shards = index.get(SOURCE), index.get(SHARDS, [])
+    if not isinstance(shards, list) or not all(isinstance(f, str) for f in [source or "", *shards]):
+        raise ValueError(f"{path}: its index does not name its model files as paths")
+    return ([source, *shards] if source else []), index.get(SOURCE_STAT)
 
 
 def _mark_used(path: Path) -> None:
@@ -185,11 +196,14 @@ def _mark_used(path: Path) -> None:
 
 class PanelCache:
     """The cached panels of one model file: `get(name)` before packing a matrix, `put(name, panels)`
-    after, `save()` once the model is packed (writes only if something was packed)."""
+    after, `save()` once the model is packed (writes only if something was packed). `shards`: a
+    split model's later shards (`model_path` is its first), which the key covers too."""
 
-    def __init__(self, model_path: str | os.PathLike[str], directory: Path | None = None) -> None:
+    def __init__(self, model_path: str | os.PathLike[str], directory: Path | None = None,
+                 shards: Sequence[str | os.PathLike[str]] = ()) -> None:
         self.model_path = Path(model_path)
-        self.path = (directory or cache_dir()) / f"{_key(self.model_path)}.panels"
+        self.files = [self.model_path, *map(Path, shards)]
+        self.path = (directory or cache_dir()) / f"{_key(self.files)}.panels"
         self.hits: dict[str, QuantizedPanels] = {}  # name -> panels mapped from the cache file
         self.fresh: dict[str, QuantizedPanels] = {}  # name -> panels this load packed
         self._read()
@@ -206,8 +220,8 @@ class PanelCache:
                 raise ValueError("not a panel cache")
             (n,) = struct.unpack_from("<Q", mm, 8)
             index = json.loads(bytes(mm[16:16 + n]))
-            index.pop(SOURCE, None)
-            index.pop(SOURCE_STAT, None)
+            for meta in (SOURCE, SOURCE_STAT, SHARDS):
+                index.pop(meta, None)
             for name, entry in index.items():
                 self.hits[name] = _panels(entry, mm)
             _mark_used(self.path)
@@ -236,18 +250,18 @@ class PanelCache:
         all but the newest cache of another kernel build: two installs (two checkouts, two
         environments) that load the same file keep one cache each instead of deleting each
         other's and packing at every load. So a live file has at most two caches."""
-        mine, stat = str(self.model_path.resolve()), _source_stat(self.model_path)
+        mine, stat = str(self.model_path.resolve()), source_stat(*self.files)
         other_builds = []
         for other in self.path.parent.glob("*.panels"):
             if other == self.path:
                 continue
             try:
-                source, source_stat = read_source(other)
-                if source is None or not os.path.exists(source):
+                sources, recorded = read_source(other)
+                if not sources or not all(os.path.exists(s) for s in sources):
                     other.unlink()
-                elif source == mine and source_stat != stat:  # this file, as it was before
+                elif sources[0] == mine and recorded != stat:  # this file, as it was before
                     other.unlink()
-                elif source == mine:
+                elif sources[0] == mine:
                     other_builds.append((other.stat().st_mtime_ns, other))
             except (OSError, ValueError, struct.error):
                 continue  # another process's file in the middle of a write, or not ours: leave it
@@ -264,7 +278,7 @@ class PanelCache:
         if not self.fresh:
             return
         everything = {**self.hits, **self.fresh}
-        index: dict[str, Any] = {}  # name -> entry, and SOURCE, SOURCE_STAT
+        index: dict[str, Any] = {}  # name -> entry, and SOURCE, SOURCE_STAT (and SHARDS)
         offset, blobs = 0, []
         for name, panels in everything.items():
             entry, leaves = _entry(panels)
@@ -275,12 +289,14 @@ class PanelCache:
                     offset += -(-a.nbytes // ALIGN) * ALIGN
             index[name] = entry
         index[SOURCE] = str(self.model_path.resolve())
-        index[SOURCE_STAT] = _source_stat(self.model_path)
+        index[SOURCE_STAT] = source_stat(*self.files)
+        if len(self.files) > 1:
+            index[SHARDS] = [str(f.resolve()) for f in self.files[1:]]
         body = json.dumps(index).encode()
         # the data starts on a page; each offset grows by at most 12 digits when made absolute
         start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
         for name, entry in index.items():
-            if name in (SOURCE, SOURCE_STAT):
+            if name in (SOURCE, SOURCE_STAT, SHARDS):
                 continue
             parts: list[dict[str, Any]] = entry["parts"] if entry["kind"] == "seg" else [entry]
             for arr in (a for part in parts for a in part["arrays"]):

@@ -1,8 +1,9 @@
 """The panel cache folder as a whole (models/panel_cache.py writes one file per model file and
 kernel build): what is there, how large, and keeping it in bounds.
 
-- `stale`: a cache whose model file is gone or has changed since it was packed; no load can
-  ever use it again (a load keys its cache on the file's path, size and times).
+- `stale`: a cache whose model file (or a shard of a split one) is gone or has changed since it
+  was packed; no load can ever use it again (a load keys its cache on the files' paths, sizes
+  and times).
 - A size cap evicts the least recently used caches first. A load records its use in the cache
   file's access time (panel_cache._mark_used), so the order holds on file systems that do not
   update access times themselves (noatime, relatime).
@@ -10,12 +11,11 @@ Another process may be writing or deleting a cache meanwhile: a file that vanish
 read whole is skipped, never an error.
 """
 
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from scratchllm.models.panel_cache import cache_dir, read_source
+from scratchllm.models.panel_cache import cache_dir, read_source, source_stat
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,16 @@ def cache_files(directory: Path | None = None) -> list[CacheFile]:
     found = []
     for path in (directory or cache_dir()).glob("*.panels"):
         try:
-            source, packed_stat = read_source(path)
+            sources, packed_stat = read_source(path)
             st = path.stat()
         except (OSError, ValueError, struct.error):
             continue
         try:
-            now = os.stat(source) if source else None
-            stale = now is None or packed_stat != [now.st_size, now.st_mtime_ns]
+            stale = not sources or packed_stat != source_stat(*map(Path, sources))
         except OSError:
             stale = True
-        found.append(CacheFile(path, source, st.st_size, max(st.st_atime_ns, st.st_mtime_ns), stale))
+        found.append(CacheFile(path, sources[0] if sources else None, st.st_size,
+                               max(st.st_atime_ns, st.st_mtime_ns), stale))
     return sorted(found, key=lambda c: (c.last_used_ns, c.path.name))
 
 

@@ -1,17 +1,21 @@
 """Writers of test files: every one uses a reference library nobody here wrote (gguf, torch,
 safetensors), so a parser bug cannot hide behind a writer bug of ours."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 QUANT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
 
 
-def write_gguf(path, tensors: dict, metadata: dict | None = None, arch: str = "llama"):
-    """tensors: name -> (float32 array, GGML type name). Quantized with the gguf package's own quantizer."""
+def write_gguf(path, tensors: dict, metadata: dict | None = None, arch: str = "llama", split_max_tensors: int = 0):
+    """tensors: name -> (float32 array, GGML type name). Quantized with the gguf package's own quantizer.
+    split_max_tensors: write a split model of shards of at most that many tensors (the gguf package's
+    own split writer: PATH's stem-00001-of-0000N.gguf, ...); returns the first shard's path."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     for key, (value, vtype, sub) in (metadata or {}).items():
         writer.add_key_value(key, value, vtype, sub_type=sub)
     for name, (array, type_name) in tensors.items():
@@ -22,11 +26,12 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None, arch: str = "l
             writer.add_tensor(name, array.astype(np.float32 if type_name == "F32" else np.float16))
         else:
             writer.add_tensor(name, gguf.quants.quantize(array.astype(np.float32), qtype), raw_dtype=qtype)
+    first = writer.format_shard_names(Path(path))[0]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return first
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ def test_another_builds_newest_cache_of_the_same_file_is_kept(cache_dir, default
     import struct
 
     cache_dir.mkdir(parents=True)
-    source, stat = str(default_gguf.resolve()), pc._source_stat(default_gguf)
+    source, stat = str(default_gguf.resolve()), pc.source_stat(default_gguf)
     for i, (name, recorded) in enumerate((("build-old", stat), ("build-new", stat), ("file-before", [1, 2]))):
         body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded}).encode()
         path = cache_dir / f"{name}.panels"
