@@ -36,7 +36,8 @@ from scratchllm.bench.llama_tools import TOOLS, tools_dir  # noqa: E402
 
 # ggml's CMake options for x86 instruction sets, and the /proc/cpuinfo flag each needs; widest first,
 # so dropping from the front removes what is least likely to be really there
-OPTIONS = [("GGML_AVX512_BF16", "avx512_bf16"), ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_VBMI", "avx512vbmi"),
+OPTIONS = [("GGML_AMX_INT8", "amx_int8"), ("GGML_AMX_BF16", "amx_bf16"), ("GGML_AMX_TILE", "amx_tile"),
+           ("GGML_AVX512_BF16", "avx512_bf16"), ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_VBMI", "avx512vbmi"),
            ("GGML_AVX512", "avx512f"), ("GGML_AVX_VNNI", "avx_vnni"), ("GGML_BMI2", "bmi2"), ("GGML_F16C", "f16c"),
            ("GGML_FMA", "fma"), ("GGML_AVX2", "avx2"), ("GGML_AVX", "avx")]
 SMOKE = ("import sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_ctx=64, verbose=False); "
