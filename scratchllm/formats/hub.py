@@ -12,6 +12,13 @@ gave the file, which names its blob in the cache, is the SHA-256 of an LFS file'
 git blob SHA-1 of a small file's (for an LFS file the repository listing's lfs.sha256 too, when
 it was read). huggingface_hub checks only the size. A file that fails is deleted (blob and
 snapshot link) and the pull fails naming both digests: no corrupted model stays to be run.
+
+Before anything else a pull asks the hub one question whose connection may take CONNECT_TIMEOUT_S:
+huggingface_hub retries a file whose hub cannot be reached five times, 1 + 2 + 4 + 8 + 8 s apart
+(each connection as long as HF_HUB_ETAG_TIMEOUT), so a hub that is down or a machine that is
+offline would keep `pull` silent for 24 s or more before the one line that says so. Only that
+first connection is cut short: the hub's answers and the downloads keep huggingface_hub's own
+timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT: how long a read may wait).
 """
 
 import functools
@@ -31,6 +38,7 @@ FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "special_tokens_map.json", "vocab.txt", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 _HEX = re.compile(r"[0-9a-f]+")
 _BLOCK = 8 << 20
+CONNECT_TIMEOUT_S = 5.0  # to open the first connection to the hub (TCP and TLS, through a proxy if one is set)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,22 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 def _endpoint() -> str | None:
     return (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+
+
+def _reach(repo_id: str, revision: str) -> None:
+    """Ask the hub for its front page, through huggingface_hub's own HTTP client (its proxy,
+    certificates and headers), with a short connection timeout and no retry: any answer at all
+    says it is there; no connection is the one-line error (see the module doc)."""
+    import httpx2
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return  # huggingface_hub answers from the cache alone, or says it is offline
+    timeout = httpx2.Timeout(float(constants.HF_HUB_ETAG_TIMEOUT), connect=CONNECT_TIMEOUT_S)
+    try:
+        get_session().head((_endpoint() or constants.ENDPOINT) + "/", timeout=timeout, follow_redirects=False)
+    except httpx2.TransportError as err:
+        raise _hub_error(err, repo_id, revision, None) from None
 
 
 def _hub_error(err: Exception, repo_id: str, revision: str, filename: str | None,
@@ -140,6 +164,7 @@ def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None =
     from huggingface_hub import HfApi, hf_hub_download
 
     repo_id, filename = split_ref(ref)
+    _reach(repo_id, revision)
     endpoint, cache = _endpoint(), stores.hf_hub_cache()
     api = HfApi(endpoint=endpoint)
     lfs: dict[str, str] = {}

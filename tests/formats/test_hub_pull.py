@@ -1,16 +1,20 @@
 """`scratchllm models pull` against a local server that answers as the Hugging Face Hub does
 (tests/formats/fake_hub.py, found through HF_ENDPOINT): the file lands in the Hugging Face cache
 as huggingface_hub writes it and runs by the name printed; a download whose bytes do not match
-the hub's checksum is refused and deleted; a missing file or repository is one clear error."""
+the hub's checksum is refused and deleted; a missing file or repository is one clear error, and
+so is a hub that cannot be reached, at once."""
 
 import hashlib
 import json
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scratchllm.cli.main import main
+from scratchllm.formats import hub as hub_module
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.progress import Bar, LineProgress, progress_class
 from scratchllm.formats.refs import resolve_model
@@ -114,6 +118,62 @@ def test_pull_of_a_repository_takes_its_model_folder(hub, capsys, tmp_path):
     snap = tmp_path / "hub" / "models--org--encoder" / "snapshots" / COMMIT
     assert sorted(p.name for p in snap.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt"]
     assert resolve_model("org/encoder") == snap
+
+
+@pytest.fixture
+def silent_port():
+    """A port that takes no connection: a listener whose queue is full and which never accepts
+    (a new connection waits, as to a host that drops packets)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    waiting = []
+    for _ in range(3):  # fill the accept queue
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        waiting.append(client)
+    time.sleep(0.1)
+    yield port
+    for s in [*waiting, server]:
+        s.close()
+
+
+@pytest.mark.parametrize("answer", ["refused", "silent"])
+def test_an_unreachable_hub_is_one_line_at_once(answer, silent_port, tmp_path, monkeypatch, capsys):
+    """huggingface_hub alone retries for 24 s (and a silent host for minutes); a pull says the hub
+    cannot be reached within a few seconds, in one line that names what to check."""
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    if answer == "refused":
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()  # nothing listens there now
+    else:
+        port = silent_port
+        monkeypatch.setattr(hub_module, "CONNECT_TIMEOUT_S", 0.5)
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    for ref in ("org/Small-GGUF/small.gguf", "org/Small-GGUF"):
+        start = time.monotonic()
+        status, out, err = pull(capsys, ref)
+        assert time.monotonic() - start < 5, ref
+        assert status == 2 and out == ""
+        assert err.splitlines() == [f"scratchllm models: error: cannot reach {url} to pull 'org/Small-GGUF' "
+                                    f"({'ConnectError' if answer == 'refused' else 'ConnectTimeout'}); check the "
+                                    "network, HF_ENDPOINT, or HF_HUB_OFFLINE"], ref
+
+
+def test_a_slow_hub_is_waited_for(hub, capsys, small_gguf, monkeypatch):
+    """Only the connection is short: answers slower than CONNECT_TIMEOUT_S still arrive."""
+    monkeypatch.setattr(hub_module, "CONNECT_TIMEOUT_S", 0.05)
+    hub.delay_s = 0.3
+    hub.add("org/Small-GGUF", "small.gguf", small_gguf.read_bytes())
+    status, out, err = pull(capsys, "org/Small-GGUF/small.gguf")
+    assert status == 0, err
+    assert out == "org/Small-GGUF/small.gguf\n"
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(capsys):
