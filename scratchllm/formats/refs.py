@@ -80,6 +80,8 @@ def resolve_model(ref: str | Path) -> Path:
     stored = stores.scan()
     found = stores.candidates(ref_str, stored)
     if len(found) == 1:
+        if found[0].problem:
+            raise ConfigError(f"model '{ref_str}' ({found[0].name} in {found[0].store}): {found[0].problem}")
         return first_shard(found[0].path)
     if found:
         raise ConfigError(f"model '{ref_str}' is ambiguous: it names " + ", ".join(m.name for m in found)
