@@ -3,10 +3,12 @@
   list         the package models (default, minilm, gemma3-270m: installed or not), GGUF files and
                model folders in the Hugging Face cache, Ollama's models, the folders given with
                --dir, and the panel caches with their sizes. Every model listed runs by the name
-               shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`.
-  pull REF     ORG/REPO/FILE, or ORG/REPO (its one GGUF file, else its model folder), from the
-               Hugging Face Hub (or $HF_ENDPOINT) into the Hugging Face cache; every file's
-               checksum checked, a file that fails it deleted.
+               shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`. A split
+               GGUF model is one entry (its first shard's name, all its shards' size), with a
+               missing shard said.
+  pull REF     ORG/REPO/FILE, or ORG/REPO (its one GGUF model, else its model folder), from the
+               Hugging Face Hub (or $HF_ENDPOINT) into the Hugging Face cache; every shard of a
+               split GGUF model; every file's checksum checked, a file that fails it deleted.
   rm NAME      delete a model from the Hugging Face cache or Ollama's store (what other models
                still use is kept), or a joined package model's file; asks first (--yes: not).
   cache        the panel caches (packed weights, one per model file and kernel build): size,
@@ -86,13 +88,13 @@ def list_models(args: argparse.Namespace) -> int:
     models: list[dict[str, Any]] = []
     for pkg in refs.package_models():
         models.append({"name": pkg.name, "kind": pkg.kind, "size": pkg.size, "store": "package",
-                       "path": str(pkg.path) if pkg.path else None, "state": pkg.state})
+                       "path": str(pkg.path) if pkg.path else None, "state": pkg.state, "shards": 1})
     for folder in args.dir:
         if not Path(folder).expanduser().is_dir():
             raise ConfigError(f"--dir {folder}: no such folder")
     for s in stores.scan(Path(f) for f in args.dir):
         models.append({"name": s.name, "kind": s.kind, "size": s.size, "store": s.store, "path": str(s.path),
-                       "state": "installed"})
+                       "state": s.problem or "installed", "shards": s.shards})
     panels = _panel_rows()
     if args.json:
         print(json.dumps({"models": models, "panel_caches": panels,
@@ -101,8 +103,9 @@ def list_models(args: argparse.Namespace) -> int:
         return 0
     rows = [["NAME", "KIND", "SIZE", "STORE", "WHERE"]]
     for m in models:
-        where = m["path"] if m["state"] == "installed" else m["state"]
-        rows.append([m["name"], m["kind"], amount(m["size"]) if m["size"] else "-", m["store"], where])
+        where = m["path"] if m["state"] == "installed" else f"{m['path']}: {m['state']}" if m["path"] else m["state"]
+        kind = m["kind"] + (f", {m['shards']} shards" if m["shards"] > 1 else "")
+        rows.append([m["name"], kind, amount(m["size"]) if m["size"] else "-", m["store"], where])
     _table(rows)
     print(f"\nsearched: the Hugging Face cache {stores.hf_hub_cache()}, Ollama's store {stores.ollama_models()}"
           + "".join(f", {d}" for d in args.dir))
@@ -154,7 +157,8 @@ def remove(args: argparse.Namespace) -> int:
         if len(found) > 1:
             raise ConfigError(f"'{name}' names {len(found)} models: {', '.join(m.name for m in found)}; give one")
         model = found[0]
-        if not _confirm(f"{model.name} ({model.store}, {amount(model.size)}, {model.owner})", args.yes):
+        shards = f", {model.shards} shards" if model.shards > 1 else ""
+        if not _confirm(f"{model.name} ({model.store}, {amount(model.size)}{shards}, {model.owner})", args.yes):
             return 1
         freed = stores.remove(model)
     pruned = panel_cache_files.prune()

@@ -15,6 +15,10 @@ Each model's need:
   activations  an embedder's: one batch of EMBED_PLAN_ROWS inputs of its longest length (hidden
                states, the attention scores and the feed-forward's inner layer, float32)
 
+A package model cut into chunk packages that is not joined yet is planned from its first
+chunk's header (formats.load_header): the join waits for its load, on first use with `serve
+--load first-use`.
+
 The models are planned in the order given; the budget is `memory_budget_bytes` (`serve
 --memory-budget`), else the memory available at start. Over budget is a MemoryPlanError that
 names every model's figures. Each engine then plans its own pool within its share
@@ -28,14 +32,14 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.memory_plan import MiB, available_bytes, plan_memory
 from scratchllm.errors import ConfigError, MemoryPlanError
-from scratchllm.formats import load_checkpoint
+from scratchllm.formats import load_header
 from scratchllm.formats.checkpoint import Checkpoint
-from scratchllm.formats.refs import resolve_model
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.loader import auto_dtype, read_config
 from scratchllm.models.packed import panel_bytes_per_weight
@@ -99,17 +103,17 @@ def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
     for info in ckpt.infos.values():
         by_dtype[info.dtype] += info.numel
     template = ckpt.metadata.get("tokenizer.chat_template") if ckpt.format == "gguf" else None
+    read = ckpt.container.get("header_from", ckpt.path)  # a model not joined yet: its first chunk
     return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
             "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
             "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
-            "mtime": os.stat(ckpt.path).st_mtime, **({"template": template} if isinstance(template, str) else {})}
+            "mtime": os.stat(read).st_mtime, **({"template": template} if isinstance(template, str) else {})}
 
 
 def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> ModelNeed:
     """`ref`'s need (the module doc), planned within `budget_bytes`; MemoryPlanError if over."""
-    path = resolve_model(ref)
-    ckpt = load_checkpoint(path)
-    mc = read_config(path, ckpt)
+    ckpt = load_header(ref)  # a package model cut into chunks is not joined here, but by its load
+    mc = read_config(Path(ckpt.path), ckpt)
     details = header_details(ckpt, mc)
     if not mc.is_decoder:
         weights = estimated_weights_bytes(ckpt, "float32")

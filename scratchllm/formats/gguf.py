@@ -15,7 +15,8 @@ parser returns the file's truth and scratchllm.models un-permutes when it maps G
 Hugging Face names (docs/model-files.md).
 
 Opening a file reads only the header pages (the file is memory-mapped); tensor bytes are read
-when a tensor is looked up.
+when a tensor is looked up. `header_checkpoint` reads the header alone from a file that holds
+only the beginning of a GGUF file (a package model's first chunk, before its chunks are joined).
 """
 
 import functools
@@ -145,12 +146,16 @@ class GGUFFile:
     """A parsed GGUF file: `.metadata`, `.tensors` (name -> TensorInfo), `.version`, `.alignment`,
     `.data_offset`. Reading it does not read tensor data; `.tensor(name)` does, for one tensor."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, size: int | None = None) -> None:
+        """`size`: the whole file's size when `path` holds only its beginning; the tensors are
+        checked against it, and their bytes are not there to read (header_checkpoint)."""
         self.path = Path(path)
         self.bytes = map_file(self.path)  # uint8 [file_size]
         buf = self.bytes.data  # a memoryview of the mapping
         cur = _Cursor(buf, str(self.path))
         p = str(self.path)
+        if size is not None and size < cur.end:
+            raise FormatError(p, f"holds {cur.end} bytes, more than the {size} of the file it begins")
 
         cur.need(4, "magic")
         magic = bytes(buf[:4])
@@ -200,7 +205,7 @@ class GGUFFile:
             raw_infos.append((name, ne, ggml_type, offset))
 
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
-        file_size = cur.end
+        file_size = cur.end if size is None else size
         self.tensors: dict[str, TensorInfo] = {}
         for name, ne, ggml_type, offset in raw_infos:
             self.tensors[name] = self._info(name, ne, ggml_type, offset, file_size)
@@ -301,3 +306,22 @@ def file_checkpoint(gguf: GGUFFile) -> Checkpoint:
             "file_size": int(gguf.bytes.size),
         },
     )
+
+
+def header_checkpoint(path: Path, size: int, whole: Path) -> Checkpoint:
+    """The metadata and tensor table of the GGUF file `whole`, of `size` bytes, read from `path`,
+    which holds its beginning (at least the header: a package model's first chunk, before the
+    chunks are joined into `whole`), every tensor checked against `size`; for a plan made before
+    the file exists. Reading a tensor raises: its bytes are not in `path`."""
+    gguf = GGUFFile(path, size=size)
+
+    def elsewhere(info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
+        raise FormatError(str(path), f"holds the header of {whole.name}, not tensor '{info.name}': load {whole}")
+
+    ckpt = file_checkpoint(gguf)
+    ckpt.path = str(whole)
+    ckpt.readers = dict.fromkeys(gguf.tensors, elsewhere)
+    ckpt.into_readers = dict.fromkeys(gguf.tensors, elsewhere)
+    ckpt.raw_readers = dict.fromkeys(gguf.tensors, elsewhere)
+    ckpt.container |= {"file_size": size, "header_from": str(path)}
+    return ckpt

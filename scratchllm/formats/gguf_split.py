@@ -14,7 +14,9 @@ mapping (TensorInfo.file names the shard); the metadata is the first shard's. A 
 """
 
 import re
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePath
+from typing import TypeVar
 
 from scratchllm.errors import FormatError
 from scratchllm.formats.checkpoint import Checkpoint, merge
@@ -22,6 +24,7 @@ from scratchllm.formats.gguf import GGUFFile, file_checkpoint
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+P = TypeVar("P", bound=PurePath)
 
 
 def shard_name(stem: str, no: int, count: int) -> str:
@@ -29,10 +32,27 @@ def shard_name(stem: str, no: int, count: int) -> str:
     return f"{stem}-{no:05d}-of-{count:05d}.gguf"
 
 
-def parse_name(path: Path) -> tuple[str, int, int] | None:
+def parse_name(path: PurePath) -> tuple[str, int, int] | None:
     """(NAME, the shard's number from 1, the shard count) a shard's file name says; None for any other name."""
     m = SHARD_NAME.fullmatch(path.name)
     return (m["stem"], int(m["no"]), int(m["count"])) if m else None
+
+
+def group_shards(paths: Iterable[P]) -> dict[P, list[P | None]]:
+    """GGUF files as models, by their names alone: a split model's shards (NAME-0000K-of-0000N.gguf
+    in one folder) under its first shard's path, whether that file is there or not, as N entries in
+    shard order, None where a shard is missing; any other file under itself, alone. Models come in
+    the order their first file came."""
+    models: dict[P, list[P | None]] = {}
+    for path in paths:
+        named = parse_name(path)
+        if named is None or named[2] < 2 or not 1 <= named[1] <= named[2]:  # one file, or no shard's number
+            models[path] = [path]
+            continue
+        stem, no, count = named
+        shards = models.setdefault(path.with_name(shard_name(stem, 1, count)), [None] * count)
+        shards[no - 1] = path
+    return models
 
 
 def first_shard(path: Path) -> Path:

@@ -1,9 +1,11 @@
 """`pull`: a model from the Hugging Face Hub into the Hugging Face cache, checked, through
 huggingface_hub (the one way this project downloads anything, and only when asked to).
 
-`pull("ORG/REPO/FILE")` fetches one file; `pull("ORG/REPO")` fetches the repository's GGUF file
-when it has exactly one (naming them all when it has several), else its model folder (config,
-tokenizer, weights). The files land where huggingface_hub puts them ($HF_HUB_CACHE, ...; see
+`pull("ORG/REPO/FILE")` fetches one file, or every shard of the split GGUF model FILE is a shard
+of (NAME-0000K-of-0000N.gguf: the repository's listing says which are there, and a model with a
+shard missing is not pulled); `pull("ORG/REPO")` fetches the repository's GGUF model when it has
+exactly one, a split model's shards counting as one (naming them all when it has several), else
+its model folder (config, tokenizer, weights). The files land where huggingface_hub puts them ($HF_HUB_CACHE, ...; see
 stores.py), so `models list` finds them and other tools share them; $HF_ENDPOINT names another
 hub (a mirror, a test server), read at each call.
 
@@ -12,6 +14,13 @@ gave the file, which names its blob in the cache, is the SHA-256 of an LFS file'
 git blob SHA-1 of a small file's (for an LFS file the repository listing's lfs.sha256 too, when
 it was read). huggingface_hub checks only the size. A file that fails is deleted (blob and
 snapshot link) and the pull fails naming both digests: no corrupted model stays to be run.
+
+Before anything else a pull asks the hub one question whose connection may take CONNECT_TIMEOUT_S:
+huggingface_hub retries a file whose hub cannot be reached five times, 1 + 2 + 4 + 8 + 8 s apart
+(each connection as long as HF_HUB_ETAG_TIMEOUT), so a hub that is down or a machine that is
+offline would keep `pull` silent for 24 s or more before the one line that says so. Only that
+first connection is cut short: the hub's answers and the downloads keep huggingface_hub's own
+timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT: how long a read may wait).
 """
 
 import functools
@@ -21,21 +30,23 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from scratchllm.errors import ConfigError
 from scratchllm.formats import stores
+from scratchllm.formats.gguf_split import group_shards, parse_name, shard_name
 
 FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "vocab.txt", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 _HEX = re.compile(r"[0-9a-f]+")
 _BLOCK = 8 << 20
+CONNECT_TIMEOUT_S = 5.0  # to open the first connection to the hub (TCP and TLS, through a proxy if one is set)
 
 
 @dataclass(frozen=True)
 class Pulled:
-    name: str  # what it runs by: ORG/REPO/FILE for a GGUF file, ORG/REPO for a model folder
+    name: str  # what it runs by: ORG/REPO/FILE for a GGUF file (a split one's first shard), ORG/REPO for a folder
     files: tuple[Path, ...]  # the snapshot's links to the checked blobs
     size: int
 
@@ -50,6 +61,22 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 def _endpoint() -> str | None:
     return (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+
+
+def _reach(repo_id: str, revision: str) -> None:
+    """Ask the hub for its front page, through huggingface_hub's own HTTP client (its proxy,
+    certificates and headers), with a short connection timeout and no retry: any answer at all
+    says it is there; no connection is the one-line error (see the module doc)."""
+    import httpx2
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return  # huggingface_hub answers from the cache alone, or says it is offline
+    timeout = httpx2.Timeout(float(constants.HF_HUB_ETAG_TIMEOUT), connect=CONNECT_TIMEOUT_S)
+    try:
+        get_session().head((_endpoint() or constants.ENDPOINT) + "/", timeout=timeout, follow_redirects=False)
+    except httpx2.TransportError as err:
+        raise _hub_error(err, repo_id, revision, None) from None
 
 
 def _hub_error(err: Exception, repo_id: str, revision: str, filename: str | None,
@@ -130,6 +157,19 @@ def _folder_files(names: list[str]) -> list[str]:
     return [n for n in top if n in FOLDER_FILES] + weights
 
 
+def _all_shards(repo_id: str, first: PurePosixPath, shards: list[PurePosixPath | None]) -> list[str]:
+    """The files of one GGUF model in the repository's listing (gguf_split.group_shards), every
+    shard of a split one, or why not."""
+    missing = [k for k, s in enumerate(shards, 1) if s is None]
+    if missing:
+        stem = parse_name(first)
+        assert stem is not None, "a split model is named by its first shard"
+        named = [first.with_name(shard_name(stem[0], k, len(shards))).as_posix() for k in missing]
+        raise ConfigError(f"'{repo_id}' has {len(shards) - len(missing)} of the {len(shards)} shards of the split "
+                          f"model {first}: no {', '.join(named)}; nothing pulled")
+    return [str(s) for s in shards]
+
+
 def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None = None,
          out: IO[str] | None = None) -> Pulled:
     """Download ORG/REPO[/FILE] into the Hugging Face cache (see the module doc). `progress`: a
@@ -140,6 +180,7 @@ def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None =
     from huggingface_hub import HfApi, hf_hub_download
 
     repo_id, filename = split_ref(ref)
+    _reach(repo_id, revision)
     endpoint, cache = _endpoint(), stores.hf_hub_cache()
     api = HfApi(endpoint=endpoint)
     lfs: dict[str, str] = {}
@@ -151,21 +192,33 @@ def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None =
                 lfs[s.rfilename] = s.lfs.sha256
         return [s.rfilename for s in info.siblings or []]
 
-    if filename is None:
+    def listed() -> list[str]:
         try:
-            names = listing()
+            return listing()
         except Exception as err:  # noqa: BLE001 - whatever the hub client raises ends the pull, named in one line
             raise _hub_error(err, repo_id, revision, None) from None
-        ggufs = [n for n in names if n.endswith(".gguf")]
+
+    if filename is None:
+        names = listed()
+        ggufs = group_shards(PurePosixPath(n) for n in names if n.endswith(".gguf"))
         if len(ggufs) > 1:
-            raise ConfigError(f"'{repo_id}' has {len(ggufs)} GGUF files; pull one of: "
-                              + ", ".join(f"{repo_id}/{n}" for n in ggufs))
-        wanted = ggufs or _folder_files(names)
+            raise ConfigError(f"'{repo_id}' has {len(ggufs)} GGUF models; pull one of: " + ", ".join(
+                f"{repo_id}/{first}" + (f" ({len(shards)} shards)" if len(shards) > 1 else "")
+                for first, shards in ggufs.items()))
+        wanted = _all_shards(repo_id, *next(iter(ggufs.items()))) if ggufs else _folder_files(names)
         if not wanted or (not ggufs and "config.json" not in wanted):
             raise ConfigError(f"'{repo_id}' has no GGUF file and no model folder (config.json and weights); "
                               f"its files: {', '.join(names[:20])}")
     else:
+        ((first, shards),) = group_shards([PurePosixPath(filename)]).items()
         wanted = [filename]
+        if len(shards) > 1:  # a shard's name: the split model it is part of
+            names = listed()
+            models = group_shards(PurePosixPath(n) for n in names)
+            if first not in models:
+                raise ConfigError(f"repository '{repo_id}' has no file '{filename}' at revision '{revision}'; its "
+                                  f"files: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
+            wanted = _all_shards(repo_id, first, models[first])
     links = []
     for name in wanted:
         if out is not None:

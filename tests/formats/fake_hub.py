@@ -11,13 +11,15 @@ makes in hf_hub_download and HfApi.model_info (nothing else):
 Errors carry X-Error-Code as the hub's do: RepoNotFound (401, as the hub answers for a repository
 it will not say exists), RevisionNotFound and EntryNotFound (404).
 
-`served` lets a test serve other bytes than the ones the checksums describe (a corrupted download).
+`served` lets a test serve other bytes than the ones the checksums describe (a corrupted download);
+`delay_s` makes every answer wait that long (a slow hub, there all the same).
 """
 
 import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -44,6 +46,7 @@ class FakeHub:
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, HubFile]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) as received, hub and CDN
+        self.delay_s = 0.0
         self.hub = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=False))
         self.cdn = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=True))
         self.url = f"http://127.0.0.1:{self.hub.server_address[1]}"
@@ -93,6 +96,7 @@ class FakeHub:
             def _answer(self, body: bool) -> None:
                 path = unquote(urlsplit(self.path).path)
                 hub.requests.append((self.command, ("cdn" if cdn else "") + path))
+                time.sleep(hub.delay_s)
                 if cdn:
                     f = next((f for files in hub.repos.values() for f in files.values()
                               if f.lfs and f.sha256 == path.strip("/")), None)

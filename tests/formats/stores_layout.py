@@ -54,10 +54,12 @@ def hf_file(cache: Path, repo_id: str, filename: str, source: Path | bytes, comm
     return link
 
 
-def ollama_model(root: Path, name: str, tag: str, gguf: Path | bytes, namespace: str = "library",
+def ollama_model(root: Path, name: str, tag: str, gguf: Path | bytes | list[Path], namespace: str = "library",
                  host: str = "registry.ollama.ai") -> Path:
     """A model as `ollama pull` stores it: blobs/sha256-HEX for the GGUF, its template and its
-    config, and manifests/HOST/NAMESPACE/NAME/TAG naming them by digest. Returns the manifest."""
+    config, and manifests/HOST/NAMESPACE/NAME/TAG naming them by digest. Returns the manifest.
+    A list of GGUF files is a split model's shards, a model layer each, as Ollama's import of a
+    split model writes them."""
     def blob(data: Path | bytes) -> dict[str, object]:
         digest = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else sha256_of(data)
         path = root / "blobs" / f"sha256-{digest}"
@@ -71,7 +73,8 @@ def ollama_model(root: Path, name: str, tag: str, gguf: Path | bytes, namespace:
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
         "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **blob(config)},
-        "layers": [{"mediaType": "application/vnd.ollama.image.model", **blob(gguf)},
+        "layers": [*({"mediaType": "application/vnd.ollama.image.model", **blob(g)}
+                     for g in (gguf if isinstance(gguf, list) else [gguf])),
                    {"mediaType": "application/vnd.ollama.image.template", **blob(template)}],
     }
     path = root / "manifests" / host / namespace / name / tag

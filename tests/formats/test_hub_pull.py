@@ -1,17 +1,22 @@
 """`scratchllm models pull` against a local server that answers as the Hugging Face Hub does
 (tests/formats/fake_hub.py, found through HF_ENDPOINT): the file lands in the Hugging Face cache
 as huggingface_hub writes it and runs by the name printed; a download whose bytes do not match
-the hub's checksum is refused and deleted; a missing file or repository is one clear error."""
+the hub's checksum is refused and deleted; a missing file or repository is one clear error, and
+so is a hub that cannot be reached, at once. A split GGUF model comes whole, or not at all."""
 
 import hashlib
 import json
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scratchllm.cli.main import main
+from scratchllm.formats import hub as hub_module
 from scratchllm.formats import load_checkpoint
+from scratchllm.formats.gguf_split import shard_name
 from scratchllm.formats.progress import Bar, LineProgress, progress_class
 from scratchllm.formats.refs import resolve_model
 from tests.formats.fake_hub import COMMIT, FakeHub
@@ -114,6 +119,100 @@ def test_pull_of_a_repository_takes_its_model_folder(hub, capsys, tmp_path):
     snap = tmp_path / "hub" / "models--org--encoder" / "snapshots" / COMMIT
     assert sorted(p.name for p in snap.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt"]
     assert resolve_model("org/encoder") == snap
+
+
+@pytest.fixture
+def silent_port():
+    """A port that takes no connection: a listener whose queue is full and which never accepts
+    (a new connection waits, as to a host that drops packets)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    waiting = []
+    for _ in range(3):  # fill the accept queue
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        waiting.append(client)
+    time.sleep(0.1)
+    yield port
+    for s in [*waiting, server]:
+        s.close()
+
+
+@pytest.mark.parametrize("answer", ["refused", "silent"])
+def test_an_unreachable_hub_is_one_line_at_once(answer, silent_port, tmp_path, monkeypatch, capsys):
+    """huggingface_hub alone retries for 24 s (and a silent host for minutes); a pull says the hub
+    cannot be reached within a few seconds, in one line that names what to check."""
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    if answer == "refused":
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()  # nothing listens there now
+    else:
+        port = silent_port
+        monkeypatch.setattr(hub_module, "CONNECT_TIMEOUT_S", 0.5)
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    for ref in ("org/Small-GGUF/small.gguf", "org/Small-GGUF"):
+        start = time.monotonic()
+        status, out, err = pull(capsys, ref)
+        assert time.monotonic() - start < 5, ref
+        assert status == 2 and out == ""
+        assert err.splitlines() == [f"scratchllm models: error: cannot reach {url} to pull 'org/Small-GGUF' "
+                                    f"({'ConnectError' if answer == 'refused' else 'ConnectTimeout'}); check the "
+                                    "network, HF_ENDPOINT, or HF_HUB_OFFLINE"], ref
+
+
+def test_a_slow_hub_is_waited_for(hub, capsys, small_gguf, monkeypatch):
+    """Only the connection is short: answers slower than CONNECT_TIMEOUT_S still arrive."""
+    monkeypatch.setattr(hub_module, "CONNECT_TIMEOUT_S", 0.05)
+    hub.delay_s = 0.3
+    hub.add("org/Small-GGUF", "small.gguf", small_gguf.read_bytes())
+    status, out, err = pull(capsys, "org/Small-GGUF/small.gguf")
+    assert status == 0, err
+    assert out == "org/Small-GGUF/small.gguf\n"
+
+
+def test_a_split_model_is_pulled_whole_by_any_shard_or_its_repository(hub, capsys, tmp_path, gguf_writer):
+    rng = np.random.default_rng(3)
+    tensors = {f"t{i}": (rng.standard_normal((2, 32)).astype(np.float32), "F32") for i in range(6)}
+    (tmp_path / "written").mkdir()
+    first = gguf_writer(tmp_path / "written" / "m.gguf", tensors, split_max_tensors=2)
+    shards = {shard_name("m", k, 3): first.with_name(shard_name("m", k, 3)).read_bytes() for k in (1, 2, 3)}
+    for name, data in shards.items():
+        hub.add("org/Split-GGUF", f"Q4_0/{name}", data)
+        hub.add("org/Mixed", name, data)
+        if name != shard_name("m", 2, 3):
+            hub.add("org/Half", name, data)
+    hub.add("org/Split-GGUF", "README.md", b"# split\n", lfs=False)
+    hub.add("org/Mixed", "one.gguf", b"GGUF" + bytes(64))
+    name = "org/Split-GGUF/Q4_0/m-00001-of-00003.gguf"
+    snap = tmp_path / "hub" / "models--org--Split-GGUF" / "snapshots" / COMMIT / "Q4_0"
+    for ref in ("org/Split-GGUF/Q4_0/m-00002-of-00003.gguf", name, "org/Split-GGUF"):
+        status, out, err = pull(capsys, ref)
+        assert status == 0, err
+        assert out == name + "\n", ref  # runs by its first shard's name
+        assert f"({sum(map(len, shards.values())) / 1024:.1f} KiB, checksums checked)" in err
+        assert sorted(p.name for p in snap.iterdir()) == sorted(shards)
+        assert all((snap / n).read_bytes() == data for n, data in shards.items())
+    assert list(load_checkpoint(name)) == list(tensors)
+    assert main(["models", "list", "--json"]) == 0
+    listed = [m for m in json.loads(capsys.readouterr().out)["models"] if m["store"] == "hf-cache"]
+    assert [(m["name"], m["shards"]) for m in listed] == [(name, 3)]
+
+    status, _, err = pull(capsys, "org/Mixed")  # a split model is one choice among the repository's GGUFs
+    assert status == 2 and ("'org/Mixed' has 2 GGUF models; pull one of: org/Mixed/m-00001-of-00003.gguf "
+                            "(3 shards), org/Mixed/one.gguf") in err
+    status, _, err = pull(capsys, "org/Half/m-00001-of-00003.gguf")
+    assert status == 2 and ("'org/Half' has 2 of the 3 shards of the split model m-00001-of-00003.gguf: no "
+                            "m-00002-of-00003.gguf; nothing pulled") in err
+    assert not (tmp_path / "hub" / "models--org--Half").exists()
+    status, _, err = pull(capsys, "org/Half/x-00001-of-00002.gguf")
+    assert status == 2 and "repository 'org/Half' has no file 'x-00001-of-00002.gguf' at revision 'main'" in err
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(capsys):

@@ -1,6 +1,7 @@
 """Models other tools put on disk (formats/stores.py): found in a Hugging Face cache and an Ollama
 store laid out as those tools write them, listed by `scratchllm models list`, run by the names
-the list shows (resolve_model, the one resolver), and removed by `scratchllm models rm`.
+the list shows (resolve_model, the one resolver), and removed by `scratchllm models rm`. A split
+GGUF model is one of them wherever it lies, its missing shards said.
 
 huggingface_hub's own cache scanner (scan_cache_dir), a reader nobody here wrote, checks that
 the hand-made Hugging Face layout is the one it writes."""
@@ -12,13 +13,15 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from scratchllm.cli.main import main
 from scratchllm.errors import ConfigError
-from scratchllm.formats import stores
+from scratchllm.formats import load_checkpoint, stores
+from scratchllm.formats.gguf_split import shard_name
 from scratchllm.formats.refs import resolve_model
-from tests.formats.stores_layout import COMMIT, hf_file, ollama_model, sha256_of
+from tests.formats.stores_layout import COMMIT, hf_file, ollama_model, place, sha256_of
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The capital of France is"
@@ -54,13 +57,15 @@ def test_list_finds_the_ggufs_and_folders_where_the_tools_put_them(machine, caps
     digest = sha256_of(default_gguf)
     size = default_gguf.stat().st_size
     assert models["smol:135m"] == {"name": "smol:135m", "kind": "gguf", "size": size, "store": "ollama",
-                                   "path": str(ollama / "blobs" / f"sha256-{digest}"), "state": "installed"}
+                                   "path": str(ollama / "blobs" / f"sha256-{digest}"), "state": "installed",
+                                   "shards": 1}
     assert models["smol:latest"]["path"] == models["smol:135m"]["path"]
     assert models["someone/tiny:1b"]["store"] == "ollama"
     hf_name = f"org/SmolLM2-GGUF/{GGUF_NAME}"
     snap = hf / "models--org--SmolLM2-GGUF" / "snapshots" / COMMIT
     assert models[hf_name] == {"name": hf_name, "kind": "gguf", "size": size, "store": "hf-cache",
-                               "path": str(snap / GGUF_NAME), "state": "installed"}
+                               "path": str(snap / GGUF_NAME), "state": "installed",
+                               "shards": 1}
     folder = models["sentence-transformers/all-MiniLM-L6-v2"]
     assert folder["kind"] == "folder" and folder["store"] == "hf-cache"
     assert folder["size"] == sum((minilm_dir / n).stat().st_size
@@ -186,3 +191,68 @@ def test_a_manifest_naming_a_file_outside_the_blobs_is_not_a_model(machine, caps
                                             "digest": "sha256:x/../../../victim.gguf"}]}))
     assert "evil:1" not in listed(capsys)
     assert main(["models", "rm", "evil:1", "--yes"]) == 2 and victim.exists()
+
+
+@pytest.fixture
+def split_model(tmp_path, gguf_writer):
+    """A GGUF model of 6 tensors split into 3 shards (the gguf package's split writer)."""
+    rng = np.random.default_rng(2)
+    tensors = {f"t{i}": (rng.standard_normal((2, 32)).astype(np.float32), "F32") for i in range(6)}
+    (tmp_path / "written").mkdir()
+    first = gguf_writer(tmp_path / "written" / "m.gguf", tensors, split_max_tensors=2)
+    return [first.with_name(shard_name("m", k, 3)) for k in (1, 2, 3)]
+
+
+def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monkeypatch, capsys):
+    hf, ollama, mine = tmp_path / "hf", tmp_path / "ollama", tmp_path / "mine"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf))
+    monkeypatch.setenv("OLLAMA_MODELS", str(ollama))
+    names = [p.name for p in split_model]
+    size = sum(p.stat().st_size for p in split_model)
+    for name, shard in zip(names, split_model, strict=True):
+        hf_file(hf, "org/Split-GGUF", name, shard)
+        hf_file(hf, "org/Broken-Split", name, shard)
+        place(shard, mine / "whole" / name)
+        if name != names[0]:
+            place(shard, mine / "headless" / name)
+    (hf / "models--org--Broken-Split" / "snapshots" / COMMIT / names[1]).resolve().unlink()  # a download cut short
+    ollama_model(ollama, "split", "q4", split_model)
+
+    models = listed(capsys, "--dir", str(mine))
+    whole = "org/Split-GGUF/m-00001-of-00003.gguf"
+    snap = hf / "models--org--Split-GGUF" / "snapshots" / COMMIT
+    assert models[whole] == {"name": whole, "kind": "gguf", "size": size, "store": "hf-cache",
+                             "path": str(snap / names[0]), "state": "installed", "shards": 3}
+    assert models["org/Broken-Split/m-00001-of-00003.gguf"]["state"] == \
+        "incomplete: shard 2 of 3 missing (m-00002-of-00003.gguf)"
+    assert models["org/Broken-Split/m-00001-of-00003.gguf"]["size"] == size - split_model[1].stat().st_size
+    assert models[str(mine / "whole" / names[0])]["shards"] == 3
+    assert models[str(mine / "whole" / names[0])]["size"] == size
+    headless = models[str(mine / "headless" / names[0])]  # named by its first shard, which is not there
+    assert headless["state"] == "incomplete: shard 1 of 3 missing (m-00001-of-00003.gguf)"
+    assert models["split:q4"]["shards"] == 3 and models["split:q4"]["size"] == size
+    assert models["split:q4"]["state"].startswith("not runnable here: its 3 shards are blobs named by digest")
+    assert not [n for n in models if "-00002-of-" in n or "-00003-of-" in n]  # no shard listed on its own
+
+    assert main(["models", "list", "--dir", str(mine)]) == 0
+    table = capsys.readouterr().out
+    assert re.search(rf"^{re.escape(whole)} +gguf, 3 shards +{size / 1024:.1f} KiB +hf-cache +{snap / names[0]}$",
+                     table, re.M), table
+    assert f"{mine / 'headless' / names[0]}: incomplete: shard 1 of 3 missing" in table
+
+    # runs by the name listed, or a shard's, or the repository's: every shard, one checkpoint
+    for name in (whole, "org/Split-GGUF/m-00003-of-00003.gguf", "org/Split-GGUF"):
+        assert resolve_model(name) == snap / names[0], name
+    assert list(load_checkpoint(whole)) == [f"t{i}" for i in range(6)]
+    for broken, why in (("org/Broken-Split/m-00001-of-00003.gguf", "incomplete: shard 2 of 3 missing"),
+                        ("split:q4", "not runnable here")):
+        with pytest.raises(ConfigError, match=why):
+            resolve_model(broken)
+
+    # rm takes every shard: the repository's folder goes, and all the blobs
+    assert main(["models", "rm", whole, "--yes"]) == 0
+    assert capsys.readouterr().out.startswith(f"removed {whole}: ")
+    assert not (hf / "models--org--Split-GGUF").exists()
+    assert (hf / "models--org--Broken-Split").exists()  # the same blobs' other repository keeps its own
+    assert main(["models", "rm", "split:q4", "--yes"]) == 0
+    assert not [p for p in (ollama / "blobs").iterdir() if p.stat().st_size > 100]  # the shards' blobs gone
