@@ -6,7 +6,8 @@ allowed_tools in required mode) is made by the grammar, for any model. With "aut
 decides, and its calls are read in its family's format (tool_parsers.py): the one
 `--tool-call-parser` names, or the one the template writes. A template that does not read tools
 is a 400 for "auto", except Gemma's, whose format comes with its own tool prompt. A template
-that writes `<think>` has its reply's thinking split into `reasoning_content` (reasoning.py).
+that writes thinking blocks (`<think>`, or Mistral's `[THINK]`) has its reply's thinking split
+into `reasoning_content` (reasoning.py).
 Every reply goes through tool_calls.ReplyParser, streamed or not.
 """
 
@@ -89,10 +90,10 @@ def render(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan, fmt: 
 
 
 def reply_format(state: ServerState, plan: ToolPlan, fmt: str | None, prompt: str) -> ReplyFormat:
-    thinks = template_thinks(chat_template(state.model.tokenizer))
+    thinking = template_thinks(chat_template(state.model.tokenizer))
     tools = TOOL_FORMATS[fmt] if fmt is not None and plan.mode == "auto" else None
-    return ReplyFormat(plan.mode, tools, tuple(t["name"] for t in plan.tools), thinks,
-                       thinks and prompt_opens_thinking(prompt))
+    return ReplyFormat(plan.mode, tools, tuple(t["name"] for t in plan.tools), thinking,
+                       thinking is not None and prompt_opens_thinking(prompt, thinking))
 
 
 async def prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], ReplyFormat, SamplingParams]:

@@ -17,25 +17,25 @@ from typing import Any
 
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.json_calls import Delta, assemble
-from scratchllm.server.reasoning import ThinkSplitter
+from scratchllm.server.reasoning import ThinkMarkers, ThinkSplitter
 from scratchllm.server.tool_parsers import TOOL_FORMATS, CallParser, ForcedCall, ToolFormat
 
 
 @dataclass(frozen=True)
 class ReplyFormat:
-    """How a request's replies are read: `tools` (None: no calls) and `mode`, whether the
-    template thinks and the prompt opened the thinking."""
+    """How a request's replies are read: `tools` (None: no calls) and `mode`, the markers the
+    template thinks in (None: it does not think) and whether the prompt opened the thinking."""
 
     mode: str = "none"  # "none" | "auto" | "forced"
     tools: ToolFormat | None = None
     names: tuple[str, ...] = ()
-    thinks: bool = False
+    thinking: ThinkMarkers | None = None
     inside_thinking: bool = False
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
-        """The request's params for replies read this way: a format whose call marker is a
-        special token needs special tokens shown in the text."""
-        if self.tools is not None and self.tools.special_tokens:
+        """The request's params for replies read this way: a format whose call or thinking
+        markers are special tokens needs special tokens shown in the text."""
+        if (self.tools is not None and self.tools.special_tokens) or (self.thinking and self.thinking.special):
             return dataclasses.replace(params, skip_special_tokens=False)
         return params
 
@@ -45,7 +45,8 @@ class ReplyFormat:
             calls = ForcedCall(self.names)
         elif self.mode == "auto" and self.tools is not None:
             calls = self.tools.new_parser(self.names)
-        return ReplyParser(calls, ThinkSplitter(self.inside_thinking) if self.thinks else None)
+        think = ThinkSplitter(self.thinking, self.inside_thinking) if self.thinking is not None else None
+        return ReplyParser(calls, think)
 
 
 class ReplyParser:
@@ -92,7 +93,7 @@ def message(fmt: ReplyFormat, text: str, finish_reason: str) -> tuple[dict[str, 
     joined = {key: first.get(key, "") + last.get(key, "") for key in ("reasoning_content", "content")}
     calls = assemble([*first.get("tool_calls", []), *last.get("tool_calls", [])])
     msg: dict[str, Any] = {"role": "assistant", "content": joined["content"] or (None if calls else "")}
-    if fmt.thinks:
+    if fmt.thinking is not None:
         msg["reasoning_content"] = joined["reasoning_content"] or None
     if calls:
         msg["tool_calls"] = calls

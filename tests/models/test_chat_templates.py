@@ -12,6 +12,8 @@ the Hugging Face Hub, as their model cards publish them, and two of Mistral's ow
       mistral-common (github.com/mistralai/mistral-common, tests/data/chat_templates/v11.jinja
       and v13.jinja): tool calls as `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` and
       `[TOOL_CALLS]name[ARGS]{...}`
+  mistral_v13_think.jinja - mistral-common's v13 template with thinking (Magistral's;
+      tests/data/chat_templates/v13_think.jinja there): thinking as `[THINK]...[/THINK]`
   phi3.jinja    - microsoft/Phi-3-mini-4k-instruct
 """
 
@@ -32,7 +34,8 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 TURNS = [{"role": "user", "content": "  Hi there!  "}, {"role": "assistant", "content": "Hello. "},
          {"role": "user", "content": "What is 2 + 2?"}]
 CONVERSATIONS = {"turns": TURNS, "system": [SYSTEM, *TURNS], "one": TURNS[:1], "answered": TURNS[:2]}
-WITH_SYSTEM = {"gemma3", "qwen3", "llama3", "mistral", "mistral_v11", "mistral_v13", "phi3"}  # Gemma 2 refuses one
+WITH_SYSTEM = {"gemma3", "qwen3", "llama3", "mistral", "mistral_v11", "mistral_v13", "mistral_v13_think",
+               "phi3"}  # Gemma 2 refuses one
 
 
 def _reference(template, messages, add_generation_prompt, **extra):
@@ -46,7 +49,8 @@ CASES = [(f, c) for f in FAMILIES for c in sorted(CONVERSATIONS) if c != "system
 
 
 def test_every_family_has_its_template():
-    assert FAMILIES == ["gemma2", "gemma3", "llama3", "mistral", "mistral_v11", "mistral_v13", "phi3", "qwen3"]
+    assert FAMILIES == ["gemma2", "gemma3", "llama3", "mistral", "mistral_v11", "mistral_v13",
+                        "mistral_v13_think", "phi3", "qwen3"]
 
 
 @pytest.mark.parametrize("family,conversation", CASES)

@@ -17,9 +17,9 @@ from scratchllm.tokenizer.chat import render_chat
 TEMPLATES = Path(__file__).parents[1] / "models" / "chat_templates"
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
 FAMILIES = {"qwen3": "hermes", "llama3": "llama3_json", "mistral": "mistral", "mistral_v11": "mistral",
-            "mistral_v13": "mistral", "gemma3": "gemma"}
+            "mistral_v13": "mistral", "mistral_v13_think": "mistral", "gemma3": "gemma"}
 END_OF_TURN = {"qwen3": "<|im_end|>\n", "llama3": "<|eot_id|>", "mistral": "</s>", "mistral_v11": "</s>",
-               "mistral_v13": "</s>", "gemma3": "<end_of_turn>\n"}
+               "mistral_v13": "</s>", "mistral_v13_think": "</s>", "gemma3": "<end_of_turn>\n"}
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
            "required": ["city"]}

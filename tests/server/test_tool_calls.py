@@ -12,21 +12,24 @@ import pytest
 from scratchllm.engine.protocol import RequestOutput
 from scratchllm.server.app import ServerConfig
 from scratchllm.server.json_calls import assemble
+from scratchllm.server.reasoning import BRACKETS, TAGS
 from scratchllm.server.tool_calls import ReplyFormat, message
 from scratchllm.server.tool_parsers import TOOL_FORMATS, detect
 from tests.server.scripted import FAMILIES, QUESTION, TOOLS, TemplateTokenizer, arguments, scripted_app, template_reply
 
 CALLS = [("get_weather", {"city": "Lyon", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
 NAMES = ("get_weather", "add")
-WRITES_CONTENT = {"qwen3", "gemma3", "mistral_v11", "mistral_v13"}  # the others' templates drop text beside calls
+THINKING = {"qwen3": TAGS, "mistral_v13_think": BRACKETS}  # the families whose templates write thinking
+# the others' templates drop text beside calls
+WRITES_CONTENT = {"qwen3", "gemma3", "mistral_v11", "mistral_v13", "mistral_v13_think"}
 
 
 def family_calls(family):
     return CALLS[:1] if family == "llama3" else CALLS  # Llama 3.1's template takes one call per turn
 
 
-def parse(fmt, text, piece, thinks=False, finish_reason="stop"):
-    parser = ReplyFormat("auto", TOOL_FORMATS[fmt], NAMES, thinks=thinks).parser()
+def parse(fmt, text, piece, thinking=None, finish_reason="stop"):
+    parser = ReplyFormat("auto", TOOL_FORMATS[fmt], NAMES, thinking=thinking).parser()
     parts = [parser.push(text[i:i + piece]) for i in range(0, len(text), piece)]
     end, finish = parser.finish(finish_reason)
     parts.append(end)
@@ -43,7 +46,7 @@ def test_the_format_is_the_one_the_template_writes(family):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_family_reply_parses_to_its_calls_in_pieces_of_any_size(family, piece):
     text = template_reply(family, family_calls(family), content="I will look that up.")
-    content, calls, finish = parse(FAMILIES[family], text, piece, thinks=family == "qwen3")
+    content, calls, finish = parse(FAMILIES[family], text, piece, thinking=THINKING.get(family))
     assert arguments(calls) == family_calls(family) and finish == "tool_calls"
     assert [c["id"] for c in calls] and all(c["type"] == "function" for c in calls)
     assert content == ("I will look that up." if family in WRITES_CONTENT else "")
@@ -101,7 +104,7 @@ def test_a_reply_cut_inside_a_call_is_a_cut_call_never_content(family):
     marker = "unit=" if family == "gemma3" else '"Ly'
     cut = text[:text.index(marker) + len(marker)]
     for piece in (1, 5, 1000):
-        parser = ReplyFormat("auto", TOOL_FORMATS[FAMILIES[family]], NAMES, thinks=family == "qwen3").parser()
+        parser = ReplyFormat("auto", TOOL_FORMATS[FAMILIES[family]], NAMES, thinking=THINKING.get(family)).parser()
         parts = [parser.push(cut[i:i + piece]) for i in range(0, len(cut), piece)]
         end, finish = parser.finish("length")
         parts.append(end)
