@@ -123,7 +123,7 @@ class AsyncEngine:
                 release_free_heap()
             worked = not idle
             with self._cv:
-                if not self._inbox and not engine.has_work() and not self._stopping:
+                if not self._inbox and idle and not self._stopping:  # only this thread changes the engine
                     self._cv.wait(timeout=self.tick_s)  # idle: one tick, or a submission
                 self._drain_inbox()
                 if self._stopping and not engine.has_work():

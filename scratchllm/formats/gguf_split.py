@@ -38,6 +38,13 @@ def parse_name(path: PurePath) -> tuple[str, int, int] | None:
     return (m["stem"], int(m["no"]), int(m["count"])) if m else None
 
 
+def shard_path(path: P, k: int) -> P:
+    """Shard `k` (from 1) of the split model that `path`'s name says it is a shard of (no file is
+    looked at); `path` for any other name."""
+    named = parse_name(path)
+    return path if named is None else path.with_name(shard_name(named[0], k, named[2]))
+
+
 def group_shards(paths: Iterable[P]) -> dict[P, list[P | None]]:
     """GGUF files as models, by their names alone: a split model's shards (NAME-0000K-of-0000N.gguf
     in one folder) under its first shard's path, whether that file is there or not, as N entries in
@@ -50,7 +57,7 @@ def group_shards(paths: Iterable[P]) -> dict[P, list[P | None]]:
             models[path] = [path]
             continue
         stem, no, count = named
-        shards = models.setdefault(path.with_name(shard_name(stem, 1, count)), [None] * count)
+        shards = models.setdefault(shard_path(path, 1), [None] * count)
         shards[no - 1] = path
     return models
 
@@ -58,11 +65,8 @@ def group_shards(paths: Iterable[P]) -> dict[P, list[P | None]]:
 def first_shard(path: Path) -> Path:
     """The first shard of the split model that `path`'s name says it is a later shard of, where that
     file exists; else `path` itself (whose own header then says what it is)."""
-    named = parse_name(path)
-    if named is None or named[1] == 1:
-        return path
-    first = path.with_name(shard_name(named[0], 1, named[2]))
-    return first if first.is_file() else path
+    first = shard_path(path, 1)
+    return first if first != path and first.is_file() else path
 
 
 def load_gguf(path: str | Path) -> Checkpoint:

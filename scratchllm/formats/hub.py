@@ -35,7 +35,7 @@ from typing import IO, Any
 
 from scratchllm.errors import ConfigError
 from scratchllm.formats import stores
-from scratchllm.formats.gguf_split import group_shards, parse_name, shard_name
+from scratchllm.formats.gguf_split import group_shards, shard_path
 
 FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "vocab.txt", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -162,9 +162,7 @@ def _all_shards(repo_id: str, first: PurePosixPath, shards: list[PurePosixPath |
     shard of a split one, or why not."""
     missing = [k for k, s in enumerate(shards, 1) if s is None]
     if missing:
-        stem = parse_name(first)
-        assert stem is not None, "a split model is named by its first shard"
-        named = [first.with_name(shard_name(stem[0], k, len(shards))).as_posix() for k in missing]
+        named = [shard_path(first, k).as_posix() for k in missing]
         raise ConfigError(f"'{repo_id}' has {len(shards) - len(missing)} of the {len(shards)} shards of the split "
                           f"model {first}: no {', '.join(named)}; nothing pulled")
     return [str(s) for s in shards]

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.folder import PREFERENCE
-from scratchllm.formats.gguf_split import group_shards, parse_name, shard_name
+from scratchllm.formats.gguf_split import group_shards, shard_path
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
@@ -93,10 +93,8 @@ def _gguf_model(name: str, store: str, first: Path, shards: list[Path | None]) -
     missing = [k for k, s in enumerate(shards, 1) if s is None or not s.is_file()]
     problem = ""
     if missing:
-        stem = parse_name(first)
-        assert stem is not None, "a split model is named by its first shard"
         problem = (f"incomplete: shard{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {len(shards)} "
-                   f"missing ({', '.join(shard_name(stem[0], k, len(shards)) for k in missing)})")
+                   f"missing ({', '.join(shard_path(first, k).name for k in missing)})")
     return StoredModel(name, "gguf", store, first, sum(p.stat().st_size for p in there), first,
                        shards=len(shards), parts=tuple(there), problem=problem)
 
@@ -212,8 +210,8 @@ def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:
     ORG/REPO for each GGUF of a repository that is no model folder; an Ollama name without its
     tag (:latest) or with its host and namespace written out."""
     stored = list(stored)
-    named = parse_name(PurePosixPath(ref))
-    first = ref[:len(ref) - len(PurePosixPath(ref).name)] + shard_name(named[0], 1, named[2]) if named else ref
+    name = PurePosixPath(ref).name
+    first = ref[:len(ref) - len(name)] + shard_path(PurePosixPath(name), 1).name  # a shard's name: its first's
     exact = [m for m in stored if m.name == ref or (m.shards > 1 and m.name == first)]
     if exact:
         return exact
