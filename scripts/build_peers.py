@@ -44,7 +44,7 @@ SMOKE = ("import sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], n_t
          "m.eval([1, 2, 3]); print('ok')")
 # the programs' own options: no network (no curl, no OpenSSL, no web UI fetched at build time), no tests
 TOOL_OPTIONS = ["-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF",
-                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
                 "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release"]
 
 

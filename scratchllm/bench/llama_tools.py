@@ -24,7 +24,7 @@ from typing import Any
 
 from scratchllm.bench.common import status_mb
 
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-cli", "llama-speculative-simple", "llama-lookup")
 ENV = "SCRATCHLLM_LLAMA_CPP"
 
 

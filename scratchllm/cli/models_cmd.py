@@ -1,8 +1,9 @@
 """`scratchllm models list|pull|rm|cache`: the models on this machine, and fetching one.
 
-  list         the package models (default, minilm, gemma3-270m: installed or not), GGUF files and
-               model folders in the Hugging Face cache, Ollama's models, the folders given with
-               --dir, and the panel caches with their sizes. Every model listed runs by the name
+  list         the package models (default, minilm, gemma3-270m, qwen2.5-coder-0.5b and -1.5b:
+               installed or not), GGUF files and model folders in the Hugging Face cache,
+               Ollama's models, the folders given with --dir, and the panel caches with their
+               sizes. Every model listed runs by the name
                shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`. A split
                GGUF model is one entry (its first shard's name, all its shards' size), with a
                missing shard said.

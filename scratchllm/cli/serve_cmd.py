@@ -65,8 +65,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("model_arg", nargs="*", metavar="MODEL", default=[],
                    help="the models to serve, as `scratchllm serve MODEL [MODEL ...]` (same as --model)")
     p.add_argument("-m", "--model", action=ModelOption, default=None,
-                   help="'default' (SmolLM2-135M-Instruct), 'minilm', 'gemma3-270m', or a .gguf file / Hugging Face "
-                        "model folder; repeat it to serve several")
+                   help="'default' (SmolLM2-135M-Instruct), 'minilm', 'gemma3-270m', 'qwen2.5-coder-0.5b', "
+                        "'qwen2.5-coder-1.5b', or a .gguf file / Hugging Face model folder; repeat it to serve several")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send, with one model (default: the model as given)")
     p.add_argument("--embedding-model", default="minilm",

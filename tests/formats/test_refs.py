@@ -151,3 +151,17 @@ def test_gemma3_270m_resolves_to_the_joined_file():
     path = refs.resolve_model("gemma3-270m")
     assert path.stat().st_size == 253_113_024
     assert refs._sha256_of(path) == refs.JOINED_MODELS["gemma3-270m"].sha256
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_qwen_coder_resolves_to_the_joined_file_of_the_right_model(name):
+    from scratchllm.formats import load_checkpoint
+
+    path = refs.resolve_model(name)
+    model = refs.JOINED_MODELS[name]
+    assert path.stat().st_size == model.size
+    assert refs._sha256_of(path) == model.sha256
+    ckpt = load_checkpoint(path)
+    assert ckpt.metadata["general.architecture"] == "qwen2"
+    assert ckpt.metadata["qwen2.block_count"] == {"0.5b": 24, "1.5b": 28}[name.rsplit("-", 1)[1]]
