@@ -5,10 +5,11 @@ above: events, metrics, results, streams, EngineClient), request (states and tim
 block_manager (paged KV ids, ref counts, prefix cache, CoW), policy (admission: the priority
 policy or FCFS), scheduler (the batching mechanism: budget, chunked prefill, preemption),
 paged_attention (the pool and the Cython kernel), masks (3-D masks), model_runner (one packed
-forward per step), output (the one output path: tokens -> events -> results), engine
-(LLMEngine), async_engine (the engine behind a thread), static (the padded baseline), fake (the
-fake engine), streams (request ids and open streams, for every engine), validate (the one rule
-set for bad input), memory_plan (refuse at start, never OOM later).
+forward per step), sampler (the one sampling path: logits rows -> tokens), output (the one
+output path: tokens -> events -> results), engine (LLMEngine), async_engine (the engine behind
+a thread), static (the padded baseline), fake (the fake engine), streams (request ids and open
+streams, for every engine), validate (the one rule set for bad input), memory_plan (refuse at
+start, never OOM later).
 """
 
 from scratchllm.engine.config import EngineConfig

@@ -25,6 +25,7 @@ from scratchllm.engine.model_runner import ModelRunner
 from scratchllm.engine.output import OutputCollector, OutputProcessor
 from scratchllm.engine.protocol import RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
+from scratchllm.engine.sampler import SampledToken, sample
 from scratchllm.engine.scheduler import Scheduler
 from scratchllm.engine.streams import RequestIds
 from scratchllm.engine.tracing import StepTracer
@@ -193,11 +194,11 @@ class LLMEngine:
         events: list[TokenEvent] = []
         finished: list[Request] = []
         forks: list[tuple[Request, Request]] = []
-        for row, (req, sampled) in enumerate(zip(reqs, ModelRunner.sample(reqs, logits), strict=True)):
+        for row, (req, sampled) in enumerate(zip(reqs, sample(logits, reqs), strict=True)):
             if req.fork_children and req.num_output_tokens == 0:  # its prefill is done: the others fork
                 kids, req.fork_children = req.fork_children, []
                 rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
-                for kid, kid_sampled in zip(kids, ModelRunner.sample(kids, rows), strict=True):
+                for kid, kid_sampled in zip(kids, sample(rows, kids), strict=True):
                     kid.first_scheduled = req.first_scheduled
                     kid.prompt_logprobs = req.prompt_logprobs  # the prompt was computed once, for all
                     if not self._emit(kid, kid_sampled, now, events, finished):
@@ -214,7 +215,7 @@ class LLMEngine:
                              preempted=len(batch.preempted))
         return events
 
-    def _emit(self, req: Request, sampled: tuple[int, float | None, Any], now: float, events: list[TokenEvent],
+    def _emit(self, req: Request, sampled: SampledToken, now: float, events: list[TokenEvent],
               finished: list[Request]) -> bool:
         """The request's new token through the output path; True if it finished with it."""
         token, lp, top = sampled

@@ -30,11 +30,12 @@ from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.streams import StreamHost
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.models.attention import softmax_
-from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
+from scratchllm.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
@@ -95,8 +96,9 @@ class PaddedKVCache:
 
 
 @dataclass(eq=False)
-class StaticRow:
-    """One request in a padded batch: its prompt, its output path, and its times."""
+class StaticRow(TokenLists):
+    """One request in a padded batch: its prompt, its output path, and its times. It is what
+    the sampler reads of a request (engine/sampler.py's SamplingState)."""
 
     request_id: str
     prompt: list[int]
@@ -106,7 +108,7 @@ class StaticRow:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
-    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
     aborted: bool = False  # set from another thread; the batch loop ends the row at its next step
 
     @property
@@ -181,39 +183,40 @@ def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow
     now = clock()
     for r in rows:
         r.first_scheduled = now
-    rngs = [make_rng(r.params) for r in rows]
+        start_guide(r)  # a grammar's first mask is computed while the prefill runs
     logits = model.forward(ids.reshape(-1), pos.reshape(-1), cache, logits_rows=np.arange(B) * P + P - 1)
     cache.start = P
     lengths = np.array([len(r.prompt) for r in rows])
     last = limits.max_model_len - 1  # a finished row's padding is fed no position past the context
     for step in range(M):
-        tokens = np.argmax(logits, axis=1)  # [B]
         now = clock()
+        live = [b for b, r in enumerate(rows) if not r.done and not r.aborted]
+        drawn = dict(zip(live, sample(logits[live], [rows[b] for b in live]), strict=True))
+        tokens = np.full(B, pad_id, dtype=np.int64)  # [B]; a finished row is fed padding
         for b, r in enumerate(rows):
             if r.done:
                 cost.padded_tokens += 1  # a finished row keeps computing padding until the batch ends
                 continue
-            _step_row(r, logits[b], tokens, b, rngs[b], now, limits, on_event)
+            if b in drawn:
+                tokens[b] = drawn[b].token
+            _step_row(r, drawn.get(b), now, limits, on_event)
         if all(r.done for r in rows):
             break  # the batch is over when its longest member is
-        logits = model.forward(tokens.astype(np.int64), np.minimum(lengths + step, last), cache)
+        logits = model.forward(tokens, np.minimum(lengths + step, last), cache)
         cache.start += 1
     return cost
 
 
-def _step_row(r: StaticRow, logits: npt.NDArray[np.floating[Any]], tokens: npt.NDArray[np.integer[Any]], b: int,
-              rng: Any, now: float, limits: RequestLimits, on_event: Callable[[StaticRow, TokenEvent], None]) -> None:
-    """Row r's token of this step (tokens[b] holds the greedy pick; sampled over it) as its event."""
-    if r.aborted:
+def _step_row(r: StaticRow, sampled: SampledToken | None, now: float, limits: RequestLimits,
+              on_event: Callable[[StaticRow, TokenEvent], None]) -> None:
+    """Row r's token of this step as its event (no token drawn: the row was aborted)."""
+    if r.aborted or sampled is None:
         event = r.output.abort()
     else:
-        p = r.params
-        if not p.greedy:
-            tokens[b] = sample_token(logits, p, rng)
-        lp, top = top_logprobs(logits, int(tokens[b]), p.logprobs) if p.logprobs is not None else (None, None)
-        r.num_output_tokens += 1
+        r.output_token_ids.append(sampled.token)
         context_full = len(r.prompt) + r.num_output_tokens >= limits.max_model_len
-        event = r.output.process(int(tokens[b]), lp, top, context_full=context_full, now=now)
+        event = r.output.process(sampled.token, sampled.logprob, sampled.top_logprobs, context_full=context_full,
+                                 now=now)
         if r.first_token is None:
             r.first_token = now
     if event.finish_reason is not None:
