@@ -218,8 +218,8 @@ def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs
     result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": token_times,
                         "kv_samples": kv_samples}
     stats = engine.stats()
-    result.update(peak_kv_bytes=stats["kv_bytes_peak"], steps=stats["steps"], preemptions=stats["preemptions"],
-                  max_num_seqs=max_num_seqs, kv_pool_bytes=stats["kv_blocks_total"] * stats["kv_block_bytes"],
+    result.update(peak_kv_bytes=stats.kv_bytes_peak, steps=stats.steps, preemptions=stats.preemptions,
+                  max_num_seqs=max_num_seqs, kv_pool_bytes=engine.plan.kv_block_bytes * engine.block_manager.num_blocks,
                   token_ids=tokens)
     return result
 

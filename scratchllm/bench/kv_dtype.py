@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             done = engine.generate(batch, params)
             out["aggregate_tok_s"] = sum(len(o.token_ids) for o in done) / (time.perf_counter() - t)
-            out["peak_kv_mb"] = engine.stats()["kv_bytes_peak"] / 1e6
+            out["peak_kv_mb"] = (engine.stats().kv_bytes_peak or 0) / 1e6
             engine.block_manager.stats.peak_bytes = 0  # the next round's own peak
             rounds[d].append(out)
             loads.append(os.getloadavg()[0])

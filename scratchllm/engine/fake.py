@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.static import padded_shape, take_batch
 from scratchllm.engine.streams import StreamHost
@@ -182,17 +182,15 @@ class FakeEngine:
                     request.aborted = True
             self._lock.notify()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         with self._lock:
-            return {"running": len(self._running), "waiting": len(self._waiting),
-                    "kv_blocks_used": self._used_blocks, "kv_blocks_total": self.num_blocks,
-                    "kv_blocks_peak": self._peak_blocks, "kv_block_bytes": self.block_bytes,
-                    "preemptions": 0, "policy": "static" if self.static else "fcfs",
-                    "finished": self._streams.counts()}
+            return EngineStats(running=len(self._running), waiting=len(self._waiting), finished=self._streams.counts(),
+                               preemptions=0, kv_blocks_used=self._used_blocks, kv_blocks_peak=self._peak_blocks,
+                               kv_blocks_total=self.num_blocks, kv_block_bytes=self.block_bytes)
 
     @property
     def finished(self) -> dict[str, int]:
-        """Requests ended per finish reason (stats()["finished"])."""
+        """Requests ended per finish reason (stats().finished)."""
         return self._streams.counts()
 
     def shutdown(self, drain: bool = True) -> None:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
 from scratchllm.engine.paged_attention import PagedAttention
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.streams import StreamHost
 from scratchllm.engine.validate import RequestLimits
@@ -339,17 +339,18 @@ class StaticEngine:
                 if row.request_id == request_id:
                     row.aborted = True  # the batch loop ends it at its next step
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         with self._cv:
-            return {"running": sum(not r.done for r in self._running), "waiting": len(self._waiting),
-                    "kv_blocks_used": math.ceil(self._kv_bytes / self.block_bytes),
-                    "kv_blocks_peak": math.ceil(self._peak_kv_bytes / self.block_bytes),
-                    "kv_block_bytes": self.block_bytes, "preemptions": 0, "policy": "static",
-                    "finished": self._streams.counts()}
+            return EngineStats(running=sum(not r.done for r in self._running), waiting=len(self._waiting),
+                               finished=self._streams.counts(), preemptions=0,
+                               kv_blocks_used=math.ceil(self._kv_bytes / self.block_bytes),
+                               kv_blocks_peak=math.ceil(self._peak_kv_bytes / self.block_bytes),
+                               kv_block_bytes=self.block_bytes, kv_bytes_used=self._kv_bytes,
+                               kv_bytes_peak=self._peak_kv_bytes)
 
     @property
     def finished(self) -> dict[str, int]:
-        """Requests ended per finish reason (stats()["finished"])."""
+        """Requests ended per finish reason (stats().finished)."""
         return self._streams.counts()
 
     def shutdown(self, drain: bool = True) -> None:

@@ -8,6 +8,7 @@ same requests with the same error (engine/validate.py)."""
 
 import asyncio
 import json
+import pickle
 import threading
 import time
 
@@ -16,7 +17,7 @@ import pytest
 from scratchllm.cluster.remote import RemoteEngine
 from scratchllm.engine import AsyncEngine, EngineClient, EngineConfig, LLMEngine
 from scratchllm.engine.fake import FakeEngine
-from scratchllm.engine.protocol import FINISH_REASONS
+from scratchllm.engine.protocol import FINISH_REASONS, EngineStats
 from scratchllm.engine.static import StaticEngine
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
@@ -110,7 +111,7 @@ def blocks_used(engine):
     """KV blocks in use where they are held: a RemoteEngine's are its replica's."""
     if isinstance(engine, RemoteEngine):
         engine = engine.handle.engine
-    return engine.stats()["kv_blocks_used"]
+    return engine.stats().kv_blocks_used
 
 
 PROMPT = [5, 9, 14, 3, 7]
@@ -192,7 +193,7 @@ def test_abort_mid_stream_ends_the_stream_and_frees_its_blocks(engine):
     check_order(events)
     assert events[-1].finish_reason == "abort" and len(events) < 500
     wait_until(lambda: blocks_used(engine) == 0)
-    assert engine.stats()["finished"]["abort"] >= 1
+    assert engine.stats().finished["abort"] >= 1
 
 
 def test_abort_by_id_before_it_runs(engine):
@@ -236,7 +237,7 @@ def test_bad_input_is_refused_at_submit_with_the_same_error(engine, case):
     with pytest.raises(ConfigError) as err:
         engine.submit(prompt, params)
     assert str(err.value) == message
-    assert engine.stats()["running"] == 0 and engine.stats()["waiting"] == 0  # nothing was queued
+    assert engine.stats().running == 0 and engine.stats().waiting == 0  # nothing was queued
 
 
 # (prompt length, max_tokens, tokens made): accepted by every engine; a request whose prompt +
@@ -257,15 +258,17 @@ def test_requests_at_the_limits_are_accepted_alike(engine, case):
     assert events[-1].metrics.prompt_tokens == len(prompt)
 
 
-def test_stats_name_the_same_counters(engine):
+def test_stats_are_one_typed_value_that_crosses_processes(engine):
     list(engine.submit(PROMPT, greedy(3)))
     stats = engine.stats()
-    for key in ("running", "waiting", "finished"):
-        assert key in stats, key
-    assert stats["finished"]["length"] >= 1
-    if not isinstance(engine, RemoteEngine):  # an engine that holds KV blocks (RemoteEngine's replicas do)
-        for key in ("kv_blocks_used", "kv_blocks_peak", "kv_block_bytes", "preemptions", "policy"):
-            assert key in stats, key
+    assert isinstance(stats, EngineStats) and stats.running == 0 and stats.waiting == 0
+    assert stats.finished["length"] >= 1 and set(stats.finished) == set(FINISH_REASONS)
+    assert pickle.loads(pickle.dumps(stats)) == stats  # a cluster's replicas send it across Ray
+    holds_blocks = not isinstance(engine, RemoteEngine)  # RemoteEngine's replicas hold them
+    for figure in (stats.kv_blocks_used, stats.kv_blocks_peak, stats.kv_block_bytes, stats.preemptions):
+        assert (figure is not None) == holds_blocks
+    if holds_blocks:
+        assert stats.kv_blocks_used == 0 and stats.kv_blocks_peak >= 1 and stats.kv_block_bytes > 0
 
 
 def test_request_ids_are_kept_or_allocated_never_shared(engine):
@@ -278,7 +281,7 @@ def test_request_ids_are_kept_or_allocated_never_shared(engine):
     check_order(list(mine), "same")
     for s in (again, *others):
         check_order(list(s), s.request_id)
-    assert engine.stats()["finished"]["abort"] == 1 and engine.stats()["finished"]["length"] == 4
+    assert engine.stats().finished["abort"] == 1 and engine.stats().finished["length"] == 4
 
 
 def test_a_group_of_requests_on_one_prompt(engine):

@@ -175,5 +175,5 @@ def test_stats_count_each_pools_blocks_at_their_own_size():
         engine.step()
         used = full.num_used * plan.kv_block_bytes + windowed.num_used * plan.window_block_bytes
         peak = max(peak, used)
-        assert engine.stats()["kv_bytes_used"] == used
-    assert engine.stats()["kv_bytes_peak"] >= peak > 0
+        assert engine.stats().kv_bytes_used == used
+    assert engine.stats().kv_bytes_peak >= peak > 0

@@ -195,7 +195,7 @@ def test_server_healthy_after_the_corpus(http, fake_server):
     assert all(r.status_code == 200 for r in rs)
     assert http.get("/health").json()["status"] == "ok"
     state = fake_server[1].state.server
-    assert state.metrics.in_flight == 0 and state.model.engine.stats()["kv_blocks_used"] == 0
+    assert state.metrics.in_flight == 0 and state.model.engine.stats().kv_blocks_used == 0
 
 
 def test_openapi_describes_the_request_bodies(http):
