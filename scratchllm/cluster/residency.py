@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from scratchllm.cluster.router import BLOCK_SIZE, prefix_hashes
-from scratchllm.engine.block_manager import chain_hash
+from scratchllm.engine.block_pool import chain_hash
 from scratchllm.engine.engine import LLMEngine
 from scratchllm.engine.protocol import EngineStats
 

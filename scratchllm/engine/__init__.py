@@ -2,7 +2,8 @@
 
 See docs/architecture.md. Modules, one concept each: protocol (the contract with everything
 above: events, metrics, results, streams, EngineClient), request (states and timestamps),
-block_manager (paged KV ids, ref counts, prefix cache, CoW), policy (admission: the priority
+block_pool (paged KV ids, ref counts, free lists, prefix hashes), block_manager (each
+sequence's block tables: prefix hits, CoW, windows), policy (admission: the priority
 policy or FCFS), scheduler (the batching mechanism: budget, chunked prefill, preemption),
 paged_attention (the pool and the Cython kernel), masks (3-D masks), model_runner (one packed
 forward per step), sampler (the one sampling path: logits rows -> tokens), output (the one

@@ -20,7 +20,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # the K/V element type: "auto" (paged_attention.DEFAULT_KV_DTYPE), float32, float16, bfloat16, int8
     kv_cache_dtype: str = "auto"
-    # the prefix cache's residue beyond the blocks the work holds (block_manager.BlockPool.pop_free):
+    # the prefix cache's residue beyond the blocks the work holds (block_pool.BlockPool.pop_free):
     # freed blocks keep their cached prefixes in memory that is resident anyway, and may grow it by
     # at most this much; None: as much as the most KV the work has held at once (the pool's
     # resident memory then stays within twice that peak)

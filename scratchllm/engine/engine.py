@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.engine.block_manager import FOLLOW_PEAK, BlockManager
+from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_pool import FOLLOW_PEAK
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory

@@ -63,7 +63,7 @@ class ModelRunner:
     @staticmethod
     def _tables(tables: list[list[int]]) -> npt.NDArray[np.int32]:
         """The step's block tables as one array [S, longest]; padding and dropped entries (a windowed
-        table's, block_manager.DROPPED) become block 0, never read."""
+        table's, block_pool.DROPPED) become block 0, never read."""
         out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
         for s, table in enumerate(tables):
             out[s, : len(table)] = table
