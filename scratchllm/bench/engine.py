@@ -182,12 +182,12 @@ def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs
     """The engine on the workload, at most max_num_seqs at once; a KV pool of kv_bytes (default:
     the memory plan's); the admission policy named."""
     from scratchllm.engine import EngineConfig, LLMEngine
-    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.engine.kv_sizing import block_bytes
     from scratchllm.sampling import SamplingParams
 
     blocks = None
     if kv_bytes is not None:
-        blocks = kv_bytes // PagedAttention.bytes_per_block(model.config, EngineConfig.block_size, BASELINE_KV_DTYPE)
+        blocks = kv_bytes // block_bytes(model.config, EngineConfig.block_size, kv_dtype=BASELINE_KV_DTYPE)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, num_threads=args.threads, num_kv_blocks=blocks,
                                            max_num_batched_tokens=args.max_num_batched_tokens, policy=policy,
                                            kv_cache_dtype=BASELINE_KV_DTYPE))
@@ -426,11 +426,11 @@ def _kv_floor(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Seq
     """The smallest pool the engine takes the workload in: the longest request's whole blocks
     (it would refuse that request in less)."""
     from scratchllm.engine import EngineConfig
-    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.engine.kv_sizing import block_bytes
 
     bs = EngineConfig.block_size
     longest = max(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs, strict=True))
-    return longest * PagedAttention.bytes_per_block(model.config, bs, BASELINE_KV_DTYPE)
+    return longest * block_bytes(model.config, bs, kv_dtype=BASELINE_KV_DTYPE)
 
 
 def _mixed_ratios(runs: dict[str, dict[str, Any]], ratios: dict[str, float]) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median, require_at_least_one
-from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPES, PagedSequence, kv_bytes_per_token
+from scratchllm.engine.kv_sizing import DEFAULT_KV_DTYPE, KV_DTYPES, kv_bytes_per_token
+from scratchllm.engine.paged_attention import PagedSequence
 
 DTYPES = list(KV_DTYPES)
 KERNEL_SHAPES = "1x16,1x1024,16x160,16x1024,1x4096"  # sequences x positions of a decode step

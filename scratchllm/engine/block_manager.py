@@ -5,7 +5,7 @@ A pre-allocated pool of `num_blocks` blocks of `block_size` token slots. Per blo
 count (the pool's); per sequence a block table (list of block ids: slot s of the sequence is
 table[s // block_size] * block_size + s % block_size).
 
-Sliding windows (paged_attention.layer_groups): a model whose layers are some full-attention and
+Sliding windows (kv_sizing.layer_groups): a model whose layers are some full-attention and
 some windowed keeps two pools, one per group (a BlockPool each), and two tables per sequence:
 Request.block_table for the full-attention layers, Request.window_table for the windowed ones.
 A windowed layer with window w: the query at position p reads positions p - w + 1..p only, and

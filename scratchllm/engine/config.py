@@ -7,6 +7,7 @@ operator can pin or change it.
 
 from dataclasses import dataclass
 
+from scratchllm.engine.kv_sizing import KV_DTYPE_CHOICES
 from scratchllm.errors import ConfigError
 
 
@@ -18,7 +19,7 @@ class EngineConfig:
     memory_budget_bytes: int | None = None  # None: 4 GiB minus weights (see memory_plan)
     kv_cache_memory_bytes: int | None = None  # KV pool size; None: sized from the model and max_num_seqs
     enable_prefix_caching: bool = True
-    # the K/V element type: "auto" (paged_attention.DEFAULT_KV_DTYPE), float32, float16, bfloat16, int8
+    # the K/V element type: one of kv_sizing.KV_DTYPE_CHOICES ("auto" is kv_sizing.DEFAULT_KV_DTYPE)
     kv_cache_dtype: str = "auto"
     # the prefix cache's residue beyond the blocks the work holds (block_pool.BlockPool.pop_free):
     # freed blocks keep their cached prefixes in memory that is resident anyway, and may grow it by
@@ -54,8 +55,7 @@ class EngineConfig:
         need("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, ">= 1")
         need("memory_budget_bytes", self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "> 0")
         need("kv_cache_memory_bytes", self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "> 0")
-        need("kv_cache_dtype", self.kv_cache_dtype in ("auto", "float32", "float16", "bfloat16", "int8"),
-             "one of auto, float32, float16, bfloat16, int8")
+        need("kv_cache_dtype", self.kv_cache_dtype in KV_DTYPE_CHOICES, f"one of {', '.join(KV_DTYPE_CHOICES)}")
         need("prefix_cache_memory_bytes", self.prefix_cache_memory_bytes is None or self.prefix_cache_memory_bytes >= 0,
              ">= 0")
         need("max_num_seqs", self.max_num_seqs >= 1, ">= 1")

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from scratchllm.engine.kv_sizing import block_bytes
 from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.streams import StreamHost
@@ -293,7 +293,7 @@ class StaticEngine:
         self.limits = model_limits(model, max_model_len)
         self.max_model_len = self.limits.max_model_len
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
-        self.block_bytes = PagedAttention.bytes_per_block(cfg, block_size)
+        self.block_bytes = block_bytes(cfg, block_size)
         self._cv = threading.Condition()
         self._waiting: list[StaticRow] = []
         self._running: list[StaticRow] = []
