@@ -9,6 +9,7 @@ pool and the Cython kernel), kv_sizing (KV bytes per token and block), masks (3-
 model_runner (one packed forward per step), sampler (the one sampling path: logits rows ->
 tokens), output (the one output path: tokens -> events -> results), engine (LLMEngine),
 async_engine (the engine behind a thread), static (the padded baseline), fake (the fake engine),
+threaded (the thread, condition and shutdown those three share),
 streams (request ids and open streams, for every engine), validate (the one rule set for bad
 input), memory_plan (refuse at start, never OOM later).
 """

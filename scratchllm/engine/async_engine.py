@@ -2,24 +2,24 @@
 (protocol.py). Thread-safe submit / abort / shutdown; each request's events arrive on its own
 RequestStream, in order, readable from a thread or from an event loop.
 
-One thread owns the LLMEngine and is the only one that touches it: submissions and aborts go
-into an inbox that the thread drains between steps, so the scheduler and the block manager
-never see two threads. When there is nothing to compute the thread waits one scheduling tick
-(10 ms) or until a submission wakes it, whichever comes first: a new high-priority request is
-admitted at once, without a busy loop.
+One thread owns the LLMEngine and is the only one that touches it (the thread, its condition
+and shutdown are ThreadedEngine's, threaded.py): submissions and aborts go into an inbox that
+the thread drains between steps, so the scheduler and the block manager never see two threads.
+When there is nothing to compute the thread waits one scheduling tick (10 ms) or until a
+submission wakes it, whichever comes first: a new high-priority request is admitted at once,
+without a busy loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scratchllm.engine.engine import LLMEngine
 from scratchllm.engine.protocol import EngineStats, RequestStream, TokenEvent
-from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.threaded import ThreadedEngine
 from scratchllm.errors import ConfigError
 from scratchllm.models.heap import release_free_heap
 from scratchllm.sampling import SamplingParams
@@ -48,18 +48,15 @@ class AbortRequest:
 InboxMessage = AddRequests | AbortRequest
 
 
-class AsyncEngine:
+class AsyncEngine(ThreadedEngine):
     def __init__(self, engine: LLMEngine):
+        super().__init__("req", "scratchllm-engine")
         self.engine = engine
         self.tick_s = engine.config.tick_s
         self.max_model_len = engine.max_model_len
-        self._cv = threading.Condition()
         self._inbox: list[InboxMessage] = []
-        self._streams = StreamHost("req", self.abort)
-        self._stopping = False
         self._snapshot = engine.stats()  # written by the engine thread only, read under _cv
-        self._thread = threading.Thread(target=self._loop, name="scratchllm-engine", daemon=True)
-        self._thread.start()
+        self._start()
 
     # --- the contract ---
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -98,14 +95,6 @@ class AsyncEngine:
         with self._cv:
             snapshot = self._snapshot
         return dataclasses.replace(snapshot, finished=self._streams.counts())
-
-    def shutdown(self, drain: bool = True) -> None:
-        """Refuse new requests; with drain, finish the running and waiting ones, else abort them."""
-        with self._cv:
-            self._inbox += [AbortRequest(rid) for rid in self._streams.close(drain)]
-            self._stopping = True
-            self._cv.notify()
-        self._thread.join()
 
     # --- the engine thread ---
     def _post(self, message: InboxMessage) -> None:
@@ -165,5 +154,3 @@ class AsyncEngine:
                 with self._cv:
                     if not self._inbox:
                         self._cv.wait(timeout=self.tick_s)
-        with self._cv:  # anything still listening gets its end
-            self._streams.end_all()

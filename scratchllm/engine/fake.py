@@ -17,7 +17,6 @@ behave as the real engine's.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,10 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.static import padded_shape, take_batch
-from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.threaded import ThreadedEngine
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.sampling import SamplingParams
 
@@ -120,7 +119,7 @@ class _FakeRequest(TokenLists):
                               len(self.prompt), self.num_output_tokens)
 
 
-class FakeEngine:
+class FakeEngine(ThreadedEngine):
     """The engine contract over a clock instead of a model (see the module docstring)."""
 
     def __init__(self, step_ms: float = 2.0, prefill_ms_per_token: float = 0.01, max_running: int = 8,
@@ -129,6 +128,7 @@ class FakeEngine:
                  batching: str = "continuous", vocab_size: int = VOCAB_SIZE):
         assert max_running >= 1 and num_blocks >= 1 and step_ms >= 0
         assert batching in ("continuous", "static")
+        super().__init__("fake", "fake-engine")
         self.static = batching == "static"
         self._static_blocks = 0  # static mode: blocks the current padded batch holds until it all ends
         self.step_s, self.prefill_s_per_token = step_ms / 1e3, prefill_ms_per_token / 1e3
@@ -140,20 +140,16 @@ class FakeEngine:
         # no id past its bytes, whatever vocab_size says)
         self._background = np.full(max(vocab_size, BYTE_TOKENS), LOW_LOGIT, dtype=np.float32)
         self._background[3:BYTE_TOKENS] = np.random.default_rng(0).random(BYTE_TOKENS - 3)
-        self._lock = threading.Condition()
         self._waiting: list[_FakeRequest] = []
         self._running: list[_FakeRequest] = []
-        self._streams = StreamHost("fake", self.abort)
         self._used_blocks = self._peak_blocks = 0
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
-        self._thread.start()
+        self._start()
 
     # --- the contract -------------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str | None = None) -> RequestStream:
         self.limits.validate(prompt_token_ids, params)
-        with self._lock:
+        with self._cv:
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id
             arrival = time.monotonic()
@@ -167,40 +163,21 @@ class FakeEngine:
             request.offset = offset
             start_guide(request)
             self._waiting.append(request)
-            self._lock.notify()
+            self._cv.notify()
         return stream
 
-    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
-                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
-        """One request per params; nothing is shared between them (only the paged engine can)."""
-        return submit_each(self.submit, prompt_token_ids, params, request_ids)
-
     def abort(self, request_id: str) -> None:
-        with self._lock:
+        with self._cv:
             for request in self._waiting + self._running:
                 if request.request_id == request_id:
                     request.aborted = True
-            self._lock.notify()
+            self._cv.notify()
 
     def stats(self) -> EngineStats:
-        with self._lock:
+        with self._cv:
             return EngineStats(running=len(self._running), waiting=len(self._waiting), finished=self._streams.counts(),
                                preemptions=0, kv_blocks_used=self._used_blocks, kv_blocks_peak=self._peak_blocks,
                                kv_blocks_total=self.num_blocks, kv_block_bytes=self.block_bytes)
-
-    @property
-    def finished(self) -> dict[str, int]:
-        """Requests ended per finish reason (stats().finished)."""
-        return self._streams.counts()
-
-    def shutdown(self, drain: bool = True) -> None:
-        with self._lock:
-            if self._streams.close(drain):  # without drain every open request is aborted
-                for r in self._waiting + self._running:
-                    r.aborted = True
-            self._stopping = True
-            self._lock.notify()
-        self._thread.join()
 
     # --- internals ----------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
@@ -212,9 +189,9 @@ class FakeEngine:
 
     def _loop(self) -> None:
         while True:
-            with self._lock:
+            with self._cv:
                 while not (self._waiting or self._running or self._stopping):
-                    self._lock.wait()
+                    self._cv.wait()
                 if self._stopping and not (self._waiting or self._running):
                     return
                 self._drop_aborted()
@@ -225,7 +202,7 @@ class FakeEngine:
             time.sleep(self.step_s + self.prefill_s_per_token * sum(len(r.prompt) for r in newly))
             batch = [r for r in batch if not r.aborted]
             drawn = sample(self._logits(batch), batch) if batch else []
-            with self._lock:
+            with self._cv:
                 for request, sampled in zip(batch, drawn, strict=True):
                     if not request.aborted:
                         self._emit_next(request, sampled)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +28,9 @@ import numpy.typing as npt
 from scratchllm.engine.kv_sizing import block_bytes
 from scratchllm.engine.masks import left_padded_causal_mask
 from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
-from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.threaded import ThreadedEngine
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.models.attention import softmax_
@@ -274,7 +273,7 @@ def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Seque
     return res
 
 
-class StaticEngine:
+class StaticEngine(ThreadedEngine):
     """The static baseline behind the EngineClient contract, for `serve --batching static`.
 
     One thread takes up to `batch_size` waiting requests (take_batch) and runs them with
@@ -287,6 +286,7 @@ class StaticEngine:
                  max_model_len: int | None = None,
                  block_size: int = 16, clock: Callable[[], float] = time.monotonic, batch_window_s: float = 0.010):
         assert batch_size >= 1 and batch_window_s >= 0
+        super().__init__("static", "scratchllm-static")
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock
         self.batch_window_s = batch_window_s
         cfg = model.config
@@ -294,14 +294,10 @@ class StaticEngine:
         self.max_model_len = self.limits.max_model_len
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
         self.block_bytes = block_bytes(cfg, block_size)
-        self._cv = threading.Condition()
         self._waiting: list[StaticRow] = []
         self._running: list[StaticRow] = []
-        self._streams = StreamHost("static", self.abort)
         self._kv_bytes = self._peak_kv_bytes = 0
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="scratchllm-static", daemon=True)
-        self._thread.start()
+        self._start()
 
     # --- the contract ---
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -319,11 +315,6 @@ class StaticEngine:
                                            OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival))
             self._cv.notify()
         return stream
-
-    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
-                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
-        """One request per params; nothing is shared between them (only the paged engine can)."""
-        return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
         with self._cv:
@@ -347,20 +338,6 @@ class StaticEngine:
                                kv_blocks_peak=math.ceil(self._peak_kv_bytes / self.block_bytes),
                                kv_block_bytes=self.block_bytes, kv_bytes_used=self._kv_bytes,
                                kv_bytes_peak=self._peak_kv_bytes)
-
-    @property
-    def finished(self) -> dict[str, int]:
-        """Requests ended per finish reason (stats().finished)."""
-        return self._streams.counts()
-
-    def shutdown(self, drain: bool = True) -> None:
-        with self._cv:
-            stopping = self._streams.close(drain)
-            self._stopping = True
-            self._cv.notify()
-        for rid in stopping:
-            self.abort(rid)
-        self._thread.join()
 
     # --- the batch thread ---
     def _on_event(self, row: StaticRow, event: TokenEvent) -> None:
