@@ -60,6 +60,7 @@ from scratchllm.bench.common import LoadedModel, machine_facts, median, require_
 from scratchllm.bench.engine_report import render as render  # the report of these runs
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
+from scratchllm.engine.config import POLICY_NAMES
 from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:  # for the annotation only: the checkpoint is opened where the benchmark runs
@@ -117,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same GGUF file and token ids, in child processes before and after ours")
     parser.add_argument("--policies", default="priority",
                         help="admission policies to run the same-KV continuous case under, comma list of "
-                             "priority,fcfs (default priority; both: side by side)")
+                             f"{','.join(POLICY_NAMES)} (default priority; several: side by side)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="Poisson arrivals, requests/s (default 0: all at t=0, an offline batch)")
     parser.add_argument("--load", type=float, default=0.8,
@@ -369,10 +370,8 @@ def _settle(args: argparse.Namespace) -> tuple[set[str], list[str]]:
     if not 0 <= args.kv_fraction <= 1:
         raise ConfigError(f"--kv-fraction must be in [0, 1], got {args.kv_fraction}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    from scratchllm.engine.policy import POLICIES
-
-    if not policies or any(p not in POLICIES for p in policies):
-        raise ConfigError(f"--policies takes a comma list of {', '.join(POLICIES)}, got {args.policies!r}")
+    if not policies or any(p not in POLICY_NAMES for p in policies):
+        raise ConfigError(f"--policies takes a comma list of {', '.join(POLICY_NAMES)}, got {args.policies!r}")
     if args.peer:
         from scratchllm.bench import peers
 

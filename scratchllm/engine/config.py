@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from scratchllm.engine.kv_sizing import KV_DTYPE_CHOICES
 from scratchllm.errors import ConfigError
 
+# The admission policies (engine/policy.py), the one list every option that names one reads:
+# EngineConfig.policy, `serve --policy`, `bench engine --policies`.
+POLICY_NAMES = ("priority", "fcfs")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -36,7 +40,7 @@ class EngineConfig:
     # predicts fits it (engine/step_time.py); None: max_num_batched_tokens and max_num_seqs only
     target_tpot_s: float | None = None
     # --- admission (engine/policy.py) ---
-    policy: str = "priority"  # "priority" (two queues, tick, gate, aging) or "fcfs"
+    policy: str = "priority"  # one of POLICY_NAMES: "priority" (two queues, tick, gate, aging) or "fcfs"
     tick_s: float = 0.010  # scheduling tick
     high_priority_max_tokens: int = 256  # max_tokens < this -> high queue
     utilization_gate: float = 0.80  # admit only below this utilization
@@ -62,7 +66,7 @@ class EngineConfig:
         need("max_num_batched_tokens", self.max_num_batched_tokens >= 1, ">= 1")
         need("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1")
         need("target_tpot_s", self.target_tpot_s is None or self.target_tpot_s > 0, "> 0")
-        need("policy", self.policy in ("priority", "fcfs"), "'priority' or 'fcfs'")
+        need("policy", self.policy in POLICY_NAMES, "one of " + ", ".join(POLICY_NAMES))
         need("tick_s", self.tick_s > 0, "> 0")
         need("high_priority_max_tokens", self.high_priority_max_tokens >= 1, ">= 1")
         need("utilization_gate", 0.0 < self.utilization_gate <= 1.0, "in (0, 1]")
