@@ -197,7 +197,7 @@ def test_seeded_penalised_sampling_is_reproducible_and_batch_invariant(model):
 
 
 def test_plain_rows_skip_the_processors(model, monkeypatch):
-    import scratchllm.engine.model_runner as runner
+    import scratchllm.engine.sampler as runner
 
     def boom(*a, **k):
         raise AssertionError("a request without processors must not be shaped")

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from scratchllm.server.metrics import MetricFamilies, ServerMetrics
+from scratchllm.server.metrics import MetricFamilies, ServerMetrics, no_engine
 from scratchllm.server.protocol import APIError
 from scratchllm.server.state import ServedEmbedder, ServedModel, ServerConfig, ServerState
 
@@ -122,7 +122,7 @@ class ModelEntry:
             served = self.state.detach()
         else:
             served, self.embedder = self.embedder, None
-        self.metrics.engine_stats = dict  # the engine is gone: nothing of it is read again
+        self.metrics.engine_stats = no_engine  # the engine is gone: nothing of it is read again
         self.metrics.loaded = False
         self.metrics.unloads += 1
         self.status, self.expires_at = "unloaded", None

@@ -105,6 +105,11 @@ class Tokenizer:
         return self.spec.special_ids
 
     @property
+    def byte_level(self) -> bool:
+        """Every token is a string of bytes (token_bytes): byte-level BPE, which grammars need."""
+        return self._byte_level
+
+    @property
     def model_max_length(self) -> int | None:
         return self.spec.model_max_length
 
