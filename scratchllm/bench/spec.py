@@ -72,8 +72,7 @@ def _ours(spec: dict[str, Any]) -> dict[str, Any]:
         out.append({"workload": case.workload, "id": case.case_id, "decoded": len(result.token_ids) - 1,
                     "decode_s": m.decode_ms / 1e3, "drafted": m.spec_drafted, "accepted": m.spec_accepted,
                     "token_ids": result.token_ids})
-    stats = llm.stats()
-    return {"cases": out, "peak_rss_mb": status_mb("self", "VmHWM"), "memory_plan": stats.get("memory_plan")}
+    return {"cases": out, "peak_rss_mb": status_mb("self", "VmHWM"), "memory_plan": llm.engine.plan.describe()}
 
 
 def child_main() -> None:

@@ -69,26 +69,39 @@ def plan(rates: Sequence[float], limits: Sequence[int], cost: StepCost, minimum:
     """The draft length of each request: rates[i] its acceptance estimate, limits[i] the most it
     may draft (the config's k, its proposal's length, its room left). `minimum`: a request drafts
     0 or at least this many (shorter drafts are not verified). Greedy by marginal gain (see the
-    module doc)."""
-    ks = [0] * len(rates)
-    tokens = float(len(rates))
-    seconds = cost.fixed + cost.per_row * len(rates)
+    module doc): each round adds the best of (a) one more draft to a request, within the draft
+    forwards already planned, and (b) one more draft forward, with one more draft for each of the
+    requests it then serves that raise the gain (the likeliest first)."""
+    n = len(rates)
+    ks = [0] * n
+    tokens, seconds = float(n), cost.fixed + cost.per_row * n
     depth = 0  # draft forwards so far: the longest draft
+
+    def first(k: int) -> int:  # a request's next length: `minimum` at once, then one at a time
+        return max(1, minimum) if k == 0 else k + 1
+
     while True:
-        best: tuple[float, int, int, float, float] | None = None  # (gain per second, i, step, tokens, seconds)
-        for i, (a, k) in enumerate(zip(rates, ks, strict=True)):
-            step = max(1, minimum) if k == 0 else 1  # the first addition reaches `minimum` at once
-            if k + step > limits[i]:
-                continue
-            dt = cost.per_row * step + cost.per_draft * max(0, k + step - depth)
-            de = expected_tokens(a, k + step) - expected_tokens(a, k)
-            rate = de / dt if dt > 0 else float("inf")
-            if best is None or rate > best[0]:
-                best = (rate, i, step, de, dt)
+        best: tuple[float, list[tuple[int, int]], float, float] | None = None  # (gain/s, raises, tokens, s)
+        for i in range(n):  # (a) within the planned forwards
+            k1 = first(ks[i])
+            if k1 <= min(depth, limits[i]):
+                de = expected_tokens(rates[i], k1) - expected_tokens(rates[i], ks[i])
+                dt = cost.per_row * (k1 - ks[i])
+                if dt > 0 and (best is None or de / dt > best[0]):
+                    best = (de / dt, [(i, k1)], de, dt)
+        level = max(depth + 1, minimum)  # (b) one more forward
+        raises = sorted(((i, level) for i in range(n) if ks[i] < level <= limits[i] and first(ks[i]) <= level),
+                        key=lambda r: -rates[r[0]])
+        de, dt = 0.0, cost.per_draft * (level - depth)
+        for j, (i, k1) in enumerate(raises):
+            de += expected_tokens(rates[i], k1) - expected_tokens(rates[i], ks[i])
+            dt += cost.per_row * (k1 - ks[i])
+            if dt > 0 and (best is None or de / dt > best[0]):
+                best = (de / dt, raises[: j + 1], de, dt)
         if best is None or best[0] * seconds <= tokens:  # it would not raise the step's tokens per second
             return ks
-        _, i, step, de, dt = best
-        ks[i] += step
-        depth = max(depth, ks[i])
-        tokens += de
-        seconds += dt
+        for i, k1 in best[1]:
+            ks[i] = k1
+            depth = max(depth, k1)
+        tokens += best[2]
+        seconds += best[3]

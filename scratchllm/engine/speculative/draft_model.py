@@ -27,18 +27,11 @@ import numpy.typing as npt
 
 from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.request import Request
+from scratchllm.engine.speculative.draft import Draft
 from scratchllm.models.protocol import Model
 from scratchllm.sampling import draw, filtered_probs
 
 DRAFT_SEED = 0x5EED  # the draft generator of a seeded request: its seed mixed with this
-
-
-@dataclass
-class Draft:
-    """What one request drafted: tokens, and for a sampled request the distribution each came from."""
-
-    tokens: list[int] = field(default_factory=list)
-    probs: list[npt.NDArray[np.float32]] | None = None  # q rows [V]; None: point masses (greedy)
 
 
 @dataclass(eq=False)

@@ -6,11 +6,12 @@ verified against the wrong token: refused at start, naming the first difference.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from scratchllm.errors import ConfigError
 
 
+@runtime_checkable
 class Vocabulary(Protocol):
     """What the check reads of a tokenizer (scratchllm.tokenizer.Tokenizer has it)."""
 

@@ -1,0 +1,200 @@
+"""The engine's speculative side: before each step it drafts for the decoding requests, after it
+it learns from what the target accepted.
+
+    propose(decodes)            -> {request: Draft}: for the scheduler to verify this step
+    verified(req, drafted, ...) after the step: the request's acceptance, the counters
+    observe_step(rows, seconds) a step of decodes only: the cost of a row (draft_length.py)
+    release(request_id)         a request left: its n-gram index, its draft KV, its counts
+
+Per step: nothing when `disable_by_batch_size` requests or more decode (the hard switch); else
+each request's most drafts (the config's k, its tokens left before max_tokens, its positions left
+before the context's end, and for n-grams what its lookup found), then the draft-length rule
+(draft_length.plan) over the measured cost of the step's rows and draft forwards, then the drafts
+themselves: the n-gram proposals cut to length, or the draft model's forwards.
+
+The cost of a step is fitted from steps that only decode (a prefill chunk's rows cost more each,
+and would make a draft row look dearer than it is): seconds = fixed + per_row x rows. Until a fit
+with a slope exists, a row is taken to cost PRIOR_ROW_COST of the fixed part, and a draft forward
+PRIOR_DRAFT_COST of it; a draft forward's measured cost then replaces its prior.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
+
+from scratchllm.engine.request import Request
+from scratchllm.engine.sampler import SampledToken
+from scratchllm.engine.speculative.config import SpeculativeConfig
+from scratchllm.engine.speculative.draft import Draft
+from scratchllm.engine.speculative.draft_length import Acceptance, StepCost, plan
+from scratchllm.engine.speculative.draft_model import DraftModel
+from scratchllm.engine.speculative.ngram import NgramIndex
+from scratchllm.engine.step_time import StepTimeModel
+
+PRIOR_ROW_COST = 0.25  # a row's cost / the step's fixed cost, before any is measured
+PRIOR_DRAFT_COST = 0.4  # a draft forward's / the target's fixed cost, before one is measured
+PRIOR_RATE = 0.6  # the acceptance rate assumed before any verification
+PRIOR_WEIGHT = 3.0  # positions the prior (the method's rate so far) counts for in a request's estimate
+DECAY = 0.8  # a request's counts after each verification: the estimate follows the text
+IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back toward the prior (a probe)
+
+
+@dataclass
+class SpecCounters:
+    """Since start: verifications (drafts verified), tokens drafted, drafts accepted, tokens the
+    verifications emitted (accepted + the target's own one each), and steps the batch-size switch
+    turned speculation off."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    steps_disabled: int = 0
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None) -> None:
+        assert (draft is not None) == config.uses_draft_model
+        self.config = config
+        self.max_model_len = max_model_len
+        self.draft = draft
+        self.indexes: dict[str, NgramIndex] = {}
+        self.acceptance: dict[str, Acceptance] = {}
+        self.overall = Acceptance()  # every request's, undecayed: the prior of a new one
+        self.step_time = StepTimeModel()
+        self.counters = SpecCounters()
+
+    # --- before the step ---
+    def propose(self, decodes: list[Request]) -> dict[Request, Draft]:
+        cfg = self.config
+        if not decodes:
+            return {}
+        if cfg.disable_by_batch_size is not None and len(decodes) >= cfg.disable_by_batch_size:
+            self.counters.steps_disabled += 1
+            self._idle(decodes)
+            return {}
+        k_max = cfg.num_speculative_tokens
+        assert k_max is not None
+        limits = [max(0, min(k_max, r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens))
+                  for r in decodes]
+        proposals: list[list[int]] = []
+        if self.draft is None:
+            proposals = [self._index(r).propose(k) for r, k in zip(decodes, limits, strict=True)]
+            limits = [len(p) for p in proposals]
+        if cfg.adaptive:
+            prior = self.overall.rate(PRIOR_RATE, PRIOR_WEIGHT)
+            rates = [self.acceptance.setdefault(r.request_id, Acceptance()).rate(prior, PRIOR_WEIGHT) for r in decodes]
+            ks = plan(rates, limits, self.cost(), cfg.draft_min)
+        else:
+            ks = [k if k >= max(cfg.draft_min, 1) else 0 for k in limits]
+        self._idle([r for r, k in zip(decodes, ks, strict=True) if k == 0])
+        if self.draft is None:
+            drafts = {r: Draft(p[:k]) for r, p, k in zip(decodes, proposals, ks, strict=True) if k}
+        else:
+            chosen = [(r, k) for r, k in zip(decodes, ks, strict=True) if k]
+            made = self.draft.propose([r for r, _ in chosen], [k for _, k in chosen]) if chosen else []
+            drafts = {r: d for (r, _), d in zip(chosen, made, strict=True) if d.tokens}
+        return {r: d for r, d in drafts.items() if len(d.tokens) >= cfg.draft_min}
+
+    def _index(self, req: Request) -> NgramIndex:
+        index = self.indexes.get(req.request_id)
+        if index is None:
+            lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
+            assert lo is not None and hi is not None
+            index = self.indexes[req.request_id] = NgramIndex(lo, hi)
+        index.sync(req.token_ids)
+        return index
+
+    def _idle(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            acc = self.acceptance.get(r.request_id)
+            if acc is not None:
+                acc.idle(IDLE_DECAY)
+
+    def cost(self) -> StepCost:
+        """The step's cost: fitted from decode-only steps, or the priors (see the module doc)."""
+        m = self.step_time
+        fit = m.fit()
+        if fit is not None and fit[0] > 0:
+            fixed, per_row = fit
+        elif m.w > 0:  # steps seen, no slope yet: their mean time, split by the prior
+            mean_rows, mean_s = m.sx / m.w, m.sy / m.w
+            fixed = mean_s / (1 + PRIOR_ROW_COST * mean_rows)
+            per_row = PRIOR_ROW_COST * fixed
+        else:
+            fixed, per_row = 1.0, PRIOR_ROW_COST
+        per_draft = 0.0
+        if self.draft is not None:
+            d = self.draft
+            per_draft = d.seconds / d.forwards if d.forwards else PRIOR_DRAFT_COST * fixed
+        return StepCost(fixed, per_row, per_draft)
+
+    # --- after the step ---
+    def verified(self, req: Request, drafted: int, accepted: int, emitted: int) -> None:
+        """`req` verified `drafted` drafts, kept `accepted` of them and emitted `emitted` tokens."""
+        c = self.counters
+        c.drafts += 1
+        c.draft_tokens += drafted
+        c.accepted_tokens += accepted
+        c.emitted_tokens += emitted
+        req.spec_drafted += drafted
+        req.spec_accepted += accepted
+        self.acceptance.setdefault(req.request_id, Acceptance()).record(drafted, accepted, DECAY)
+        self.overall.record(drafted, accepted, 1.0)
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step that only decoded (verifications included) computed `rows` rows in `seconds`."""
+        self.step_time.observe(rows, seconds)
+
+
+    def release(self, request_id: str) -> None:
+        self.indexes.pop(request_id, None)
+        self.acceptance.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.release(request_id)
+
+
+# --- the rows of a verifying step ---
+def draft_rows(reqs: Sequence[Request], drafts: Mapping[Request, Draft]
+               ) -> tuple[list[int | None], list[npt.NDArray[Any] | None] | None]:
+    """For sampler.verify: each row's draft (the token the next row of its request was computed
+    after; None on a request's last row) and the draft's distribution q of it (None: a point
+    mass; the whole list None when no draft came from a distribution). `reqs` holds a verifying
+    request on 1 + len(drafts) consecutive rows."""
+    row_drafts: list[int | None] = []
+    row_probs: list[npt.NDArray[Any] | None] = []
+    any_probs = False
+    i = 0
+    while i < len(reqs):
+        draft = drafts.get(reqs[i])
+        if draft is None:
+            row_drafts.append(None)
+            row_probs.append(None)
+            i += 1
+            continue
+        k = len(draft.tokens)
+        row_drafts += [*draft.tokens, None]
+        row_probs += [*(draft.probs if draft.probs is not None else [None] * k), None]
+        any_probs = any_probs or draft.probs is not None
+        i += k + 1
+    assert len(row_drafts) == len(reqs)
+    return row_drafts, row_probs if any_probs else None
+
+
+def by_request(reqs: Sequence[Request], sampled: Sequence[SampledToken | None]
+               ) -> Iterator[tuple[int, Request, list[SampledToken]]]:
+    """(its first row, the request, its tokens in order) for each request of a step's rows: one
+    token, or a verification's drawn rows (the ones before the first None)."""
+    i = 0
+    while i < len(reqs):
+        req, start, tokens = reqs[i], i, []
+        while i < len(reqs) and reqs[i] is req:
+            token = sampled[i]
+            if token is not None:
+                tokens.append(token)
+            i += 1
+        yield start, req, tokens
