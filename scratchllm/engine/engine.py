@@ -245,7 +245,8 @@ class LLMEngine:
                 emitted[req] = n
                 accepted = next((i for i, (t, d) in enumerate(zip(tokens, draft.tokens, strict=False))
                                  if t.token != d), min(len(tokens), len(draft.tokens)))
-                self.speculator.verified(req, len(draft.tokens), accepted, n)
+                # drafts accepted and emitted (a request that ended on one drops the rest)
+                self.speculator.verified(req, len(draft.tokens), min(accepted, n), n)
         self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks, emitted)
         step_s = self.clock() - schedule_time
         self.scheduler.observe_step(batch.num_tokens, self.clock() - propose_start)
