@@ -51,8 +51,10 @@ class DraftModel:
         self.num_blocks = num_blocks
         self.p_min = p_min
         self.seqs: dict[str, _Sequence] = {}
-        self.forwards = 0  # draft forwards run, and their seconds (the draft-length rule's cost)
-        self.seconds = 0.0
+        # seconds of a draft forward of one row per request (a moving average; None before one):
+        # the draft-length rule's cost of a draft. A forward that catches a request up (a prompt)
+        # is a prefill, not counted.
+        self.forward_s: float | None = None
 
     @property
     def num_used_blocks(self) -> int:
@@ -161,6 +163,7 @@ class DraftModel:
         self.attention.set_layout(table, token_seq, positions)
         logits: Any = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.attention,
                                          logits_rows=np.asarray(rows, dtype=np.int64))
-        self.forwards += 1
-        self.seconds += time.perf_counter() - start
+        if len(ids) == len(reqs):
+            seconds = time.perf_counter() - start
+            self.forward_s = seconds if self.forward_s is None else 0.8 * self.forward_s + 0.2 * seconds
         return np.asarray(logits, dtype=np.float32)

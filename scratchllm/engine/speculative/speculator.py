@@ -15,7 +15,8 @@ themselves: the n-gram proposals cut to length, or the draft model's forwards.
 The cost of a step is fitted from steps that only decode (a prefill chunk's rows cost more each,
 and would make a draft row look dearer than it is): seconds = fixed + per_row x rows. Until a fit
 with a slope exists, a row is taken to cost PRIOR_ROW_COST of the fixed part, and a draft forward
-PRIOR_DRAFT_COST of it; a draft forward's measured cost then replaces its prior.
+PRIOR_DRAFT_COST of it; a draft forward's measured cost (of one row per request: a forward that
+catches a request's prompt up is a prefill, paid once) then replaces its prior.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ class Speculator:
             fixed, per_row = 1.0, PRIOR_ROW_COST
         per_draft = 0.0
         if self.draft is not None:
-            d = self.draft
-            per_draft = d.seconds / d.forwards if d.forwards else PRIOR_DRAFT_COST * fixed
+            measured = self.draft.forward_s
+            per_draft = measured if measured is not None else PRIOR_DRAFT_COST * fixed
         return StepCost(fixed, per_row, per_draft)
 
     # --- after the step ---
