@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from scratchllm.bench import spec_peers
+from scratchllm.bench import spec_peers, spec_serving
 from scratchllm.bench.common import machine_facts, median, require_at_least_one, status_mb
 from scratchllm.bench.spec_workloads import WORKLOADS, load_cases
 
@@ -41,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup-min", type=int, default=2, help="ours: shortest n-gram looked up (default 2)")
     parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ours: longest n-gram looked up (default 4)")
     parser.add_argument("--sides", default=",".join(OURS + spec_peers.MODES),
-                        help="which to run (default all: " + ",".join(OURS + spec_peers.MODES) + ")")
+                        help="which to run (default all: " + ",".join(OURS + spec_peers.MODES) + "; none: only "
+                             "--serving)")
+    parser.add_argument("--serving", action="store_true",
+                        help="also a serving workload through our server, without and with n-gram speculation "
+                             "(scratchllm/bench/spec_serving.py)")
+    parser.add_argument("--serving-workload", default="mixed", help="--serving's workload (default mixed)")
+    parser.add_argument("--concurrency", type=int, default=16, help="--serving's requests in flight (default 16)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
 
@@ -109,9 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.tokenizer import Tokenizer
 
     require_at_least_one(args, "rounds", "threads", "draft_max")
-    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    sides = list(dict.fromkeys(s.strip() for s in args.sides.split(",") if s.strip() and s.strip() != "none"))
     unknown = sorted(set(sides) - set(OURS + spec_peers.MODES))
-    if unknown or not sides:
+    if unknown or not (sides or args.serving):
         raise ConfigError(f"--sides takes some of {','.join(OURS + spec_peers.MODES)}, got {args.sides!r}")
     peers = [s for s in sides if s in spec_peers.MODES]
     if peers and not spec_peers.available():
@@ -138,8 +144,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 done[side] = run_peer(side, spec, prompts)
             done["loadavg_1min"].append(os.getloadavg()[0])
         rounds.append(done)
-    return {"bench": "spec", "inputs": {k: v for k, v in spec.items()}, "sides": sides,
-            "rows": summarize(rounds, sides, workloads), "rounds": rounds, "machine": machine_facts()}
+    result: dict[str, Any] = {"bench": "spec", "inputs": dict(spec), "sides": sides,
+                              "rows": summarize(rounds, sides, workloads) if sides else {}, "rounds": rounds,
+                              "machine": machine_facts(), "command": "scratchllm " + " ".join(sys.argv[1:])}
+    if args.serving:
+        ngram = speculative_config("ngram", spec)
+        assert ngram is not None
+        result["serving"] = spec_serving.measure(args.model, args.threads, args.serving_workload, args.concurrency,
+                                                 args.rounds, ngram)
+    return result
 
 
 def _rate(side_round: dict[str, Any], workload: str) -> dict[str, float]:
@@ -181,7 +194,10 @@ def summarize(rounds: list[dict[str, Any]], sides: list[str], workloads: list[st
 def render(r: dict[str, Any]) -> str:
     i, rows = r["inputs"], r["rows"]
     lines = [f"target {i['target_path']}, draft {i['draft_path']}; {i['threads']} threads, greedy, at most "
-             f"{i['draft_max']} drafted per step; medians of {len(r['rounds'])} interleaved rounds"]
+             f"{i['draft_max']} drafted per step; medians of {len(r['rounds'])} interleaved rounds",
+             f"command: {r['command']}"]
+    if not r["sides"]:
+        return "\n".join(lines + spec_serving.render(r["serving"]))
     if rows.get("tg128_tok_s"):
         lines.append(f"llama-bench tg128 on the target: {rows['tg128_tok_s']:.1f} tok/s")
     for w in i["workloads"]:
@@ -198,6 +214,10 @@ def render(r: dict[str, Any]) -> str:
             best = rows[w]["ngram"]["vs_best_llama_ngram"]
             lines.append(f"ours ngram / the best of llama.cpp's n-gram modes: {best:.2f}x")
     lines += ["", "peak RSS, MB: " + ", ".join(f"{s} {mb:.0f}" for s, mb in rows["peak_rss_mb"].items())]
+    if "draft" in r["sides"]:
+        lines.append("ours draft, its memory plan: " + r["rounds"][0]["draft"]["memory_plan"])
+    if "serving" in r:
+        lines += spec_serving.render(r["serving"])
     loads = [x for rnd in r["rounds"] for x in rnd["loadavg_1min"]]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ peers` builds them; llama_tools.py runs them):
   ngram-simple, ngram-mod   llama-speculative-simple --spec-type TYPE: its n-gram drafters, each at
                             its own defaults (their lookup and draft lengths are their own knobs)
   lookup                    llama-lookup: n-gram lookup with at most --draft-max drafted tokens
-  draft                     llama-speculative-simple --spec-type draft-simple -md DRAFT: the draft
+  draft-simple              llama-speculative-simple --spec-type draft-simple -md DRAFT: the draft
                             model, at most --draft-max tokens a step
   tg128                     llama-bench's plain decode of 128 tokens on the target (the baseline)
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from scratchllm.bench import llama_tools
 
-MODES = ("ngram-simple", "ngram-mod", "lookup", "draft")
+MODES = ("ngram-simple", "ngram-mod", "lookup", "draft-simple")
 NGRAM_MODES = ("ngram-simple", "ngram-mod", "lookup")
 
 
@@ -43,9 +43,8 @@ def run_case(mode: str, target: str, draft: str, prompt_text: str, threads: int,
         else:
             exe = llama_tools.tool("llama-speculative-simple")
             assert exe is not None
-            spec_type = "draft-simple" if mode == "draft" else mode
             argv = [str(exe), *llama_tools.speculative_args(target, f.name, threads, new_tokens, ctx, draft_max,
-                                                            spec_type, draft if mode == "draft" else None)]
+                                                            mode, draft if mode == "draft-simple" else None)]
         run = llama_tools.run_tool(argv)
     finally:
         Path(f.name).unlink()

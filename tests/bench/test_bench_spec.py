@@ -50,7 +50,7 @@ def test_the_prompt_sets_load():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not spec_peers.available(), reason="llama.cpp's programs not built (make peers)")
-@pytest.mark.parametrize("mode", ["lookup", "draft"])  # each program once (the n-gram types share the draft's)
+@pytest.mark.parametrize("mode", ["lookup", "draft-simple"])  # each program once (the n-gram types share the draft's)
 def test_each_llama_cpp_program_runs_on_the_default_model(mode):
     from scratchllm.formats.refs import resolve_model
 
@@ -59,3 +59,21 @@ def test_each_llama_cpp_program_runs_on_the_default_model(mode):
     got = spec_peers.run_case(mode, path, path, text, 2, 8, 3)
     assert got["decoded"] >= 1 and got["decode_tok_s"] > 0 and got["peak_rss_mb"] > 10
     assert 0 <= got["accepted"] <= got["drafted"]
+
+
+@pytest.mark.slow
+def test_a_short_run_of_ours_measures_and_checks_identity():
+    import argparse
+
+    from scratchllm.bench import spec
+
+    parser = argparse.ArgumentParser()
+    spec.add_arguments(parser)
+    r = spec.run(parser.parse_args(["--model", "default", "--draft", "default", "--cases", "1", "--max-tokens", "12",
+                                    "--rounds", "1", "--sides", "off,ngram,draft"]))
+    for workload in ("code-edits", "code-questions"):
+        row = r["rows"][workload]
+        assert all(row[side]["decode_tok_s"] > 0 and row[side]["identical"] == "1/1" for side in spec.OURS)
+    assert r["rows"]["peak_rss_mb"]["draft"] > 0 and "draft model" in r["rounds"][0]["draft"]["memory_plan"]
+    text = spec.render(r)
+    assert "code-edits:" in text and "ours ngram" in text and "command: scratchllm" in text

@@ -65,13 +65,16 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def plan(rates: Sequence[float], limits: Sequence[int], cost: StepCost, minimum: int = 0) -> list[int]:
+def plan(rates: Sequence[float], limits: Sequence[int], cost: StepCost, minimum: int = 0,
+         margin: float = 1.0) -> list[int]:
     """The draft length of each request: rates[i] its acceptance estimate, limits[i] the most it
     may draft (the config's k, its proposal's length, its room left). `minimum`: a request drafts
     0 or at least this many (shorter drafts are not verified). Greedy by marginal gain (see the
     module doc): each round adds the best of (a) one more draft to a request, within the draft
     forwards already planned, and (b) one more draft forward, with one more draft for each of the
-    requests it then serves that raise the gain (the likeliest first)."""
+    requests it then serves that raise the gain (the likeliest first). An addition is made only
+    if its tokens per second beat the step's by `margin` (> 1: drafting must pay by that much,
+    against the estimates' error)."""
     n = len(rates)
     ks = [0] * n
     tokens, seconds = float(n), cost.fixed + cost.per_row * n
@@ -98,7 +101,7 @@ def plan(rates: Sequence[float], limits: Sequence[int], cost: StepCost, minimum:
             dt += cost.per_row * (k1 - ks[i])
             if dt > 0 and (best is None or de / dt > best[0]):
                 best = (de / dt, raises[: j + 1], de, dt)
-        if best is None or best[0] * seconds <= tokens:  # it would not raise the step's tokens per second
+        if best is None or best[0] * seconds <= tokens * margin:  # it would not raise tokens per second enough
             return ks
         for i, k1 in best[1]:
             ks[i] = k1

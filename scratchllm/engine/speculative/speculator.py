@@ -42,6 +42,9 @@ PRIOR_RATE = 0.6  # the acceptance rate assumed before any verification
 PRIOR_WEIGHT = 3.0  # positions the prior (the method's rate so far) counts for in a request's estimate
 DECAY = 0.8  # a request's counts after each verification: the estimate follows the text
 IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back toward the prior (a probe)
+# a draft is verified only where its expected tokens per second beat the step's by this much: the
+# cost fit and the acceptance estimate are estimates, and a wrong draft costs a row for nothing
+MARGIN = 1.05
 
 
 @dataclass
@@ -89,7 +92,7 @@ class Speculator:
         if cfg.adaptive:
             prior = self.overall.rate(PRIOR_RATE, PRIOR_WEIGHT)
             rates = [self.acceptance.setdefault(r.request_id, Acceptance()).rate(prior, PRIOR_WEIGHT) for r in decodes]
-            ks = plan(rates, limits, self.cost(), cfg.draft_min)
+            ks = plan(rates, limits, self.cost(), cfg.draft_min, MARGIN)
         else:
             ks = [k if k >= max(cfg.draft_min, 1) else 0 for k in limits]
         self._idle([r for r, k in zip(decodes, ks, strict=True) if k == 0])
