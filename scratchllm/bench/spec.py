@@ -221,3 +221,42 @@ def render(r: dict[str, Any]) -> str:
     loads = [x for rnd in r["rounds"] for x in rnd["loadavg_1min"]]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)
+
+
+class PeersSection:
+    """`bench peers`' rows of speculative decoding: the first --spec-cases code edits on the peers'
+    model, --new-tokens each, ours without and with n-gram speculation beside llama.cpp's n-gram
+    modes, and with `--spec-draft MODEL` both sides' draft-model decoding (medians of the peers'
+    rounds)."""
+
+    name = "spec"
+
+    def measure(self, spec: Any, args: argparse.Namespace) -> dict[str, Any] | None:
+        from scratchllm.bench import peers_llama_cpp
+
+        if not (spec_peers.available() and peers_llama_cpp.available()) or not getattr(args, "spec_cases", 0):
+            return None
+        draft = getattr(args, "spec_draft", None)
+        sides = ["off", "ngram", *spec_peers.NGRAM_MODES] + (["draft", "draft-simple"] if draft else [])
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        ns = parser.parse_args(["--model", args.model, "--draft", draft or args.model, "--workloads", "code-edits",
+                                "--cases", str(args.spec_cases), "--max-tokens", str(args.new_tokens),
+                                "--rounds", str(args.rounds),
+                                "--threads", str(args.threads), "--sides", ",".join(sides)])
+        return run(ns)
+
+    def render(self, figures: dict[str, Any], inputs: dict[str, Any]) -> list[str]:
+        rows = figures["rows"]["code-edits"]
+        tg = figures["rows"]["tg128_tok_s"]
+        lines = ["", f"speculative decoding, code edits ({figures['inputs']['cases']} cases, greedy, at most "
+                     f"{figures['inputs']['draft_max']} drafted; `scratchllm bench spec` has the rest): decode tok/s, "
+                     f"accepted, x llama-bench tg128 ({tg:.1f})"]
+        for side in figures["sides"]:
+            c = rows[side]
+            who = "ours" if side in OURS else "llama.cpp"
+            lines.append(f"  {who} {side:<14}{c['decode_tok_s']:>8.1f}{c['accept_rate']:>8.0%}{c['vs_tg128']:>8.2f}x")
+        return lines
+
+
+PEERS_SECTION = PeersSection()
