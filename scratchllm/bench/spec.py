@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from scratchllm.bench import spec_peers, spec_serving
+from scratchllm.bench import spec_peers, spec_rows, spec_serving
 from scratchllm.bench.common import machine_facts, median, require_at_least_one, status_mb
 from scratchllm.bench.spec_workloads import WORKLOADS, load_cases
 
@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(scratchllm/bench/spec_serving.py)")
     parser.add_argument("--serving-workload", default="mixed", help="--serving's workload (default mixed)")
     parser.add_argument("--concurrency", type=int, default=16, help="--serving's requests in flight (default 16)")
+    parser.add_argument("--row-cost", action="store_true",
+                        help="also a forward's time by rows (1-8) of the target and the draft "
+                             "(scratchllm/bench/spec_rows.py)")
+    parser.add_argument("--row-context", type=int, default=300, help="--row-cost's context tokens (default 300)")
+    parser.add_argument("--row-repeats", type=int, default=6, help="--row-cost's rounds (default 6)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
 
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     require_at_least_one(args, "rounds", "threads", "draft_max")
     sides = list(dict.fromkeys(s.strip() for s in args.sides.split(",") if s.strip() and s.strip() != "none"))
     unknown = sorted(set(sides) - set(OURS + spec_peers.MODES))
-    if unknown or not (sides or args.serving):
+    if unknown or not (sides or args.serving or args.row_cost):
         raise ConfigError(f"--sides takes some of {','.join(OURS + spec_peers.MODES)}, got {args.sides!r}")
     peers = [s for s in sides if s in spec_peers.MODES]
     if peers and not spec_peers.available():
@@ -147,6 +152,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "spec", "inputs": dict(spec), "sides": sides,
                               "rows": summarize(rounds, sides, workloads) if sides else {}, "rounds": rounds,
                               "machine": machine_facts(), "command": "scratchllm " + " ".join(sys.argv[1:])}
+    if args.row_cost:
+        result["row_cost"] = spec_rows.measure([args.model, args.draft], args.threads, args.row_context,
+                                               args.row_repeats)
     if args.serving:
         ngram = speculative_config("ngram", spec)
         assert ngram is not None
@@ -197,7 +205,9 @@ def render(r: dict[str, Any]) -> str:
              f"{i['draft_max']} drafted per step; medians of {len(r['rounds'])} interleaved rounds",
              f"command: {r['command']}"]
     if not r["sides"]:
-        return "\n".join(lines + spec_serving.render(r["serving"]))
+        extra = (spec_rows.render(r["row_cost"]) if "row_cost" in r else []) + \
+            (spec_serving.render(r["serving"]) if "serving" in r else [])
+        return "\n".join(lines + extra)
     if rows.get("tg128_tok_s"):
         lines.append(f"llama-bench tg128 on the target: {rows['tg128_tok_s']:.1f} tok/s")
     for w in i["workloads"]:
@@ -216,6 +226,8 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "peak RSS, MB: " + ", ".join(f"{s} {mb:.0f}" for s, mb in rows["peak_rss_mb"].items())]
     if "draft" in r["sides"]:
         lines.append("ours draft, its memory plan: " + r["rounds"][0]["draft"]["memory_plan"])
+    if "row_cost" in r:
+        lines += spec_rows.render(r["row_cost"])
     if "serving" in r:
         lines += spec_serving.render(r["serving"])
     loads = [x for rnd in r["rounds"] for x in rnd["loadavg_1min"]]

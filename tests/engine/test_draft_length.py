@@ -47,3 +47,13 @@ def test_acceptance_counts_positions_tested():
     assert (acc.accepted, acc.tested) == (3, 3.5)
     with pytest.raises(AssertionError):
         acc.record(2, 3, 1.0)
+
+
+def test_measured_steps_decide_over_the_fit():
+    """The products' cost jumps where a kernel's tile of rows fills: measured step times choose the
+    length the fit would miss (here 2 drafts, before the jump at 4 rows)."""
+    measured = {1: 1.0, 2: 1.1, 3: 1.2, 4: 2.0, 5: 2.1, 6: 2.2}
+    cost = StepCost(fixed=1.0, per_row=0.2, measured=measured)
+    assert plan([0.9], [5], cost) == [2]
+    assert plan([0.9], [5], StepCost(fixed=1.0, per_row=0.2)) == [5]  # the fit alone: linear, cheap rows
+    assert cost.seconds(3) == 1.2 and cost.seconds(9) == 1.0 + 0.2 * 9 and cost.added(3, 1) == 0.8

@@ -12,8 +12,10 @@ before the context's end, and for n-grams what its lookup found), then the draft
 (draft_length.plan) over the measured cost of the step's rows and draft forwards, then the drafts
 themselves: the n-gram proposals cut to length, or the draft model's forwards.
 
-The cost of a step is fitted from steps that only decode (a prefill chunk's rows cost more each,
-and would make a draft row look dearer than it is): seconds = fixed + per_row x rows. Until a fit
+The cost of a step is measured on steps that only decode (a prefill chunk's rows cost more each,
+and would make a draft row look dearer than it is): a moving average of the seconds of each size
+of step seen (up to MEASURED_ROWS rows), and a fit seconds = fixed + per_row x rows for the
+sizes not seen yet. Until a fit
 with a slope exists, a row is taken to cost PRIOR_ROW_COST of the fixed part, and a draft forward
 PRIOR_DRAFT_COST of it; a draft forward's measured cost (of one row per request: a forward that
 catches a request's prompt up is a prefill, paid once) then replaces its prior.
@@ -45,6 +47,7 @@ IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back toward t
 # a draft is verified only where its expected tokens per second beat the step's by this much: the
 # cost fit and the acceptance estimate are estimates, and a wrong draft costs a row for nothing
 MARGIN = 1.05
+MEASURED_ROWS = 64  # steps of up to this many rows are timed by their size (the products' cost is not linear)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Speculator:
         self.acceptance: dict[str, Acceptance] = {}
         self.overall = Acceptance()  # every request's, undecayed: the prior of a new one
         self.step_time = StepTimeModel()
+        self.row_seconds: dict[int, float] = {}  # a decode-only step's seconds by its rows (moving averages)
         self.counters = SpecCounters()
 
     # --- before the step ---
@@ -135,7 +139,7 @@ class Speculator:
         if self.draft is not None:
             measured = self.draft.forward_s
             per_draft = measured if measured is not None else PRIOR_DRAFT_COST * fixed
-        return StepCost(fixed, per_row, per_draft)
+        return StepCost(fixed, per_row, per_draft, self.row_seconds)
 
     # --- after the step ---
     def verified(self, req: Request, drafted: int, accepted: int, emitted: int) -> None:
@@ -153,6 +157,9 @@ class Speculator:
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step that only decoded (verifications included) computed `rows` rows in `seconds`."""
         self.step_time.observe(rows, seconds)
+        if rows <= MEASURED_ROWS:
+            old = self.row_seconds.get(rows)
+            self.row_seconds[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
 
     def release(self, request_id: str) -> None:
