@@ -67,10 +67,13 @@ class NgramIndex:
 
     def propose(self, k: int) -> list[int]:
         """Up to k draft tokens: what followed the matched n-gram (fewer near the end; [] if none)."""
-        if k <= 0:
-            return []
-        found = self.match()
+        return self.lookup(k)[0]
+
+    def lookup(self, k: int) -> tuple[list[int], int]:
+        """propose(k), and the n of the n-gram that matched (0: none). A longer match's drafts are
+        accepted more often: the speculator keeps their rates apart."""
+        found = self.match() if k > 0 else None
         if found is None:
-            return []
-        at = found[1]
-        return self.tokens[at : at + k]
+            return [], 0
+        n, at = found
+        return self.tokens[at : at + k], n

@@ -6,6 +6,10 @@ it learns from what the target accepted.
     observe_step(rows, seconds) a step of decodes only: the cost of a row (draft_length.py)
     release(request_id)         a request left: its n-gram index, its draft KV, its counts
 
+A request's acceptance estimate (draft_length.Acceptance) starts from the rate of drafts of the
+same source over every request: for n-grams, the n of the match (a 2-token match in fresh text is
+often chance, a 4-token one rarely), for a draft model one source.
+
 Per step: nothing when `disable_by_batch_size` requests or more decode (the hard switch); else
 each request's most drafts (the config's k, its tokens left before max_tokens, its positions left
 before the context's end, and for n-grams what its lookup found), then the draft-length rule
@@ -43,10 +47,10 @@ PRIOR_DRAFT_COST = 0.4  # a draft forward's / the target's fixed cost, before on
 PRIOR_RATE = 0.6  # the acceptance rate assumed before any verification
 PRIOR_WEIGHT = 3.0  # positions the prior (the method's rate so far) counts for in a request's estimate
 DECAY = 0.8  # a request's counts after each verification: the estimate follows the text
-IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back toward the prior (a probe)
+IDLE_DECAY = 0.99  # per step without a draft: the estimate drifts back toward the prior (a probe)
 # a draft is verified only where its expected tokens per second beat the step's by this much: the
 # cost fit and the acceptance estimate are estimates, and a wrong draft costs a row for nothing
-MARGIN = 1.05
+MARGIN = 1.1
 MEASURED_ROWS = 64  # steps of up to this many rows are timed by their size (the products' cost is not linear)
 
 
@@ -72,6 +76,10 @@ class Speculator:
         self.indexes: dict[str, NgramIndex] = {}
         self.acceptance: dict[str, Acceptance] = {}
         self.overall = Acceptance()  # every request's, undecayed: the prior of a new one
+        # by where a draft came from (the n of an n-gram match; 0: the draft model), every
+        # request's, undecayed: a request's prior for a draft of that source
+        self.by_source: dict[int, Acceptance] = {}
+        self.sources: dict[str, int] = {}  # this step's source of each request's draft
         self.step_time = StepTimeModel()
         self.row_seconds: dict[int, float] = {}  # a decode-only step's seconds by its rows (moving averages)
         self.counters = SpecCounters()
@@ -90,12 +98,18 @@ class Speculator:
         limits = [max(0, min(k_max, r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens))
                   for r in decodes]
         proposals: list[list[int]] = []
+        sources = [0] * len(decodes)
         if self.draft is None:
-            proposals = [self._index(r).propose(k) for r, k in zip(decodes, limits, strict=True)]
+            found = [self._index(r).lookup(k) for r, k in zip(decodes, limits, strict=True)]
+            proposals, sources = [p for p, _ in found], [n for _, n in found]
             limits = [len(p) for p in proposals]
+        self.sources = {r.request_id: n for r, n in zip(decodes, sources, strict=True)}
         if cfg.adaptive:
-            prior = self.overall.rate(PRIOR_RATE, PRIOR_WEIGHT)
-            rates = [self.acceptance.setdefault(r.request_id, Acceptance()).rate(prior, PRIOR_WEIGHT) for r in decodes]
+            overall = self.overall.rate(PRIOR_RATE, PRIOR_WEIGHT)
+            rates = []
+            for r, n in zip(decodes, sources, strict=True):
+                prior = self.by_source.get(n, Acceptance()).rate(overall, PRIOR_WEIGHT)
+                rates.append(self.acceptance.setdefault(r.request_id, Acceptance()).rate(prior, PRIOR_WEIGHT))
             ks = plan(rates, limits, self.cost(), cfg.draft_min, MARGIN)
         else:
             ks = [k if k >= max(cfg.draft_min, 1) else 0 for k in limits]
@@ -153,6 +167,7 @@ class Speculator:
         req.spec_accepted += accepted
         self.acceptance.setdefault(req.request_id, Acceptance()).record(drafted, accepted, DECAY)
         self.overall.record(drafted, accepted, 1.0)
+        self.by_source.setdefault(self.sources.get(req.request_id, 0), Acceptance()).record(drafted, accepted, 1.0)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step that only decoded (verifications included) computed `rows` rows in `seconds`."""
