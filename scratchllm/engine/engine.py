@@ -94,7 +94,7 @@ class LLMEngine:
             draft = None if draft_model is None else DraftModel(
                 draft_model, self.plan.num_draft_blocks, config.block_size, config.num_threads, self.plan.kv_dtype,
                 spec.draft_p_min)
-            self.speculator = Speculator(spec, self.max_model_len, draft)
+            self.speculator = Speculator(spec, self.max_model_len, draft, self.eos_token_id)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
         self._ids = RequestIds("req")  # for requests added without one

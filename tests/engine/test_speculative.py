@@ -272,3 +272,53 @@ def test_a_biased_acceptance_rule_fails_the_same_test(pair, monkeypatch):
     prompt = [1, 3, 0, 2]
     probs = exact_three(target, prompt, SamplingParams(**PARAMS))
     assert p_value(sample_three(target, draft, prompt, PARAMS, range(N)), probs) < ALPHA
+
+
+def test_a_grammar_constrains_the_drafts(caplog):
+    """JSON-schema output over a byte vocabulary: n-gram drafts (repeats of the prompt's JSON) are
+    verified against the grammar's mask row by row (a draft the grammar forbids is rejected); the
+    output equals decoding without drafts, greedy and seeded, and matches the schema; the matcher
+    is never handed a token it refuses."""
+    import json
+
+    import jsonschema
+
+    from scratchllm.engine.fake import BYTE_TOKENS, FakeTokenizer
+    from scratchllm.structured import GrammarCompiler
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]}},
+              "required": ["ok", "size"], "additionalProperties": False}
+    tok = FakeTokenizer(BYTE_TOKENS)
+    grammar = GrammarCompiler(tok).json_schema(schema)
+    target = tiny_llama(seed=7, vocab=BYTE_TOKENS)
+    prompt = tok.encode('{"ok": true, "size": "M"} {"ok": false, "size": "L"} {"ok":')
+    params = [SamplingParams(max_tokens=40, temperature=0.0, grammar=grammar),
+              SamplingParams(max_tokens=40, temperature=0.7, seed=1, grammar=grammar)]
+    plain = LLMEngine(target, EngineConfig(num_kv_blocks=64), tokenizer=tok).generate([prompt, prompt], params)
+    eng = LLMEngine(target, EngineConfig(num_kv_blocks=64, speculative_config=NGRAM), tokenizer=tok)
+    with caplog.at_level("WARNING"):
+        got = eng.generate([prompt, prompt], params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    assert eng.stats().spec_decode_num_drafts > 0
+    for o in got:
+        jsonschema.validate(json.loads(tok.decode(o.token_ids[:-1])), schema)
+    assert "grammar rejected token" not in caplog.text
+
+
+def test_a_draft_ends_at_its_first_end_token():
+    """Nothing after an end token is ever emitted: the draft is cut there (the EOS unless the
+    request ignores it, and its stop tokens)."""
+    from scratchllm.engine.request import Request
+    from scratchllm.engine.speculative.config import SpeculativeConfig
+    from scratchllm.engine.speculative.draft import Draft
+    from scratchllm.engine.speculative.speculator import Speculator
+
+    spec = Speculator(SpeculativeConfig(**NGRAM), 512, eos_token_id=2)
+
+    def cut(tokens, **params):
+        req = Request("r", [1], SamplingParams(max_tokens=10, **params), None)
+        return spec._to_end(req, Draft(tokens)).tokens
+
+    assert cut([5, 2, 7, 8]) == [5, 2]
+    assert cut([5, 2, 7, 8], ignore_eos=True) == [5, 2, 7, 8]
+    assert cut([5, 6, 7, 8], stop_token_ids=(7,)) == [5, 6, 7]

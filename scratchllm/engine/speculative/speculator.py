@@ -68,10 +68,12 @@ class SpecCounters:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None,
+                 eos_token_id: int | None = None) -> None:
         assert (draft is not None) == config.uses_draft_model
         self.config = config
         self.max_model_len = max_model_len
+        self.eos_token_id = eos_token_id  # a draft is cut after an end token: nothing after it is ever emitted
         self.draft = draft
         self.indexes: dict[str, NgramIndex] = {}
         self.acceptance: dict[str, Acceptance] = {}
@@ -120,7 +122,17 @@ class Speculator:
             chosen = [(r, k) for r, k in zip(decodes, ks, strict=True) if k]
             made = self.draft.propose([r for r, _ in chosen], [k for _, k in chosen]) if chosen else []
             drafts = {r: d for (r, _), d in zip(chosen, made, strict=True) if d.tokens}
-        return {r: d for r, d in drafts.items() if len(d.tokens) >= cfg.draft_min}
+        drafts = {r: self._to_end(r, d) for r, d in drafts.items()}
+        return {r: d for r, d in drafts.items() if d.tokens and len(d.tokens) >= cfg.draft_min}
+
+    def _to_end(self, req: Request, draft: Draft) -> Draft:
+        """The draft up to its first end token (the request's stop tokens, the EOS unless it
+        ignores it), included: the request would end there, so no later draft is emitted."""
+        p = req.params
+        for i, t in enumerate(draft.tokens):
+            if t in p.stop_token_ids or (t == self.eos_token_id and not p.ignore_eos):
+                return draft.head(i + 1)
+        return draft
 
     def _index(self, req: Request) -> NgramIndex:
         index = self.indexes.get(req.request_id)
