@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from scratchllm.bench import spec_peers, spec_rows, spec_serving
+from scratchllm.bench import spec_batch, spec_peers, spec_rows, spec_serving
 from scratchllm.bench.common import machine_facts, median, require_at_least_one, status_mb
 from scratchllm.bench.spec_workloads import WORKLOADS, load_cases
 
@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(scratchllm/bench/spec_rows.py)")
     parser.add_argument("--row-context", type=int, default=300, help="--row-cost's context tokens (default 300)")
     parser.add_argument("--row-repeats", type=int, default=6, help="--row-cost's rounds (default 6)")
+    parser.add_argument("--batch-sizes", default=None, metavar="B,B,...",
+                        help="also code edits B at once, without, with forced and with default n-gram speculation "
+                             "(scratchllm/bench/spec_batch.py: the measurement behind disable_by_batch_size)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
 
@@ -122,7 +125,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     require_at_least_one(args, "rounds", "threads", "draft_max")
     sides = list(dict.fromkeys(s.strip() for s in args.sides.split(",") if s.strip() and s.strip() != "none"))
     unknown = sorted(set(sides) - set(OURS + spec_peers.MODES))
-    if unknown or not (sides or args.serving or args.row_cost):
+    batches = [int(b) for b in (args.batch_sizes or "").split(",") if b.strip().isdigit() and int(b) >= 1]
+    if args.batch_sizes is not None and not batches:
+        raise ConfigError(f"--batch-sizes takes counts >= 1 separated by commas (1,4,16), got {args.batch_sizes!r}")
+    if unknown or not (sides or args.serving or args.row_cost or batches):
         raise ConfigError(f"--sides takes some of {','.join(OURS + spec_peers.MODES)}, got {args.sides!r}")
     peers = [s for s in sides if s in spec_peers.MODES]
     if peers and not spec_peers.available():
@@ -152,6 +158,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "spec", "inputs": dict(spec), "sides": sides,
                               "rows": summarize(rounds, sides, workloads) if sides else {}, "rounds": rounds,
                               "machine": machine_facts(), "command": "scratchllm " + " ".join(sys.argv[1:])}
+    if batches:
+        result["batch"] = spec_batch.measure(args.model, args.threads, batches, args.rounds,
+                                             args.max_tokens or 128, args.draft_max, args.prompt_lookup_min,
+                                             args.prompt_lookup_max)
     if args.row_cost:
         result["row_cost"] = spec_rows.measure([args.model, args.draft], args.threads, args.row_context,
                                                args.row_repeats)
@@ -204,9 +214,10 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"target {i['target_path']}, draft {i['draft_path']}; {i['threads']} threads, greedy, at most "
              f"{i['draft_max']} drafted per step; medians of {len(r['rounds'])} interleaved rounds",
              f"command: {r['command']}"]
+    extra = (spec_batch.render(r["batch"]) if "batch" in r else []) + \
+        (spec_rows.render(r["row_cost"]) if "row_cost" in r else []) + \
+        (spec_serving.render(r["serving"]) if "serving" in r else [])
     if not r["sides"]:
-        extra = (spec_rows.render(r["row_cost"]) if "row_cost" in r else []) + \
-            (spec_serving.render(r["serving"]) if "serving" in r else [])
         return "\n".join(lines + extra)
     if rows.get("tg128_tok_s"):
         lines.append(f"llama-bench tg128 on the target: {rows['tg128_tok_s']:.1f} tok/s")
@@ -226,10 +237,7 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "peak RSS, MB: " + ", ".join(f"{s} {mb:.0f}" for s, mb in rows["peak_rss_mb"].items())]
     if "draft" in r["sides"]:
         lines.append("ours draft, its memory plan: " + r["rounds"][0]["draft"]["memory_plan"])
-    if "row_cost" in r:
-        lines += spec_rows.render(r["row_cost"])
-    if "serving" in r:
-        lines += spec_serving.render(r["serving"])
+    lines += extra
     loads = [x for rnd in r["rounds"] for x in rnd["loadavg_1min"]]
     lines.append(f"machine: {r['machine']['cpu']}, load average {min(loads):.1f}-{max(loads):.1f} during the rounds")
     return "\n".join(lines)
