@@ -36,6 +36,7 @@ from scratchllm.sampling import SamplingParams
 # Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
 # that prompts may hold (load tests send random ids) but the fake never generates or decodes.
 PAD, BOS, EOS = 0, 1, 2
+END_TOKENS = frozenset({EOS})  # the fake's tokens that end generation
 BYTE_TOKENS = 256 + 3
 VOCAB_SIZE = 32000
 PHRASE = "The quick brown fox jumps over the lazy dog, café ☕ naïve 東京. ".encode()
@@ -72,7 +73,7 @@ class FakeTokenizer:
     token is a string of bytes (the specials and the opaque ids are named like <t300>), so a
     grammar can be compiled for it (tokenizer/guidance.py)."""
 
-    bos_token_id, eos_token_id, byte_level, vocab_size = BOS, EOS, True, VOCAB_SIZE
+    bos_token_id, eos_token_id, end_token_ids, byte_level, vocab_size = BOS, EOS, END_TOKENS, True, VOCAB_SIZE
 
     def __init__(self, vocab_size: int = VOCAB_SIZE) -> None:
         self.vocab_size = vocab_size

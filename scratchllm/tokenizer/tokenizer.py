@@ -97,6 +97,13 @@ class Tokenizer:
         return self.spec.eos_token_id
 
     @property
+    def end_token_ids(self) -> frozenset[int]:
+        """Every token that ends generation: the EOS and the others the model file names
+        (end_tokens.py: <|endoftext|>, <|eot_id|>, <end_of_turn>, generation_config.json's list)."""
+        eos = self.spec.eos_token_id
+        return self.spec.end_token_ids | ({eos} if eos is not None else set())
+
+    @property
     def pad_token_id(self) -> int | None:
         return self.spec.pad_token_id
 
