@@ -154,7 +154,7 @@ class FakeEngine(ThreadedEngine):
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id
             arrival = time.monotonic()
-            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS, arrival)
+            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), END_TOKENS, arrival)
             request = _FakeRequest(rid, list(prompt_token_ids), params, output, arrival)
             seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
             greedy = params.temperature == 0
@@ -202,7 +202,7 @@ class FakeEngine(ThreadedEngine):
             # Only this thread changes a request's output, which is all the sampler reads.
             time.sleep(self.step_s + self.prefill_s_per_token * sum(len(r.prompt) for r in newly))
             batch = [r for r in batch if not r.aborted]
-            drawn = sample(self._logits(batch), batch) if batch else []
+            drawn = sample(self._logits(batch), batch, END_TOKENS) if batch else []
             with self._cv:
                 for request, sampled in zip(batch, drawn, strict=True):
                     if not request.aborted:
