@@ -162,7 +162,11 @@ def log_softmax(logits: Logits) -> npt.NDArray[np.float64]:  # [V] -> [V], in fl
 def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.float64]:  # [V] -> [V]
     """The distribution we draw from: temperature, then top-k, top-p, min_p; zeros elsewhere."""
     assert params.temperature > 0, "greedy requests never build a distribution"
-    x = logits.astype(np.float64) / params.temperature
+    x = logits.astype(np.float64)
+    # shifted to a max of 0 before the division: a tiny temperature sends the others to -inf
+    # (greedy in the limit) instead of overflowing the largest to inf and the softmax to NaN
+    with np.errstate(over="ignore"):
+        x = (x - x.max()) / params.temperature
     V = x.shape[0]
     if 0 < params.top_k < V:
         # keep the k largest; argpartition is O(V), a full sort is not needed for this step

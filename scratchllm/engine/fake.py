@@ -16,6 +16,7 @@ behave as the real engine's.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from scratchllm.sampling import SamplingParams
 
 # Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
 # that prompts may hold (load tests send random ids) but the fake never generates or decodes.
+logger = logging.getLogger(__name__)
+
 PAD, BOS, EOS = 0, 1, 2
 END_TOKENS = frozenset({EOS})  # the fake's tokens that end generation
 BYTE_TOKENS = 256 + 3
@@ -202,7 +205,14 @@ class FakeEngine(ThreadedEngine):
             # Only this thread changes a request's output, which is all the sampler reads.
             time.sleep(self.step_s + self.prefill_s_per_token * sum(len(r.prompt) for r in newly))
             batch = [r for r in batch if not r.aborted]
-            drawn = sample(self._logits(batch), batch, END_TOKENS) if batch else []
+            try:
+                drawn = sample(self._logits(batch), batch, END_TOKENS) if batch else []
+            except Exception:  # logged; a failed step aborts its requests, not the server
+                logger.exception("a fake engine step failed; its requests are aborted")
+                with self._cv:
+                    for request in batch:
+                        request.aborted = True
+                continue
             with self._cv:
                 for request, sampled in zip(batch, drawn, strict=True):
                     if not request.aborted:
