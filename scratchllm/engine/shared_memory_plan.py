@@ -40,6 +40,7 @@ from scratchllm.engine.memory_plan import MiB, available_bytes, plan_memory
 from scratchllm.errors import ConfigError, MemoryPlanError
 from scratchllm.formats import load_header
 from scratchllm.formats.checkpoint import Checkpoint
+from scratchllm.formats.sampling_defaults import recommended_sampling
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.loader import auto_dtype, read_config
 from scratchllm.models.packed import panel_bytes_per_weight
@@ -98,7 +99,7 @@ def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
 def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
     """What a model list shows of a model: family, file format, parameter count, the dtype most of
     its weights are stored in, its context length, where it is, its tensors' bytes, when the file
-    changed, and its chat template when the file holds one (a GGUF's)."""
+    changed, the sampling it recommends, and its chat template when the file holds one (a GGUF's)."""
     by_dtype: Counter[str] = Counter()
     for info in ckpt.infos.values():
         by_dtype[info.dtype] += info.numel
@@ -107,7 +108,8 @@ def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
     return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
             "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
             "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
-            "mtime": os.stat(read).st_mtime, **({"template": template} if isinstance(template, str) else {})}
+            "mtime": os.stat(read).st_mtime, "sampling": recommended_sampling(ckpt),
+            **({"template": template} if isinstance(template, str) else {})}
 
 
 def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> ModelNeed:

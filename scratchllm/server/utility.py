@@ -81,10 +81,19 @@ async def version() -> dict[str, str]:
     return {"version": scratchllm.__version__}
 
 
+GREEDY = {"temperature": 0, "source": "server"}  # the server's default for the chat page, as `scratchllm generate`
+
+
 def model_card(entry: ModelEntry) -> dict[str, Any]:
-    """OpenAI's model object, with what this server adds: the model's task, its state and length."""
-    return {"id": entry.name, "object": "model", "created": 0, "owned_by": "scratchllm",
+    """OpenAI's model object, with what this server adds: the model's task, its state and length,
+    and for a generation model the sampling its file recommends (`source` "model file"), else
+    greedy (`source` "server"): what the chat page starts from."""
+    card = {"id": entry.name, "object": "model", "created": 0, "owned_by": "scratchllm",
             "max_model_len": entry.max_len(), "task": entry.spec.task, "state": entry.status}
+    if entry.spec.task == "generate":
+        recommended = entry.spec.details.get("sampling")
+        card["sampling_defaults"] = {**recommended, "source": "model file"} if recommended else GREEDY
+    return card
 
 
 async def models(request: Request) -> dict[str, Any]:
