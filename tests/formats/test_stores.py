@@ -172,7 +172,8 @@ def test_list_takes_folders_and_refuses_a_missing_one(tmp_path, capsys, monkeypa
     (tmp_path / "mine" / "deep").mkdir(parents=True)
     (tmp_path / "mine" / "deep" / "m.gguf").write_bytes(b"GGUF" + bytes(60))
     models = listed(capsys, "--dir", str(tmp_path / "mine"))
-    assert models[str(tmp_path / "mine" / "deep" / "m.gguf")]["store"] == "folder"
+    assert models["deep/m.gguf"]["store"] == "folder"  # a short name: its path inside the folder
+    assert models["deep/m.gguf"]["path"] == str(tmp_path / "mine" / "deep" / "m.gguf")
     assert main(["models", "list", "--dir", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert stores.candidates("m", stores.scan()) == []
@@ -226,9 +227,9 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     assert models["org/Broken-Split/m-00001-of-00003.gguf"]["state"] == \
         "incomplete: shard 2 of 3 missing (m-00002-of-00003.gguf)"
     assert models["org/Broken-Split/m-00001-of-00003.gguf"]["size"] == size - split_model[1].stat().st_size
-    assert models[str(mine / "whole" / names[0])]["shards"] == 3
-    assert models[str(mine / "whole" / names[0])]["size"] == size
-    headless = models[str(mine / "headless" / names[0])]  # named by its first shard, which is not there
+    assert models[f"whole/{names[0]}"]["shards"] == 3
+    assert models[f"whole/{names[0]}"]["size"] == size
+    headless = models[f"headless/{names[0]}"]  # named by its first shard, which is not there
     assert headless["state"] == "incomplete: shard 1 of 3 missing (m-00001-of-00003.gguf)"
     assert models["split:q4"]["shards"] == 3 and models["split:q4"]["size"] == size
     assert models["split:q4"]["state"].startswith("not runnable here: its 3 shards are blobs named by digest")
@@ -238,6 +239,7 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     table = capsys.readouterr().out
     assert re.search(rf"^{re.escape(whole)} +gguf, 3 shards +{size / 1024:.1f} KiB +hf-cache +{snap / names[0]}$",
                      table, re.M), table
+    assert f"headless/{names[0]}" in table
     assert f"{mine / 'headless' / names[0]}: incomplete: shard 1 of 3 missing" in table
 
     # runs by the name listed, or a shard's, or the repository's: every shard, one checkpoint
