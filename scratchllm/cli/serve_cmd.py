@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -283,9 +284,33 @@ def build(args: argparse.Namespace) -> ModelRegistry:
     for spec in specs:
         _show_progress(spec, lambda: getattr(args, "_serving", False))
     try:
-        return ModelRegistry(specs, keep_alive_s=args.keep_alive)
+        registry = ModelRegistry(specs, keep_alive_s=args.keep_alive)
     except ValueError as err:  # two models under one name
         raise ConfigError(str(err)) from None
+    registry.new_spec = functools.partial(_added_spec, args)
+    return registry
+
+
+def _added_spec(args: argparse.Namespace, name: str, ref: str) -> ModelSpec:
+    """A spec for a model named while serving (Ollama's /api/pull, /api/create): loaded on its
+    first request, planned alone against the memory there is then (the models served already
+    hold theirs)."""
+    if args.fake_engine:
+        from scratchllm.server.backend import fake_specs
+
+        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
+        return fake_specs([name], False, max_model_len=args.max_model_len or 2048, **options)[0]
+    from scratchllm.server.backend import model_specs
+
+    try:
+        (spec,), _ = model_specs([ref], engine_options(args), trace=trace_writer(args))
+    except ConfigError as err:
+        from scratchllm.server.errors import APIError
+
+        raise APIError(400, f"cannot serve '{name}' ({ref}): {err}", param="model") from None
+    spec.name = name
+    _show_progress(spec, lambda: True)
+    return spec
 
 
 def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | None) -> list[ModelSpec]:

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat_page, openapi, routes
+from scratchllm.server import access, chat_page, openapi, profiles, routes
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.registry import ModelLeases, ModelRegistry
@@ -76,7 +76,7 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not routes.body_limited(scope["path"]):
             return await self.app(scope, receive, send)
         too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
         for key, value in scope["headers"]:
@@ -240,6 +240,7 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
         return ServerState(None, config, metrics, trace=trace, otlp=otlp, capture=capture, classes=classes)
 
     registry.bind(config, families, make_state)
+    profiles.load_profiles(registry)  # a served name of the user's adds what it adds (server/profiles.py)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = registry
     # the first generation model's state, for code that serves one model (tests, the cluster's ingress)

@@ -82,6 +82,12 @@ def render(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan, fmt: 
         raise bad_request("tool_choice 'auto' needs a chat template that reads 'tools', and this model's does "
                           "not; use tool_choice 'required' or name a function (the call is then forced by a "
                           "grammar), or 'none'", param="tool_choice", code="unsupported_parameter")
+    if req.chat_template is not None:
+        from scratchllm.tokenizer import Tokenizer
+
+        if not isinstance(tok, Tokenizer):
+            raise bad_request("this model's tokenizer takes no other chat template", param="chat_template")
+        extra["chat_template"] = req.chat_template
     try:
         text: str = tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except Exception as err:  # noqa: BLE001 - a template that rejects these messages is the client's input

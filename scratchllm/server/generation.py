@@ -26,6 +26,7 @@ from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.access import client_ip
 from scratchllm.server.metrics import TokenClock
+from scratchllm.server.profiles import profile_of, with_profile
 from scratchllm.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -34,7 +35,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
-from scratchllm.server.registry import models_of
+from scratchllm.server.registry import ModelRegistry, models_of
 from scratchllm.server.sse import SSE_DONE, SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
@@ -314,8 +315,22 @@ async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[Ser
     first if it is not, and stays loaded until the response ends (server/registry.py)."""
     registry = models_of(request)
     raw = await request.body()
-    req = parse_body(raw, model_cls, lenient=registry.config.lenient_fields)
+    req = parse_body(profiled(registry, raw), model_cls, lenient=registry.config.lenient_fields)
     return await registry.generator(request, req.model), raw, req
+
+
+def profiled(registry: ModelRegistry, raw: bytes) -> bytes:
+    """The body with what its model's name adds (model_names.with_profile), when the name adds
+    anything; as sent otherwise (a body that is no JSON object is parse_body's to refuse)."""
+    if not registry.profiles:
+        return raw
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(body, dict) or profile_of(registry, body.get("model")) is None:
+        return raw
+    return json.dumps(with_profile(registry, body)).encode()
 
 
 def origin_of(state: ServerState, request: Request, raw: bytes | Callable[[], bytes], endpoint: str,

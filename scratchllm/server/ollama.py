@@ -67,6 +67,7 @@ from scratchllm.server.ollama_protocol import (
     renamed,
     timestamp,
 )
+from scratchllm.server.profiles import profile_of, with_profile
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, new_id, parse_body
 from scratchllm.server.registry import Lease, ModelEntry, ModelRegistry, models_of, parse_keep_alive
 from scratchllm.server.state import ServerState
@@ -105,7 +106,7 @@ def _keep_alive(value: float | str | None) -> Any:
 async def _openai(raw: dict[str, Any], cls: type[Any], registry: ModelRegistry) -> Any:
     """The translated request, validated as the OpenAI endpoints validate theirs."""
     try:
-        return parse_body(json.dumps(raw).encode(), cls, lenient=registry.config.lenient_fields)
+        return parse_body(json.dumps(with_profile(registry, raw)).encode(), cls, lenient=registry.config.lenient_fields)
     except APIError as err:
         raise renamed(err) from None
 
@@ -151,11 +152,14 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     # checked before the model loads; the prompt is tokenized below (a placeholder here)
     openai_req = await _openai({"model": req.model, "prompt": "-", **fields}, CompletionRequest, registry)
     lease, state = await _hold(request, registry, req.model, keep)
+    named = profile_of(registry, req.model)
+    if named is not None and named.system is not None and req.system is None:
+        req = req.model_copy(update={"system": named.system})  # the name's SYSTEM (server/profiles.py)
     text, special = _generate_text(state, req)
     ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
     if any(not 0 <= t < state.model.tokenizer.vocab_size for t in ids):
         raise bad_request("'context' has token ids outside the vocabulary", param="context")
-    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    max_tokens = _max_tokens(state, len(ids), openai_req.max_tokens, num_ctx)  # the name's num_predict too
     params = await sampling_params(state, openai_req, max_tokens)
 
     def same() -> bytes:  # the prompt as text where /v1/completions makes the same ids of it, else the ids
@@ -254,7 +258,7 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
     lease, state = await _hold(request, registry, req.model, keep)
     prompt, reading = chat.prompt_and_reading(state, openai_req)
     ids = prompt_ids(state, prompt, "messages", special=False)
-    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    max_tokens = _max_tokens(state, len(ids), openai_req.max_tokens, num_ctx)  # the name's num_predict too
     params = reading.sampling(await sampling_params(state, openai_req, max_tokens))
     origin = origin_of(state, request, lambda: _recorded(raw, max_tokens, req.stream), "/v1/chat/completions",
                        "/api/chat")
@@ -334,7 +338,13 @@ def _listing(entry: ModelEntry) -> dict[str, Any]:
 
 
 async def tags(request: Request) -> dict[str, Any]:
-    return {"models": [_listing(e) for e in models_of(request).models()]}
+    """Every served model, and every name made while serving (/api/create, /api/copy, /api/pull)."""
+    registry = models_of(request)
+    listed = [_listing(e) for e in registry.models()]
+    shown = {m["name"] for m in listed}
+    for name in sorted(registry.added - shown):
+        listed.append({**_listing(registry.entries[name]), "name": name, "model": name})
+    return {"models": listed}
 
 
 async def show(request: Request) -> dict[str, Any]:

@@ -283,7 +283,7 @@ class CompletionRequest(_Sampling):
 _NOT_AUDIO = "this server generates text only"
 # Chat-template variables the server sets from the request itself (chat_template_kwargs cannot)
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
-                               "special_tokens"})
+                               "special_tokens", "chat_template"})
 _NO_REASONING = ("no model here takes a reasoning effort (Qwen3's thinking is switched by "
                  "chat_template_kwargs: {\"enable_thinking\": false})")
 
@@ -310,6 +310,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True  # one forced call satisfies either value
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
+    chat_template: str | None = None  # vLLM's: a Jinja chat template instead of the model's (sandboxed)
     # refused unless neutral (REFUSED)
     audio: Any = None
     modalities: Any = None

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from scratchllm.formats.names import Named
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.state import ServedEmbedder, ServedModel, ServerConfig, ServerState
@@ -156,6 +157,11 @@ class ModelRegistry:
         self.embed_lock = asyncio.Lock()  # one embedding batch at a time: two would fight over the cores
         self.given: dict[str, Served] = {}  # models handed over loaded (serving), attached by bind
         self.config = ServerConfig()  # the app's, set by bind
+        # names made while serving (Ollama's /api/create, /api/copy, /api/pull: server/model_names.py)
+        self.new_spec: Callable[[str, str], ModelSpec] | None = None  # (name, model reference) -> a spec
+        self.added: set[str] = set()  # the names added while serving: those /api/delete may remove
+        self.profiles: dict[str, Named] = {}  # name -> what it adds to each request (model_names.with_profile)
+        self._bind: tuple[MetricFamilies, Callable[[ServerMetrics], ServerState]] | None = None
 
     @classmethod
     def serving(cls, model: ServedModel, embedder: ServedEmbedder | None = None) -> ModelRegistry:
@@ -172,14 +178,54 @@ class ModelRegistry:
         """Make each model's metrics and state (create_app calls this once, with the app's options)."""
         assert not self.entries, "a registry serves one app"
         self.config = config
+        self._bind = (families, make_state)
         for spec in self.specs:
-            metrics = ServerMetrics(model_name=spec.name, families=families, generates=spec.task == "generate")
-            state = make_state(metrics) if spec.task == "generate" else None
-            entry = ModelEntry(spec, metrics, state, self.keep_alive_s)
-            for name in (spec.name, *spec.aliases):
-                self.entries[name] = entry
-            if spec.name in self.given:
-                entry.attach(self.given[spec.name])
+            self._bind_spec(spec)
+
+    def _bind_spec(self, spec: ModelSpec) -> ModelEntry:
+        assert self._bind is not None, "bind first"
+        families, make_state = self._bind
+        metrics = ServerMetrics(model_name=spec.name, families=families, generates=spec.task == "generate")
+        state = make_state(metrics) if spec.task == "generate" else None
+        entry = ModelEntry(spec, metrics, state, self.keep_alive_s)
+        for name in (spec.name, *spec.aliases):
+            self.entries[name] = entry
+        if spec.name in self.given:
+            entry.attach(self.given[spec.name])
+        return entry
+
+    # --- names added and removed while serving ---
+    def add_spec(self, spec: ModelSpec) -> ModelEntry:
+        """Serve a model from now on (unloaded: it loads on its first request)."""
+        if spec.name in self.entries:
+            raise APIError(409, f"the model '{spec.name}' is already served", code="model_exists")
+        self.specs.append(spec)
+        self.added.add(spec.name)
+        return self._bind_spec(spec)
+
+    def add_alias(self, name: str, target: str) -> ModelEntry:
+        """`name` for the model `target` is (one engine, one entry)."""
+        entry = self.entry(target)
+        self.entries[name] = entry
+        self.added.add(name)
+        return entry
+
+    def remove_name(self, name: str) -> None:
+        """Stop serving `name` (an alias, or a model added while serving: then unloaded first)."""
+        entry = self.entry(name)
+        if name != entry.name:  # an alias
+            del self.entries[name]
+        else:
+            if entry.users:
+                raise APIError(409, f"the model '{name}' is in use; delete it when its requests are done",
+                               code="model_in_use")
+            if entry.status == "loaded":
+                self._unload(entry)
+            for alias in [n for n, e in self.entries.items() if e is entry]:
+                del self.entries[alias]
+                self.added.discard(alias)
+            self.specs.remove(entry.spec)
+        self.added.discard(name)
 
     # --- what the routes ask ---
     def models(self) -> list[ModelEntry]:
@@ -188,6 +234,10 @@ class ModelRegistry:
 
     def names(self, task: Task | None = None) -> list[str]:
         return [s.name for s in self.specs if task is None or s.task == task]
+
+    def every_name(self) -> list[str]:
+        """Every name a request may give: the models' own, their aliases and the names added."""
+        return list(self.entries)
 
     @property
     def default(self) -> ModelEntry:
@@ -198,6 +248,8 @@ class ModelRegistry:
         """The entry called `name`, or the client's 404: unknown, or not a model of `task` (for
         this endpoint there is no such model); the message lists what the server does serve."""
         entry = self.entries.get(name)
+        if entry is None and ":" not in name.rsplit("/", 1)[-1]:
+            entry = self.entries.get(f"{name}:latest")  # Ollama's names: no tag means :latest
         if entry is None:
             raise APIError(404, f"The model '{name}' does not exist; this server serves {self._listing()}",
                            param="model", code="model_not_found")

@@ -13,7 +13,9 @@ Adding an endpoint is its handler plus one `Route` row here. A row says:
   endpoint whose reply carries choices and logprobs);
 - `errors`: the body an error gets on this path (OpenAI's `{"error": {...}}` unless the row says
   otherwise; Ollama's `{"error": "..."}` on its /api/ paths);
-- `keyless`: served without the API key (version probes); every other route needs it.
+- `keyless`: served without the API key (version probes); every other route needs it;
+- `body_limit`: False for a route that takes files (Ollama's blobs), which streams its body to
+  disk: `--max-body-bytes` holds for every other.
 
 /health, /metrics, /openapi.json and the chat page at / are the app's own, not API endpoints:
 they stay in server/app.py, server/openapi.py and server/chat_page.py.
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from scratchllm.server import chat, completions, embeddings, ollama, rerank, responses, utility
+from scratchllm.server import chat, completions, embeddings, model_names, ollama, rerank, responses, utility
 from scratchllm.server.errors import APIError
 from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -43,7 +45,7 @@ def openai_error_body(err: APIError) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Route:
-    method: Literal["GET", "POST", "DELETE"]
+    method: Literal["GET", "POST", "DELETE", "HEAD"]
     path: str
     handler: Callable[..., Any]
     body: type[BaseModel] | None = None
@@ -51,6 +53,7 @@ class Route:
     replay: bool = False
     errors: ErrorShape = openai_error_body
     keyless: bool = False
+    body_limit: bool = True
 
 
 OLLAMA = ollama_error_body
@@ -82,6 +85,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/show", ollama.show, errors=OLLAMA),
     Route("GET", "/api/ps", ollama.ps, errors=OLLAMA),
     Route("GET", "/api/version", ollama.version, errors=OLLAMA, keyless=True),
+    # Ollama's model management
+    Route("POST", "/api/pull", model_names.pull_route, model_names.OllamaPullRequest, errors=OLLAMA),
+    Route("POST", "/api/create", model_names.create_route, model_names.OllamaCreateRequest, errors=OLLAMA),
+    Route("POST", "/api/copy", model_names.copy_route, model_names.OllamaCopyRequest, errors=OLLAMA),
+    Route("DELETE", "/api/delete", model_names.delete_route, model_names.OllamaDeleteRequest, errors=OLLAMA),
+    Route("HEAD", "/api/blobs/{digest}", model_names.blob_exists, errors=OLLAMA),
+    Route("POST", "/api/blobs/{digest}", model_names.blob_upload, errors=OLLAMA, body_limit=False),
 )
 
 REPLAYABLE: tuple[str, ...] = tuple(r.path for r in ROUTES if r.replay)
@@ -107,6 +117,11 @@ def error_shape(path: str) -> ErrorShape:
     if route is not None:
         return route.errors
     return ollama_error_body if ollama.is_ollama(path) else openai_error_body
+
+
+def body_limited(path: str) -> bool:
+    """Whether --max-body-bytes holds for a path (every path but the rows that take files)."""
+    return all(route.body_limit for pattern, route in _patterns(ROUTES) if pattern.match(path))
 
 
 def needs_key(path: str) -> bool:

@@ -235,12 +235,14 @@ class Tokenizer:
         return self.spec.chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **extra: Any) -> str:
-        if not self.spec.chat_template:
+                            chat_template: str | None = None, **extra: Any) -> str:
+        """The messages as a prompt, by the model's chat template (or `chat_template` instead)."""
+        source = chat_template or self.spec.chat_template
+        if not source:
             raise ConfigError(f"{self.spec.source}: this tokenizer has no chat template")
         names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id, "pad_token": self.pad_token_id}
         special_tokens = {k: self.id_to_token(v) for k, v in names.items() if v is not None}
-        return render_chat(self.spec.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(source, messages, add_generation_prompt=add_generation_prompt,
                            special_tokens=special_tokens, **extra)
 
 
