@@ -155,6 +155,11 @@ def add_parser(sub: Subparsers) -> None:
                    help="the format of the model's tool calls with tool_choice auto: hermes (<tool_call> blocks), "
                         "llama3_json, mistral ([TOOL_CALLS]) or gemma (```tool_code blocks); auto (the default) "
                         "takes the one the chat template writes; see docs/openai-replies.md")
+    p.add_argument("--batch-dir", default=None, metavar="FOLDER",
+                   help="where Batch API files and jobs persist, resumed after a restart (default: "
+                        "$SCRATCHLLM_CACHE_DIR/batches, i.e. ~/.cache/scratchllm/batches)")
+    p.add_argument("--batch-concurrency", type=int, default=4, metavar="N",
+                   help="a batch's requests in the server at once, each in the engine's low-priority queue")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
                         "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
@@ -444,7 +449,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     if args.drain_timeout < 0:
         raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-    return ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
+    if args.batch_concurrency < 1:
+        raise ConfigError(f"--batch-concurrency must be >= 1, got {args.batch_concurrency}")
+    from scratchllm.formats.refs import cache_dir
+
+    return ServerConfig(batch_dir=args.batch_dir or str(cache_dir().parent / "batches"),
+                        batch_concurrency=args.batch_concurrency, max_in_flight=args.max_in_flight,
+                        max_body_bytes=args.max_body_bytes,
                         drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
                         allowed_origins=origins, metrics_prefix=args.metrics_prefix,
                         trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,

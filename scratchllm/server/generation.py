@@ -25,6 +25,7 @@ from scratchllm.engine.protocol import RequestMetrics, RequestOutput, RequestStr
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.access import client_ip
+from scratchllm.server.batch_runner import BATCH_LANE
 from scratchllm.server.metrics import TokenClock
 from scratchllm.server.profiles import profile_of, with_profile
 from scratchllm.server.protocol import (
@@ -70,6 +71,8 @@ class Generation:
         assert len(prompts) == len(params) and len({len(p) for p in params}) == 1, "choices per prompt differ"
         self.choices = len(params[0])
         self.params = [p for per_prompt in params for p in per_prompt]
+        if BATCH_LANE.get():  # a Batch API line (batch_runner.py): the engine's low-priority queue
+            self.params = [dataclasses.replace(p, low_priority=True) for p in self.params]
         if len(self.params) > state.config.max_in_flight:  # never admissible: a 429 would invite retries
             raise bad_request(f"this request needs {len(self.params)} engine requests (prompts x choices); the "
                               f"server holds at most {state.config.max_in_flight} at once", param="n")

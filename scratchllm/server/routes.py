@@ -11,6 +11,7 @@ Adding an endpoint is its handler plus one `Route` row here. A row says:
   `/v1/rerank`), left out of /openapi.json;
 - `replay`: the evaluation loop can capture and replay its requests (an OpenAI generation
   endpoint whose reply carries choices and logprobs);
+- `batch`: a Batch API input line may name it as its url (server/batch_api.py);
 - `errors`: the body an error gets on this path (OpenAI's `{"error": {...}}` unless the row says
   otherwise; Ollama's `{"error": "..."}` on its /api/ paths);
 - `keyless`: served without the API key (version probes); every other route needs it;
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from scratchllm.server import chat, completions, embeddings, model_names, ollama, rerank, responses, utility
+from scratchllm.server import batch_api, chat, completions, embeddings, model_names, ollama, rerank, responses, utility
 from scratchllm.server.errors import APIError
 from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -51,6 +52,7 @@ class Route:
     body: type[BaseModel] | None = None
     in_schema: bool = True
     replay: bool = False
+    batch: bool = False
     errors: ErrorShape = openai_error_body
     keyless: bool = False
     body_limit: bool = True
@@ -60,14 +62,24 @@ OLLAMA = ollama_error_body
 
 ROUTES: tuple[Route, ...] = (
     # OpenAI's API (and vLLM's additions)
-    Route("POST", "/v1/completions", completions.completions, CompletionRequest, replay=True),
-    Route("POST", "/v1/chat/completions", chat.chat_completions, ChatCompletionRequest, replay=True),
-    Route("POST", "/v1/embeddings", embeddings.create_embeddings, EmbeddingRequest),
+    Route("POST", "/v1/completions", completions.completions, CompletionRequest, replay=True, batch=True),
+    Route("POST", "/v1/chat/completions", chat.chat_completions, ChatCompletionRequest, replay=True, batch=True),
+    Route("POST", "/v1/embeddings", embeddings.create_embeddings, EmbeddingRequest, batch=True),
     Route("POST", "/v1/responses", responses.create_response, ResponsesRequest),
     Route("POST", "/v1/score", rerank.score, ScoreRequest),
     Route("POST", "/v1/rerank", rerank.rerank, RerankRequest),
     Route("GET", "/v1/models", utility.models),
     Route("GET", "/v1/models/{model_id}", utility.model),
+    # OpenAI's Files and Batch API
+    Route("POST", "/v1/files", batch_api.upload_file, body_limit=False),
+    Route("GET", "/v1/files", batch_api.list_files),
+    Route("GET", "/v1/files/{file_id}", batch_api.retrieve_file),
+    Route("DELETE", "/v1/files/{file_id}", batch_api.delete_file),
+    Route("GET", "/v1/files/{file_id}/content", batch_api.file_content),
+    Route("POST", "/v1/batches", batch_api.create_batch, batch_api.BatchCreateRequest),
+    Route("GET", "/v1/batches", batch_api.list_batches),
+    Route("GET", "/v1/batches/{batch_id}", batch_api.retrieve_batch),
+    Route("POST", "/v1/batches/{batch_id}/cancel", batch_api.cancel_batch),
     # other servers' spellings of the same
     Route("POST", "/score", rerank.score, in_schema=False),
     Route("POST", "/rerank", rerank.rerank, in_schema=False),
@@ -95,6 +107,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 REPLAYABLE: tuple[str, ...] = tuple(r.path for r in ROUTES if r.replay)
+BATCHABLE: tuple[str, ...] = tuple(r.path for r in ROUTES if r.batch)
 
 API_PREFIXES = ("/v1/", "/api/")  # a path under these that no route has is still the API's (404)
 
