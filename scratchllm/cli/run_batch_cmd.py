@@ -26,6 +26,7 @@ from typing import Any
 
 from scratchllm.cli import Subparsers
 from scratchllm.errors import ConfigError
+from scratchllm.server.batch_store import Line
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -38,8 +39,9 @@ def add_parser(sub: Subparsers) -> None:
     p.set_defaults(func=run, serve_args=[], unknown_args_to="serve_args")
 
 
-def _lines(path: Path) -> dict[str, list[tuple[int, dict[str, Any]]]]:
-    """The input's lines, grouped by url (each group in the input's order), or the line at fault."""
+def _lines(path: Path) -> list[Line]:
+    """The input's lines, checked by the Batch API's own rules (any of its urls), or the first
+    line at fault."""
     from scratchllm.server.batch_api import read_lines
     from scratchllm.server.routes import BATCHABLE
 
@@ -47,26 +49,11 @@ def _lines(path: Path) -> dict[str, list[tuple[int, dict[str, Any]]]]:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror}") from None
-    groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError as err:
-            raise ConfigError(f"{path}:{number}: not JSON ({err})") from None
-        url = obj.get("url") if isinstance(obj, dict) else None
-        if url not in BATCHABLE:
-            raise ConfigError(f"{path}:{number}: url {url!r} is not one of {', '.join(BATCHABLE)}")
-        groups.setdefault(url, []).append((number, obj))
-    for url, lines in groups.items():  # the Batch API's own checks, line by line
-        _, errors = read_lines("\n".join(json.dumps(obj) for _, obj in lines).encode(), url)
-        if errors:
-            number = lines[max(errors[0]["line"] - 1, 0)][0]
-            raise ConfigError(f"{path}:{number}: {errors[0]['message'].split(': ', 1)[-1]}")
-    if not groups:
-        raise ConfigError(f"{path}: no requests")
-    return groups
+    lines, errors = read_lines(data, BATCHABLE)
+    if errors:
+        where = f"{path}:{errors[0]['line']}" if errors[0]["line"] else str(path)
+        raise ConfigError(f"{where}: {errors[0]['message'].split(': ', 1)[-1]}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from scratchllm.cli.serve_cmd import build, server_config
     from scratchllm.cli.serve_config import apply_config
 
-    groups = _lines(Path(args.input_file))
+    lines = _lines(Path(args.input_file))
     given = list(args.serve_args)
-    if "/v1/embeddings" not in groups and not any(a.startswith("--embedding-model") for a in given):
+    if all(ln.url != "/v1/embeddings" for ln in lines) and not any(a.startswith("--embedding-model") for a in given):
         given += ["--embedding-model", "none"]  # no line embeds: the embedder is not loaded
     serve = parse(build_parser(only="serve"), ["serve", *given])
     apply_config(serve, serve.serve_parser, serve.env_set)
@@ -84,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     registry = build(serve)
     registry.load_all()
     start = time.monotonic()
-    results = asyncio.run(_run(registry, config, groups))
+    results = asyncio.run(_run(registry, config, lines))
     with open(args.output_file, "w", encoding="utf-8") as out:
         for line in results:
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -94,28 +81,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(registry: Any, config: Any, groups: dict[str, list[tuple[int, dict[str, Any]]]]
-               ) -> list[dict[str, Any]]:
-    """Every group as a batch of an app made here, run by its worker; the results by input line."""
+async def _run(registry: Any, config: Any, lines: list[Line]) -> list[dict[str, Any]]:
+    """The lines as a batch per url, of an app made here, run by its worker; the results in the
+    input's order."""
     from scratchllm.server.app import create_app
-    from scratchllm.server.batch_store import Line
 
     app = create_app(registry, config=config)
     store = app.state.batches
-    by_number: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, Any]] = {}
     async with app.router.lifespan_context(app):  # the worker runs the batches; the engines stop at its end
-        batches = {}
-        for url, lines in groups.items():
-            batch_id = store.add_batch(url, "", "24h", [Line(k, str(obj["custom_id"]), obj["body"])
-                                                        for k, (_, obj) in enumerate(lines)], None)
-            batches[batch_id] = lines
+        batches: dict[str, list[Line]] = {}
+        for url in dict.fromkeys(ln.url for ln in lines):
+            mine = [ln for ln in lines if ln.url == url]
+            batch_id = store.add_batch(url, "", "24h", [Line(k, ln.custom_id, ln.body) for k, ln in enumerate(mine)],
+                                       None)
+            batches[batch_id] = mine
         app.state.batch_runner.wake.set()
         while any(store.status(b) not in ("completed", "cancelled", "failed", "expired") for b in batches):
             await asyncio.sleep(0.05)
-        for batch_id, lines in batches.items():
+        for batch_id, mine in batches.items():
             for r in store.results(batch_id):
-                number = lines[r["idx"]][0]
-                by_number[number] = {"id": f"batch_req_{batch_id[6:]}_{r['idx']}", "custom_id": r["custom_id"],
-                                     "response": {"status_code": r["status_code"], "request_id": r["request_id"],
-                                                  "body": r["body"]}, "error": r["error"]}
-    return [by_number[n] for n in sorted(by_number)]
+                out[mine[r["idx"]].idx] = {"id": f"batch_req_{batch_id[6:]}_{r['idx']}", "custom_id": r["custom_id"],
+                                           "response": {"status_code": r["status_code"],
+                                                        "request_id": r["request_id"], "body": r["body"]},
+                                           "error": r["error"]}
+    return [out[k] for k in sorted(out)]

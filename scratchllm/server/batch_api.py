@@ -93,11 +93,14 @@ async def list_files(request: Request) -> dict[str, Any]:
             "last_id": files[-1]["id"] if files else None, "has_more": False}
 
 
+def _found(obj: dict[str, Any] | None, what: str, given: str, param: str) -> dict[str, Any]:
+    if obj is None:
+        raise APIError(404, f"No such {what} object: {given}", type="not_found", param=param)
+    return obj
+
+
 def _file(request: Request, file_id: str) -> dict[str, Any]:
-    file = _store(request).file(file_id)
-    if file is None:
-        raise APIError(404, f"No such File object: {file_id}", type="not_found", param="file_id")
-    return file
+    return _found(_store(request).file(file_id), "File", file_id, "file_id")
 
 
 async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
@@ -116,8 +119,9 @@ async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
 
 
 # ---- batches ----------------------------------------------------------------------------------------
-def read_lines(data: bytes, endpoint: str) -> tuple[list[Line], list[dict[str, Any]]]:
-    """A batch input file -> its lines, and the errors of the lines at fault (OpenAI's shape)."""
+def read_lines(data: bytes, endpoints: tuple[str, ...]) -> tuple[list[Line], list[dict[str, Any]]]:
+    """A batch input file -> its lines, and the errors of the lines at fault (OpenAI's shape);
+    each line's url must be one of `endpoints` (a batch's: its one endpoint)."""
     lines: list[Line] = []
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -143,14 +147,14 @@ def read_lines(data: bytes, endpoint: str) -> tuple[list[Line], list[dict[str, A
             fault(number, f"line {number}: custom_id {custom_id!r} is used twice", "duplicate_custom_id", "custom_id")
         elif obj.get("method", "POST") != "POST":
             fault(number, f"line {number}: method must be POST", param="method")
-        elif obj.get("url") != endpoint:
-            fault(number, f"line {number}: url {obj.get('url')!r} is not the batch's endpoint {endpoint}",
-                  "mismatched_endpoint", "url")
+        elif obj.get("url") not in endpoints:
+            wanted = f"the batch's endpoint {endpoints[0]}" if len(endpoints) == 1 else f"one of {', '.join(endpoints)}"
+            fault(number, f"line {number}: url {obj.get('url')!r} is not {wanted}", "mismatched_endpoint", "url")
         elif obj["body"].get("stream"):
             fault(number, f"line {number}: a batch request cannot stream", param="body.stream")
         else:
             seen.add(custom_id)
-            lines.append(Line(len(lines), custom_id, obj["body"]))
+            lines.append(Line(len(lines), custom_id, obj["body"], obj["url"]))
     if not lines and not errors:
         fault(0, "the input file has no requests", "empty_file")
     if len(lines) > MAX_LINES:
@@ -166,13 +170,11 @@ async def create_batch(request: Request) -> dict[str, Any]:
     if req.completion_window != "24h":
         raise bad_request("completion_window must be '24h'", param="completion_window")
     store = _store(request)
-    file = store.file(req.input_file_id)
-    if file is None:
-        raise APIError(404, f"No such File object: {req.input_file_id}", type="not_found", param="input_file_id")
+    file = _found(store.file(req.input_file_id), "File", req.input_file_id, "input_file_id")
     if file["purpose"] != "batch":
         raise bad_request(f"file {req.input_file_id} has purpose {file['purpose']!r}, not 'batch'",
                           param="input_file_id")
-    lines, errors = read_lines(store.file_path(req.input_file_id).read_bytes(), req.endpoint)
+    lines, errors = read_lines(store.file_path(req.input_file_id).read_bytes(), (req.endpoint,))
     batch_id = store.add_batch(req.endpoint, req.input_file_id, req.completion_window, [] if errors else lines,
                                req.metadata, errors or None)
     request.app.state.batch_runner.wake.set()
@@ -182,10 +184,7 @@ async def create_batch(request: Request) -> dict[str, Any]:
 
 
 def _batch(request: Request, batch_id: str) -> dict[str, Any]:
-    batch = _store(request).batch(batch_id)
-    if batch is None:
-        raise APIError(404, f"No such Batch object: {batch_id}", type="not_found", param="batch_id")
-    return batch
+    return _found(_store(request).batch(batch_id), "Batch", batch_id, "batch_id")
 
 
 async def retrieve_batch(request: Request, batch_id: str) -> dict[str, Any]:

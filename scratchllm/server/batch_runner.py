@@ -3,8 +3,9 @@ engine's low-priority lane, records each result once, and writes the output and 
 
 A line runs as an HTTP request to the app itself, made in-process (an ASGI call: no socket), so
 it takes exactly the path a client's request takes: validation, the chat template, the API key,
-admission, the model's registry lease, the reply's shape. Its body is the line's, unstreamed. The call runs with BATCH_LANE set, and generation.py marks every engine request made under
-it `low_priority`: the priority policy (engine/policy.py) puts those in its low queue whatever
+admission, the model's registry lease, the reply's shape. Its body is the line's, unstreamed.
+The call runs with BATCH_LANE set, and generation.py marks every engine request made under it
+`low_priority`: the priority policy (engine/policy.py) puts those in its low queue whatever
 their max_tokens, admitted in the gaps interactive traffic leaves (below the utilization gate,
 a few per tick, behind any waiting interactive request). At most `concurrency` lines of a batch
 are in the server at once; a 429 (the server's slots full of interactive requests) or a 503

@@ -52,6 +52,7 @@ class Line:
     idx: int
     custom_id: str
     body: dict[str, Any]
+    url: str = ""  # as the input line gave it (a stored batch's lines are all its endpoint's)
 
 
 class BatchStore:
