@@ -266,7 +266,8 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     # the Batch API: its jobs (batch_store.py) and the worker that runs them through this app
     app.state.batches = BatchStore(Path(config.batch_dir) if config.batch_dir else _temporary_folder())
     app.state.batch_endpoints = routes.BATCHABLE
-    app.state.batch_runner = BatchRunner(app.state.batches, app, config.api_key, config.batch_concurrency)
+    app.state.batch_runner = BatchRunner(app.state.batches, app, config.api_key, config.batch_concurrency,
+                                         lambda: sum(e.metrics.in_flight for e in registry.models()))
 
     def error(request: Request, err: APIError) -> JSONResponse:
         """The error in its path's shape (OpenAI's; Ollama's `{"error": "..."}` under /api/)."""

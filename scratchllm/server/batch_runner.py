@@ -11,6 +11,15 @@ a few per tick, behind any waiting interactive request). At most `concurrency` l
 are in the server at once; a 429 (the server's slots full of interactive requests) or a 503
 (a model loading, a drain) puts the line back, to run again after a pause.
 
+The worker also keeps out of interactive traffic's way, which the policy alone cannot: a batch
+request admitted in a gap keeps decoding beside the interactive requests that arrive after it,
+and on a CPU every row in a step costs the step time every interactive token waits for. So a
+line starts only while no interactive request is in the server, and a line still running when
+one arrives is withdrawn (its engine request aborted, its blocks freed) and put back, to run
+again from the start in the next gap: it records no result, so it is still recorded once.
+Batch work then takes the server's idle time; under interactive traffic that never pauses it
+waits, as a low-priority job should (`yielded` counts the withdrawals).
+
 After a crash the worker resumes every batch that was not finished: the lines with no recorded
 result run (batch_store.py's invariant: each line has one result or none), so none is lost and
 none is recorded twice. The output file lists the successful lines and the error file the
@@ -21,6 +30,7 @@ others, each in the input's order, as OpenAI writes them:
 """
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -34,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_LANE: contextvars.ContextVar[bool] = contextvars.ContextVar("scratchllm_batch_lane", default=False)
 RETRY_PAUSE_S = 0.5  # after a 429 or 503, before the line is tried again
+GAP_POLL_S = 0.01  # how often a waiting or running line looks for interactive requests
 IDLE_POLL_S = 0.5  # how often an idle worker looks for work (a new batch also wakes it)
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -80,14 +91,32 @@ async def call(app: ASGIApp, path: str, body: dict[str, Any], api_key: str | Non
         return status, text.decode("utf-8", "replace")
 
 
+def _engine_requests(endpoint: str, body: dict[str, Any]) -> int:
+    """How many engine requests a line makes (what it adds to the server's in-flight count):
+    n per prompt; none for embeddings, which the generation engine does not run."""
+    if endpoint.endswith("/embeddings"):
+        return 0
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else 1
+    n = body.get("n")
+    return prompts * (n if isinstance(n, int) and n > 0 else 1)
+
+
 class BatchRunner:
     """One per app: runs the store's active batches, one after another, oldest first."""
 
-    def __init__(self, store: BatchStore, app: ASGIApp, api_key: str | None, concurrency: int) -> None:
+    def __init__(self, store: BatchStore, app: ASGIApp, api_key: str | None, concurrency: int,
+                 in_flight: Callable[[], int] = lambda: 0) -> None:
         assert concurrency >= 1
         self.store, self.app, self.api_key, self.concurrency = store, app, api_key, concurrency
+        self.in_flight = in_flight  # engine requests the server holds now, interactive and batch
         self.wake = asyncio.Event()
         self.ran = 0  # lines this worker ran to a result (a resumed batch's are those left)
+        self.yielded = 0  # lines withdrawn because interactive requests arrived
+        self.mine = 0  # engine requests of the lines running now
+
+    def interactive(self) -> int:
+        return self.in_flight() - self.mine
 
     async def run_forever(self) -> None:
         while True:
@@ -136,7 +165,13 @@ class BatchRunner:
         while not queue.empty() and self.store.status(batch_id) == "in_progress":
             line = queue.get_nowait()
             body = {k: v for k, v in line.body.items() if k not in ("stream", "stream_options")}  # whole replies
-            status, reply = await call(self.app, endpoint, body, self.api_key)
+            while self.interactive() > 0:  # a gap in interactive traffic first
+                await asyncio.sleep(GAP_POLL_S)
+            result = await self._call(endpoint, body, _engine_requests(endpoint, body))
+            if result is None:  # withdrawn for interactive requests
+                queue.put_nowait(line)
+                continue
+            status, reply = result
             if status in (429, 503):
                 queue.put_nowait(line)  # the server is full or a model is loading: again, later
                 await asyncio.sleep(RETRY_PAUSE_S)
@@ -144,6 +179,27 @@ class BatchRunner:
             request_id = reply.get("id", new_id("req_")) if isinstance(reply, dict) else new_id("req_")
             if self.store.record(batch_id, line, status, reply, None, request_id):
                 self.ran += 1
+
+    async def _call(self, endpoint: str, body: dict[str, Any], requests: int) -> tuple[int, Any] | None:
+        """The line's call, or None when interactive requests arrived while it ran (it is then
+        cancelled: the route's generation closes and the engine aborts the request)."""
+        self.mine += requests
+        task = asyncio.ensure_future(call(self.app, endpoint, body, self.api_key))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=GAP_POLL_S)
+                if done:
+                    return task.result()
+                if self.interactive() > 0:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self.yielded += 1
+                    return None
+        finally:
+            if not task.done():
+                task.cancel()
+            self.mine -= requests
 
     def finish(self, batch_id: str) -> None:
         """Write the output and error files and end the batch (completed, cancelled or expired)."""

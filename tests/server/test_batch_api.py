@@ -227,3 +227,23 @@ def test_a_sigkilled_server_resumes_the_batch_losing_none_and_running_none_twice
         assert [o["custom_id"] for o in out] == [f"request-{i:03d}" for i in range(200)]  # none lost, none twice
         # the restarted server ran exactly the lines that had no result: none of the recorded ones again
         assert _metric(url, "request_success_total") == 200 - before
+
+
+def test_batch_lines_give_way_to_interactive_requests_and_still_finish_once():
+    model, embedder = fake_backend(step_ms=5.0, max_running=8)
+    app = create_app(model, embedder, ServerConfig(batch_concurrency=2))
+    with live_server(app) as url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+        lines = [{**chat_line(i), "body": {**chat_line(i)["body"], "max_tokens": 40}} for i in range(12)]
+        f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        runner = app.state.batch_runner
+        while runner.mine == 0:  # a line is running
+            time.sleep(0.005)
+        for _ in range(3):  # interactive requests arrive: the running lines are withdrawn, none start
+            client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=30)
+        assert runner.yielded >= 1
+        batch = wait_done(client, batch.id)
+        out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+        assert [o["custom_id"] for o in out] == [f"request-{i:03d}" for i in range(12)]
+        alone = client.chat.completions.create(**lines[5]["body"]).choices[0].message.content
+        assert out[5]["response"]["body"]["choices"][0]["message"]["content"] == alone
