@@ -247,3 +247,28 @@ def test_batch_lines_give_way_to_interactive_requests_and_still_finish_once():
         assert [o["custom_id"] for o in out] == [f"request-{i:03d}" for i in range(12)]
         alone = client.chat.completions.create(**lines[5]["body"]).choices[0].message.content
         assert out[5]["response"]["body"]["choices"][0]["message"]["content"] == alone
+
+
+@pytest.mark.slow
+def test_run_batch_equals_the_served_batch_on_the_real_model(tmp_path):
+    questions = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?", "Say hello.",
+                 "Name a planet.", "What do bees make?", "Name a fruit.", "What colour is the sky?"]
+    lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "default", "messages": [{"role": "user", "content": q}], "max_tokens": 12,
+                       "temperature": 0}} for i, q in enumerate(questions)]
+    (tmp_path / "in.jsonl").write_bytes(jsonl(lines))
+    options = ("default", "--max-model-len", "512", "--embedding-model", "none")  # the same engine on both sides
+    with scratchllm_serve(*options, "--batch-dir", str(tmp_path / "batches"), timeout_s=120) as (url, _), \
+            openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+        f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = wait_done(client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                                        completion_window="24h").id, timeout_s=300)
+        served = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+        alone = client.chat.completions.create(**lines[3]["body"]).choices[0].message.content
+    done = subprocess.run([sys.executable, "-m", "scratchllm.cli.main", "run-batch", "-i", str(tmp_path / "in.jsonl"),
+                           "-o", str(tmp_path / "out.jsonl"), *options], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    offline = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    contents = [o["response"]["body"]["choices"][0]["message"]["content"] for o in served]
+    assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in offline] == contents
+    assert "Paris" in contents[0] and contents[3] == alone
