@@ -211,6 +211,15 @@ def _not_started_with(registry: ModelRegistry, given: str) -> None:
                                 "name", param="model", code="model_exists")
 
 
+def _served(registry: ModelRegistry, ref: str, name: str = "") -> str | None:
+    """The served model `ref` is, following names of the user's (a name for a name), or None."""
+    seen = {name}
+    while ref not in registry.entries and (named := names.lookup(ref)) is not None and named.name not in seen:
+        seen.add(named.name)
+        ref = named.base
+    return ref if ref in registry.entries else None
+
+
 def _serve(registry: ModelRegistry, name: str, ref: str, named: Named | None = None) -> None:
     """Serve `name` from now on: the model `ref` is, an alias when this server serves it."""
     if name in registry.added:
@@ -220,8 +229,9 @@ def _serve(registry: ModelRegistry, name: str, ref: str, named: Named | None = N
         _not_started_with(registry, name)
     if name in registry.entries:
         return  # pulled again: already served
-    if ref in registry.entries:
-        registry.add_alias(name, ref)
+    target = _served(registry, ref, name)
+    if target is not None:
+        registry.add_alias(name, target)
     elif registry.new_spec is not None:
         registry.add_spec(registry.new_spec(name, ref))
     else:
@@ -266,7 +276,7 @@ async def create_route(request: Request) -> Response | dict[str, Any]:
         if m.get("role") not in modelfile.ROLES or not isinstance(m.get("content"), str):
             raise bad_request("each message is {\"role\": system|user|assistant, \"content\": text}", param="messages")
     source = registry.profiles.get(base) or names.lookup(base)
-    if base not in registry.entries:
+    if _served(registry, base, name) is None:
         try:
             await asyncio.to_thread(refs.resolve_model, base)
         except ConfigError as err:

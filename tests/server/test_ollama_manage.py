@@ -201,3 +201,16 @@ def small_file(tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF" + bytes(range(256)) * 40)
     return path
+
+
+def test_a_name_made_from_an_earlier_name_shares_the_served_model(serve):
+    from scratchllm.server.app import ServerConfig, create_app
+    from scratchllm.server.backend import fake_specs
+
+    names.save(names.Named("old", "fake", system="From before."))  # made by an earlier server
+    registry = ModelRegistry(fake_specs(["fake"], embedder=False))
+    with serve(create_app(registry, config=ServerConfig())) as url:
+        r = httpx.post(url + "/api/create", json={"model": "new", "from": "old:latest", "stream": False})
+        assert r.status_code == 200, r.text
+        assert registry.entries["new:latest"] is registry.entries["fake"]  # one engine, no second load
+        assert registry.profiles["new:latest"].system == "From before."
