@@ -6,7 +6,7 @@ Ollama's /api/create request they stand for.
     TEMPLATE text                a chat template
     PARAMETER name value         a sampling option by Ollama's name (`stop` may repeat)
     MESSAGE role content         an earlier turn (role: system, user or assistant)
-    LICENSE text                 kept as said
+    LICENSE text                 read, not used
     # a comment
 
 Instructions are case-insensitive; a value between three double quotes on each side may span
