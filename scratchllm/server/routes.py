@@ -25,7 +25,6 @@ they stay in server/app.py, server/openapi.py and server/chat_page.py.
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -112,15 +111,29 @@ BATCHABLE: tuple[str, ...] = tuple(r.path for r in ROUTES if r.batch)
 API_PREFIXES = ("/v1/", "/api/")  # a path under these that no route has is still the API's (404)
 
 
-@lru_cache(maxsize=4)
-def _patterns(table: tuple[Route, ...]) -> list[tuple[re.Pattern[str], Route]]:
-    """Each row's path as a pattern (`{name}` matches one segment), compiled once per table."""
-    return [(re.compile(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(r.path)) + "$"), r) for r in table]
+_index: tuple[tuple[Route, ...], dict[str, list[Route]], list[tuple[re.Pattern[str], Route]]] | None = None
+
+
+def _matching(path: str) -> list[Route]:
+    """The rows a request path is for (any method): the literal paths by a dict, the few with a
+    `{name}` segment by pattern; the index is built once per table (by identity)."""
+    global _index
+    if _index is None or _index[0] is not ROUTES:
+        exact: dict[str, list[Route]] = {}
+        patterned = []
+        for r in ROUTES:
+            if "{" in r.path:
+                patterned.append((re.compile(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(r.path)) + "$"), r))
+            else:
+                exact.setdefault(r.path, []).append(r)
+        _index = (ROUTES, exact, patterned)
+    _, exact, patterned = _index
+    return exact.get(path) or [r for pattern, r in patterned if pattern.match(path)]
 
 
 def find(path: str) -> Route | None:
     """The route a request path is for (any method), or None."""
-    return next((route for pattern, route in _patterns(ROUTES) if pattern.match(path)), None)
+    return next(iter(_matching(path)), None)
 
 
 def error_shape(path: str) -> ErrorShape:
@@ -134,7 +147,7 @@ def error_shape(path: str) -> ErrorShape:
 
 def body_limited(path: str) -> bool:
     """Whether --max-body-bytes holds for a path (every path but the rows that take files)."""
-    return all(route.body_limit for pattern, route in _patterns(ROUTES) if pattern.match(path))
+    return all(route.body_limit for route in _matching(path))
 
 
 def needs_key(path: str) -> bool:
