@@ -16,6 +16,7 @@ windowed pool is sized max_num_seqs x (that + 1) + the step's token budget in bl
 the context, and `sequence_kv_bytes` is the bound one sequence keeps to.
 """
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -102,6 +103,9 @@ def weights_bytes(model: Model) -> int:
                 total += base.nbytes
         elif isinstance(x, PackedWeight):  # a packed matrix: its panels (and a quantized one's scales)
             walk(x.panels)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):  # a model's params (models/llama_params.py)
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
         elif isinstance(x, dict):
             for v in x.values():
                 walk(v)

@@ -163,9 +163,9 @@ def test_config_pieces(tmp_path_factory):
     read = {arch: load_model(str(_saved(arch, tmp_path_factory)[1])).config for arch in ("gemma3", "gemma2", "phi3")}
     g3, g2, phi3 = read["gemma3"], read["gemma2"], read["phi3"]
     assert g3.layer_windows == (6, 6, 0) and g3.rope_base(0) == 10000.0 and g3.rope_base(2) == 1e6
-    assert g3.softmax_scale == 20 ** -0.5 and g3.qk_norm and g3.post_norms and g3.embed_scale == 8.0
+    assert g3.softmax_scale == 20 ** -0.5 and g3.arch.qk_norm and g3.arch.sandwich_norms and g3.embed_scale == 8.0
     assert g2.layer_windows == (5, 0, 5) and g2.attn_softcap == 3.0 and g2.final_softcap == 4.0
-    assert phi3.layer_windows == (9, 9) and phi3.fused_checkpoint
+    assert phi3.layer_windows == (9, 9) and phi3.arch.fused_projections
 
 
 @pytest.mark.parametrize("change,message", [

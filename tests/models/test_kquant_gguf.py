@@ -128,17 +128,17 @@ def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, mix, caplog
         # every matrix stays quantized: layers 0 and 1 are all Q4_K, in K-quant panels; layer 2's
         # q|k|v holds a Q6_K part beside Q4_K ones: each run in its own panels; the LM head is Q6_K
         for i in range(4):
-            assert {p.dtype for k, p in q.params["layers"][i].items() if k.endswith("_proj")} == {"quantized"}
+            assert {p.dtype for p in q.params.layers[i].matrices().values()} == {"quantized"}
         for i in (0, 1):
-            assert q.params["layers"][i]["qkv_proj"].panels.kind == "Q4_K"
-        qkv = q.params["layers"][2]["qkv_proj"].panels
+            assert q.params.layers[i].qkv.panels.kind == "Q4_K"
+        qkv = q.params.layers[2].qkv.panels
         assert [p.kind for p in qkv.parts] == ["Q4_K", "Q6_K"] and qkv.cols == (256 + 128, 128)
-        assert q.params["lm_head"].panels.kind == "Q6_K"
-        assert q.params["embed_tokens"].dtype == np.float32  # the untied Q4_K table, dequantized
+        assert q.params.lm_head.panels.kind == "Q6_K"
+        assert q.params.embed_tokens.dtype == np.float32  # the untied Q4_K table, dequantized
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))
     got = q.forward(ids, pos, ContiguousKVCache.for_model(q.config, 8))  # the Python loop over the kernels
     np.testing.assert_array_equal(got, f32.forward(ids, pos, ContiguousKVCache.for_model(f32.config, 8)))
-    assert q.params["blocks"] is not None  # every block in one C call, with the paged attention
+    assert q.params.blocks is not None  # every block in one C call, with the paged attention
     paged = _our_greedy(q, PROMPT, 8, PagedSequence(q.config, 16))
     assert paged == _our_greedy(f32, PROMPT, 8, PagedSequence(f32.config, 16))
     got = q.forward(ids, pos, PagedSequence(q.config, 8))

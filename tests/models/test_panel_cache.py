@@ -34,10 +34,10 @@ def test_second_load_maps_the_first_loads_panels_with_the_same_logits(cache_dir,
     first = load_model("default")
     files = list(cache_dir.glob("*.panels"))
     assert len(files) == 1 and files[0].stat().st_size > 90e6  # the default model's ~100 MB of panels
-    assert first.params["lm_head"].panels.q.flags.writeable  # packed now, in memory
+    assert first.params.lm_head.panels.q.flags.writeable  # packed now, in memory
     second = load_model("default")
-    assert not second.params["lm_head"].panels.q.flags.writeable  # mapped from the cache file
-    assert not second.params["layers"][3]["gate_up_proj"].panels.q4.flags.writeable
+    assert not second.params.lm_head.panels.q.flags.writeable  # mapped from the cache file
+    assert not second.params.layers[3].gate_up.panels.q4.flags.writeable
     np.testing.assert_array_equal(logits(first), reference)
     np.testing.assert_array_equal(logits(second), reference)
     assert list(cache_dir.glob("*.panels")) == files  # nothing rewritten on a hit
