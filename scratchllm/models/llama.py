@@ -309,7 +309,7 @@ def layer_angles(pair: tuple[Angles, Angles | None], cfg: ModelConfig) -> list[A
 
 
 def embed(params: LlamaParams, input_ids: Ints) -> F32:  # [N] -> [N, C]
-    if params.embed_tokens is not None:
+    if params.embed_tokens is not None:  # a float32 table, or its file's blocks dequantized row by row
         rows: F32 = params.embed_tokens[input_ids]
         return rows
     # tied: the embedding rows are the LM head's columns

@@ -10,7 +10,9 @@ How the weights are stored, for speed:
 - dtype "quantized" (the default `auto` for a GGUF file's quantized matrices; dtypes.py) keeps
   the file's blocks of every type the kernels read (models/packed.py); "bfloat16" packs the
   matrices as bfloat16; "float32" as float32.
-- Tied embeddings live once, as the [C, V] LM head; an embedding lookup reads its columns.
+- Tied embeddings live once, as the [C, V] LM head; an embedding lookup reads its columns. An
+  untied table a file stores in blocks stays in them (QuantizedRows): a lookup dequantizes the
+  rows it reads.
 Each role of a block is read under the name the architecture's description gives it
 (models/architecture.py), so nothing here asks which architecture it packs.
 
@@ -42,6 +44,7 @@ from scratchllm.models.llama_params import (
     Embedding,
     LayerParams,
     LlamaParams,
+    QuantizedRows,
     local_rope_layers,
     rope_frequencies,
 )
@@ -86,27 +89,33 @@ def _fused_blocks(layers: list[LayerParams], cfg: ModelConfig, dtype: str) -> Ll
 
 class CheckpointView(Mapping[str, F32]):
     """The model's tensors under their Hugging Face names: norms as the arrays the model uses,
-    matrices as [out, in] float32 copies unpacked from their PackedWeight on lookup."""
+    matrices as [out, in] float32 copies unpacked from their PackedWeight on lookup, a table kept
+    in blocks dequantized whole on lookup."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, F32] = {}  # name -> array
         self.parts: dict[str, tuple[PackedWeight, slice]] = {}  # name -> (PackedWeight, slice of its out columns)
+        self.tables: dict[str, QuantizedRows] = {}  # name -> a table kept in its file's blocks
 
     def __getitem__(self, name: str) -> F32:
         if name in self.arrays:
             return self.arrays[name]
+        if name in self.tables:
+            table = self.tables[name]
+            return table[np.arange(table.shape[0])]
         packed, cols = self.parts[name]
         return np.ascontiguousarray(packed.numpy()[:, cols].T)
 
     def __iter__(self) -> Iterator[str]:
         yield from self.arrays
+        yield from self.tables
         yield from self.parts
 
     def __len__(self) -> int:
-        return len(self.arrays) + len(self.parts)
+        return len(self.arrays) + len(self.tables) + len(self.parts)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.arrays or name in self.parts
+        return name in self.arrays or name in self.tables or name in self.parts
 
 
 def pack(cfg: ModelConfig, w: Mapping[str, npt.NDArray[Any]], dtype: str = "float32",
@@ -161,8 +170,19 @@ class Packer:
             return self.matrix([global_name("embed")], [(V, C)]), None
         return self.matrix([global_name("lm_head")], [(V, C)]), self.embedding()
 
-    def embedding(self) -> Embedding:  # the untied table [V, C]
-        return self.vector(global_name("embed"), (self.cfg.vocab_size, self.cfg.hidden_size))
+    def embedding(self) -> Embedding:
+        """The untied table [V, C]: its file's blocks where it has them (rows dequantized when
+        read), else float32 (a view of the file where it stores float32)."""
+        name, shape = global_name("embed"), (self.cfg.vocab_size, self.cfg.hidden_size)
+        rows = self.w.rows(name) if hasattr(self.w, "rows") and name in self.w else None
+        if rows is None:
+            return self.vector(name, shape)
+        try:
+            table = QuantizedRows(rows[0], rows[1], shape)
+        except ValueError as err:
+            raise ValueError(f"tensor {name!r}: {err}") from None
+        self.view.tables[name] = table
+        return table
 
     def rope(self) -> dict[str, Any]:
         # the rotary frequencies [D/2] float64 (and Gemma 3's of its sliding layers)
@@ -282,10 +302,9 @@ class Packer:
         cached = cache.get("|".join(names), panel_shape) if cache is not None else None
         if cached is not None:
             return PackedWeight.from_panels(cached, shape)
-        packed = PackedWeight.from_blocks(parts, shape, self.arena.zeros)
+        # the file's pages of each run of rows go once it is packed: not resident beside the panels
+        packed = PackedWeight.from_blocks(parts, shape, self.arena.zeros, release=release_range)
         if packed is not None:
-            for _, raw, _ in parts:  # the file's copy is not needed any more: not resident beside the panels
-                release_range(raw)
             if cache is not None:
                 cache.put("|".join(names), cast("QuantizedPanels", packed.panels))  # pack_blocks' kinds
         return packed

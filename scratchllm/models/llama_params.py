@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scratchllm.formats import ggml_quants
 from scratchllm.kernels.llama_blocks import LlamaBlocks
 from scratchllm.models.config import ModelConfig, RopeScaling
 from scratchllm.models.packed import PackedWeight
@@ -48,7 +49,39 @@ class LayerParams:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
-Embedding = F32 | None  # [V, C] rows; None: tied, the LM head's columns
+class QuantizedRows:
+    """A [V, C] table kept as its file's blocks (raw bytes [V, row bytes], a view of the mapped
+    file): `table[ids]` dequantizes the rows asked for, bit for bit the values of the whole table
+    dequantized (formats/ggml_quants.dequantize: the same operations, row by row). An embedding
+    table is read a row per token; dequantized whole it is 4 bytes a weight (933 MB for a
+    151,936 x 1,536 vocabulary, where its Q4_K blocks are 131 MB)."""
+
+    def __init__(self, kind: str, raw: npt.NDArray[np.uint8], shape: tuple[int, int]) -> None:
+        """`raw`: [V, row bytes] of `kind` blocks, which must hold a [V, C] table (`shape`)."""
+        size = ggml_quants.BLOCK_SIZE[kind]
+        if raw.ndim != 2 or raw.shape[0] != shape[0] or shape[1] % size or \
+                raw.shape[1] != shape[1] // size * ggml_quants.BLOCK_DTYPES[kind].itemsize:
+            raise ValueError(f"{raw.shape[0]} rows of {raw.shape[-1]} bytes of {kind} blocks are not a "
+                             f"{list(shape)} table")
+        self.kind, self.raw = kind, raw
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.dtype = np.dtype(np.float32)  # what a lookup returns
+
+    def __getitem__(self, ids: npt.ArrayLike) -> F32:  # [N] -> [N, C]
+        rows = np.ascontiguousarray(self.raw[np.asarray(ids)])  # [N, row bytes]: a copy of N rows only
+        n = rows.shape[0]
+        out: F32 = ggml_quants.dequantize(self.kind, rows.reshape(-1), n * self.shape[1]).reshape(n, self.shape[1])
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def __repr__(self) -> str:
+        return f"QuantizedRows({self.kind}, shape={self.shape}, {self.nbytes / 2**20:.1f} MiB)"
+
+
+Embedding = F32 | QuantizedRows | None  # [V, C] rows; None: tied, the LM head's columns
 
 
 @dataclass

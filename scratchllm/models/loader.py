@@ -119,6 +119,16 @@ class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
         order = self._unpermute(hf_name, np.arange(rows))
         return info.dtype, raw, None if np.array_equal(order, np.arange(rows)) else order
 
+    def rows(self, hf_name: str) -> tuple[str, npt.NDArray[np.uint8]] | None:
+        """(type name, raw uint8 [rows, row bytes]) of a 2-D tensor stored in blocks of any
+        quantized type, rows in their order (a view of the mapped file, nothing read yet): what
+        a table read a row at a time keeps (models/llama_params.QuantizedRows); None for a
+        tensor of a plain type or with permuted rows."""
+        info = self.ckpt.tensor_info(self.names[hf_name])
+        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2 or hf_name in self.permuted:
+            return None
+        return info.dtype, self.ckpt.raw(info.name).reshape(info.shape[0], -1)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
@@ -152,6 +162,13 @@ class _Recorder(Mapping[str, npt.NDArray[Any]]):
     def blocks(self, name: str) -> Blocks | None:
         """The inner checkpoint's raw blocks of `name` (GGUF only; see GGUFAsHF.blocks), or None."""
         value: Blocks | None = self.inner.blocks(name) if hasattr(self.inner, "blocks") else None
+        if value is not None:
+            self.read.add(name)
+        return value
+
+    def rows(self, name: str) -> tuple[str, npt.NDArray[np.uint8]] | None:
+        """The inner checkpoint's blocks of a table read by rows (GGUF only; see GGUFAsHF.rows), or None."""
+        value: tuple[str, npt.NDArray[np.uint8]] | None = self.inner.rows(name) if hasattr(self.inner, "rows") else None
         if value is not None:
             self.read.add(name)
         return value
@@ -291,7 +308,7 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
         assert isinstance(weights.inner, GGUFAsHF), "a GGUF file is read through GGUFAsHF"
         log_float32_matrices(model, weights.inner, ckpt)
         # every matrix now lives in panels and every norm in a copy (models/llama_pack.py): the
-        # forward reads nothing of the file but the rows of an untied float32 embedding table
+        # forward reads nothing of the file but the rows of an untied embedding table, a page at a time
         for name in {info.file: name for name, info in ckpt.infos.items()}.values():
             release_pages(ckpt.raw(name))  # one tensor of each file (each shard of a split GGUF) names its mapping
     cache = options.get("panel_cache")

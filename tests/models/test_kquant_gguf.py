@@ -22,6 +22,7 @@ from scratchllm import FormatError  # noqa: E402
 from scratchllm.engine.paged_attention import PagedSequence  # noqa: E402
 from scratchllm.formats import ggml_quants as gq  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+from scratchllm.models.llama_params import QuantizedRows  # noqa: E402
 from scratchllm.models.packed import PackedWeight  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_random_gguf.py"
@@ -134,7 +135,9 @@ def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, mix, caplog
         qkv = q.params.layers[2].qkv.panels
         assert [p.kind for p in qkv.parts] == ["Q4_K", "Q6_K"] and qkv.cols == (256 + 128, 128)
         assert q.params.lm_head.panels.kind == "Q6_K"
-        assert q.params.embed_tokens.dtype == np.float32  # the untied Q4_K table, dequantized
+        table = q.params.embed_tokens  # the untied Q4_K table: its blocks, dequantized a row at a time
+        assert isinstance(table, QuantizedRows) and table.kind == "Q4_K"
+        assert table.nbytes == table.shape[0] * table.shape[1] // 256 * 144
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))
     got = q.forward(ids, pos, ContiguousKVCache.for_model(q.config, 8))  # the Python loop over the kernels
     np.testing.assert_array_equal(got, f32.forward(ids, pos, ContiguousKVCache.for_model(f32.config, 8)))
