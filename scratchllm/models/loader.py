@@ -25,7 +25,7 @@ from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
 from scratchllm.kernels import packed_gemm
-from scratchllm.models import architecture, panel_cache
+from scratchllm.models import architecture, panel_cache, panel_cache_files
 from scratchllm.models.bert import BertModel
 from scratchllm.models.config import ModelConfig, NotBuilt, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
@@ -312,6 +312,8 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
         for name in {info.file: name for name, info in ckpt.infos.items()}.values():
             release_pages(ckpt.raw(name))  # one tensor of each file (each shard of a split GGUF) names its mapping
     cache = options.get("panel_cache")
+    if cache is not None and cache.fresh:  # this load wrote the cache: the folder kept in bounds
+        panel_cache_files.after_write(cache)
     model.panels_from_cache = bool(cache is not None and cache.hits and not cache.fresh)  # packed by an earlier load
     model.path = str(path)
     model.format = ckpt.format
