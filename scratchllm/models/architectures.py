@@ -26,7 +26,10 @@ GEMMA3 = Architecture(
     activation="gelu_tanh", norm_offset=1.0, embed_scale=True, tied_embeddings=True,
     softmax_scale_key="query_pre_attn_scalar", softcaps=True, windows="pattern", window_pattern=6,
     local_rope=True, gguf_scale_by_hidden=(62,))
+GEMMA = Architecture(
+    "gemma", ("GemmaForCausalLM",), "gemma", activation="gelu_tanh", norm_offset=1.0, embed_scale=True,
+    tied_embeddings=True)
 GPT2 = Architecture("gpt2", ("GPT2LMHeadModel", "GPT2Model"), "gpt2", forward="gpt2")
 BERT = Architecture("bert", ("BertModel", "BertForMaskedLM", "BertForPreTraining"), "bert", forward="bert")
 
-ARCHITECTURES = (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA2, GEMMA3, GPT2, BERT)
+ARCHITECTURES = (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA, GEMMA2, GEMMA3, GPT2, BERT)
