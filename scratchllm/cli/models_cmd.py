@@ -84,7 +84,8 @@ def _print_panels(panels: list[dict[str, Any]], hint: str = "") -> None:
           f"of a {amount(max_bytes())} cap (SCRATCHLLM_PANEL_CACHE_MAX){hint}")
     if panels:  # a cache is keyed by content: one file serves every path to the same bytes
         _table([["  SIZE", "LAST USED", "FOR"]] + [[f"  {amount(p['size'])}", p["last_used"],
-                                                   ", ".join(p["sources"]) or f"(stale) {p['source'] or '?'}"]
+                                                   f"(stale) {p['source'] or '?'}" if p["stale"]
+                                                   else ", ".join(p["sources"])]
                                                   for p in panels])
 
 

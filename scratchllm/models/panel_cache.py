@@ -58,6 +58,7 @@ FORMAT = 8  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4:
 # (kernels/kpanels.py), where format 6 had Q4_K in 8-bit panels; 8: keyed by the files' content
 HEAD_BYTES = 8 << 20  # of each file, hashed whole into the key (a GGUF header is a few MB)
 SAMPLES, SAMPLE_BYTES = 16, 64 << 10  # pieces of the rest, evenly spread, hashed too
+FORMAT_KEY = "__format__"  # index entry: FORMAT
 USES = ".uses"  # beside KEY.panels: the model files it served, [{"files": [...], "stat": [...]}, ...]
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
@@ -219,13 +220,11 @@ def record_use(path: Path, files: Sequence[Path]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def read_source(path: Path) -> tuple[list[str], list[int] | None]:
-    """The model files a cache file's panels came from (one, or a split model's shards, first
-    first; none if its index names none), and their source_stat when they were packed, from the
-    file's index. Raises OSError, ValueError or struct.error on a file that is
-    not a whole panel cache (another process's, mid-write). Read without touching the file's
-    access time where the system allows (O_NOATIME: the file's owner), so looking at a cache is
-    not using it (see _mark_used)."""
+def _read_index(path: Path) -> dict[str, Any]:
+    """A cache file's index. Raises OSError, ValueError or struct.error on a file that is not a
+    whole panel cache (another process's, mid-write). Read without touching the file's access
+    time where the system allows (O_NOATIME: the file's owner), so looking at a cache is not
+    using it (see _mark_used)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
     except PermissionError:  # not the owner: O_NOATIME is refused, a plain read is not
@@ -234,7 +233,22 @@ def read_source(path: Path) -> tuple[list[str], list[int] | None]:
         head = f.read(16)
         if head[:8] != MAGIC:
             raise ValueError(f"{path} is not a panel cache")
-        index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+        index: dict[str, Any] = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+    return index
+
+
+def read_format(path: Path) -> int | None:
+    """The format a cache file was written in (None: before formats were recorded, 7 or older);
+    a load reads only FORMAT's."""
+    value = _read_index(path).get(FORMAT_KEY)
+    return value if isinstance(value, int) else None
+
+
+def read_source(path: Path) -> tuple[list[str], list[int] | None]:
+    """The model files a cache file's panels came from (one, or a split model's shards, first
+    first; none if its index names none), and their source_stat when they were packed, from the
+    file's index (_read_index)."""
+    index = _read_index(path)
     source, shards = index.get(SOURCE), index.get(SHARDS, [])
     if not isinstance(shards, list) or not all(isinstance(f, str) for f in [source or "", *shards]):
         raise ValueError(f"{path}: its index does not name its model files as paths")
@@ -276,7 +290,7 @@ class PanelCache:
                 raise ValueError("not a panel cache")
             (n,) = struct.unpack_from("<Q", mm, 8)
             index = json.loads(bytes(mm[16:16 + n]))
-            for meta in (SOURCE, SOURCE_STAT, SHARDS):
+            for meta in (SOURCE, SOURCE_STAT, SHARDS, FORMAT_KEY):
                 index.pop(meta, None)
             for name, entry in index.items():
                 self.hits[name] = _panels(entry, mm)
@@ -319,6 +333,7 @@ class PanelCache:
                     blobs.append(a)
                     offset += -(-a.nbytes // ALIGN) * ALIGN
             index[name] = entry
+        index[FORMAT_KEY] = FORMAT
         index[SOURCE] = str(self.model_path.resolve())
         index[SOURCE_STAT] = source_stat(*self.files)
         if len(self.files) > 1:
@@ -327,7 +342,7 @@ class PanelCache:
         # the data starts on a page; each offset grows by at most 12 digits when made absolute
         start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
         for name, entry in index.items():
-            if name in (SOURCE, SOURCE_STAT, SHARDS):
+            if name in (SOURCE, SOURCE_STAT, SHARDS, FORMAT_KEY):
                 continue
             parts: list[dict[str, Any]] = entry["parts"] if entry["kind"] == "seg" else [entry]
             for arr in (a for part in parts for a in part["arrays"]):

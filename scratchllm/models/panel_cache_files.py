@@ -2,7 +2,8 @@
 kernel build): what is there, for which model files, how large, and keeping it in bounds.
 
 - `stale`: a cache none of whose model files (each path it served, recorded in its `.uses`; a
-  split model's every shard) is still there as it was; no load can use it again.
+  split model's every shard) is still there as it was, or one of another format than this
+  version reads; no load can use it again.
 - A size cap, by default DEFAULT_MAX_BYTES ($SCRATCHLLM_PANEL_CACHE_MAX: bytes, or a size such
   as 4GiB), evicts the least recently used caches first. A load records its use in the cache
   file's access time (panel_cache._mark_used), so the order holds on file systems that do not
@@ -19,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from scratchllm.models.panel_cache import USES, PanelCache, cache_dir, read_uses, source_stat
+from scratchllm.models.panel_cache import FORMAT, USES, PanelCache, cache_dir, read_format, read_uses, source_stat
 
 DEFAULT_MAX_BYTES = 8 << 30
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -32,11 +33,13 @@ class CacheFile:
     gone: tuple[str, ...]  # the model files it served that are gone or changed since
     size: int  # bytes on disk
     last_used_ns: int  # when a load last mapped it (its access time), or when it was written
+    current: bool = True  # of the format this version reads (panel_cache.FORMAT)
 
     @property
     def stale(self) -> bool:
-        """None of its model files is there as it was: no load will read it again."""
-        return not self.sources
+        """None of its model files is there as it was, or it is of another format: no load will
+        read it again."""
+        return not self.sources or not self.current
 
     @property
     def source(self) -> str | None:
@@ -66,12 +69,14 @@ def cache_files(directory: Path | None = None) -> list[CacheFile]:
     for path in (directory or cache_dir()).glob("*.panels"):
         try:
             uses = read_uses(path)
+            current = read_format(path) == FORMAT
             st = path.stat()
         except (OSError, ValueError, struct.error):
             continue
         live = [files[0] for files, stamp in uses if _live(files, stamp)]
         gone = [files[0] for files, stamp in uses if files[0] not in live]
-        found.append(CacheFile(path, tuple(live), tuple(gone), st.st_size, max(st.st_atime_ns, st.st_mtime_ns)))
+        found.append(CacheFile(path, tuple(live), tuple(gone), st.st_size, max(st.st_atime_ns, st.st_mtime_ns),
+                               current))
     return sorted(found, key=lambda c: (c.last_used_ns, c.path.name))
 
 

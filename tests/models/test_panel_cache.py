@@ -136,7 +136,8 @@ def test_a_load_that_writes_a_cache_keeps_the_folder_under_the_cap(cache_dir, tm
         source = tmp_path / f"m{i}.gguf"
         source.write_bytes(b"GGUF")
         sources.append(source)
-        body = json.dumps({pc.SOURCE: str(source), pc.SOURCE_STAT: pc.source_stat(source)}).encode()
+        body = json.dumps({pc.SOURCE: str(source), pc.SOURCE_STAT: pc.source_stat(source),
+                           pc.FORMAT_KEY: pc.FORMAT}).encode()
         path = cache_dir / f"old{i}.panels"
         path.write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body + bytes(30 << 20))
         os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # old0 the least recently used
@@ -162,7 +163,7 @@ def test_writing_a_cache_prunes_those_of_files_that_are_gone(cache_dir, tmp_path
     live_source.write_bytes(b"x")
     for name, source in (("dead", "/nonexistent/model.gguf"), ("live", str(live_source))):
         stat = pc.source_stat(live_source) if name == "live" else [1, 2]
-        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: stat}).encode()
+        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: stat, pc.FORMAT_KEY: pc.FORMAT}).encode()
         (cache_dir / f"{name}.panels").write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
     load_model("default")  # packs, writes its cache, prunes
     names = sorted(p.stem for p in cache_dir.glob("*.panels"))
@@ -179,7 +180,7 @@ def test_another_builds_newest_cache_of_the_same_file_is_kept(cache_dir, default
     cache_dir.mkdir(parents=True)
     source, stat = str(default_gguf.resolve()), pc.source_stat(default_gguf)
     for i, (name, recorded) in enumerate((("build-old", stat), ("build-new", stat), ("file-before", [1, 2]))):
-        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded}).encode()
+        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded, pc.FORMAT_KEY: pc.FORMAT}).encode()
         path = cache_dir / f"{name}.panels"
         path.write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
         os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # build-new is the newer
