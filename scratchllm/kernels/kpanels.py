@@ -213,7 +213,7 @@ def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
     return KPanels(_low_words(u, nr), _high_words(u, nr, kind), _panels(sc, nr, np.int8), None, d, None, kind)
 
 
-CHUNK_WEIGHTS = 1 << 22  # weights `pack_parts` packs at a time: its temporaries are a few times this
+CHUNK_WEIGHTS = 1 << 20  # weights `pack_parts` packs at a time: its temporaries are a few times this
 
 
 def pack_parts(parts: list[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], K: int, nr: int,
