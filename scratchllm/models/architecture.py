@@ -111,7 +111,7 @@ class Architecture:
             names |= FUSED_NAMES
         if self.sandwich_norms:
             names |= SANDWICH_NAMES
-        object.__setattr__(self, "names", MappingProxyType(names))
+        object.__setattr__(self, "names", names)  # a plain dict: a ModelConfig pickles (Ray, copies)
 
     def __hash__(self) -> int:  # a ModelConfig holds one; the name says which
         return hash(self.name)

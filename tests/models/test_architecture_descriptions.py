@@ -64,3 +64,19 @@ def test_the_check_finds_what_it_looks_for():
     code = 'gemma = model_type in ("gemma2", "gemma3_text")\nif config.model_type == "llama": pass\n'
     assert _name_comparisons(ast.parse(code)) == [1, 2]
     assert _name_comparisons(ast.parse('if cfg.hidden_act == "silu": pass\n')) == []
+
+
+def test_a_config_with_its_description_pickles_and_copies():
+    """A ModelConfig crosses processes (Ray's replicas) and is copied: its description with it."""
+    import copy
+    import pickle
+
+    from scratchllm.models.config import ModelConfig
+
+    for arch in (a for a in ARCHITECTURES if a.forward == "llama"):
+        cfg = ModelConfig(family="llama", model_type=arch.name, vocab_size=8, hidden_size=8, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=8, norm_eps=1e-6,
+                          max_position_embeddings=16, arch=arch)
+        again = pickle.loads(pickle.dumps(cfg))
+        assert again == cfg and hash(again) == hash(cfg) and again.arch.names == arch.names
+        assert copy.deepcopy(cfg) == cfg
