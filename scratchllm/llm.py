@@ -96,8 +96,9 @@ class LLM:
             from scratchllm.trace import writer
 
             self.trace = writer.TraceWriter(options["trace"])
-        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer, trace=self.trace,
-                                eos_token_id=self.eos_token_id)
+        engine_trace = self.trace.for_model(str(model)) if self.trace is not None else None
+        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer,
+                                trace=engine_trace, eos_token_id=self.eos_token_id)
         self.max_model_len = self.engine.max_model_len
         self.load_s = time.perf_counter() - start
         self._async: AsyncEngine | None = None

@@ -126,8 +126,9 @@ def add_parser(sub: Subparsers) -> None:
                    help="a Jinja chat template (a file, or the template text) instead of the model's own")
     p.add_argument("--trace", default=None, metavar="RING",
                    help="the token trace ring file the engine writes every token into, read by `scratchllm trace "
-                        "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID.ring in "
-                        "the temporary directory; 'none' turns it off)")
+                        "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID-PORT.ring "
+                        "in the temporary directory, one per server; a ring another live server writes is never "
+                        "taken: this one then writes RING.pid-PID; 'none' turns it off)")
     p.add_argument("--trace-ring-mb", type=int, default=128, help="size of the trace ring in MiB (default 128)")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="also export one OpenTelemetry span per request (OTLP over HTTP, e.g. "
@@ -367,20 +368,29 @@ def _priority_feedback(args: argparse.Namespace) -> Callable[[ServedModel], None
 
 
 def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
-    """The ring the server's engine and its streams write, or None (--trace none). Made once."""
+    """The ring the server's engines and its streams write, or None (--trace none). Made once,
+    named after the server's port (format.default_ring_path); a ring that another live server
+    writes is left alone: this server takes a name of its own and says so."""
     if getattr(args, "_trace_writer", False) is not False:
         made: TraceWriter | None = args._trace_writer
         return made
-    from scratchllm.trace.format import default_ring_path
-    from scratchllm.trace.writer import TraceWriter
+    from scratchllm.trace.format import default_ring_path, own_ring_path
+    from scratchllm.trace.writer import RingInUse, TraceWriter
 
     writer: TraceWriter | None = None
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
-        path = args.trace or default_ring_path()
+        port = getattr(args, "_port", 0)
+        path = args.trace or default_ring_path(port=port)
         try:
-            writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20)
+            try:
+                writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20, port=port)
+            except RingInUse as err:
+                own = own_ring_path(path)
+                writer = TraceWriter(own, ring_bytes=args.trace_ring_mb << 20, port=port)
+                print(f"scratchllm serve: the trace ring {path} is in use by another live writer (pid {err.pid}); "
+                      f"this server writes {own}", file=sys.stderr, flush=True)
         except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
             print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
                   f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
@@ -447,6 +457,7 @@ def run(args: argparse.Namespace) -> int:
     config = server_config(args)
     check_capture_args(args)
     sock = listen(args.host, args.port, "scratchllm serve")
+    args._port = sock.getsockname()[1]  # the port it really got (--port 0): the trace ring is named after it
     try:
         registry = build(args)
         otlp = None
