@@ -175,7 +175,7 @@ def test_a_two_model_ring_draws_a_panel_per_model_and_filters_by_model(tmp_path,
 def test_a_second_server_on_a_ring_in_use_takes_its_own_and_says_so(tmp_path, capsys):
     import argparse
 
-    from scratchllm.cli.serve_cmd import trace_writer
+    from scratchllm.cli.serve_cmd import serve_log, trace_writer
     from scratchllm.trace import TraceWriter
 
     path = tmp_path / "shared.ring"
@@ -184,9 +184,12 @@ def test_a_second_server_on_a_ring_in_use_takes_its_own_and_says_so(tmp_path, ca
         second = trace_writer(args)
         try:
             assert second.path == tmp_path / f"shared.pid-{os.getpid()}.ring"
-            err = capsys.readouterr().err
-            assert f"the trace ring {path} is in use by another live writer (pid {os.getpid()}); this server " \
-                   f"writes {second.path}" in err
+            assert capsys.readouterr().err == ""  # said after the address line, which scripts read first
+            serve_log(args).ready("fake on http://127.0.0.1:8002")
+            err = capsys.readouterr().err.splitlines()
+            assert err == ["scratchllm serve: fake on http://127.0.0.1:8002",
+                           f"scratchllm serve: the trace ring {path} is in use by another live writer (pid "
+                           f"{os.getpid()}); this server writes {second.path}"]
             assert trace_writer(args) is second  # made once
         finally:
             second.close()
