@@ -368,8 +368,7 @@ def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | Non
 def _show_progress(spec: ModelSpec, serving: Callable[[], bool]) -> None:
     """Each load of the spec's model shows its long steps (packing, the panel cache) on the
     console; before the server serves (`serving()` false), on a terminal only."""
-    from scratchllm.cli.progress import console_sink
-    from scratchllm.models.progress import reporting
+    from scratchllm.models.progress import console_sink, reporting
 
     load = spec.load
     assert load is not None
