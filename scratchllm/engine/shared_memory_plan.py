@@ -50,6 +50,7 @@ from scratchllm.engine.memory_plan import (
 from scratchllm.errors import ConfigError, MemoryPlanError
 from scratchllm.formats import load_header
 from scratchllm.formats.checkpoint import Checkpoint
+from scratchllm.formats.ggml_quants import FILE_TYPES
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.loader import auto_dtype, read_config
 from scratchllm.models.packed import panel_bytes_per_weight
@@ -113,16 +114,20 @@ def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
 
 
 def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
-    """What a model list shows of a model: family, file format, parameter count, the dtype most of
-    its weights are stored in, its context length, where it is, its tensors' bytes, when the file
-    changed, and its chat template when the file holds one (a GGUF's)."""
+    """What a model list shows of a model: family, file format, parameter count, its quantization
+    (a GGUF's file type, e.g. Q4_K_M, as Ollama shows it; else the dtype most of its weights are
+    stored in), its context length, where it is, its tensors' bytes, when the file changed, and
+    its chat template when the file holds one (a GGUF's)."""
     by_dtype: Counter[str] = Counter()
     for info in ckpt.infos.values():
         by_dtype[info.dtype] += info.numel
     template = ckpt.metadata.get("tokenizer.chat_template") if ckpt.format == "gguf" else None
     read = ckpt.container.get("header_from", ckpt.path)  # a model not joined yet: its first chunk
+    code = ckpt.metadata.get("general.file_type") if ckpt.format == "gguf" else None
+    file_type = FILE_TYPES.get(code) if type(code) is int else None
     return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
-            "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
+            "quantization": file_type or (by_dtype.most_common(1)[0][0] if by_dtype else ""),
+            "context": mc.max_position_embeddings,
             "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
             "mtime": os.stat(read).st_mtime, **({"template": template} if isinstance(template, str) else {})}
 
