@@ -4,7 +4,9 @@
                installed or not), GGUF files and model folders in the Hugging Face cache,
                Ollama's models, the folders given with --dir or set once ($SCRATCHLLM_MODEL_DIRS,
                "dirs" in your names file), your names (made by Ollama's /api/create, /api/copy,
-               /api/pull on `serve`), and the panel caches with their sizes. Every model listed runs by the name
+               /api/pull on `serve`), and the panel caches with their sizes. A GGUF file whose
+               header does not parse (truncated, empty, not GGUF at all) is listed as broken,
+               with the reason. Every model listed runs by the name
                shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`. A split
                GGUF model is one entry (its first shard's name, all its shards' size), with a
                missing shard said.
@@ -14,9 +16,11 @@
   rm NAME      delete a model from the Hugging Face cache or Ollama's store (what other models
                still use is kept), or a joined package model's file, or a name of yours (the
                model it names stays); asks first (--yes: not).
-  cache        the panel caches (packed weights, one per model file and kernel build): size,
-               --prune those whose model file is gone or changed, --max-size to cap the total
-               (least recently used go first).
+  cache        the panel caches (packed weights, one per model content and kernel build, so
+               one for every path to the same bytes): size, the model files each serves, the
+               cap loads keep the folder under ($SCRATCHLLM_PANEL_CACHE_MAX, 8 GiB by
+               default); --prune those whose model files are gone or changed, --max-size to cap
+               the total now (least recently used go first).
 """
 
 import argparse
@@ -70,18 +74,22 @@ def _table(rows: list[list[str]], out: Any = None) -> None:
 def _panel_rows() -> list[dict[str, Any]]:
     from scratchllm.models.panel_cache_files import cache_files
 
-    return [{"path": str(f.path), "source": f.source, "size": f.size, "stale": f.stale,
+    return [{"path": str(f.path), "source": f.source, "sources": list(f.sources), "gone": list(f.gone),
+             "size": f.size, "stale": f.stale,
              "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(f.last_used_ns / 1e9))}
             for f in cache_files()]
 
 
 def _print_panels(panels: list[dict[str, Any]], hint: str = "") -> None:
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
-    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))}{hint}")
-    if panels:
+    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))} "
+          f"of a {amount(max_bytes())} cap (SCRATCHLLM_PANEL_CACHE_MAX){hint}")
+    if panels:  # a cache is keyed by content: one file serves every path to the same bytes
         _table([["  SIZE", "LAST USED", "FOR"]] + [[f"  {amount(p['size'])}", p["last_used"],
-                                                   (p["source"] or "?") + (" (stale)" if p["stale"] else "")]
+                                                   f"(stale) {p['source'] or '?'}" if p["stale"]
+                                                   else ", ".join(p["sources"])]
                                                   for p in panels])
 
 
@@ -96,8 +104,9 @@ def list_models(args: argparse.Namespace) -> int:
         if not Path(folder).expanduser().is_dir():
             raise ConfigError(f"--dir {folder}: no such folder")
     for s in stores.scan(Path(f) for f in args.dir):
+        broken = "" if s.problem else stores.header_problem(s)
         models.append({"name": s.name, "kind": s.kind, "size": s.size, "store": s.store, "path": str(s.path),
-                       "state": s.problem or "installed", "shards": s.shards})
+                       "state": s.problem or (f"broken: {broken}" if broken else "installed"), "shards": s.shards})
     for named in names.all_names().values():
         try:
             path, state = str(refs.resolve_model(named.base)), f"from {named.base}"
@@ -198,6 +207,7 @@ def remove(args: argparse.Namespace) -> int:
 def cache(args: argparse.Namespace) -> int:
     from scratchllm.models import panel_cache_files
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
     removed = []
     if args.prune:
@@ -209,7 +219,7 @@ def cache(args: argparse.Namespace) -> int:
               and not p.name.startswith(".")]
     if args.json:
         print(json.dumps({"panel_cache": str(panel_dir()), "panel_caches": panels,
-                          "panel_bytes": sum(p["size"] for p in panels),
+                          "panel_bytes": sum(p["size"] for p in panels), "panel_cap_bytes": max_bytes(),
                           "removed": [{"path": str(r.path), "source": r.source, "size": r.size} for r in removed],
                           "joined_models": [{"path": str(p), "size": p.stat().st_size} for p in joined]}, indent=2))
         return 0
