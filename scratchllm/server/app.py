@@ -37,6 +37,7 @@ from scratchllm.server import (
     chat_page,
     completions,
     embeddings,
+    infill,
     ollama,
     openapi,
     rerank,
@@ -297,6 +298,8 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
         ("POST", "/tokenize", utility.tokenize),
         ("POST", "/detokenize", utility.detokenize),
         ("GET", "/version", utility.version),
+        ("POST", "/infill", infill.infill),
+        ("POST", "/v1/infill", infill.infill),
         *ollama.ROUTES,  # Ollama's API (/api/chat, /api/generate, ...)
     ]
     for method, path, handler in routes:

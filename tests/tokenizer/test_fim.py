@@ -78,7 +78,8 @@ def test_codegemma_is_told_from_qwen_by_its_file_separator():
 
 
 @pytest.mark.parametrize("specials,family,text", [
-    (DEEPSEEK, "deepseek-coder", "<｜begin▁of▁sentence｜><｜fim▁begin｜>def f(x):\n    <｜fim▁hole｜>\n    return y\n<｜fim▁end｜>"),
+    (DEEPSEEK, "deepseek-coder",
+     "<｜begin▁of▁sentence｜><｜fim▁begin｜>def f(x):\n    <｜fim▁hole｜>\n    return y\n<｜fim▁end｜>"),
     (CODELLAMA, "codellama", "<s>▁<PRE>def f(x):\n    ▁<SUF>\n    return y\n▁<MID>"),
 ])
 def test_families_with_a_bos_and_no_repository_format(specials, family, text):
