@@ -338,13 +338,7 @@ class ChatCompletionRequest(_Sampling):
         self.template_kwargs()
 
     def template_kwargs(self) -> dict[str, Any]:
-        """chat_template_kwargs, checked: the names the server itself sets cannot be replaced."""
-        kwargs = dict(self.chat_template_kwargs or {})
-        taken = sorted(set(kwargs) & TEMPLATE_RESERVED)
-        if taken:
-            raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}: the server sets it",
-                              param="chat_template_kwargs")
-        return kwargs
+        return template_kwargs(self.chat_template_kwargs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them (roles, text, tool calls, tool ids)."""
@@ -352,6 +346,16 @@ class ChatCompletionRequest(_Sampling):
 
     def _logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def template_kwargs(given: dict[str, Any] | None) -> dict[str, Any]:
+    """chat_template_kwargs, checked: the names the server itself sets cannot be replaced."""
+    kwargs = dict(given or {})
+    taken = sorted(set(kwargs) & TEMPLATE_RESERVED)
+    if taken:
+        raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}: the server sets it",
+                          param="chat_template_kwargs")
+    return kwargs
 
 
 class EmbeddingRequest(_Request):
