@@ -31,21 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import (
-    access,
-    chat,
-    chat_page,
-    completions,
-    embeddings,
-    infill,
-    ollama,
-    openapi,
-    rerank,
-    responses,
-    utility,
-)
+from scratchllm.server import access, chat_page, openapi, routes
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
-from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
 from scratchllm.server.registry import ModelLeases, ModelRegistry
 from scratchllm.server.sse import sse
@@ -262,8 +249,8 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     app.state.drain = drain = drain or Drain()
 
     def error(request: Request, err: APIError) -> JSONResponse:
-        """OpenAI's error body; Ollama's (`{"error": "..."}`) under its /api/ paths."""
-        body = ollama_error_body(err) if ollama.is_ollama(request.url.path) else err.body()
+        """The error in its path's shape (OpenAI's; Ollama's `{"error": "..."}` under /api/)."""
+        body = routes.error_shape(request.url.path)(err)
         return JSONResponse(body, status_code=err.status, headers=err.headers)
 
     @app.exception_handler(APIError)
@@ -291,27 +278,14 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     async def prometheus() -> Response:
         return Response(families.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    # Routes: (method, path, handler). Each handler gets its model from the registry by name.
-    routes: list[tuple[str, str, Any]] = [
-        ("GET", "/v1/models", utility.models),
-        ("GET", "/v1/models/{model_id}", utility.model),
-        ("POST", "/tokenize", utility.tokenize),
-        ("POST", "/detokenize", utility.detokenize),
-        ("GET", "/version", utility.version),
-        ("POST", "/infill", infill.infill),
-        ("POST", "/v1/infill", infill.infill),
-        *ollama.ROUTES,  # Ollama's API (/api/chat, /api/generate, ...)
-    ]
-    for method, path, handler in routes:
-        app.add_api_route(path, handler, methods=[method], response_model=None)
-    for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
-                          ("/v1/embeddings", embeddings.create_embeddings), ("/v1/score", rerank.score),
-                          ("/v1/rerank", rerank.rerank), ("/v1/responses", responses.create_response)):
-        app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
-    for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
-        app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings
-    openapi.install(app)
+    # The API's endpoints, one row each in server/routes.py; each handler gets its model from the
+    # registry by name.
+    for route in routes.ROUTES:
+        extra = openapi.request_body(route.body) if route.body is not None and route.in_schema else None
+        app.add_api_route(route.path, route.handler, methods=[route.method], response_model=None,
+                          include_in_schema=route.in_schema, openapi_extra=extra)
+    openapi.install(app, [r.body for r in routes.ROUTES if r.body is not None and r.in_schema])
     chat_page.install(app)  # GET /: the chat page
     app.add_middleware(ModelLeases, registry=registry)  # a request holds its models until its response ends
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
-    return access.wrap(app, config.api_key, config.allowed_origins)
+    return access.wrap(app, config.api_key, config.allowed_origins, routes.needs_key, routes.error_shape)

@@ -384,16 +384,3 @@ async def ps(request: Request) -> dict[str, Any]:
 
 async def version() -> dict[str, str]:
     return {"version": scratchllm.__version__}
-
-
-ROUTES: list[tuple[str, str, Any]] = [
-    ("POST", "/api/generate", generate),
-    ("POST", "/api/chat", chat_route),
-    ("POST", "/api/embed", embed_route),
-    ("POST", "/api/embeddings", embeddings_route),
-    ("GET", "/api/tags", tags),
-    ("POST", "/api/show", show),
-    ("GET", "/api/ps", ps),
-    ("GET", "/api/version", version),
-]
-__all__ = ["ROUTES", "is_ollama"]
