@@ -52,7 +52,7 @@ async def completions(request: Request) -> Response | dict[str, Any]:
     state, raw, req = await read_request(request, CompletionRequest)
     texts = req.prompts()
     layout = fim_layout(state, "suffix") if req.suffix else None
-    prompts = [prompt_ids(state, p, "prompt") if layout is None else _fim_ids(state, layout, p, req.suffix)
+    prompts = [prompt_ids(state, p, "prompt") if layout is None else _fim_ids(state, layout, p, req.suffix or "")
                for p in texts]
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming takes one prompt per request", param="prompt")

@@ -8,11 +8,12 @@ file lacks, `param` being the field that asked for it.
 
 import dataclasses
 from collections.abc import Sequence
+from typing import cast
 
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.errors import bad_request
 from scratchllm.server.state import ServerState
-from scratchllm.tokenizer.fim import FimLayout, FimUnsupported, RepoFile
+from scratchllm.tokenizer.fim import FimLayout, FimTokenizer, FimUnsupported, RepoFile
 
 # The names llama.cpp's server writes for the repository and the file being edited (its /infill
 # has no field for either): the same request then makes the same prompt on both servers.
@@ -37,8 +38,9 @@ def fim_prompt_ids(state: ServerState, layout: FimLayout, prefix: str, suffix: s
                    files: Sequence[RepoFile] = (), param: str = "suffix") -> list[int]:
     """The prompt's ids: `prefix` and `suffix` around the insertion point, `files` before them as
     the layout's repository context (a 400 naming `input_extra` where the layout has none)."""
+    tok = cast(FimTokenizer, state.model.tokenizer)  # one with a fim_layout (fim_layout above) is one
     try:
-        ids = layout.prompt_ids(state.model.tokenizer, prefix, suffix, files, REPO_NAME, CURRENT_FILE)
+        ids = layout.prompt_ids(tok, prefix, suffix, files, REPO_NAME, CURRENT_FILE)
     except FimUnsupported as err:
         raise bad_request(f"'input_extra' cannot be laid out: {err}; send it empty", param="input_extra",
                           code="unsupported_parameter") from None

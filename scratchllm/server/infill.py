@@ -32,7 +32,14 @@ from pydantic import Field
 from scratchllm.engine.protocol import RequestMetrics
 from scratchllm.server.errors import APIError
 from scratchllm.server.fill import ending_middle, fim_layout, fim_prompt_ids
-from scratchllm.server.generation import EventStream, Generation, StreamFormat, origin_of, sampling_params
+from scratchllm.server.generation import (
+    EventStream,
+    Generation,
+    StreamFormat,
+    matched_stop,
+    origin_of,
+    sampling_params,
+)
 from scratchllm.server.messages import Strict
 from scratchllm.server.protocol import CompletionRequest, Refusals, _Request, bad_request, new_id, parse_body
 from scratchllm.server.registry import models_of
@@ -225,10 +232,8 @@ class _Run:
                                          else {"index": 0, "content": text, **end})
 
     def _stop_word(self, tokens: list[int]) -> str:
-        """The stop string that ended the text: the one the whole generated text has right after it."""
-        written = self.state.model.tokenizer.decode(tokens)
-        sent = self.limits.text
-        return next((s for s in self.req.stop if written.startswith(sent + s)), "")
+        """The stop string that ended the text ("" when none did)."""
+        return matched_stop(self.state.model.tokenizer, tokens, self.limits.text, self.req.stop) or ""
 
     def _end(self, stop_type: str, word: str, metrics: RequestMetrics | None, predicted: int) -> dict[str, Any]:
         cached = metrics.cached_tokens if metrics is not None else 0
