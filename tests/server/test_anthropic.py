@@ -263,3 +263,16 @@ def test_every_field_of_the_clients_request_types_is_declared():
         assert keys(theirs) <= declared, (theirs.__name__, keys(theirs) - declared)
     # and the sampling fields older clients send
     assert {"temperature", "top_p", "top_k"} <= set(ours.AnthropicRequest.model_fields)
+
+
+def test_the_docs_list_every_field_with_a_status():
+    from pathlib import Path
+
+    from scratchllm.server.anthropic_protocol import AnthropicRequest
+
+    text = (Path(__file__).parents[2] / "docs" / "anthropic-api.md").read_text()
+    section = text.split("## POST /v1/messages\n")[1].split("### ")[0]
+    rows = re.findall(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| ([a-z ,]+?) \|", section, flags=re.M)
+    documented = {name: status for names, status in rows for name in re.findall(r"`([a-z_]+)`", names)}
+    assert set(AnthropicRequest.model_fields) == set(documented)
+    assert set(documented.values()) <= {"implemented", "refused unless neutral", "accepted, no effect"}

@@ -191,3 +191,17 @@ def test_the_official_client_sends_suffix(serve):
         got = client.completions.create(model="coder", prompt="before ", suffix=" after", max_tokens=10)
     assert got.choices[0].text == "middle" and got.choices[0].finish_reason == "stop"
     assert engine.prompts == [[PRE, *ids("before "), SUF, *ids(" after"), MID]]
+
+
+def test_the_docs_list_every_infill_field_with_a_status():
+    import re
+    from pathlib import Path
+
+    from scratchllm.server.infill import InfillRequest
+
+    text = (Path(__file__).parents[2] / "docs" / "fill-in-the-middle.md").read_text()
+    section = text.split("## /infill\n")[1]
+    rows = re.findall(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| ([a-z ,]+?) \|", section, flags=re.M)
+    documented = {name: status for names, status in rows for name in re.findall(r"`([a-z_]+)`", names)}
+    assert set(InfillRequest.model_fields) == set(documented)
+    assert set(documented.values()) <= {"implemented", "refused unless neutral", "accepted, no effect"}
