@@ -205,3 +205,20 @@ def test_the_docs_list_every_infill_field_with_a_status():
     documented = {name: status for names, status in rows for name in re.findall(r"`([a-z_]+)`", names)}
     assert set(InfillRequest.model_fields) == set(documented)
     assert set(documented.values()) <= {"implemented", "refused unless neutral", "accepted, no effect"}
+
+
+def test_infill_is_captured_as_the_completions_request_it_runs_as(tmp_path):
+    from scratchllm.evaluate.capture import CaptureWriter
+    from scratchllm.evaluate.sources import read_traffic
+
+    engine = FimEngine(step_ms=0.2, max_running=8)
+    engine.prompts, engine.reply = [], "a - b"
+    capture = CaptureWriter(tmp_path / "cap", rate=1.0, key="k")
+    app = create_app(ServedModel("coder", engine, FimTokenizer(), 4096), None, ServerConfig(), capture=capture)
+    with TestClient(app) as client:
+        got = client.post("/infill", json={"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 9,
+                                           "temperature": 0}).json()
+    (captured,) = read_traffic(tmp_path / "cap").requests
+    assert (captured.endpoint, captured.translated_from) == ("/v1/completions", "/infill")
+    assert captured.body["prompt"] == engine.prompts[0] and captured.body["stop_token_ids"] == [END]
+    assert captured.body["max_tokens"] == 9 and captured.response["text"] == got["content"] == "a - b"
