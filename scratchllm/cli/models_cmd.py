@@ -3,7 +3,8 @@
   list         the package models (default, minilm, gemma3-270m, qwen2.5-coder-0.5b and -1.5b:
                installed or not), GGUF files and model folders in the Hugging Face cache,
                Ollama's models, the folders given with --dir, and the panel caches with their
-               sizes. Every model listed runs by the name
+               sizes. A GGUF file whose header does not parse (truncated, empty, not GGUF at
+               all) is listed as broken, with the reason. Every model listed runs by the name
                shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`. A split
                GGUF model is one entry (its first shard's name, all its shards' size), with a
                missing shard said.
@@ -94,8 +95,9 @@ def list_models(args: argparse.Namespace) -> int:
         if not Path(folder).expanduser().is_dir():
             raise ConfigError(f"--dir {folder}: no such folder")
     for s in stores.scan(Path(f) for f in args.dir):
+        broken = "" if s.problem else stores.header_problem(s)
         models.append({"name": s.name, "kind": s.kind, "size": s.size, "store": s.store, "path": str(s.path),
-                       "state": s.problem or "installed", "shards": s.shards})
+                       "state": s.problem or (f"broken: {broken}" if broken else "installed"), "shards": s.shards})
     panels = _panel_rows()
     if args.json:
         print(json.dumps({"models": models, "panel_caches": panels,

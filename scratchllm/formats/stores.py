@@ -22,7 +22,10 @@ shards'; a shard that is not there is its `problem`, and it is listed all the sa
 with several model layers (Ollama's import of a split model) is one model too, but not one that
 runs here: its shards are blobs named by digest, and a split model's shards are found by name.
 
-Only file names and headers are read here; nothing is loaded, nothing downloaded.
+Only file names and headers are read here; nothing is loaded, nothing downloaded. Listing
+(`header_problem`) also parses each GGUF file's header, as a load would, so that a truncated
+file, an empty one or a text file named .gguf is shown broken with the reason before anyone
+tries to run it; resolving a name does not (it would parse every file of every store).
 """
 
 import json
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from scratchllm.errors import FormatError
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.folder import PREFERENCE
 from scratchllm.formats.gguf_split import group_shards, shard_path
@@ -203,6 +207,21 @@ def scan(folders: Iterable[Path] = ()) -> list[StoredModel]:
     for folder in folders:
         found += scan_folder(Path(folder))
     return found
+
+
+def header_problem(model: StoredModel) -> str:
+    """"" when each of a GGUF model's files there parses as GGUF (its header, its metadata, and
+    its tensors inside the file), else the reason the first one does not: what a load would say."""
+    if model.kind != "gguf":
+        return ""
+    from scratchllm.formats.gguf import GGUFFile
+
+    for path in model.parts or (model.path,):
+        try:
+            GGUFFile(path)
+        except FormatError as err:
+            return err.problem if len(model.parts) <= 1 else f"{path.name}: {err.problem}"
+    return ""
 
 
 def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:

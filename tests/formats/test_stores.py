@@ -256,3 +256,27 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     assert (hf / "models--org--Broken-Split").exists()  # the same blobs' other repository keeps its own
     assert main(["models", "rm", "split:q4", "--yes"]) == 0
     assert not [p for p in (ollama / "blobs").iterdir() if p.stat().st_size > 100]  # the shards' blobs gone
+
+
+def test_list_marks_files_that_fail_the_header_check_as_broken_with_the_reason(tmp_path, capsys, monkeypatch,
+                                                                               default_gguf):
+    """A truncated download, an empty file and a text file named .gguf are not installed models:
+    each is listed broken, with what loading it would say; a whole file stays installed."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "whole.gguf").symlink_to(default_gguf)
+    (folder / "truncated.gguf").write_bytes(default_gguf.read_bytes()[:3_000_000])
+    (folder / "empty.gguf").write_bytes(b"")
+    (folder / "notes.gguf").write_text("hello, not a model\n")
+    models = listed(capsys, "--dir", str(folder))
+    state = {name.rsplit("/", 1)[1]: m["state"] for name, m in models.items() if name.startswith(str(folder))}
+    assert state["whole.gguf"] == "installed"
+    assert state["empty.gguf"] == "broken: empty file"
+    assert state["notes.gguf"] == "broken: not a GGUF file: magic is b'hell', expected b'GGUF'"
+    assert re.fullmatch(r"broken: tensor '.*' ends at byte [0-9]+ but the file has 3000000 bytes \(truncated\?\)",
+                        state["truncated.gguf"]), state
+    assert main(["models", "list", "--dir", str(folder)]) == 0
+    table = capsys.readouterr().out
+    assert f"{folder / 'empty.gguf'}: broken: empty file" in table

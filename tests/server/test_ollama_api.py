@@ -327,3 +327,19 @@ def test_generate_logprobs_equal_the_completions_route_on_the_default_model(defa
                                                         raw=True, options=options, logprobs=True, top_logprobs=3,
                                                         stream=True)]
     assert entries(streamed) == got and "".join(p["response"] for p in streamed) == mine.response
+
+
+def test_tags_and_show_name_the_file_type_as_ollama_does(serve):
+    """The quantization level is the GGUF's file type (Q4_K_M for the Qwen and Gemma files, Q4_1
+    for the default model), not the dtype most of its tensors have (Q5_0 for the 0.5B: its rows
+    are not a multiple of 256, so its quantizer fell back to Q5_0 for most of them). Read from
+    the headers: nothing is loaded."""
+    from scratchllm.server.backend import model_specs
+
+    refs = ["default", "gemma3-270m", "qwen2.5-coder-0.5b"]
+    specs, _ = model_specs(refs, {"max_num_seqs": 2})
+    with serve(create_app(ModelRegistry(specs), config=ServerConfig())) as url, \
+            ollama.Client(host=url, timeout=20) as client:
+        tags = {m.model: m.details.quantization_level for m in client.list().models}
+        shown = client.show("qwen2.5-coder-0.5b").details.quantization_level
+    assert tags == {"default": "Q4_1", "gemma3-270m": "Q4_K_M", "qwen2.5-coder-0.5b": "Q4_K_M"} and shown == "Q4_K_M"
