@@ -1,6 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the same engine.
 
-A request runs as the chat request it translates into (anthropic_protocol.py; the capture
+A request runs as the chat request it translates into (anthropic_translate.py; the capture
 records that request, marked `translated_from` /v1/messages, so the evaluation loop replays it),
 and its reply is read by the chat endpoint's parser (tool_calls.ReplyParser) into Anthropic's
 content blocks: `thinking` (the reasoning split; empty with thinking.display "omitted"), `text`
@@ -31,11 +31,9 @@ from scratchllm.server.anthropic_protocol import (
     AnthropicCountRequest,
     AnthropicRequest,
     anthropic_error_body,
-    chat_fields,
-    chat_messages,
     check_version,
-    renamed,
 )
+from scratchllm.server.anthropic_translate import chat_fields, chat_messages, renamed
 from scratchllm.server.errors import APIError
 from scratchllm.server.generation import EventStream, Generation, StreamFormat, matched_stop, origin_of
 from scratchllm.server.protocol import ChatCompletionRequest, parse_body
