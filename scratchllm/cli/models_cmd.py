@@ -13,9 +13,11 @@
                split GGUF model; every file's checksum checked, a file that fails it deleted.
   rm NAME      delete a model from the Hugging Face cache or Ollama's store (what other models
                still use is kept), or a joined package model's file; asks first (--yes: not).
-  cache        the panel caches (packed weights, one per model file and kernel build): size,
-               --prune those whose model file is gone or changed, --max-size to cap the total
-               (least recently used go first).
+  cache        the panel caches (packed weights, one per model content and kernel build, so
+               one for every path to the same bytes): size, the model files each serves, the
+               cap loads keep the folder under ($SCRATCHLLM_PANEL_CACHE_MAX, 8 GiB by
+               default); --prune those whose model files are gone or changed, --max-size to cap
+               the total now (least recently used go first).
 """
 
 import argparse
@@ -69,18 +71,22 @@ def _table(rows: list[list[str]], out: Any = None) -> None:
 def _panel_rows() -> list[dict[str, Any]]:
     from scratchllm.models.panel_cache_files import cache_files
 
-    return [{"path": str(f.path), "source": f.source, "size": f.size, "stale": f.stale,
+    return [{"path": str(f.path), "source": f.source, "sources": list(f.sources), "gone": list(f.gone),
+             "size": f.size, "stale": f.stale,
              "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(f.last_used_ns / 1e9))}
             for f in cache_files()]
 
 
 def _print_panels(panels: list[dict[str, Any]], hint: str = "") -> None:
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
-    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))}{hint}")
-    if panels:
+    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))} "
+          f"of a {amount(max_bytes())} cap (SCRATCHLLM_PANEL_CACHE_MAX){hint}")
+    if panels:  # a cache is keyed by content: one file serves every path to the same bytes
         _table([["  SIZE", "LAST USED", "FOR"]] + [[f"  {amount(p['size'])}", p["last_used"],
-                                                   (p["source"] or "?") + (" (stale)" if p["stale"] else "")]
+                                                   f"(stale) {p['source'] or '?'}" if p["stale"]
+                                                   else ", ".join(p["sources"])]
                                                   for p in panels])
 
 
@@ -173,6 +179,7 @@ def remove(args: argparse.Namespace) -> int:
 def cache(args: argparse.Namespace) -> int:
     from scratchllm.models import panel_cache_files
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
     removed = []
     if args.prune:
@@ -184,7 +191,7 @@ def cache(args: argparse.Namespace) -> int:
               and not p.name.startswith(".")]
     if args.json:
         print(json.dumps({"panel_cache": str(panel_dir()), "panel_caches": panels,
-                          "panel_bytes": sum(p["size"] for p in panels),
+                          "panel_bytes": sum(p["size"] for p in panels), "panel_cap_bytes": max_bytes(),
                           "removed": [{"path": str(r.path), "source": r.source, "size": r.size} for r in removed],
                           "joined_models": [{"path": str(p), "size": p.stat().st_size} for p in joined]}, indent=2))
         return 0

@@ -23,6 +23,7 @@ naming the context that would fit and the options that make room (`context_error
 `context_choice` says what was chosen and why, for the server to print at start.
 """
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.paged_attention import block_bytes, kv_bytes_per_token, layer_groups, resolve_kv_dtype
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
+from scratchllm.models.llama_params import QuantizedRows
 from scratchllm.models.packed import PackedWeight
 from scratchllm.models.protocol import Model
 
@@ -104,19 +106,23 @@ def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, window
 
 
 def weights_bytes(model: Model) -> int:
-    """Bytes of the arrays the forward reads, each buffer counted once (views share memory)."""
-    seen: set[int] = set()
-    total = 0
+    """Bytes of the memory the forward reads its weights from, each byte counted once (views and
+    fused matrices share memory): the panels and norms the load made or mapped, and the file's
+    blocks a table is read from (models/llama_params.QuantizedRows). What the loader holds; the
+    header's estimate (shared_memory_plan.estimated_weights_bytes) is tested against it."""
+    spans: list[tuple[int, int]] = []  # [start, end) addresses of every array
 
     def walk(x: object) -> None:
-        nonlocal total
         if isinstance(x, np.ndarray):
-            base = x if x.base is None else x.base
-            if id(base) not in seen and isinstance(base, np.ndarray):
-                seen.add(id(base))
-                total += base.nbytes
+            start = int(x.__array_interface__["data"][0])
+            spans.append((start, start + x.nbytes))
         elif isinstance(x, PackedWeight):  # a packed matrix: its panels (and a quantized one's scales)
             walk(x.panels)
+        elif isinstance(x, QuantizedRows):  # a table read row by row from its file's blocks
+            walk(x.raw)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):  # a model's params (models/llama_params.py)
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
         elif isinstance(x, dict):
             for v in x.values():
                 walk(v)
@@ -125,6 +131,10 @@ def weights_bytes(model: Model) -> int:
                 walk(v)
 
     walk(getattr(model, "params", None) or dict(getattr(model, "weights", {})))
+    total, reached = 0, 0
+    for start, end in sorted(spans):  # the union of the spans
+        total += max(0, end - max(start, reached))
+        reached = max(reached, end)
     return total
 
 
