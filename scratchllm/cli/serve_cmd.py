@@ -154,10 +154,12 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--sse-ping-interval", type=float, default=15.0, metavar="SECONDS",
                    help="send a ': ping' SSE comment on a stream after this many seconds without a chunk "
                         "(default 15; 0 = never)")
-    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "none", *TOOL_CALL_FORMATS],
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "strict", "none", *TOOL_CALL_FORMATS],
                    help="the format of the model's tool calls with tool_choice auto: hermes (<tool_call> blocks), "
                         "llama3_json, mistral ([TOOL_CALLS]) or gemma (```tool_code blocks); auto (the default) "
-                        "takes the one the chat template writes; see docs/openai-replies.md")
+                        "takes the one the chat template writes, and also reads a reply that is a declared "
+                        "tool's call as bare JSON (or in a ```json fence) as a call; strict: the template's "
+                        "format only; see docs/openai-replies.md")
     p.add_argument("--batch-dir", default=None, metavar="FOLDER",
                    help="where Batch API files and jobs persist, resumed after a restart (default: "
                         "$SCRATCHLLM_CACHE_DIR/batches, i.e. ~/.cache/scratchllm/batches)")

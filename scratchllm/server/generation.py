@@ -427,3 +427,12 @@ def event_logprob(gen: Generation, k: int, event: TokenEvent) -> LogprobItem | N
 def token_str(tok: TokenizerLike, token_id: int | None) -> str:
     text: str = tok.decode([token_id]) if token_id is not None else ""
     return text
+
+
+def matched_stop(tok: TokenizerLike, token_ids: list[int], text: str, stops: list[str]) -> str | None:
+    """The stop string that ended a reply whose shown text is `text`: the one its whole generated
+    text has right after it (None: an end token or the length ended it)."""
+    if not stops:
+        return None
+    written = tok.decode(token_ids)
+    return next((s for s in stops if (text + s) in written), None)

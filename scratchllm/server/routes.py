@@ -29,8 +29,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from scratchllm.server import batch_api, chat, completions, embeddings, model_names, ollama, rerank, responses, utility
+from scratchllm.server import (
+    anthropic_messages,
+    batch_api,
+    chat,
+    completions,
+    embeddings,
+    infill,
+    model_names,
+    ollama,
+    rerank,
+    responses,
+    utility,
+)
+from scratchllm.server.anthropic_protocol import AnthropicCountRequest, AnthropicRequest, anthropic_error_body
 from scratchllm.server.errors import APIError
+from scratchllm.server.infill import InfillRequest
 from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from scratchllm.server.rerank import RerankRequest, ScoreRequest
@@ -83,6 +97,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/score", rerank.score, in_schema=False),
     Route("POST", "/rerank", rerank.rerank, in_schema=False),
     Route("POST", "/v2/rerank", rerank.rerank, in_schema=False),
+    # Anthropic's Messages API (captured and replayed as the chat request it runs as)
+    Route("POST", "/v1/messages", anthropic_messages.messages, AnthropicRequest, errors=anthropic_error_body),
+    Route("POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens, AnthropicCountRequest,
+          errors=anthropic_error_body),
+    # llama.cpp's fill-in-the-middle (captured and replayed as the /v1/completions request it runs as)
+    Route("POST", "/infill", infill.infill, InfillRequest),
+    Route("POST", "/v1/infill", infill.infill, in_schema=False),
     # vLLM's utilities
     Route("POST", "/tokenize", utility.tokenize),
     Route("POST", "/detokenize", utility.detokenize),

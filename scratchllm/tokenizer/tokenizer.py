@@ -20,6 +20,7 @@ from scratchllm.tokenizer.added import AddedTokens
 from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
+from scratchllm.tokenizer.fim import FimLayout, find_layout
 from scratchllm.tokenizer.loaders import load_spec
 from scratchllm.tokenizer.pieces import SPACE
 from scratchllm.tokenizer.spec import PieceModel, TokenizerSpec
@@ -228,6 +229,11 @@ class Tokenizer:
     def detokenizer(self, skip_special_tokens: bool = False) -> Detokenizer:
         """Incremental decoding for streaming: push(id) returns only complete characters."""
         return Detokenizer(self, skip_special_tokens=skip_special_tokens)
+
+    # ---- fill-in-the-middle ----------------------------------------------------------------------
+    def fim_layout(self) -> FimLayout:
+        """This model's fill-in-the-middle layout (fim.py); FimUnsupported names what it lacks."""
+        return find_layout(self, self.spec.fim_ids)
 
     # ---- chat --------------------------------------------------------------------------------
     @property
