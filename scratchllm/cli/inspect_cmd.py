@@ -6,6 +6,11 @@ generation (a GGUF's or a model folder's tokenizer), the tensor table, totals, a
 memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn as
 address ranges with each tensor's start, size and padding. `--json` prints the same as one JSON
 object.
+
+The totals say what loading the file as a model takes: the memory plan's weight figure at the
+dtype `auto` picks (engine/shared_memory_plan.estimated_weights_bytes: what `serve` plans with,
+within 5% of what the loader holds), beside the arena of every tensor dequantized to float32
+that the layout draws (what `formats.arena.load_arena` makes, not what a model keeps).
 """
 
 import argparse
@@ -14,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchllm.cli import Subparsers
-from scratchllm.errors import FormatError
+from scratchllm.errors import FormatError, ScratchLLMError
 from scratchllm.formats.describe import describe
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.refs import resolve_model
@@ -37,6 +42,7 @@ def add_parser(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     report = describe(args.model, tensor_align=args.tensor_align)
     report["end_tokens"] = end_tokens(args.model)
+    report["totals"] |= model_weights(args.model)
     if args.json:
         print(json.dumps(report, default=str))
     else:
@@ -65,6 +71,21 @@ def render_end_tokens(tokens: list[dict[str, Any]] | None) -> list[str]:
     if not tokens:
         return ["  none: this tokenizer names no end of generation"]
     return [f"  {t['id']:>8}  {t['text']}{'  (the EOS)' if t['eos'] else ''}" for t in tokens]
+
+
+def model_weights(ref: str) -> dict[str, Any]:
+    """{"model_dtype", "model_bytes"}: the dtype a load picks and the memory plan's weight figure
+    for it; {} for a file that is not a model we run (no config, another architecture)."""
+    from scratchllm.engine.shared_memory_plan import estimated_weights_bytes
+    from scratchllm.formats import load_header
+    from scratchllm.models.loader import auto_dtype, read_config
+
+    try:
+        ckpt = load_header(ref)
+        dtype = auto_dtype(ckpt, read_config(Path(ckpt.path), ckpt))
+    except ScratchLLMError:
+        return {}
+    return {"model_dtype": dtype, "model_bytes": estimated_weights_bytes(ckpt, dtype)}
 
 
 def mb(n: int) -> str:
@@ -200,8 +221,10 @@ def render(r: dict[str, Any], limit: int = 0) -> str:
         lines.append(f"  ... {len(r['tensors']) - limit} more (--limit 0 shows all)")
     t = r["totals"]
     lines += ["", "-- totals",
-              f"  {t['tensors']} tensors, {t['elements']:,} elements: {mb(t['stored_bytes'])} in the file, "
-              f"{mb(t['loaded_bytes'])} once loaded"]
+              f"  {t['tensors']} tensors, {t['elements']:,} elements: {mb(t['stored_bytes'])} in the file"]
+    if "model_bytes" in t:
+        lines.append(f"  {mb(t['model_bytes'])} once loaded as a model ({t['model_dtype']}; the memory plan's figure)")
+    lines.append(f"  {mb(t['loaded_bytes'])} as float32 arrays (the arena below; `loaded` in the table)")
     for dtype, row in t["by_dtype"].items():
         lines.append(f"  {dtype:<10} {row['tensors']:>5} tensors {row['elements']:>14,} elements "
                      f"{mb(row['stored_bytes']):>12} stored {mb(row['loaded_bytes']):>12} loaded")

@@ -39,7 +39,7 @@ from scratchllm.errors import FormatError
 from scratchllm.tokenizer._sentencepiece import PieceMerger
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.end_tokens import gguf_end_token_ids
-from scratchllm.tokenizer.gguf_meta import meta_int, tokens_and_types
+from scratchllm.tokenizer.gguf_meta import fim_ids, meta_int, tokens_and_types
 from scratchllm.tokenizer.pieces import SPACE, PieceDecoding, WordSplit, normalize
 from scratchllm.tokenizer.spec import TokenizerSpec
 
@@ -138,5 +138,5 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
         end_token_ids=gguf_end_token_ids(meta, added, n, path),
         chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=meta_int(meta.get(f"{arch}.context_length")),
-        source=str(path),
+        source=str(path), fim_ids=fim_ids(meta),
     )
