@@ -264,12 +264,14 @@ class FakeEngine(ThreadedEngine):
 
     def _logits(self, batch: list[_FakeRequest]) -> npt.NDArray[np.float32]:
         """The fake model's next-token logits [R, V] (see LOW_LOGIT). Rows are the bytes only
-        unless a request's processors may read ids past them (a logit_bias, a prompt's ids)."""
-        wide = any(r.params.uses_processors for r in batch)
+        unless a request's processors may read ids past them (a logit_bias, a prompt's ids) or a
+        script writes such an id (a subclass's `next_token`: an end token of its own)."""
+        tokens = [self.next_token(r.prompt, r.offset, r.num_output_tokens) for r in batch]
+        wide = any(r.params.uses_processors for r in batch) or any(t >= BYTE_TOKENS for t in tokens)
         rows = np.repeat(self._background[None, : None if wide else BYTE_TOKENS], len(batch), axis=0)
-        for row, request in zip(rows, batch, strict=True):
+        for row, request, token in zip(rows, batch, tokens, strict=True):
             n = request.num_output_tokens
-            row[self.next_token(request.prompt, request.offset, n)] = PHRASE_LOGIT
+            row[token] = PHRASE_LOGIT
             if self.eos_after is not None and n >= self.eos_after and not request.params.ignore_eos:
                 row[EOS] = PHRASE_LOGIT + 1.0
         return rows
