@@ -23,7 +23,7 @@ from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
 from scratchllm.engine.model_runner import ModelRunner
-from scratchllm.engine.output import OutputCollector, OutputProcessor
+from scratchllm.engine.output import OutputCollector, OutputProcessor, end_token_ids
 from scratchllm.engine.protocol import FINISH_REASONS, EngineStats, RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
 from scratchllm.engine.sampler import SampledToken, sample, verify
@@ -61,6 +61,7 @@ class LLMEngine:
             eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer else None
             eos_token_id = mc.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_id = eos_token_id
+        self.end_token_ids = end_token_ids(tokenizer, eos_token_id)  # every token that ends a request
         ctx = min(mc.max_position_embeddings, config.max_model_len or mc.max_position_embeddings)
         spec = config.speculative
         if spec is not None and spec.uses_draft_model:
@@ -94,7 +95,7 @@ class LLMEngine:
             draft = None if draft_model is None else DraftModel(
                 draft_model, self.plan.num_draft_blocks, config.block_size, config.num_threads, self.plan.kv_dtype,
                 spec.draft_p_min)
-            self.speculator = Speculator(spec, self.max_model_len, draft, self.eos_token_id)
+            self.speculator = Speculator(spec, self.max_model_len, draft, self.end_token_ids)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
         self._ids = RequestIds("req")  # for requests added without one
@@ -168,7 +169,7 @@ class LLMEngine:
         detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
         if detok is not None and self.tracer is not None:
             detok = self.tracer.detokenize.timed(detok)  # the step's detokenize span
-        return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)
+        return OutputProcessor(request_id, params, detok, self.end_token_ids, arrival)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (validate.py; read-only: any thread)."""
@@ -224,12 +225,13 @@ class LLMEngine:
         finished: list[Request] = []
         forks: list[tuple[Request, Request]] = []
         emitted: dict[Request, int] = {}
-        sampled = verify(logits, reqs, *draft_rows(reqs, batch.drafts)) if batch.drafts else sample(logits, reqs)
+        sampled = (verify(logits, reqs, *draft_rows(reqs, batch.drafts), end_token_ids=self.end_token_ids)
+                   if batch.drafts else sample(logits, reqs, self.end_token_ids))
         for row, req, tokens in by_request(reqs, sampled):
             if req.fork_children and req.num_output_tokens == 0:  # its prefill is done: the others fork
                 kids, req.fork_children = req.fork_children, []
                 rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
-                for kid, kid_sampled in zip(kids, sample(rows, kids), strict=True):
+                for kid, kid_sampled in zip(kids, sample(rows, kids, self.end_token_ids), strict=True):
                     kid.first_scheduled = req.first_scheduled
                     kid.prompt_logprobs = req.prompt_logprobs  # the prompt was computed once, for all
                     if not self._emit(kid, kid_sampled, now, events, finished):

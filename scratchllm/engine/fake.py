@@ -16,6 +16,7 @@ behave as the real engine's.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -35,7 +36,10 @@ from scratchllm.sampling import SamplingParams
 
 # Byte-level vocabulary: id = byte + 3, after three specials. Ids from 259 up are opaque tokens
 # that prompts may hold (load tests send random ids) but the fake never generates or decodes.
+logger = logging.getLogger(__name__)
+
 PAD, BOS, EOS = 0, 1, 2
+END_TOKENS = frozenset({EOS})  # the fake's tokens that end generation
 BYTE_TOKENS = 256 + 3
 VOCAB_SIZE = 32000
 PHRASE = "The quick brown fox jumps over the lazy dog, café ☕ naïve 東京. ".encode()
@@ -72,7 +76,7 @@ class FakeTokenizer:
     token is a string of bytes (the specials and the opaque ids are named like <t300>), so a
     grammar can be compiled for it (tokenizer/guidance.py)."""
 
-    bos_token_id, eos_token_id, byte_level, vocab_size = BOS, EOS, True, VOCAB_SIZE
+    bos_token_id, eos_token_id, end_token_ids, byte_level, vocab_size = BOS, EOS, END_TOKENS, True, VOCAB_SIZE
 
     def __init__(self, vocab_size: int = VOCAB_SIZE) -> None:
         self.vocab_size = vocab_size
@@ -153,7 +157,7 @@ class FakeEngine(ThreadedEngine):
             stream: RequestStream = self._streams.open(request_id)
             rid = stream.request_id
             arrival = time.monotonic()
-            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), EOS, arrival)
+            output = OutputProcessor(rid, params, self.tokenizer.detokenizer(), END_TOKENS, arrival)
             request = _FakeRequest(rid, list(prompt_token_ids), params, output, arrival)
             seed = params.seed if params.temperature > 0 and params.seed is not None else sum(request.prompt)
             greedy = params.temperature == 0
@@ -201,7 +205,14 @@ class FakeEngine(ThreadedEngine):
             # Only this thread changes a request's output, which is all the sampler reads.
             time.sleep(self.step_s + self.prefill_s_per_token * sum(len(r.prompt) for r in newly))
             batch = [r for r in batch if not r.aborted]
-            drawn = sample(self._logits(batch), batch) if batch else []
+            try:
+                drawn = sample(self._logits(batch), batch, END_TOKENS) if batch else []
+            except Exception:  # logged; a failed step aborts its requests, not the server
+                logger.exception("a fake engine step failed; its requests are aborted")
+                with self._cv:
+                    for request in batch:
+                        request.aborted = True
+                continue
             with self._cv:
                 for request, sampled in zip(batch, drawn, strict=True):
                     if not request.aborted:
@@ -253,12 +264,14 @@ class FakeEngine(ThreadedEngine):
 
     def _logits(self, batch: list[_FakeRequest]) -> npt.NDArray[np.float32]:
         """The fake model's next-token logits [R, V] (see LOW_LOGIT). Rows are the bytes only
-        unless a request's processors may read ids past them (a logit_bias, a prompt's ids)."""
-        wide = any(r.params.uses_processors for r in batch)
+        unless a request's processors may read ids past them (a logit_bias, a prompt's ids) or a
+        script writes such an id (a subclass's `next_token`: an end token of its own)."""
+        tokens = [self.next_token(r.prompt, r.offset, r.num_output_tokens) for r in batch]
+        wide = any(r.params.uses_processors for r in batch) or any(t >= BYTE_TOKENS for t in tokens)
         rows = np.repeat(self._background[None, : None if wide else BYTE_TOKENS], len(batch), axis=0)
-        for row, request in zip(rows, batch, strict=True):
+        for row, request, token in zip(rows, batch, tokens, strict=True):
             n = request.num_output_tokens
-            row[self.next_token(request.prompt, request.offset, n)] = PHRASE_LOGIT
+            row[token] = PHRASE_LOGIT
             if self.eos_after is not None and n >= self.eos_after and not request.params.ignore_eos:
                 row[EOS] = PHRASE_LOGIT + 1.0
         return rows

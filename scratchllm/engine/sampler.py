@@ -33,7 +33,7 @@ returned for it; the engine appends those same tokens, so the next call's sync i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cached_property
 from typing import NamedTuple, Protocol
 
@@ -96,25 +96,29 @@ def start_guide(seq: SamplingState) -> None:
         guide_for(seq)
 
 
-def sample(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState]) -> list[SampledToken]:
+def sample(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState],
+           end_token_ids: Collection[int] = ()) -> list[SampledToken]:
     """One token per row: logits [R, V], seqs[r] the request row r belongs to (a request may
-    have several consecutive rows; see the module doc)."""
-    out = _draw(logits, seqs, None)
+    have several consecutive rows; see the module doc). `end_token_ids`: the engine's tokens that
+    end generation, which min_tokens holds back."""
+    out = _draw(logits, seqs, None, end_token_ids)
     assert all(t is not None for t in out)
     return out  # type: ignore[return-value]  # no drafts: every row is drawn
 
 
 def verify(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], drafts: Sequence[int | None],
-           draft_probs: Sequence[npt.NDArray[np.floating] | None] | None = None) -> list[SampledToken | None]:
+           draft_probs: Sequence[npt.NDArray[np.floating] | None] | None = None,
+           end_token_ids: Collection[int] = ()) -> list[SampledToken | None]:
     """`sample` for drafted tokens: drafts[i] is the token row i + 1 of the same request was
     computed after (None on a request's last row), draft_probs[i] the distribution q it was
     drawn from (None: a point mass). A request's rows after its first token that differs from
     its draft are not drawn (None)."""
     assert len(drafts) == len(seqs) and (draft_probs is None or len(draft_probs) == len(seqs))
-    return _draw(logits, seqs, drafts, draft_probs)
+    return _draw(logits, seqs, drafts, end_token_ids, draft_probs)
 
 
 def _draw(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], drafts: Sequence[int | None] | None,
+          end_token_ids: Collection[int],
           draft_probs: Sequence[npt.NDArray[np.floating] | None] | None = None) -> list[SampledToken | None]:
     assert logits.ndim == 2 and logits.shape[0] == len(seqs), (logits.shape, len(seqs))
     greedy = np.argmax(logits, axis=1) if len(seqs) else np.empty(0, dtype=np.int64)  # every plain greedy row
@@ -136,7 +140,7 @@ def _draw(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], draft
         if params.uses_processors or guide is not None:
             output_ids = list(seq.output_token_ids) + earlier if earlier else seq.output_token_ids
             row = shaped_logits(logits[r], params, seq.prompt_token_ids, output_ids,
-                                guide.allowed() if guide is not None else None)
+                                guide.allowed() if guide is not None else None, end_token_ids)
             token = int(np.argmax(row)) if params.greedy else _sampled(row, params, seq.rng, drafts, r, q)
         else:
             token = int(greedy[r]) if params.greedy else _sampled(logits[r], params, seq.rng, drafts, r, q)

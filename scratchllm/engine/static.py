@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from scratchllm.engine.kv_sizing import block_bytes
 from scratchllm.engine.masks import left_padded_causal_mask
-from scratchllm.engine.output import OutputProcessor
+from scratchllm.engine.output import OutputProcessor, end_token_ids
 from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent
 from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
 from scratchllm.engine.threaded import ThreadedEngine
@@ -162,10 +162,12 @@ def model_limits(model: Model, max_model_len: int | None = None) -> RequestLimit
 
 def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
               clock: Callable[[], float] = time.monotonic, pad_id: int = 0,
-              on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None) -> BatchCost:
+              on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None,
+              end_token_ids: Collection[int] = ()) -> BatchCost:
     """Run one padded batch to completion. Every row's events go to on_event (the last one with
     its metrics); on_reserved(kv_bytes) is called once the cache is allocated. A row ends at its
-    max_tokens or where `limits` (default: the model's) leave no room for another token."""
+    max_tokens or where `limits` (default: the model's) leave no room for another token.
+    `end_token_ids`: the tokens that end generation (min_tokens holds them back)."""
     limits = limits or model_limits(model)
     B = len(rows)
     P, M = padded_shape(rows, limits)
@@ -190,7 +192,7 @@ def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow
     for step in range(M):
         now = clock()
         live = [b for b, r in enumerate(rows) if not r.done and not r.aborted]
-        drawn = dict(zip(live, sample(logits[live], [rows[b] for b in live]), strict=True))
+        drawn = dict(zip(live, sample(logits[live], [rows[b] for b in live], end_token_ids), strict=True))
         tokens = np.full(B, pad_id, dtype=np.int64)  # [B]; a finished row is fed padding
         for b, r in enumerate(rows):
             if r.done:
@@ -242,6 +244,7 @@ def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Seque
     arrives meanwhile waits for the whole batch. Times in the result are on `clock`."""
     n = len(prompts)
     res = StaticResult([[] for _ in range(n)], [0.0] * n, [0.0] * n)
+    ends = frozenset() if eos_token_id is None else frozenset({eos_token_id})
     index: dict[str, int] = {}
     limits = model_limits(model)
 
@@ -263,11 +266,12 @@ def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Seque
             index[rid] = nxt
             arrival = t0 + arrivals[nxt] if arrivals is not None else clock()
             waiting.append(StaticRow(rid, list(prompts[nxt]), params,
-                                     OutputProcessor(rid, params, None, eos_token_id, arrival), arrival))
+                                     OutputProcessor(rid, params, None, ends, arrival), arrival))
             nxt += 1
         if not waiting:
             continue
-        cost = run_batch(model, take_batch(waiting, batch_size, limits), on_event, clock, pad_id, limits=limits)
+        cost = run_batch(model, take_batch(waiting, batch_size, limits), on_event, clock, pad_id, limits=limits,
+                         end_token_ids=ends)
         res.peak_kv_bytes = max(res.peak_kv_bytes, cost.kv_bytes)
         res.padded_tokens += cost.padded_tokens
     return res
@@ -292,7 +296,8 @@ class StaticEngine(ThreadedEngine):
         cfg = model.config
         self.limits = model_limits(model, max_model_len)
         self.max_model_len = self.limits.max_model_len
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
+        self.end_token_ids = end_token_ids(tokenizer, tokenizer.eos_token_id if tokenizer is not None
+                                           else cfg.eos_token_id)
         self.block_bytes = block_bytes(cfg, block_size)
         self._waiting: list[StaticRow] = []
         self._running: list[StaticRow] = []
@@ -312,7 +317,7 @@ class StaticEngine(ThreadedEngine):
             detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
             arrival = self.clock()
             self._waiting.append(StaticRow(rid, list(prompt_token_ids), params,
-                                           OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival))
+                                           OutputProcessor(rid, params, detok, self.end_token_ids, arrival), arrival))
             self._cv.notify()
         return stream
 
@@ -362,7 +367,7 @@ class StaticEngine(ThreadedEngine):
                 self._running = take_batch(self._waiting, self.batch_size, self.limits)
             try:
                 run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved,
-                          limits=self.limits)
+                          limits=self.limits, end_token_ids=self.end_token_ids)
             except Exception:  # logged; a failed batch aborts its rows, not the server
                 logger.exception("a static batch failed; its requests are aborted")
                 with self._cv:

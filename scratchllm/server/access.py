@@ -3,7 +3,7 @@ access log, as ASGI middleware around the app.
 
 - API key (`serve --api-key` or SCRATCHLLM_API_KEY): every API route (the route table,
   server/routes.py, says which are keyless: the version probes) and any other path under /v1/ or
-  /api/ need `Authorization: Bearer KEY`; compared in
+  /api/ need `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`); compared in
   constant time (hmac.compare_digest), so the comparison's time says nothing about how much of a
   guess was right. A missing or wrong key is a 401 in the path's error shape: OpenAI's, which
   the official client raises as AuthenticationError (under /api/, Ollama's `{"error": "..."}`).
@@ -45,18 +45,20 @@ class APIKey:
     def __init__(self, app: ASGIApp, api_key: str, needs_key: Callable[[str], bool],
                  error_shape: Callable[[str], ErrorShape]):
         assert api_key, "an empty API key would accept everything"
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected, self.key = app, f"Bearer {api_key}".encode(), api_key.encode()
         self.needs_key, self.error_shape = needs_key, error_shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or not self.needs_key(scope["path"]):
             return await self.app(scope, receive, send)
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        header = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")  # Anthropic's clients send this
+        # both compared, so the time taken does not tell which header was there
+        if hmac.compare_digest(given, self.expected) | hmac.compare_digest(header, self.key):
             return await self.app(scope, receive, send)
-        what = "No API key provided" if not given else "Incorrect API key provided"
-        err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' with the key this server was started "
-                            "with", code="invalid_api_key")
+        what = "No API key provided" if not (given or header) else "Incorrect API key provided"
+        err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the key this "
+                            "server was started with", code="invalid_api_key")
         body = self.error_shape(scope["path"])(err)
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

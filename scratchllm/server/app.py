@@ -18,11 +18,15 @@ started a 503; either way the request's generation is closed and its KV blocks f
 """
 
 import asyncio
+import atexit
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,7 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import access, chat_page, openapi, routes
+from scratchllm.server import access, chat_page, openapi, profiles, routes
+from scratchllm.server.batch_runner import BatchRunner
+from scratchllm.server.batch_store import BatchStore
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.registry import ModelLeases, ModelRegistry
@@ -75,7 +81,7 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not routes.body_limited(scope["path"]):
             return await self.app(scope, receive, send)
         too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
         for key, value in scope["headers"]:
@@ -206,6 +212,13 @@ async def _cut_response(sent: list[Message], send: Send) -> None:
         await send({"type": "http.response.body", "body": sse(error.body()), "more_body": False})
 
 
+def _temporary_folder() -> Path:
+    """A folder for an app's batches when nothing is to persist (tests, embedded apps): gone at exit."""
+    folder = tempfile.mkdtemp(prefix="scratchllm-batches-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return Path(folder)
+
+
 def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | None = None,
                config: ServerConfig = DEFAULT_CONFIG, trace: TraceWriter | None = None, otlp: Any = None,
                capture: Capture | None = None, classes: RequestClassMap | None = None,
@@ -227,9 +240,11 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reporter = asyncio.ensure_future(_report_stats(registry, config.stats_interval_s))
         unloader = asyncio.ensure_future(registry.run_unloader())
+        batches = asyncio.ensure_future(app.state.batch_runner.run_forever())  # resumes unfinished batches
         yield
         reporter.cancel()
         unloader.cancel()
+        batches.cancel()
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engines' too.
         await registry.shutdown()
 
@@ -239,6 +254,7 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
         return ServerState(None, config, metrics, trace=trace, otlp=otlp, capture=capture, classes=classes)
 
     registry.bind(config, families, make_state)
+    profiles.load_profiles(registry)  # a served name of the user's adds what it adds (server/profiles.py)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = registry
     # the first generation model's state, for code that serves one model (tests, the cluster's ingress)
@@ -246,6 +262,11 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     app.state.server = registry.entry(generators[0]).state if generators else None
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.drain = drain = drain or Drain()
+    # the Batch API: its jobs (batch_store.py) and the worker that runs them through this app
+    app.state.batches = BatchStore(Path(config.batch_dir) if config.batch_dir else _temporary_folder())
+    app.state.batch_endpoints = routes.BATCHABLE
+    app.state.batch_runner = BatchRunner(app.state.batches, app, config.api_key, config.batch_concurrency,
+                                         lambda: sum(e.metrics.in_flight for e in registry.models()))
 
     def error(request: Request, err: APIError) -> JSONResponse:
         """The error in its path's shape (OpenAI's; Ollama's `{"error": "..."}` under /api/)."""

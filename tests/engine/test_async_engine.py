@@ -15,7 +15,7 @@ from .tiny import greedy_alone, tiny_llama
 class LetterTokenizer:
     """Token id t is the letter chr(97 + t % 26); enough to test deltas and stop strings."""
 
-    eos_token_id = None
+    eos_token_id, end_token_ids = None, frozenset()
 
     def detokenizer(self, skip_special_tokens=False):
         class D:

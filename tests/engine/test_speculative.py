@@ -306,19 +306,20 @@ def test_a_grammar_constrains_the_drafts(caplog):
 
 
 def test_a_draft_ends_at_its_first_end_token():
-    """Nothing after an end token is ever emitted: the draft is cut there (the EOS unless the
-    request ignores it, and its stop tokens)."""
+    """Nothing after an end token is ever emitted: the draft is cut there (the model's tokens
+    that end generation unless the request ignores them, and its stop tokens)."""
     from scratchllm.engine.request import Request
     from scratchllm.engine.speculative.config import SpeculativeConfig
     from scratchllm.engine.speculative.draft import Draft
     from scratchllm.engine.speculative.speculator import Speculator
 
-    spec = Speculator(SpeculativeConfig(**NGRAM), 512, eos_token_id=2)
+    spec = Speculator(SpeculativeConfig(**NGRAM), 512, end_token_ids={2, 9})
 
     def cut(tokens, **params):
         req = Request("r", [1], SamplingParams(max_tokens=10, **params), None)
         return spec._to_end(req, Draft(tokens)).tokens
 
     assert cut([5, 2, 7, 8]) == [5, 2]
+    assert cut([5, 9, 7, 8]) == [5, 9]  # any token that ends generation, not the EOS alone
     assert cut([5, 2, 7, 8], ignore_eos=True) == [5, 2, 7, 8]
     assert cut([5, 6, 7, 8], stop_token_ids=(7,)) == [5, 6, 7]

@@ -48,3 +48,27 @@ def test_shutdown_without_drain_aborts_every_open_request_under_the_condition():
     assert sorted(engine.aborted) == ["x", "y", "z"] and all(engine.lock_held)
     assert [list(s)[-1].finish_reason for s in streams] == ["abort"] * 3  # the thread's end closed them
     assert not engine._thread.is_alive()
+
+
+def test_a_failed_fake_step_aborts_its_requests_and_the_engine_goes_on(monkeypatch):
+    """The fake draws through the sampling path now: an error there ends that step's requests
+    with "abort", as the continuous and static engines do, and the next request is served."""
+    import scratchllm.engine.fake as fake
+
+    real, calls = fake.sample, []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a step that fails")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fake, "sample", fails_once)
+    engine = fake.FakeEngine(step_ms=0.5)
+    try:
+        params = SamplingParams(max_tokens=3, temperature=0.0)
+        assert [e.finish_reason for e in engine.submit([5, 6], params)][-1] == "abort"
+        events = list(engine.submit([5, 6], params))
+        assert len(events) == 3 and events[-1].finish_reason == "length"
+    finally:
+        engine.shutdown()

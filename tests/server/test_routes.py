@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from scratchllm.evaluate import sources
 from scratchllm.server import routes
+from scratchllm.server.anthropic_protocol import anthropic_error_body
 from scratchllm.server.app import ServerConfig, create_app
 from scratchllm.server.backend import fake_backend
 from scratchllm.server.protocol import parse_body
@@ -19,7 +20,7 @@ from scratchllm.server.routes import Route
 
 KEY = "sk-routes"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-APP_OWN = {("/health", "GET"), ("/metrics", "GET"), ("/", "GET")}  # the app's own pages, not the API
+APP_OWN = {("/health", "GET"), ("/metrics", "GET"), ("/", "GET"), ("/assets/{name}", "GET")}  # not the API
 
 
 def _client() -> TestClient:
@@ -57,11 +58,17 @@ def test_the_key_guards_every_row_but_the_keyless_ones_in_the_rows_error_shape()
                 assert r.status_code == 200, path
                 continue
             assert r.status_code == 401, path  # /score, /rerank and /v2/rerank included
+            if route.method == "HEAD":
+                continue  # no body
             error = r.json()["error"]
+            if route.errors is anthropic_error_body:  # Anthropic's clients read {"type": "error", "error": {...}}
+                assert r.json()["type"] == "error" and error["type"] == "authentication_error"
+                continue
             assert isinstance(error, str) if path.startswith("/api/") else error["code"] == "invalid_api_key"
         # paths no row has: under the API's prefixes, the key first (a probe learns nothing)
         assert client.get("/api/nothing").json() == {"error": "No API key provided: send 'Authorization: Bearer "
-                                                              "<key>' with the key this server was started with"}
+                                                              "<key>' (or 'x-api-key: <key>') with the key this "
+                                                              "server was started with"}
         assert client.get("/v1/nothing").status_code == 401
         missing = client.get("/v1/nothing", headers=AUTH)
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"

@@ -27,7 +27,7 @@ catches a request's prompt up is a prefill, paid once) then replaces its prior.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +69,11 @@ class SpecCounters:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None,
-                 eos_token_id: int | None = None) -> None:
+                 end_token_ids: Collection[int] = ()) -> None:
         assert (draft is not None) == config.uses_draft_model
         self.config = config
         self.max_model_len = max_model_len
-        self.eos_token_id = eos_token_id  # a draft is cut after an end token: nothing after it is ever emitted
+        self.end_token_ids = frozenset(end_token_ids)  # a draft is cut after one: nothing after it is ever emitted
         self.draft = draft
         self.indexes: dict[str, NgramIndex] = {}
         self.acceptance: dict[str, Acceptance] = {}
@@ -126,11 +126,12 @@ class Speculator:
         return {r: d for r, d in drafts.items() if d.tokens and len(d.tokens) >= cfg.draft_min}
 
     def _to_end(self, req: Request, draft: Draft) -> Draft:
-        """The draft up to its first end token (the request's stop tokens, the EOS unless it
-        ignores it), included: the request would end there, so no later draft is emitted."""
+        """The draft up to its first end token (the request's stop tokens, the model's tokens that
+        end generation unless it ignores them), included: the request would end there, so no later
+        draft is emitted."""
         p = req.params
         for i, t in enumerate(draft.tokens):
-            if t in p.stop_token_ids or (t == self.eos_token_id and not p.ignore_eos):
+            if t in p.stop_token_ids or (t in self.end_token_ids and not p.ignore_eos):
                 return draft.head(i + 1)
         return draft
 
