@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scratchllm.engine.memory_plan import MiB, resident_bytes
 from scratchllm.formats.names import Named
+from scratchllm.models.heap import release_free_heap
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics, no_engine
 from scratchllm.server.protocol import APIError
 from scratchllm.server.state import ServedEmbedder, ServedModel, ServerConfig, ServerState
@@ -432,6 +433,7 @@ def _close(held: list[Served | None]) -> None:
         served.engine.shutdown(True)
     del served
     gc.collect()  # the engine and the model hold reference cycles: free their arrays now, not later
+    release_free_heap()  # and what they freed inside the C heap's arenas goes back to the kernel too
 
 
 class ModelLeases:
