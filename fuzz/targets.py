@@ -64,21 +64,16 @@ def torch(data: bytes) -> None:
 def unpickle(data: bytes) -> None:
     from scratchllm.formats.unpickle import load_state_dict_pickle
 
-    try:
+    with contextlib.suppress(ScratchLLMError):
         load_state_dict_pickle(data, "data.pkl")
-    except ScratchLLMError:
-        pass
 
 
 def tokenizer_json(data: bytes) -> None:
     from scratchllm.tokenizer import Tokenizer
 
-    with _file(data, "tokenizer.json") as path:
-        try:
-            tok = Tokenizer.from_pretrained(path)
-            tok.decode(tok.encode("Hello, wörld! 12 345  \n\tok"))
-        except ScratchLLMError:
-            pass
+    with _file(data, "tokenizer.json") as path, contextlib.suppress(ScratchLLMError):
+        tok = Tokenizer.from_pretrained(path)
+        tok.decode(tok.encode("Hello, wörld! 12 345  \n\tok"))
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 👋"},
@@ -88,11 +83,9 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def chat_template(data: bytes) -> None:
     from scratchllm.tokenizer.chat import TemplateLimits, render_chat
 
-    try:
+    with contextlib.suppress(ScratchLLMError):
         render_chat(data.decode("utf-8", errors="replace"), MESSAGES, special_tokens={"bos_token": "<s>"},
                     limits=TemplateLimits(seconds=0.05, max_chars=1 << 16))
-    except ScratchLLMError:
-        pass
 
 
 TARGETS = {f.__name__: f for f in (gguf, safetensors, torch, unpickle, tokenizer_json, chat_template)}

@@ -242,7 +242,7 @@ def summarize(run: LoadRun, slo: dict[str, float | None]) -> dict[str, Any]:
     m = run["metrics"]
     peak = http_client.metric(m, "kv_blocks_peak") or 0
     block_bytes = (http_client.metric(m, "kv_cache_peak_bytes") or 0) / peak if peak else None
-    peak_blocks = max([peak, *run["kv_samples"]] or [0])
+    peak_blocks = max([peak, *run["kv_samples"]])
     errors: dict[str, int] = {}
     for r in results:
         if not r.ok:

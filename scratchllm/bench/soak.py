@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -152,10 +153,8 @@ async def _trickle(url: str, rng: random.Random, counts: Counter[str], model: st
         counts[f"transport_{type(err).__name__}"] += 1
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(OSError):
             await writer.wait_closed()
-        except OSError:
-            pass
 
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> tuple[float | None, float | None]:

@@ -10,6 +10,7 @@ are, so streaming is not buffered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -60,10 +61,8 @@ class CachedTokensUsage:
                 if message.get("more_body"):
                     return
                 body = b"".join(parts)
-                try:
+                with contextlib.suppress(ValueError, AttributeError):  # not a JSON object: sent as it came
                     body = json.dumps(with_cached(json.loads(body), self.store())).encode()
-                except (ValueError, AttributeError):
-                    pass  # not a JSON object: sent as it came
                 sent_headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
                 sent_headers.append((b"content-length", str(len(body)).encode()))
                 await send({**start, "headers": sent_headers})

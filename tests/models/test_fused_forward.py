@@ -102,9 +102,8 @@ def test_workspace_reuses_its_buffers():
         assert again is first  # the same views, step after step
     with ws.rows(2) as fewer:
         assert fewer.h.ctypes.data == first.h.ctypes.data and fewer.rows == 2
-    with ws.rows(3) as held:
-        with ws.rows(3) as other:  # a second forward at once (another thread): buffers of its own
-            assert other.h.ctypes.data != held.h.ctypes.data
+    with ws.rows(3) as held, ws.rows(3) as other:  # a second forward at once (another thread): its own buffers
+        assert other.h.ctypes.data != held.h.ctypes.data
     with ws.rows(CACHED_ROWS + 1) as big:
         assert big.rows == CACHED_ROWS + 1
     with ws.rows(3) as after:

@@ -201,9 +201,9 @@ def test_what_is_refused_is_a_400_in_anthropics_shape(server, body, param):
 def test_keys_and_versions(server):
     _, _, url = server
     body = {"model": "qwen", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
-    with anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0) as bad:
-        with pytest.raises(anthropic.AuthenticationError) as err:
-            bad.messages.create(**body)
+    with (anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0) as bad,
+          pytest.raises(anthropic.AuthenticationError) as err):
+        bad.messages.create(**body)
     assert err.value.body["error"]["type"] == "authentication_error"
     r = httpx.post(url + "/v1/messages", json=body, headers={"x-api-key": "sk-a", "anthropic-version": "latest"})
     assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"]

@@ -39,8 +39,8 @@ def test_the_openai_client_parses_a_pinged_stream(slow_server):
 
 def test_no_pings_when_off(serve):
     model, embedder = fake_backend(step_ms=60.0)
-    with serve(create_app(model, embedder, ServerConfig(sse_ping_interval_s=0))) as url:
-        with httpx.stream("POST", url + "/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 3,
-                                                                  "stream": True}, timeout=20) as r:
-            lines = [line for line in r.iter_lines() if line]
+    body = {"model": "fake", "prompt": "hi", "max_tokens": 3, "stream": True}
+    with (serve(create_app(model, embedder, ServerConfig(sse_ping_interval_s=0))) as url,
+          httpx.stream("POST", url + "/v1/completions", json=body, timeout=20) as r):
+        lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and ": ping" not in lines
