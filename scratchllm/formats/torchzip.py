@@ -94,61 +94,19 @@ def load_torch(path: str | Path) -> Checkpoint:
         entries = archive.infolist()
     except ZIP_ERRORS as err:
         raise FormatError(p, f"not a readable zip archive: {err}") from None
-    pickles = [e for e in entries if e.filename.endswith("data.pkl") and e.filename.count("/") == 1]
-    if len(pickles) != 1:
-        raise FormatError(p, "zip has no <archive>/data.pkl: not a torch.save checkpoint"
-                          if not pickles else "zip has more than one data.pkl")
-    prefix = pickles[0].filename[: -len("data.pkl")]
+    pickle_entry = _data_pickle(entries, p)
+    prefix = pickle_entry.filename[: -len("data.pkl")]
     by_name = {e.filename: e for e in entries}
-    byteorder = "little"
-    if prefix + "byteorder" in by_name:
-        byteorder = _read_small(archive, by_name[prefix + "byteorder"], p).decode("ascii", "replace")
-        if byteorder not in ("little", "big"):
-            raise FormatError(p, f"byteorder entry says {byteorder!r}")
-    if pickles[0].file_size > MAX_PICKLE:
-        raise FormatError(p, f"data.pkl claims {pickles[0].file_size} bytes; a state dict pickle is far smaller")
-    pickle_bytes = _read_small(archive, pickles[0], p)
+    byteorder = _byteorder(archive, by_name.get(prefix + "byteorder"), p)
+    if pickle_entry.file_size > MAX_PICKLE:
+        raise FormatError(p, f"data.pkl claims {pickle_entry.file_size} bytes; a state dict pickle is far smaller")
+    pickle_bytes = _read_small(archive, pickle_entry, p)
     obj, storages = load_state_dict_pickle(pickle_bytes, p)
     tensors: dict[str, TensorRef] = {}
     other: dict[str, Any] = {}
     _flatten(obj, "", tensors, other, p)
-
-    # Storages: each is one zip entry whose size must be exactly numel x itemsize.
-    spans: dict[str, tuple[int, int, zipfile.ZipInfo]] = {}
-    for key, st in storages.items():
-        entry = by_name.get(f"{prefix}data/{key}")
-        if entry is None:
-            raise FormatError(p, f"storage '{key}' has no zip entry {prefix}data/{key}")
-        if st.dtype not in ITEMSIZE:
-            raise FormatError(p, f"storage '{key}' has unknown dtype {st.dtype!r}")
-        if entry.file_size != st.numel * ITEMSIZE[st.dtype]:
-            raise FormatError(p, f"storage '{key}' claims {st.numel} x {st.dtype} = {st.numel * ITEMSIZE[st.dtype]}"
-                                 f" bytes but {entry.filename} holds {entry.file_size}")
-        begin, size = _entry_span(data, entry, p)
-        spans[key] = (begin, size, entry)
-    placed = sorted((b, b + s, k) for k, (b, s, e) in spans.items() if e.compress_type == zipfile.ZIP_STORED and s)
-    for (_, end_a, a), (start_b, _, b) in zip(placed, placed[1:], strict=False):
-        if start_b < end_a:
-            raise FormatError(p, f"storages '{a}' and '{b}' overlap in the file (bytes {start_b}..{end_a})")
-
-    infos: dict[str, TensorInfo] = {}
-    for name, ref in tensors.items():
-        if ref.dtype not in ITEMSIZE:
-            raise FormatError(p, f"tensor '{name}' has unknown dtype {ref.dtype!r}")
-        # Offsets and strides count elements of the tensor's dtype (= the storage's, except for an
-        # untyped storage of bytes, which _rebuild_tensor_v3 reinterprets).
-        itemsize = ITEMSIZE[ref.dtype]
-        capacity = ref.storage.numel * ITEMSIZE[ref.storage.dtype] // itemsize
-        first, end = _span(ref)
-        if end > capacity:
-            raise FormatError(p, f"tensor '{name}' reaches element {end - 1} of storage '{ref.storage.key}', "
-                                 f"which has {capacity}")
-        begin = spans[ref.storage.key][0]
-        infos[name] = TensorInfo(
-            name=name, dtype=ref.dtype, shape=ref.shape, strides=ref.strides, offset=begin + first * itemsize,
-            nbytes=(end - first) * itemsize, file=p, out_dtype="float32" if ref.dtype == "bfloat16" else ref.dtype,
-            contiguous=_is_contiguous(ref.shape, ref.strides),
-        )
+    spans = _storage_spans(data, storages, by_name, prefix, p)
+    infos = {name: _tensor_info(name, ref, spans[ref.storage.key][0], p) for name, ref in tensors.items()}
 
     swap = byteorder != "little"
 
@@ -190,6 +148,69 @@ def load_torch(path: str | Path) -> Checkpoint:
             "storages": {k: {"dtype": r.dtype, "numel": r.numel, "location": r.location}
                          for k, r in storages.items()},
         },
+    )
+
+
+def _data_pickle(entries: list[zipfile.ZipInfo], path: str) -> zipfile.ZipInfo:
+    """The one <archive>/data.pkl entry."""
+    pickles = [e for e in entries if e.filename.endswith("data.pkl") and e.filename.count("/") == 1]
+    if len(pickles) != 1:
+        raise FormatError(path, "zip has no <archive>/data.pkl: not a torch.save checkpoint"
+                          if not pickles else "zip has more than one data.pkl")
+    return pickles[0]
+
+
+def _byteorder(archive: zipfile.ZipFile, entry: zipfile.ZipInfo | None, path: str) -> str:
+    """What the byteorder entry says; an archive without one is read as little-endian."""
+    if entry is None:
+        return "little"
+    byteorder = _read_small(archive, entry, path).decode("ascii", "replace")
+    if byteorder not in ("little", "big"):
+        raise FormatError(path, f"byteorder entry says {byteorder!r}")
+    return byteorder
+
+
+def _storage_spans(data: np.ndarray, storages: dict[str, StorageRef], by_name: dict[str, zipfile.ZipInfo],
+                   prefix: str, path: str) -> dict[str, tuple[int, int, zipfile.ZipInfo]]:
+    """key -> (file offset, size, entry) of each storage: one zip entry whose size must be exactly
+    numel x itemsize, no two of them overlapping in the file."""
+    spans: dict[str, tuple[int, int, zipfile.ZipInfo]] = {}
+    for key, st in storages.items():
+        entry = by_name.get(f"{prefix}data/{key}")
+        if entry is None:
+            raise FormatError(path, f"storage '{key}' has no zip entry {prefix}data/{key}")
+        if st.dtype not in ITEMSIZE:
+            raise FormatError(path, f"storage '{key}' has unknown dtype {st.dtype!r}")
+        if entry.file_size != st.numel * ITEMSIZE[st.dtype]:
+            raise FormatError(path, f"storage '{key}' claims {st.numel} x {st.dtype} = "
+                                    f"{st.numel * ITEMSIZE[st.dtype]} bytes but {entry.filename} holds "
+                                    f"{entry.file_size}")
+        begin, size = _entry_span(data, entry, path)
+        spans[key] = (begin, size, entry)
+    placed = sorted((b, b + s, k) for k, (b, s, e) in spans.items() if e.compress_type == zipfile.ZIP_STORED and s)
+    for (_, end_a, a), (start_b, _, b) in zip(placed, placed[1:], strict=False):
+        if start_b < end_a:
+            raise FormatError(path, f"storages '{a}' and '{b}' overlap in the file (bytes {start_b}..{end_a})")
+    return spans
+
+
+def _tensor_info(name: str, ref: TensorRef, storage_begin: int, path: str) -> TensorInfo:
+    """Where a tensor's bytes lie, after checking that every element its strides reach is inside
+    its storage (which starts at file offset storage_begin)."""
+    if ref.dtype not in ITEMSIZE:
+        raise FormatError(path, f"tensor '{name}' has unknown dtype {ref.dtype!r}")
+    # Offsets and strides count elements of the tensor's dtype (= the storage's, except for an
+    # untyped storage of bytes, which _rebuild_tensor_v3 reinterprets).
+    itemsize = ITEMSIZE[ref.dtype]
+    capacity = ref.storage.numel * ITEMSIZE[ref.storage.dtype] // itemsize
+    first, end = _span(ref)
+    if end > capacity:
+        raise FormatError(path, f"tensor '{name}' reaches element {end - 1} of storage '{ref.storage.key}', "
+                                f"which has {capacity}")
+    return TensorInfo(
+        name=name, dtype=ref.dtype, shape=ref.shape, strides=ref.strides, offset=storage_begin + first * itemsize,
+        nbytes=(end - first) * itemsize, file=path, out_dtype="float32" if ref.dtype == "bfloat16" else ref.dtype,
+        contiguous=_is_contiguous(ref.shape, ref.strides),
     )
 
 

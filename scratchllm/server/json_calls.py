@@ -171,23 +171,13 @@ class CallsReader:
                 return False
             obj.state, obj.raw_key, obj.nesting = "key", '"', JsonNesting(in_string=True)
         elif s == "key":
-            obj.raw_key += ch
-            obj.nesting.step(ch)
-            if not obj.nesting.in_string:
-                obj.key, obj.state = _loads(obj.raw_key), "colon?"
-                if not isinstance(obj.key, str):
-                    return False
+            return self._key_char(obj, ch)
         elif s == "colon?":
             if ch != ":":
                 return False
             obj.state = "value?"
         elif s == "value?":
-            obj.state, obj.value, obj.nesting = "value", "", JsonNesting()
-            obj.value_kind = "container" if ch in "{[" else "string" if ch == '"' else "primitive"
-            if obj.value_kind == "primitive" and ch not in _PRIMITIVE:
-                return False
-            obj.nesting.step(ch)
-            return self._take(obj, ch, out)
+            return self._value_start(obj, ch, out)
         elif s == "next?":
             if ch == ",":
                 obj.state = "key?"
@@ -196,6 +186,26 @@ class CallsReader:
             else:
                 return False
         return True
+
+    @staticmethod
+    def _key_char(obj: _Object, ch: str) -> bool:
+        """One character of a key (a JSON string, its opening quote read); False if it is no string."""
+        obj.raw_key += ch
+        obj.nesting.step(ch)
+        if not obj.nesting.in_string:
+            obj.key, obj.state = _loads(obj.raw_key), "colon?"
+            if not isinstance(obj.key, str):
+                return False
+        return True
+
+    def _value_start(self, obj: _Object, ch: str, out: list[Delta]) -> bool:
+        """The first character of a value, which says its kind."""
+        obj.state, obj.value, obj.nesting = "value", "", JsonNesting()
+        obj.value_kind = "container" if ch in "{[" else "string" if ch == '"' else "primitive"
+        if obj.value_kind == "primitive" and ch not in _PRIMITIVE:
+            return False
+        obj.nesting.step(ch)
+        return self._take(obj, ch, out)
 
     def _value_char(self, obj: _Object, ch: str, out: list[Delta]) -> bool:
         if obj.value_kind == "primitive":

@@ -245,19 +245,7 @@ def _normalizer(node: Json, path: Path) -> Callable[[str], str] | None:
         return None
     kind = node.get("type")
     if kind == "Sequence":
-        steps: list[Callable[[str], str]] = []
-        for child in node["normalizers"]:
-            step = _normalizer(child, path)
-            if step is None:
-                raise FormatError(path, "a normalizer Sequence has a null step")
-            steps.append(step)
-
-        def sequence(text: str) -> str:
-            for step in steps:
-                text = step(text)
-            return text
-
-        return sequence
+        return _sequence_normalizer(node, path)
     if kind in ("NFC", "NFD", "NFKC", "NFKD"):
         return lambda text: unicodedata.normalize(kind, text)
     if kind == "Lowercase":
@@ -268,22 +256,44 @@ def _normalizer(node: Json, path: Path) -> Callable[[str], str] | None:
             raise FormatError(path, f"Prepend {prepend!r} is not a string")
         return lambda text: prepend + text if text else text
     if kind == "Replace":
-        pattern, content = node["pattern"], node["content"]
-        if not isinstance(content, str):
-            raise FormatError(path, f"Replace content {content!r} is not a string")
-        if "String" in pattern:
-            old = pattern["String"]
-            if not isinstance(old, str) or not old:
-                raise FormatError(path, f"Replace pattern {old!r} is not a non-empty string")
-            return lambda text: text.replace(old, content)
-        compiled = regex.compile(pattern["Regex"])
-        return lambda text: compiled.sub(lambda _: content, text)
+        return _replace_normalizer(node, path)
     if kind == "BertNormalizer":
         opts = dict(lowercase=bool(node.get("lowercase", True)), strip_accents=node.get("strip_accents"),
                     clean_text=bool(node.get("clean_text", True)),
                     handle_chinese_chars=bool(node.get("handle_chinese_chars", True)))
         return lambda text: bert_normalize(text, **opts)
     raise FormatError(path, f"normalizer {kind!r} is not supported")
+
+
+def _sequence_normalizer(node: Json, path: Path) -> Callable[[str], str]:
+    """A Sequence normalizer: its steps, each on the one before's output."""
+    steps: list[Callable[[str], str]] = []
+    for child in node["normalizers"]:
+        step = _normalizer(child, path)
+        if step is None:
+            raise FormatError(path, "a normalizer Sequence has a null step")
+        steps.append(step)
+
+    def sequence(text: str) -> str:
+        for step in steps:
+            text = step(text)
+        return text
+
+    return sequence
+
+
+def _replace_normalizer(node: Json, path: Path) -> Callable[[str], str]:
+    """A Replace normalizer: every match of a literal String or a Regex becomes `content`."""
+    pattern, content = node["pattern"], node["content"]
+    if not isinstance(content, str):
+        raise FormatError(path, f"Replace content {content!r} is not a string")
+    if "String" in pattern:
+        old = pattern["String"]
+        if not isinstance(old, str) or not old:
+            raise FormatError(path, f"Replace pattern {old!r} is not a non-empty string")
+        return lambda text: text.replace(old, content)
+    compiled = regex.compile(pattern["Regex"])
+    return lambda text: compiled.sub(lambda _: content, text)
 
 
 def _post_processor(node: Json, added: dict[str, int], vocab: dict[str, int],

@@ -54,6 +54,27 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
+        method = self._method()
+        object.__setattr__(self, "method", method)
+        k = self.num_speculative_tokens
+        if k is None:
+            raise ConfigError("speculative config: num_speculative_tokens is required (the most tokens drafted "
+                              "per step, e.g. 5)")
+        _need("num_speculative_tokens", _is_int(k) and 1 <= k <= 64, "an integer in [1, 64]", k)
+        if method == "draft_model":
+            self._check_draft_model()
+        else:
+            self._check_ngram()
+        _need("draft_min", _is_int(self.draft_min) and 0 <= self.draft_min <= k,
+              f"an integer in [0, num_speculative_tokens={k}]", self.draft_min)
+        _need("draft_p_min", isinstance(self.draft_p_min, (int, float)) and not isinstance(self.draft_p_min, bool)
+              and 0.0 <= self.draft_p_min <= 1.0, "a number in [0, 1]", self.draft_p_min)
+        _need("adaptive", isinstance(self.adaptive, bool), "true or false", self.adaptive)
+        b = self.disable_by_batch_size
+        _need("disable_by_batch_size", b is None or (_is_int(b) and b >= 1), "an integer >= 1 or null", b)
+
+    def _method(self) -> str:
+        """The method asked for, in any of vLLM's spellings, as one of METHODS."""
         method = self.method
         if method in ("[ngram]",):  # vLLM's older spelling
             method = "ngram"
@@ -69,41 +90,32 @@ class SpeculativeConfig:
                               f"the methods are {', '.join(METHODS)}")
         if method not in METHODS:
             raise ConfigError(f"speculative config: method must be one of {', '.join(METHODS)}, got {method!r}")
-        object.__setattr__(self, "method", method)
-        k = self.num_speculative_tokens
-        if k is None:
-            raise ConfigError("speculative config: num_speculative_tokens is required (the most tokens drafted "
-                              "per step, e.g. 5)")
-        _need("num_speculative_tokens", _is_int(k) and 1 <= k <= 64, "an integer in [1, 64]", k)
-        if method == "draft_model":
-            if not self.model or not isinstance(self.model, str):
-                raise ConfigError("speculative config: method \"draft_model\" needs \"model\" (the draft model)")
-            if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
-                raise ConfigError("speculative config: prompt_lookup_min/max are the ngram method's, "
-                                  "not the draft model's")
-        else:
-            if self.model is not None:
-                raise ConfigError(f"speculative config: method \"ngram\" takes no model (got {self.model!r})")
-            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-            if lo is None and hi is None:
-                lo = hi = DEFAULT_LOOKUP
-            lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
-            assert lo is not None and hi is not None
-            for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-                _need(name, _is_int(v) and v >= 1, "an integer >= 1", v)
-            if lo > hi:
-                raise ConfigError(f"speculative config: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
-            object.__setattr__(self, "prompt_lookup_min", lo)
-            object.__setattr__(self, "prompt_lookup_max", hi)
-            if self.draft_p_min:
-                raise ConfigError("speculative config: draft_p_min is the draft model's, not the ngram method's")
-        _need("draft_min", _is_int(self.draft_min) and 0 <= self.draft_min <= k,
-              f"an integer in [0, num_speculative_tokens={k}]", self.draft_min)
-        _need("draft_p_min", isinstance(self.draft_p_min, (int, float)) and not isinstance(self.draft_p_min, bool)
-              and 0.0 <= self.draft_p_min <= 1.0, "a number in [0, 1]", self.draft_p_min)
-        _need("adaptive", isinstance(self.adaptive, bool), "true or false", self.adaptive)
-        b = self.disable_by_batch_size
-        _need("disable_by_batch_size", b is None or (_is_int(b) and b >= 1), "an integer >= 1 or null", b)
+        return method
+
+    def _check_draft_model(self) -> None:
+        if not self.model or not isinstance(self.model, str):
+            raise ConfigError("speculative config: method \"draft_model\" needs \"model\" (the draft model)")
+        if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
+            raise ConfigError("speculative config: prompt_lookup_min/max are the ngram method's, "
+                              "not the draft model's")
+
+    def _check_ngram(self) -> None:
+        """The n-gram sizes, one given setting both and neither given the default."""
+        if self.model is not None:
+            raise ConfigError(f"speculative config: method \"ngram\" takes no model (got {self.model!r})")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = DEFAULT_LOOKUP
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+        assert lo is not None and hi is not None
+        for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            _need(name, _is_int(v) and v >= 1, "an integer >= 1", v)
+        if lo > hi:
+            raise ConfigError(f"speculative config: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        if self.draft_p_min:
+            raise ConfigError("speculative config: draft_p_min is the draft model's, not the ngram method's")
 
     @property
     def uses_draft_model(self) -> bool:
