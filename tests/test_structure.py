@@ -177,13 +177,23 @@ def upward_imports(graph):
 
 
 def import_cycles(graph):
-    """Each strongly connected component of more than one module (Tarjan), as one cycle through
-    it, each step `module:line`: a -> b -> ... -> a."""
-    edges = {m: {} for m in graph}
+    """Each strongly connected component of more than one module, as one cycle through it, each
+    step `module:line`: a -> b -> ... -> a."""
+    edges = {m: {} for m in graph}  # module -> {imported module: the line of its first import}
     for module, imports in graph.items():
         for line, target in imports:
             if target != module and target in edges:
                 edges[module].setdefault(target, line)
+    cycles = []
+    for component in strong_components(edges):
+        path = cycle_through(component, edges)
+        steps = [f"{a}:{edges[a][b]}" for a, b in zip(path, path[1:], strict=False)]
+        cycles.append(" -> ".join(steps + [path[-1]]) + f"  (all of {sorted(component)})")
+    return sorted(cycles)
+
+
+def strong_components(edges):
+    """The strongly connected components of more than one node (Tarjan)."""
     index, low, on_stack, stack, components = {}, {}, set(), [], []
 
     def visit(v):
@@ -208,24 +218,25 @@ def import_cycles(graph):
     for v in sorted(edges):
         if v not in index:
             visit(v)
-    cycles = []
-    for component in components:
-        start = min(component)
-        paths, seen = {start: [start]}, {start}  # breadth first, inside the component, back to start
-        queue = [start]
-        while queue:
-            v = queue.pop(0)
-            if start in edges[v]:
-                path = paths[v] + [start]
-                break
-            for w in sorted(edges[v]):
-                if w in component and w not in seen:
-                    seen.add(w)
-                    paths[w] = paths[v] + [w]
-                    queue.append(w)
-        steps = [f"{a}:{edges[a][b]}" for a, b in zip(path, path[1:], strict=False)]
-        cycles.append(" -> ".join(steps + [start]) + f"  (all of {sorted(component)})")
-    return sorted(cycles)
+    return components
+
+
+def cycle_through(component, edges):
+    """A shortest path from the component's first node back to itself, inside the component
+    (breadth first): [start, ..., start]."""
+    start = min(component)
+    paths, seen = {start: [start]}, {start}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        if start in edges[v]:
+            return paths[v] + [start]
+        for w in sorted(edges[v]):
+            if w in component and w not in seen:
+                seen.add(w)
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    raise AssertionError(f"no cycle through {start} inside its own strongly connected component")
 
 
 def test_no_module_imports_a_higher_layer():

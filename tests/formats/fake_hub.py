@@ -20,6 +20,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -67,75 +68,96 @@ class FakeHub:
             server.server_close()
 
     def _handler(self, cdn: bool) -> type[BaseHTTPRequestHandler]:
-        hub = self
+        """The request handler of the hub (cdn=False) or of its CDN, answering from this hub."""
+        return type("Handler", (_Handler,), {"hub": self, "cdn": cdn})
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:  # quiet
-                pass
 
-            def do_HEAD(self) -> None:
-                self._answer(body=False)
+class _Handler(BaseHTTPRequestHandler):
+    hub: FakeHub
+    cdn: bool
 
-            def do_GET(self) -> None:
-                self._answer(body=True)
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
 
-            def _send(self, status: int, headers: dict[str, str], payload: bytes, body: bool) -> None:
-                self.send_response(status)
-                for k, v in {"Content-Length": str(len(payload)), **headers}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                if body:
-                    self.wfile.write(payload)
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
 
-            def _error(self, status: int, code: str, body: bool, commit: bool = False) -> None:
-                headers = {"X-Error-Code": code, "X-Error-Message": code, "Content-Type": "application/json"}
-                if commit:
-                    headers["X-Repo-Commit"] = COMMIT
-                self._send(status, headers, json.dumps({"error": code}).encode(), body)
+    def do_GET(self) -> None:
+        self._answer(body=True)
 
-            def _answer(self, body: bool) -> None:
-                path = unquote(urlsplit(self.path).path)
-                hub.requests.append((self.command, ("cdn" if cdn else "") + path))
-                time.sleep(hub.delay_s)
-                if cdn:
-                    f = next((f for files in hub.repos.values() for f in files.values()
-                              if f.lfs and f.sha256 == path.strip("/")), None)
-                    if f is None:
-                        return self._send(404, {}, b"", body)
-                    return self._send(200, {"Content-Type": "application/octet-stream"}, f.served or f.data, body)
-                m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
-                if m:
-                    return self._listing(m.group(1), m.group(2) or "main", body)
-                m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
-                if m is None:
-                    return self._send(404, {}, b"", body)
-                repo, revision, name = m.groups()
-                if repo not in hub.repos:
-                    return self._error(401, "RepoNotFound", body)
-                if revision not in ("main", COMMIT):
-                    return self._error(404, "RevisionNotFound", body)
-                f = hub.repos[repo].get(name)
-                if f is None:
-                    return self._error(404, "EntryNotFound", body, commit=True)
-                if f.lfs:
-                    return self._send(302, {"Location": f"{hub.cdn_url}/{f.sha256}", "X-Repo-Commit": COMMIT,
-                                            "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data)),
-                                            "ETag": f'"{git_sha1(f.data)}"'}, b"", body)
-                return self._send(200, {"ETag": f'"{git_sha1(f.data)}"', "X-Repo-Commit": COMMIT},
-                                  f.served or f.data, body)
+    def _send(self, status: int, headers: dict[str, str], payload: bytes, body: bool) -> None:
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(payload)), **headers}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
 
-            def _listing(self, repo: str, revision: str, body: bool) -> None:
-                if repo not in hub.repos:
-                    return self._error(401, "RepoNotFound", body)
-                if revision not in ("main", COMMIT):
-                    return self._error(404, "RevisionNotFound", body)
-                siblings = []
-                for name, f in hub.repos[repo].items():
-                    sibling = {"rfilename": name, "size": len(f.data), "blobId": git_sha1(f.data)}
-                    if f.lfs:
-                        sibling["lfs"] = {"size": len(f.data), "sha256": f.sha256, "pointerSize": 134}
-                    siblings.append(sibling)
-                doc = {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
-                self._send(200, {"Content-Type": "application/json"}, json.dumps(doc).encode(), body)
+    def _error(self, status: int, code: str, body: bool, commit: bool = False) -> None:
+        headers = {"X-Error-Code": code, "X-Error-Message": code, "Content-Type": "application/json"}
+        if commit:
+            headers["X-Repo-Commit"] = COMMIT
+        self._send(status, headers, json.dumps({"error": code}).encode(), body)
 
-        return Handler
+    def _answer(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.hub.requests.append((self.command, ("cdn" if self.cdn else "") + path))
+        time.sleep(self.hub.delay_s)
+        if self.cdn:
+            return self._blob(path.strip("/"), body)
+        for pattern, route in HUB_ROUTES:
+            m = re.fullmatch(pattern, path)
+            if m:
+                return route(self, *m.groups(), body=body)
+        return self._send(404, {}, b"", body)
+
+    def _blob(self, sha256: str, body: bool) -> None:
+        """The CDN: an LFS file's bytes, by their SHA-256."""
+        f = next((f for files in self.hub.repos.values() for f in files.values() if f.lfs and f.sha256 == sha256),
+                 None)
+        if f is None:
+            return self._send(404, {}, b"", body)
+        return self._send(200, {"Content-Type": "application/octet-stream"}, f.served or f.data, body)
+
+    def _unknown(self, repo: str, revision: str, body: bool) -> bool:
+        """Answers the hub's error for a repository or revision it does not have (True), or nothing."""
+        if repo not in self.hub.repos:
+            self._error(401, "RepoNotFound", body)
+        elif revision not in ("main", COMMIT):
+            self._error(404, "RevisionNotFound", body)
+        else:
+            return False
+        return True
+
+    def _resolve(self, repo: str, revision: str, name: str, body: bool) -> None:
+        """One file: a git file's bytes, or an LFS file's redirect to the CDN."""
+        if self._unknown(repo, revision, body):
+            return None
+        f = self.hub.repos[repo].get(name)
+        if f is None:
+            return self._error(404, "EntryNotFound", body, commit=True)
+        if f.lfs:
+            return self._send(302, {"Location": f"{self.hub.cdn_url}/{f.sha256}", "X-Repo-Commit": COMMIT,
+                                    "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data)),
+                                    "ETag": f'"{git_sha1(f.data)}"'}, b"", body)
+        return self._send(200, {"ETag": f'"{git_sha1(f.data)}"', "X-Repo-Commit": COMMIT}, f.served or f.data, body)
+
+    def _listing(self, repo: str, revision: str | None, body: bool) -> None:
+        """The repository's listing at a revision (main when the path names none)."""
+        if self._unknown(repo, revision or "main", body):
+            return None
+        siblings = []
+        for name, f in self.hub.repos[repo].items():
+            sibling = {"rfilename": name, "size": len(f.data), "blobId": git_sha1(f.data)}
+            if f.lfs:
+                sibling["lfs"] = {"size": len(f.data), "sha256": f.sha256, "pointerSize": 134}
+            siblings.append(sibling)
+        doc = {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
+        return self._send(200, {"Content-Type": "application/json"}, json.dumps(doc).encode(), body)
+
+
+# The hub's paths, tried in order: each pattern's groups are its route's arguments.
+HUB_ROUTES: list[tuple[str, Callable[..., None]]] = [
+    (r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", _Handler._listing),
+    (r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", _Handler._resolve),
+]

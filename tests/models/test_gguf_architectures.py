@@ -70,12 +70,8 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(path, name, seed):
-    """A random `name` model in every type of TYPES (see the module docstring); returns path."""
-    arch, layers, tied, extra = ARCHS[name]
-    script, rng = _script(), np.random.default_rng(seed)
-    shift = 5 * seed  # where this file's type cycle starts
-    w = gguf.GGUFWriter(str(path), arch)
+def _add_hyperparameters(w, name, arch, layers, extra):
+    """The key-value metadata of a random `name` model (the sizes above, its family's extras)."""
     w.add_name(name)  # transformers reads a llama file named exactly "mistral" as Mistral
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
@@ -99,6 +95,15 @@ def write_gguf(path, name, seed):
     if name == "gemma2":
         w.add_attn_logit_softcapping(extra["attn_softcap"])
         w.add_final_logit_softcapping(extra["final_softcap"])
+
+
+def write_gguf(path, name, seed):
+    """A random `name` model in every type of TYPES (see the module docstring); returns path."""
+    arch, layers, tied, extra = ARCHS[name]
+    script, rng = _script(), np.random.default_rng(seed)
+    shift = 5 * seed  # where this file's type cycle starts
+    w = gguf.GGUFWriter(str(path), arch)
+    _add_hyperparameters(w, name, arch, layers, extra)
 
     def matrix(tensor, rows, cols, kind):
         qtype = gguf.GGMLQuantizationType[kind]
