@@ -8,6 +8,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 NPROC  := $(shell nproc 2>/dev/null || echo 1)
+# Every Python file in the repository: what the pre-commit ruff hook sees (.venv and build are
+# excluded in pyproject.toml).
+LINT_PATHS := scratchllm tests scripts fuzz setup.py
 
 .PHONY: demo test test-fast build lint clean bench soak
 
@@ -47,12 +50,12 @@ demo: build
 # --durations=25: the slowest tests are named in every run (CI's log too); in test-fast, those
 # are the candidates for the slow marker.
 test: build $(VENV)/.test-deps $(VENV)/.chromium
-	$(PY) -m ruff check scratchllm tests
+	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=25
 
 test-fast: build $(VENV)/.test-deps $(VENV)/.chromium
-	$(PY) -m ruff check scratchllm tests
+	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=25 -m "not slow"
 
@@ -63,7 +66,7 @@ soak: build $(VENV)/.test-deps
 	$(PY) -m scratchllm.cluster.soak --seconds $(SOAK_SECONDS)
 
 lint: $(VENV)/.test-deps
-	$(PY) -m ruff check scratchllm tests
+	$(PY) -m ruff check $(LINT_PATHS)
 
 clean:
 	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
