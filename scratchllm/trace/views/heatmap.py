@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scratchllm.extras import need
 from scratchllm.trace.views.diagnosis import Finding, LatencyGrid
 
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
 def draw_heatmap(grid: LatencyGrid, findings: list[Finding], path: str | os.PathLike[str], width: int = 1200,
                  height: int = 800,
                  title: str = "token latency") -> Path:
+    need("matplotlib", "the latency heatmap (a PNG)")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
