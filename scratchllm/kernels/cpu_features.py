@@ -64,8 +64,7 @@ class Level:
 LEVELS = (
     Level("x86-64-v2", ("-march=x86-64-v2",), "any x86-64 with SSE4.2 and POPCNT (2009 on)"),
     Level("x86-64-v3", ("-march=x86-64-v3",), "AVX2, FMA and F16C (Intel Haswell, AMD Zen and later)"),
-    # 512-bit vectors for GCC's own vectorized loops too (its generic tuning prefers 256), as -march=native had
-    Level("avx512-vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"),
+    Level("avx512-vnni", ("-march=x86-64-v4", "-mavx512vnni"),
           "AVX-512 F/BW/DQ/VL/CD with VNNI (Intel Cascade Lake, Ice Lake, Sapphire Rapids; AMD Zen 4)"),
 )
 NATIVE = Level("native", ("-march=native",), "the machine that built it (SCRATCHLLM_NATIVE=1)")
