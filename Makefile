@@ -94,7 +94,7 @@ FUZZ_TARGETS := gguf safetensors torch unpickle tokenizer_json chat_template
 fuzz: build $(VENV)/.test-deps
 	@for t in $(FUZZ_TARGETS); do \
 		mkdir -p .fuzz/corpus/$$t; \
-		echo "== fuzz $$t ($(FUZZ_RUNS) runs, time limit $(FUZZ_SECONDS) s)"; \
+		echo "== fuzz $$t ($(FUZZ_RUNS) runs, $(if $(filter 0,$(FUZZ_SECONDS)),no time limit,at most $(FUZZ_SECONDS) s))"; \
 		nice -n 10 $(PY) fuzz/run.py $$t .fuzz/corpus/$$t fuzz/corpus/$$t -runs=$(FUZZ_RUNS) \
 			-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=.fuzz/$$t- -rss_limit_mb=2048 -timeout=10 \
 			-print_final_stats=1 || exit 1; \
