@@ -13,8 +13,9 @@ the same buffers, so the same bits (tests/models/test_llama_blocks.py). It cover
 family's variations: QK-norm (Qwen3, Gemma 3), the sublayers' output norms and GeGLU (Gemma 2/3),
 Gemma 3's second rope base on its sliding-window layers, and, from the engine's paged attention,
 per-layer sliding windows in a pool of their own, the softmax scale and the scores' soft-cap.
-Float32 or quantized matrices, no biases: a model with biases or bfloat16 matrices keeps the
-Python loop (`LlamaBlocks` raises TypeError for it at load time).
+Float32 or quantized matrices, with or without q|k|v and o biases (Qwen2, Llama's
+attention_bias): a model with bfloat16 matrices keeps the Python loop (`LlamaBlocks` raises
+TypeError for it at load time).
 
 Each call also measures where its time went (matmuls, attention, the other kernels), with a
 monotonic clock read around each kernel: 9 kernels x 30 blocks, tens of nanoseconds each.
@@ -49,6 +50,8 @@ cdef struct Block:
     const float *k_norm  # [D]
     const float *attn_out_norm  # [C] the norm of the attention's output, or NULL (Gemma's post-norms)
     const float *mlp_out_norm  # [C] the norm of the MLP's output, or NULL
+    const float *qkv_bias  # [(H + 2 KVH) D] added to q|k|v's rows, or NULL (none; Qwen2 has one)
+    const float *o_bias  # [C] added to the attention's output projection, or NULL
     bint local_rope  # rotates by the second rope's angles (Gemma 3's sliding-window layers)
     GemmWeight qkv  # [C, (H + 2 KVH) D]
     GemmWeight o  # [H D, C]
@@ -83,9 +86,6 @@ cdef class LlamaBlocks:
         local = list(local_rope) or [False] * self.num_layers
         if len(local) != self.num_layers:
             raise ValueError(f"local_rope has {len(local)} entries for {self.num_layers} layers")
-        for p in layers:
-            if p.get("qkv_bias") is not None or p.get("o_bias") is not None:
-                raise TypeError("blocks with biases run in Python (models/llama.blocks_into)")
         self.blocks = <Block *> malloc(max(1, self.num_layers) * sizeof(Block))
         if self.blocks == NULL:
             raise MemoryError()
@@ -108,6 +108,8 @@ cdef class LlamaBlocks:
                 raise ValueError(f"block {i}: a q_norm without a k_norm, or the reverse")
             self.blocks[i].attn_out_norm = _norm(p, "attn_out_norm", self.C, i, True)
             self.blocks[i].mlp_out_norm = _norm(p, "mlp_out_norm", self.C, i, True)
+            self.blocks[i].qkv_bias = _norm(p, "qkv_bias", shapes["qkv_proj"][1], i, True)
+            self.blocks[i].o_bias = _norm(p, "o_bias", self.C, i, True)
             self.blocks[i].local_rope = bool(local[i])
             keep.append(p)
         self.keep = keep
@@ -225,6 +227,8 @@ cdef class LlamaBlocks:
                 t1 = _now_ns(); other += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.qkv, hp, N, qkvp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
+                if b.qkv_bias != NULL:  # linear_into's `out += b`: one float32 add per element
+                    _add_bias(qkvp, ldq, b.qkv_bias, N, W)
                 if b.q_norm != NULL:  # QK-norm: each head of q and of k a row of its own (llama.head_norm_)
                     for i in range(N):
                         pointwise.rms_norm_rows(qkvp + i * ldq, D, b.q_norm, self.eps, qkvp + i * ldq, D, H, D)
@@ -243,6 +247,8 @@ cdef class LlamaBlocks:
                 t1 = _now_ns(); at += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.o, attnp, N, dp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
+                if b.o_bias != NULL:
+                    _add_bias(dp, ldd, b.o_bias, N, C)
                 if b.attn_out_norm != NULL:
                     pointwise.rms_norm_rows(dp, ldd, b.attn_out_norm, self.eps, dp, ldd, N, C)
                 pointwise.add_rms_norm_rows(xp, ldx, dp, ldd, b.post_norm, self.eps, hp, ldh, N, C)
@@ -267,8 +273,15 @@ cdef class LlamaBlocks:
         self.matmul_ns, self.attention_ns, self.other_ns = mm, at, other
 
 
+cdef inline void _add_bias(float *y, Py_ssize_t ld, const float *bias, Py_ssize_t N, Py_ssize_t W) noexcept nogil:
+    cdef Py_ssize_t i, j
+    for i in range(N):
+        for j in range(W):
+            y[i * ld + j] = y[i * ld + j] + bias[j]
+
+
 cdef const float *_norm(p, str name, Py_ssize_t size, Py_ssize_t i, bint optional) except? NULL:
-    """The pointer to block i's norm weight `name` of `size` floats; NULL for an optional one it lacks."""
+    """The pointer to block i's norm weight (or bias) `name` of `size` floats; NULL for an optional one it lacks."""
     cdef const float[::1] w
     if p.get(name) is None:
         if optional:

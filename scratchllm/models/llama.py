@@ -446,7 +446,7 @@ class Packer:
                                   "norm": self.norm("model.norm.weight"), "lm_head": lm_head,
                                   "context": cfg.max_position_embeddings} | self.rope()
         params["blocks"] = None
-        try:  # every block in one C call where the kernels cover it (not biases, not bfloat16)
+        try:  # every block in one C call where the kernels cover it (not bfloat16)
             params["blocks"] = LlamaBlocks(layers, cfg, local_rope_layers(cfg))
         except TypeError:
             pass

@@ -35,7 +35,10 @@ def forward_both(model, ids, pos, make_attention):
 
 
 def test_engine_step_of_many_sequences_bit_for_bit():
-    model = tiny_llama(seed=11, layers=3)
+    engine_step_bit_for_bit(tiny_llama(seed=11, layers=3))
+
+
+def engine_step_bit_for_bit(model):
     cfg = model.config
     lens = [5, 1, 17, 2]  # prefills and single decode rows in one step, one sequence over two blocks
     seq = np.repeat(np.arange(4), lens).astype(np.int32)
@@ -90,11 +93,22 @@ def test_time_split_is_measured_and_attention_is_traced():
     assert cache.attention.elapsed_ns == blocks.attention_ns  # the engine trace's attention share
 
 
-def test_models_with_biases_keep_the_python_loop():
-    model = with_biases(tiny_llama(seed=15), o_bias=False)
-    assert model.params["blocks"] is None
-    with pytest.raises(TypeError, match="biases"):
-        LlamaBlocks(model.params["layers"], model.config)
+@pytest.mark.parametrize("o_bias", [False, True])
+def test_models_with_biases_run_in_the_c_blocks_bit_for_bit(o_bias):
+    """q|k|v biases (Qwen2) and an o bias (Llama's attention_bias): added in the C blocks as
+    linear_into adds them, on an engine step of several sequences and on decode steps."""
+    model = with_biases(tiny_llama(seed=15, layers=3), o_bias=o_bias)
+    assert isinstance(model.params["blocks"], LlamaBlocks)
+    engine_step_bit_for_bit(model)
+    assert_paths_equal(model, lambda cfg: PagedSequence(cfg, 48), prompt_len=7, steps=5)
+
+
+def test_a_bias_of_the_wrong_size_is_refused():
+    model = with_biases(tiny_llama(seed=15), o_bias=True)
+    layers = [dict(p) for p in model.params["layers"]]
+    layers[1]["o_bias"] = layers[1]["o_bias"][:-1]
+    with pytest.raises(ValueError, match="o_bias"):
+        LlamaBlocks(layers, model.config)
 
 
 def test_bad_arguments_are_errors_not_crashes():
