@@ -22,6 +22,7 @@ monotonic clock read around each kernel: 9 kernels x 30 blocks, tens of nanoseco
 """
 
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from scratchllm.kernels cimport packed_gemm, paged_attention, pointwise
 from scratchllm.kernels.packed_gemm cimport GemmWeight
@@ -123,7 +124,7 @@ cdef class LlamaBlocks:
             int num_threads=0, *, const float[:, ::1] cos_local=None, const float[:, ::1] sin_local=None,
             k_window=None, v_window=None, const int[:, ::1] window_tables=None,
             const int[:, ::1] layer_slots=None, float softcap=0.0, k_scale=None, v_scale=None,
-            k_window_scale=None, v_window_scale=None):
+            k_window_scale=None, v_window_scale=None, const int[::1] out_rows=None):
         """x [N, C], the residual stream, through every block in place; `buf`: the step's
         StepBuffers (models/workspace.py) of N rows. The attention is the engine's paged one
         (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] of any KV-cache element
@@ -135,7 +136,13 @@ cdef class LlamaBlocks:
         says, per layer, its pool (0 or 1), its index in that pool and its window in tokens (0:
         none). Without it, layer i is index i of the first pool, with no window. `softcap`: of the
         scores (0: off). cos_local, sin_local: the angles of the layers that rotate by the second
-        rope."""
+        rope.
+
+        `out_rows` (strictly increasing row indices, or None: all): the rows whose output is used
+        (those that get logits). The last block then runs its attention's output projection and
+        its MLP on those rows only, moved to the front of x: x[:len(out_rows)] is what x[out_rows]
+        would have been, bit for bit (every kernel computes a row alone); the other rows of x are
+        left undefined. Every row's K and V are written as before."""
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
         cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
         cdef KVCache kvs[2]
@@ -161,6 +168,8 @@ cdef class LlamaBlocks:
                           or sin_local.shape[0] != N or cos_local.shape[1] != D // 2 or sin_local.shape[1] != D // 2):
             raise ValueError(f"the second rope's rotary angles must be [{N}, {D // 2}]")
         # each layer's (pool, index in it, window); each pool's layers must be exactly those slotted to it
+        cdef const int *rows = NULL  # out_rows' first, or NULL
+        cdef Py_ssize_t i
         cdef int *slots = <int *> malloc(max(1, 3 * self.num_layers) * sizeof(int))
         if slots == NULL:
             raise MemoryError()
@@ -172,9 +181,16 @@ cdef class LlamaBlocks:
                 raise ValueError("a windowed pool needs window_tables, a row per sequence")
             if softcap < 0:
                 raise ValueError(f"softcap must be >= 0, got {softcap}")
+            if out_rows is not None and out_rows.shape[0]:
+                rows = &out_rows[0]
+            if out_rows is not None:
+                for i in range(out_rows.shape[0]):
+                    if not (out_rows[i] < N and (out_rows[i] >= 0 if i == 0 else out_rows[i] > out_rows[i - 1])):
+                        raise ValueError(f"out_rows must be strictly increasing rows of the {N}")
             self._run(x, h, qkv, attn, delta, gate_up, act, cos, sin, cos_local if any_local else cos,
                       sin_local if any_local else sin, kvs, block_tables, window_tables if k_window is not None
-                      else None, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots)
+                      else None, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots, rows,
+                      -1 if out_rows is None else out_rows.shape[0])
         finally:
             free(slots)
 
@@ -183,7 +199,7 @@ cdef class LlamaBlocks:
                    const float[:, ::1] sin, const float[:, ::1] cos_local, const float[:, ::1] sin_local,
                    const KVCache *kvs, const int[:, ::1] block_tables, const int[:, ::1] window_tables,
                    const int[::1] token_seq, const int[::1] token_pos, Py_ssize_t max_ctx, float scale,
-                   float softcap, int num_threads, const int *slots) except *:
+                   float softcap, int num_threads, const int *slots, const int *out_rows, Py_ssize_t nout) except *:
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
         cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
         self.matmul_ns = self.attention_ns = self.other_ns = 0
@@ -245,6 +261,12 @@ cdef class LlamaBlocks:
                                              D, 1, &kvs[group], pool_index, &layouts[group], slots[3 * layer + 2],
                                              softcap, H, scale, attnp, num_threads)
                 t1 = _now_ns(); at += t1 - t0; t0 = t1
+                if nout >= 0 and layer == self.num_layers - 1:  # the rest of the last block: the used rows only
+                    for i in range(nout):
+                        if out_rows[i] != i:
+                            memcpy(attnp + i * lda_attn, attnp + out_rows[i] * lda_attn, H * D * sizeof(float))
+                            memcpy(xp + i * ldx, xp + out_rows[i] * ldx, C * sizeof(float))
+                    N = nout
                 packed_gemm.gemm(&b.o, attnp, N, dp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
                 if b.o_bias != NULL:

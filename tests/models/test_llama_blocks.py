@@ -128,6 +128,9 @@ def test_bad_arguments_are_errors_not_crashes():
     other = PagedAttention(cfg.num_layers + 1, 2, 16, cfg.num_kv_heads, cfg.head_dim)
     with pytest.raises(ValueError, match="pools"):
         blocks.run(x, StepBuffers.allocate(cfg, 3), cos, cos, other.k_cache, other.v_cache, *args[2:])
+    for bad in ([1, 1], [2, 0], [3], [-1]):  # the rows that get logits: increasing rows of the step
+        with pytest.raises(ValueError, match="out_rows"):
+            blocks.run(x, StepBuffers.allocate(cfg, 3), cos, cos, *args, out_rows=np.array(bad, np.int32))
     full = PagedSequence(cfg, 4)
     with pytest.raises(ValueError, match="holds 16 positions"):
         model.forward(np.arange(20) % cfg.vocab_size, np.arange(20), full)
@@ -247,3 +250,43 @@ def test_architecture_engine_step_bit_for_bit(arch):
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_architecture_decode_past_the_windows_bit_for_bit(arch):
     assert_paths_equal(random_model(arch, seed=2), lambda cfg: PagedSequence(cfg, 64), prompt_len=7, steps=12)
+
+
+@pytest.mark.parametrize("rows", [[-1], [4, 0, 9, 4], [2], []])
+def test_the_last_block_finishes_only_the_rows_that_get_logits(rows):
+    """logits_rows through the C blocks (the last block past its attention on those rows alone)
+    equal the Python loop's logits of the same rows, bit for bit, with repeats, negatives and in
+    any order; and the step's K/V are the same for every row (a decode step after it agrees)."""
+    model = with_biases(tiny_llama(seed=21, layers=3), o_bias=False)
+    ids, pos = np.arange(10) * 3 % model.config.vocab_size, np.arange(10)
+    caches = [PagedSequence(model.config, 32), PagedSequence(model.config, 32)]
+    blocks = model.params["blocks"]
+    out = []
+    for cache, use_c in zip(caches, (True, False), strict=True):
+        model.params["blocks"] = blocks if use_c else None
+        try:
+            out.append((model.forward(ids, pos, cache, logits_rows=rows),
+                        model.forward(np.array([5]), np.array([10]), cache)))
+        finally:
+            model.params["blocks"] = blocks
+    assert out[0][0].shape == (len(rows), model.config.vocab_size)
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
+def test_run_with_out_rows_puts_those_rows_first():
+    model = tiny_llama(seed=23, layers=2)
+    cfg, blocks = model.config, model.params["blocks"]
+    N, rows = 6, np.array([1, 3, 5], np.int32)
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((N, cfg.hidden_size)).astype(np.float32)
+    angle = rng.standard_normal((N, cfg.head_dim // 2)).astype(np.float32)
+    out = []
+    for out_rows in (None, rows):
+        att = PagedAttention.for_model(cfg, num_blocks=1, block_size=16)
+        att.set_layout(np.array([[0]], np.int32), np.zeros(N, np.int32), np.arange(N, dtype=np.int32))
+        x = x0.copy()
+        blocks.run(x, StepBuffers.allocate(cfg, N), np.cos(angle), np.sin(angle), att.k_cache, att.v_cache,
+                   att.block_tables, att.token_seq, att.token_pos, att.max_ctx, att.scale, out_rows=out_rows)
+        out.append((x, att.k_cache.copy(), att.v_cache.copy()))
+    assert np.array_equal(out[1][0][: len(rows)], out[0][0][rows])
+    assert np.array_equal(out[1][1], out[0][1]) and np.array_equal(out[1][2], out[0][2])  # every row's K/V
