@@ -7,7 +7,7 @@ Heavy modules are imported on first use so that ``import scratchllm`` stays chea
 
 from scratchllm.errors import FormatError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = ["LLM", "SamplingParams", "Tokenizer", "load_checkpoint", "FormatError", "__version__"]
 

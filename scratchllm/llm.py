@@ -30,6 +30,7 @@ from scratchllm.formats import load_checkpoint
 from scratchllm.formats.refs import resolve_model
 from scratchllm.models import load_model
 from scratchllm.models.bert import BertModel
+from scratchllm.models.progress import console_sink, reporting
 from scratchllm.sampling import SamplingParams
 from scratchllm.tokenizer import Tokenizer
 
@@ -59,6 +60,9 @@ class LLM:
     the fastest); see scratchllm/models/packed.py.
     `trace`: a path: the engine writes every token into a trace ring there (docs/tracing.md;
     read it with `scratchllm trace watch|heatmap|export PATH`).
+    A step of the load that runs over a second (packing a large model's matrices on its first
+    load, writing its panel cache) shows its progress on stderr: a bar on a terminal, a line at
+    each tenth of the way elsewhere (models/progress.py).
     Every other option is an EngineConfig field (num_kv_blocks, max_num_seqs, ...).
     """
 
@@ -79,7 +83,8 @@ class LLM:
         start = time.perf_counter()
         # One parse of the file's header for the model and its tokenizer (a GGUF carries both).
         checkpoint = load_checkpoint(resolve_model(model))
-        loaded = load_model(model, dtype=options.get("dtype") or "auto", checkpoint=checkpoint)
+        with reporting(console_sink(str(model))):  # a step of the load over a second: a bar, or lines
+            loaded = load_model(model, dtype=options.get("dtype") or "auto", checkpoint=checkpoint)
         if not loaded.config.is_decoder:
             kind = loaded.config.model_type
             raise ConfigError(f"'{model}' is an encoder ({kind}): it embeds, it does not generate")
@@ -96,8 +101,9 @@ class LLM:
             from scratchllm.trace import writer
 
             self.trace = writer.TraceWriter(options["trace"])
-        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer, trace=self.trace,
-                                eos_token_id=self.eos_token_id)
+        engine_trace = self.trace.for_model(str(model)) if self.trace is not None else None
+        self.engine = LLMEngine(self.model, EngineConfig(**engine_options), tokenizer=self.tokenizer,
+                                trace=engine_trace, eos_token_id=self.eos_token_id)
         self.max_model_len = self.engine.max_model_len
         self.load_s = time.perf_counter() - start
         self._async: AsyncEngine | None = None

@@ -57,6 +57,9 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
     # A compiled grammar (scratchllm.structured.CompiledGrammar) the output must match, or None.
     grammar: "CompiledGrammar | None" = None
+    # Not sampling but admission: the priority policy (engine/policy.py) queues the request as low
+    # priority whatever its max_tokens (the Batch API's requests, which fill interactive gaps).
+    low_priority: bool = False
     # derived: True when any logits processor is on (set in __post_init__)
     uses_processors: bool = field(default=False, init=False, repr=False, compare=False)
 

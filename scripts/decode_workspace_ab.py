@@ -45,11 +45,11 @@ def main() -> None:
             return llama(ids, pos, cache, model.params, model.config, logits_rows)  # no workspace
 
     def python_loop(ids, pos, cache, logits_rows=None):  # the workspace, its blocks called from Python
-        blocks, model.params["blocks"] = model.params["blocks"], None
+        blocks, model.params.blocks = model.params.blocks, None
         try:
             return model.forward(ids, pos, cache, logits_rows)
         finally:
-            model.params["blocks"] = blocks
+            model.params.blocks = blocks
 
     variants = {"workspace": model.forward, "python_loop": python_loop, "block_by_block": block_by_block}
     prompt = np.arange(PROMPT) % model.config.vocab_size

@@ -17,15 +17,13 @@ import time
 
 import numpy as np
 
-MATRICES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
 
 def measure(model_ref: str, rounds: int, ghz: float) -> list[dict]:
     from scratchllm.kernels import pool
     from scratchllm.llm import LLM
 
     params = LLM(model_ref, threads=1).model.params
-    weights = {name: params["layers"][0][name] for name in MATRICES} | {"lm_head": params["lm_head"]}
+    weights = params.layers[0].matrices() | {"lm_head": params.lm_head}
     pool.set_num_threads(1)
     rows = []
     for name, w in weights.items():

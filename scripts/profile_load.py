@@ -3,7 +3,8 @@
 Each run is a new Python process that imports `scratchllm.llm` first (as `scratchllm bench peers`
 does) and then times `LLM(model, threads=2)` three ways, each in its own process:
   - plain: stages timed by wrappers (no profiler), so the figures are what a user waits for;
-    the weight packing (`pack` in scratchllm.models.llama) is one stage, everything else the rest;
+    the weight packing (`pack` of scratchllm.models.llama_pack, as models.llama calls it) is one
+    stage, everything else the rest;
   - profiled: the same under cProfile, for the breakdown by function (cumulative seconds);
   - tokenizer alone: `Tokenizer.from_pretrained(model)`, and the GGUF header parse alone.
 

@@ -17,6 +17,14 @@ if "SCRATCHLLM_CACHE_DIR" not in os.environ:
     os.environ["SCRATCHLLM_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# The user's model names and folders (formats/names.py): not ~/.config's, and empty for each test.
+os.environ.pop("SCRATCHLLM_MODEL_DIRS", None)
+
+
+@pytest.fixture(autouse=True)
+def _own_model_names(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SCRATCHLLM_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+
 
 @pytest.fixture(scope="session")
 def default_gguf() -> Path:

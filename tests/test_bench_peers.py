@@ -124,8 +124,8 @@ def test_step_breakdown_takes_a_fused_kernels_own_split():
     config = tiny_llama().config
     kernel = SimpleNamespace(matmul_ns=0, attention_ns=0, other_ns=0)
 
-    class Fused:  # the shape of a model with params["blocks"]: no layer leaf is called
-        params = {"blocks": kernel}
+    class Fused:  # the shape of a model with params.blocks: no layer leaf is called
+        params = SimpleNamespace(blocks=kernel)
 
         def __init__(self):
             self.config = config

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:  # for the annotation only: every benchmark imports this module, not all load a model
     from scratchllm.models.config import ModelConfig
+    from scratchllm.models.llama_params import LlamaParams
 
 
 class LoadedModel(Protocol):
@@ -22,7 +23,10 @@ class LoadedModel(Protocol):
     records on it."""
 
     config: "ModelConfig"
-    params: dict[str, Any]  # "layers" (a dict of arrays per layer), "norm", "lm_head", ...
+    @property
+    def params(self) -> "LlamaParams | dict[str, Any]":  # LlamaModel's (models/llama_params.py), GPT-2's dict
+        ...
+
     path: str  # the file or folder it was loaded from
     format: str  # "gguf", "safetensors", ...
     dtype: str  # what dtype "auto" resolved to
@@ -128,6 +132,9 @@ def measure_bandwidth(mb: int, repeat: int) -> dict[str, float]:
 def weight_bytes_per_token(model: LoadedModel) -> int:
     """Bytes of weights one decode step reads: every matrix and norm once, the LM head once
     (tied embeddings are read as the LM head; the embedding row lookup is negligible)."""
+    from scratchllm.models.llama_params import LlamaParams
+
     p = model.params
-    total = sum(a.nbytes for layer in p["layers"] for a in layer.values())
-    return int(total + p["norm"].nbytes + p["lm_head"].nbytes)
+    assert isinstance(p, LlamaParams), "a Llama-family model's weights"
+    total = sum(a.nbytes for layer in p.layers for a in layer.tensors().values())
+    return int(total + p.norm.nbytes + p.lm_head.nbytes)

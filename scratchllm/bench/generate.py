@@ -108,10 +108,13 @@ def time_decode(model: LoadedModel, new_tokens: int, repeat: int, prompt_len: in
 def time_matmuls_only(model: LoadedModel, repeat: int) -> float:
     """This thread's CPU seconds per decode step spent in the weight matrix products alone (same
     shapes, batch 1), best of many runs. Meaningful with one BLAS thread, where all work is ours."""
+    from scratchllm.models.llama_params import LlamaParams
     from scratchllm.models.packed import PackedWeight
 
-    mats = [a for layer in model.params["layers"] for a in layer.values() if isinstance(a, PackedWeight)]
-    mats.append(model.params["lm_head"])
+    params = model.params
+    assert isinstance(params, LlamaParams), "a Llama-family model's matrices"
+    mats = [a for layer in params.layers for a in layer.matrices().values() if isinstance(a, PackedWeight)]
+    mats += [params.lm_head] if isinstance(params.lm_head, PackedWeight) else []
     x = {n: np.ones((1, n), dtype=np.float32) for n in {m.shape[0] for m in mats}}  # matrices are [in, out]
     cpu = []
     for _ in range(repeat * 5):

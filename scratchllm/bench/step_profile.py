@@ -7,7 +7,7 @@ scratchllm/models/llama.py: the packed or quantized GEMM, bias included) and the
 calls per layer), and the remaining array kernels (RMSNorm and the residual add fused into it,
 rotary embedding, the SwiGLU gate, the embedding lookup). What the timers do not cover is the
 Python between them: the layer loop, argument passing, the interpreter's calls. A model whose
-blocks run in one C call (`params["blocks"]`, a kernel object with matmul_ns, attention_ns and
+blocks run in one C call (`params.blocks`, a kernel object with matmul_ns, attention_ns and
 other_ns counters of its last run) calls none of the layer leaves: a forward in which no layer
 matmul was timed takes that kernel's own split instead. The timers
 themselves cost about a microsecond each, ~250 per step: that lands in "Python", which is
@@ -38,7 +38,7 @@ REST = {"scratchllm.models.llama": ("embed",),
 
 class DecodeModel(Protocol):
     """What step_breakdown needs of a model: scratchllm.models.llama.LlamaModel, or one whose
-    blocks run in one C call (its `params["blocks"]`, read with getattr, has the counters)."""
+    blocks run in one C call (its `params.blocks`, read with getattr, has the counters)."""
 
     config: ModelConfig
 
@@ -88,8 +88,7 @@ def step_breakdown(model: DecodeModel, steps: int = 32, prompt_len: int = 16) ->
 
     from scratchllm.engine.paged_attention import PagedSequence
 
-    params = getattr(model, "params", None)
-    fused = params.get("blocks") if isinstance(params, dict) else None  # every block in one C call, if the model has it
+    fused = getattr(getattr(model, "params", None), "blocks", None)  # every block in one C call, if the model has it
     cache = PagedSequence(model.config, prompt_len + steps + 1)
     ids = np.arange(prompt_len) % model.config.vocab_size
     logits = model.forward(ids, np.arange(prompt_len), cache, logits_rows=[-1])
@@ -137,8 +136,7 @@ def batched_breakdown(model: Model, sequences: int = 16, steps: int = 16, prompt
     from scratchllm.engine.model_runner import ModelRunner
     from scratchllm.sampling import SamplingParams
 
-    params = getattr(model, "params", None)
-    fused = params.get("blocks") if isinstance(params, dict) else None
+    fused = getattr(getattr(model, "params", None), "blocks", None)
     if fused is None:
         return None
     engine = LLMEngine(model, EngineConfig(max_num_seqs=sequences, max_model_len=prompt_len + steps + 8,

@@ -5,13 +5,20 @@ safetensors JSON header, or zip entries and what the pickle asks for), the tenso
 and the planned memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn as
 address ranges with each tensor's start, size and padding. `--json` prints the same as one JSON
 object.
+
+The totals say what loading the file as a model takes: the memory plan's weight figure at the
+dtype `auto` picks (engine/shared_memory_plan.estimated_weights_bytes: what `serve` plans with,
+within 5% of what the loader holds), beside the arena of every tensor dequantized to float32
+that the layout draws (what `formats.arena.load_arena` makes, not what a model keeps).
 """
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from scratchllm.cli import Subparsers
+from scratchllm.errors import ScratchLLMError
 from scratchllm.formats.describe import describe
 
 ARENA_BASE = 0x10000000  # the design article's drawing starts its arena here; offsets are what matter
@@ -31,11 +38,27 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = describe(args.model, tensor_align=args.tensor_align)
+    report["totals"] |= model_weights(args.model)
     if args.json:
         print(json.dumps(report, default=str))
     else:
         print(render(report, limit=args.limit))
     return 0
+
+
+def model_weights(ref: str) -> dict[str, Any]:
+    """{"model_dtype", "model_bytes"}: the dtype a load picks and the memory plan's weight figure
+    for it; {} for a file that is not a model we run (no config, another architecture)."""
+    from scratchllm.engine.shared_memory_plan import estimated_weights_bytes
+    from scratchllm.formats import load_header
+    from scratchllm.models.loader import auto_dtype, read_config
+
+    try:
+        ckpt = load_header(ref)
+        dtype = auto_dtype(ckpt, read_config(Path(ckpt.path), ckpt))
+    except ScratchLLMError:
+        return {}
+    return {"model_dtype": dtype, "model_bytes": estimated_weights_bytes(ckpt, dtype)}
 
 
 def mb(n: int) -> str:
@@ -170,8 +193,10 @@ def render(r: dict[str, Any], limit: int = 0) -> str:
         lines.append(f"  ... {len(r['tensors']) - limit} more (--limit 0 shows all)")
     t = r["totals"]
     lines += ["", "-- totals",
-              f"  {t['tensors']} tensors, {t['elements']:,} elements: {mb(t['stored_bytes'])} in the file, "
-              f"{mb(t['loaded_bytes'])} once loaded"]
+              f"  {t['tensors']} tensors, {t['elements']:,} elements: {mb(t['stored_bytes'])} in the file"]
+    if "model_bytes" in t:
+        lines.append(f"  {mb(t['model_bytes'])} once loaded as a model ({t['model_dtype']}; the memory plan's figure)")
+    lines.append(f"  {mb(t['loaded_bytes'])} as float32 arrays (the arena below; `loaded` in the table)")
     for dtype, row in t["by_dtype"].items():
         lines.append(f"  {dtype:<10} {row['tensors']:>5} tensors {row['elements']:>14,} elements "
                      f"{mb(row['stored_bytes']):>12} stored {mb(row['loaded_bytes']):>12} loaded")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from scratchllm import __version__
 from scratchllm.errors import ScratchLLMError
 
-COMMANDS = ["inspect", "generate", "serve", "models", "bench", "trace", "eval"]
+COMMANDS = ["inspect", "generate", "serve", "run-batch", "models", "bench", "trace", "eval"]
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -64,7 +64,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                         help="what the library logs on stderr (default warning); `serve --log-level` also sets it")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else [only]:
-        module_name = f"scratchllm.cli.{name}_cmd"
+        module_name = f"scratchllm.cli.{name.replace('-', '_')}_cmd"
         if importlib.util.find_spec(module_name) is None:
             continue  # a command not built yet is simply absent from --help
         importlib.import_module(module_name).add_parser(sub)
@@ -83,7 +83,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     command_parser: argparse.ArgumentParser | None = getattr(args, "intermixed_parser", None)
     if command_parser is not None:
         return command_parser.parse_intermixed_args(argv[argv.index(args.command) + 1:], namespace=args)
-    if extra:
+    passed_on = getattr(args, "unknown_args_to", None)  # a command that hands its other words to another's parser
+    if extra and passed_on is not None:
+        setattr(args, passed_on, extra)
+    elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 

@@ -2,8 +2,11 @@
 
   list         the package models (default, minilm, gemma3-270m, qwen2.5-coder-0.5b and -1.5b:
                installed or not), GGUF files and model folders in the Hugging Face cache,
-               Ollama's models, the folders given with --dir, and the panel caches with their
-               sizes. Every model listed runs by the name
+               Ollama's models, the folders given with --dir or set once ($SCRATCHLLM_MODEL_DIRS,
+               "dirs" in your names file), your names (made by Ollama's /api/create, /api/copy,
+               /api/pull on `serve`), and the panel caches with their sizes. A GGUF file whose
+               header does not parse (truncated, empty, not GGUF at all) is listed as broken,
+               with the reason. Every model listed runs by the name
                shown: `scratchllm generate NAME`, `scratchllm serve NAME`, `LLM(NAME)`. A split
                GGUF model is one entry (its first shard's name, all its shards' size), with a
                missing shard said.
@@ -11,10 +14,13 @@
                Hugging Face Hub (or $HF_ENDPOINT) into the Hugging Face cache; every shard of a
                split GGUF model; every file's checksum checked, a file that fails it deleted.
   rm NAME      delete a model from the Hugging Face cache or Ollama's store (what other models
-               still use is kept), or a joined package model's file; asks first (--yes: not).
-  cache        the panel caches (packed weights, one per model file and kernel build): size,
-               --prune those whose model file is gone or changed, --max-size to cap the total
-               (least recently used go first).
+               still use is kept), or a joined package model's file, or a name of yours (the
+               model it names stays); asks first (--yes: not).
+  cache        the panel caches (packed weights, one per model content and kernel build, so
+               one for every path to the same bytes): size, the model files each serves, the
+               cap loads keep the folder under ($SCRATCHLLM_PANEL_CACHE_MAX, 8 GiB by
+               default); --prune those whose model files are gone or changed, --max-size to cap
+               the total now (least recently used go first).
 """
 
 import argparse
@@ -27,7 +33,7 @@ from typing import Any
 from scratchllm.cli import Subparsers, help_func
 from scratchllm.cli.serve_cmd import memory_size
 from scratchllm.errors import ConfigError
-from scratchllm.formats import refs, stores
+from scratchllm.formats import names, refs, stores
 from scratchllm.formats.progress import amount
 
 
@@ -68,18 +74,22 @@ def _table(rows: list[list[str]], out: Any = None) -> None:
 def _panel_rows() -> list[dict[str, Any]]:
     from scratchllm.models.panel_cache_files import cache_files
 
-    return [{"path": str(f.path), "source": f.source, "size": f.size, "stale": f.stale,
+    return [{"path": str(f.path), "source": f.source, "sources": list(f.sources), "gone": list(f.gone),
+             "size": f.size, "stale": f.stale,
              "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(f.last_used_ns / 1e9))}
             for f in cache_files()]
 
 
 def _print_panels(panels: list[dict[str, Any]], hint: str = "") -> None:
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
-    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))}{hint}")
-    if panels:
+    print(f"panel caches in {panel_dir()}: {len(panels)} files, {amount(sum(p['size'] for p in panels))} "
+          f"of a {amount(max_bytes())} cap (SCRATCHLLM_PANEL_CACHE_MAX){hint}")
+    if panels:  # a cache is keyed by content: one file serves every path to the same bytes
         _table([["  SIZE", "LAST USED", "FOR"]] + [[f"  {amount(p['size'])}", p["last_used"],
-                                                   (p["source"] or "?") + (" (stale)" if p["stale"] else "")]
+                                                   f"(stale) {p['source'] or '?'}" if p["stale"]
+                                                   else ", ".join(p["sources"])]
                                                   for p in panels])
 
 
@@ -94,22 +104,37 @@ def list_models(args: argparse.Namespace) -> int:
         if not Path(folder).expanduser().is_dir():
             raise ConfigError(f"--dir {folder}: no such folder")
     for s in stores.scan(Path(f) for f in args.dir):
+        broken = "" if s.problem else stores.header_problem(s)
         models.append({"name": s.name, "kind": s.kind, "size": s.size, "store": s.store, "path": str(s.path),
-                       "state": s.problem or "installed", "shards": s.shards})
+                       "state": s.problem or (f"broken: {broken}" if broken else "installed"), "shards": s.shards})
+    for named in names.all_names().values():
+        try:
+            path, state = str(refs.resolve_model(named.base)), f"from {named.base}"
+        except ConfigError as err:
+            path, state = None, f"from {named.base}: {err}"
+        adds = [what for what, has in (("system", named.system), ("parameters", named.parameters),
+                                       ("messages", named.messages), ("template", named.template)) if has]
+        models.append({"name": named.name, "kind": "name", "size": 0, "store": "name", "path": path,
+                       "state": state + (f" (with its {', '.join(adds)})" if adds else ""), "shards": 1,
+                       "from": named.base})
     panels = _panel_rows()
     if args.json:
         print(json.dumps({"models": models, "panel_caches": panels,
                           "places": {"hf-cache": str(stores.hf_hub_cache()), "ollama": str(stores.ollama_models()),
-                                     "panel-cache": str(panel_dir())}}, indent=2))
+                                     "panel-cache": str(panel_dir()), "names": str(names.config_dir() / names.FILE),
+                                     "dirs": [*args.dir, *map(str, names.model_dirs())]}}, indent=2))
         return 0
     rows = [["NAME", "KIND", "SIZE", "STORE", "WHERE"]]
     for m in models:
         where = m["path"] if m["state"] == "installed" else f"{m['path']}: {m['state']}" if m["path"] else m["state"]
+        if m["store"] == "name":
+            where = m["state"]
         kind = m["kind"] + (f", {m['shards']} shards" if m["shards"] > 1 else "")
         rows.append([m["name"], kind, amount(m["size"]) if m["size"] else "-", m["store"], where])
     _table(rows)
+    dirs = dict.fromkeys([*args.dir, *map(str, names.model_dirs())])
     print(f"\nsearched: the Hugging Face cache {stores.hf_hub_cache()}, Ollama's store {stores.ollama_models()}"
-          + "".join(f", {d}" for d in args.dir))
+          + "".join(f", {d}" for d in dirs) + f"; your names: {names.config_dir() / names.FILE}")
     _print_panels(panels, " (scratchllm models cache --prune / --max-size)" if panels else "")
     return 0
 
@@ -119,8 +144,12 @@ def pull(args: argparse.Namespace) -> int:
     from scratchllm.formats.progress import progress_class
 
     pulled = hub_pull(args.ref, revision=args.revision, progress=progress_class(sys.stderr), out=sys.stderr)
-    print(f"pulled {pulled.name} ({amount(pulled.size)}, checksums checked) into {stores.hf_hub_cache()}",
-          file=sys.stderr)
+    if pulled.offline:
+        print(f"offline (HF_HUB_OFFLINE): {pulled.name} is already in the cache ({amount(pulled.size)}, "
+              f"{stores.hf_hub_cache()}); nothing downloaded", file=sys.stderr)
+    else:
+        print(f"pulled {pulled.name} ({amount(pulled.size)}, checksums checked) into {stores.hf_hub_cache()}",
+              file=sys.stderr)
     print(f"run it: scratchllm generate {pulled.name} \"Hello\"  |  scratchllm serve {pulled.name}", file=sys.stderr)
     print(pulled.name)
     return 0
@@ -138,6 +167,13 @@ def remove(args: argparse.Namespace) -> int:
     from scratchllm.models import panel_cache_files
 
     name = args.name
+    named = names.lookup(name)
+    if named is not None:
+        if not _confirm(f"the name {named.name} (of {named.base}; the model itself stays)", args.yes):
+            return 1
+        names.remove(named.name)
+        print(f"removed the name {named.name}; {named.base} stays")
+        return 0
     if name in refs.MODEL_PACKAGES:
         requirement = refs.MODEL_PACKAGES[name][0]
         raise ConfigError(f"'{name}' is the package {requirement}: pip uninstall {requirement.split('==')[0]}")
@@ -153,8 +189,8 @@ def remove(args: argparse.Namespace) -> int:
         stored = stores.scan()
         found = stores.candidates(name, stored)
         if not found:
-            names = ", ".join(m.name for m in stored) or "none"
-            raise ConfigError(f"no model '{name}' in the Hugging Face cache or Ollama's store (there: {names})")
+            there = ", ".join(m.name for m in stored) or "none"
+            raise ConfigError(f"no model '{name}' in the Hugging Face cache or Ollama's store (there: {there})")
         if len(found) > 1:
             raise ConfigError(f"'{name}' names {len(found)} models: {', '.join(m.name for m in found)}; give one")
         model = found[0]
@@ -171,6 +207,7 @@ def remove(args: argparse.Namespace) -> int:
 def cache(args: argparse.Namespace) -> int:
     from scratchllm.models import panel_cache_files
     from scratchllm.models.panel_cache import cache_dir as panel_dir
+    from scratchllm.models.panel_cache_files import max_bytes
 
     removed = []
     if args.prune:
@@ -182,7 +219,7 @@ def cache(args: argparse.Namespace) -> int:
               and not p.name.startswith(".")]
     if args.json:
         print(json.dumps({"panel_cache": str(panel_dir()), "panel_caches": panels,
-                          "panel_bytes": sum(p["size"] for p in panels),
+                          "panel_bytes": sum(p["size"] for p in panels), "panel_cap_bytes": max_bytes(),
                           "removed": [{"path": str(r.path), "source": r.source, "size": r.size} for r in removed],
                           "joined_models": [{"path": str(p), "size": p.stat().st_size} for p in joined]}, indent=2))
         return 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -96,7 +97,9 @@ def add_parser(sub: Subparsers) -> None:
                    help="memory of the KV-cache pool, e.g. 256MiB, 1GiB or a number of bytes (default: what "
                         "--max-num-seqs sequences of --max-model-len tokens need, within the machine's memory); "
                         "the pool is touched only as it fills")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's, or what the memory plan's KV pool holds when that "
+                        "is less, at least 4096 tokens; said at start)")
     add_kv_cache_dtype_argument(p)
     p.add_argument("--prefix-cache-memory", type=cache_size, default=None, metavar="SIZE",
                    help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB or 0 "
@@ -126,8 +129,9 @@ def add_parser(sub: Subparsers) -> None:
                    help="a Jinja chat template (a file, or the template text) instead of the model's own")
     p.add_argument("--trace", default=None, metavar="RING",
                    help="the token trace ring file the engine writes every token into, read by `scratchllm trace "
-                        "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID.ring in "
-                        "the temporary directory; 'none' turns it off)")
+                        "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID-PORT.ring "
+                        "in the temporary directory, one per server; a ring another live server writes is never "
+                        "taken: this one then writes RING.pid-PID; 'none' turns it off)")
     p.add_argument("--trace-ring-mb", type=int, default=128, help="size of the trace ring in MiB (default 128)")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="also export one OpenTelemetry span per request (OTLP over HTTP, e.g. "
@@ -150,10 +154,17 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--sse-ping-interval", type=float, default=15.0, metavar="SECONDS",
                    help="send a ': ping' SSE comment on a stream after this many seconds without a chunk "
                         "(default 15; 0 = never)")
-    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "none", *TOOL_CALL_FORMATS],
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "strict", "none", *TOOL_CALL_FORMATS],
                    help="the format of the model's tool calls with tool_choice auto: hermes (<tool_call> blocks), "
                         "llama3_json, mistral ([TOOL_CALLS]) or gemma (```tool_code blocks); auto (the default) "
-                        "takes the one the chat template writes; see docs/openai-replies.md")
+                        "takes the one the chat template writes, and also reads a reply that is a declared "
+                        "tool's call as bare JSON (or in a ```json fence) as a call; strict: the template's "
+                        "format only; see docs/openai-replies.md")
+    p.add_argument("--batch-dir", default=None, metavar="FOLDER",
+                   help="where Batch API files and jobs persist, resumed after a restart (default: "
+                        "$SCRATCHLLM_CACHE_DIR/batches, i.e. ~/.cache/scratchllm/batches)")
+    p.add_argument("--batch-concurrency", type=int, default=4, metavar="N",
+                   help="a batch's requests in the server at once, each in the engine's low-priority queue")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N engine replicas on Ray Serve behind a KV-block-aware router (needs the "
                         "cluster extra: pip install scratchllm[cluster]); see docs/cluster.md")
@@ -163,6 +174,36 @@ def add_parser(sub: Subparsers) -> None:
     track_given(p)
     env_errors, env_set = environment_defaults(p)
     p.set_defaults(func=run, env_errors=env_errors, env_set=env_set, serve_parser=p)
+
+
+class ServeLog:
+    """serve's own lines on stderr ("scratchllm serve: ..."). The first line a server prints is
+    its address (scripts read it as "ready"), so what is said before it (a ring taken, a flag
+    adjusted, the loads at start) is held and printed right after it."""
+
+    def __init__(self) -> None:
+        self.held: list[str] | None = []
+
+    def say(self, line: str) -> None:
+        if self.held is None:
+            print(f"scratchllm serve: {line}", file=sys.stderr, flush=True)
+        else:
+            self.held.append(line)
+
+    def ready(self, address_line: str) -> None:
+        """Print the address line, then what was held; from now on lines go out at once."""
+        held, self.held = self.held or [], None
+        print(f"scratchllm serve: {address_line}", file=sys.stderr, flush=True)
+        for line in held:
+            self.say(line)
+
+
+def serve_log(args: argparse.Namespace) -> ServeLog:
+    """The one ServeLog of this serve run."""
+    if getattr(args, "_log", None) is None:
+        args._log = ServeLog()
+    log: ServeLog = args._log
+    return log
 
 
 class ModelOption(argparse.Action):
@@ -282,10 +323,51 @@ def build(args: argparse.Namespace) -> ModelRegistry:
         specs = _model_specs(args, models_from_args(args), embedding)
     for spec in specs:
         _show_progress(spec, lambda: getattr(args, "_serving", False))
+    for line in adjustments(args, specs):
+        serve_log(args).say(line)
     try:
-        return ModelRegistry(specs, keep_alive_s=args.keep_alive)
+        registry = ModelRegistry(specs, keep_alive_s=args.keep_alive, report=serve_log(args).say)
     except ValueError as err:  # two models under one name
         raise ConfigError(str(err)) from None
+    registry.new_spec = functools.partial(_added_spec, args)
+    return registry
+
+
+def _added_spec(args: argparse.Namespace, name: str, ref: str) -> ModelSpec:
+    """A spec for a model named while serving (Ollama's /api/pull, /api/create): loaded on its
+    first request, planned alone against the memory there is then (the models served already
+    hold theirs)."""
+    if args.fake_engine:
+        from scratchllm.server.backend import fake_specs
+
+        options = {"max_running": args.max_num_seqs or 8, "step_ms": args.fake_step_ms, "batching": args.batching}
+        return fake_specs([name], False, max_model_len=args.max_model_len or 2048, **options)[0]
+    from scratchllm.server.backend import model_specs
+
+    try:
+        (spec,), _ = model_specs([ref], engine_options(args), trace=trace_writer(args))
+    except ConfigError as err:
+        from scratchllm.server.errors import APIError
+
+        raise APIError(400, f"cannot serve '{name}' ({ref}): {err}", param="model") from None
+    spec.name = name
+    _show_progress(spec, lambda: True)
+    return spec
+
+
+def adjustments(args: argparse.Namespace, specs: list[ModelSpec]) -> list[str]:
+    """What serve says at start about the options in effect: each generation model's context
+    (the model's, the one asked for, or what its memory plan holds, and why), and each option
+    asked for that is clamped or adjusted (the value asked, the value used, why)."""
+    lines = []
+    plan = getattr(args, "_memory_plan", None)
+    for spec, need in zip(specs, plan.needs if plan is not None else (), strict=False):  # specs in the plan's order
+        if spec.task == "generate" and need.context is not None:
+            lines.append(f"'{spec.name}': {need.context.describe()}")
+    if args.max_num_seqs is not None and args.max_num_seqs > args.max_in_flight:
+        lines.append(f"--max-num-seqs {args.max_num_seqs} asked, at most {args.max_in_flight} run at once: "
+                     f"--max-in-flight {args.max_in_flight} is what each model holds at once, running and waiting")
+    return lines
 
 
 def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | None) -> list[ModelSpec]:
@@ -318,8 +400,7 @@ def _model_specs(args: argparse.Namespace, refs: list[str], embedding: str | Non
 def _show_progress(spec: ModelSpec, serving: Callable[[], bool]) -> None:
     """Each load of the spec's model shows its long steps (packing, the panel cache) on the
     console; before the server serves (`serving()` false), on a terminal only."""
-    from scratchllm.cli.progress import console_sink
-    from scratchllm.models.progress import reporting
+    from scratchllm.models.progress import console_sink, reporting
 
     load = spec.load
     assert load is not None
@@ -367,20 +448,29 @@ def _priority_feedback(args: argparse.Namespace) -> Callable[[ServedModel], None
 
 
 def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
-    """The ring the server's engine and its streams write, or None (--trace none). Made once."""
+    """The ring the server's engines and its streams write, or None (--trace none). Made once,
+    named after the server's port (format.default_ring_path); a ring that another live server
+    writes is left alone: this server takes a name of its own and says so."""
     if getattr(args, "_trace_writer", False) is not False:
         made: TraceWriter | None = args._trace_writer
         return made
-    from scratchllm.trace.format import default_ring_path
-    from scratchllm.trace.writer import TraceWriter
+    from scratchllm.trace.format import default_ring_path, own_ring_path
+    from scratchllm.trace.writer import RingInUse, TraceWriter
 
     writer: TraceWriter | None = None
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
-        path = args.trace or default_ring_path()
+        port = getattr(args, "_port", 0)
+        path = args.trace or default_ring_path(port=port)
         try:
-            writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20)
+            try:
+                writer = TraceWriter(path, ring_bytes=args.trace_ring_mb << 20, port=port)
+            except RingInUse as err:
+                own = own_ring_path(path)
+                writer = TraceWriter(own, ring_bytes=args.trace_ring_mb << 20, port=port)
+                serve_log(args).say(f"the trace ring {path} is in use by another live writer (pid {err.pid}); "
+                                    f"this server writes {own}")
         except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
             print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
                   f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
@@ -419,7 +509,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     if args.drain_timeout < 0:
         raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-    return ServerConfig(max_in_flight=args.max_in_flight, max_body_bytes=args.max_body_bytes,
+    if args.batch_concurrency < 1:
+        raise ConfigError(f"--batch-concurrency must be >= 1, got {args.batch_concurrency}")
+    from scratchllm.formats.refs import cache_dir
+
+    return ServerConfig(batch_dir=args.batch_dir or str(cache_dir().parent / "batches"),
+                        batch_concurrency=args.batch_concurrency, max_in_flight=args.max_in_flight,
+                        max_body_bytes=args.max_body_bytes,
                         drain_timeout_s=args.drain_timeout, api_key=args.api_key or None,
                         allowed_origins=origins, metrics_prefix=args.metrics_prefix,
                         trusted_proxies=args.trusted_proxies, lenient_fields=args.lenient_fields,
@@ -447,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
     config = server_config(args)
     check_capture_args(args)
     sock = listen(args.host, args.port, "scratchllm serve")
+    args._port = sock.getsockname()[1]  # the port it really got (--port 0): the trace ring is named after it
     try:
         registry = build(args)
         otlp = None
@@ -465,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
     # the address line comes once the models are loaded: scripts read it as "ready" (so the loads
     # at start show their progress on a terminal only, never as lines before it)
     names = registry.names("generate") or registry.names("embed")
-    print(f"scratchllm serve: {', '.join(names)} on {url(sock)}", file=sys.stderr, flush=True)
+    serve_log(args).ready(f"{', '.join(names)} on {url(sock)}")
     args._serving = True  # loads from now on (first use, after an unload) show progress as lines too
     plan = getattr(args, "_memory_plan", None)
     if plan is not None and len(plan.needs) > 1:

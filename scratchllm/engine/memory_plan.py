@@ -14,8 +14,16 @@ layer, the blocks of its last `window` positions: at most ceil((window - 1) / bl
 blocks, the window plus the block being filled; during a step its prefill chunk besides. So the
 windowed pool is sized max_num_seqs x (that + 1) + the step's token budget in blocks, whatever
 the context, and `sequence_kv_bytes` is the bound one sequence keeps to.
+
+The default context (max_model_len not given) is the model's, or what the pool the plan leaves
+holds when that is less (a sequence can never outgrow the pool), but never below
+MIN_DEFAULT_CONTEXT: as llama.cpp's --fit shrinks an unset context to fit the memory, down to a
+floor. A context that was asked for and does not fit, or a default below the floor, is refused
+naming the context that would fit and the options that make room (`context_error`).
+`context_choice` says what was chosen and why, for the server to print at start.
 """
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -25,11 +33,13 @@ from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.paged_attention import block_bytes, kv_bytes_per_token, layer_groups, resolve_kv_dtype
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
+from scratchllm.models.llama_params import QuantizedRows
 from scratchllm.models.packed import PackedWeight
 from scratchllm.models.protocol import Model
 
 MiB = 1 << 20
-DEFAULT_KV_BYTES = 1 << 30  # pool size when neither --kv-blocks nor a budget says otherwise
+DEFAULT_KV_BYTES = 1 << 30  # pool size when neither --num-kv-blocks nor a budget says otherwise
+MIN_DEFAULT_CONTEXT = 4096  # the shortest context chosen by default (llama.cpp's --fit-ctx default)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,13 @@ class MemoryPlan:
         """Every layer has a window: the one pool bounds no sequence's length."""
         return bool(self.window) and not self.num_window_blocks
 
+    def kv_bytes_for(self, context: int, block_size: int) -> int:
+        """This plan's KV bytes with the full-attention pool cut to one sequence of `context`
+        tokens (the windowed pool as planned; a pool of windows only as it is)."""
+        if self.all_windowed:
+            return self.kv_bytes
+        return -(-context // block_size) * self.kv_block_bytes + self.window_block_bytes * self.num_window_blocks
+
     def describe(self) -> str:
         pools = f"{self.num_kv_blocks} blocks x {self.kv_block_bytes / 1024:.1f} KiB"
         if self.num_window_blocks:
@@ -66,7 +83,7 @@ class MemoryPlan:
         return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool ({self.kv_dtype}, "
                 f"{self.kv_bytes_per_token / 1024:.1f} KiB per token) {pools} = {self.kv_bytes / MiB:.1f} MiB"
                 f" + activations {self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
-                f"(budget {self.budget_bytes / MiB:.1f} MiB)")
+                f"(of {self.budget_bytes / MiB:.1f} MiB it may use)")
 
 
 def window_blocks(window: int, block_size: int) -> int:
@@ -89,19 +106,23 @@ def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, window
 
 
 def weights_bytes(model: Model) -> int:
-    """Bytes of the arrays the forward reads, each buffer counted once (views share memory)."""
-    seen: set[int] = set()
-    total = 0
+    """Bytes of the memory the forward reads its weights from, each byte counted once (views and
+    fused matrices share memory): the panels and norms the load made or mapped, and the file's
+    blocks a table is read from (models/llama_params.QuantizedRows). What the loader holds; the
+    header's estimate (shared_memory_plan.estimated_weights_bytes) is tested against it."""
+    spans: list[tuple[int, int]] = []  # [start, end) addresses of every array
 
     def walk(x: object) -> None:
-        nonlocal total
         if isinstance(x, np.ndarray):
-            base = x if x.base is None else x.base
-            if id(base) not in seen and isinstance(base, np.ndarray):
-                seen.add(id(base))
-                total += base.nbytes
+            start = int(x.__array_interface__["data"][0])
+            spans.append((start, start + x.nbytes))
         elif isinstance(x, PackedWeight):  # a packed matrix: its panels (and a quantized one's scales)
             walk(x.panels)
+        elif isinstance(x, QuantizedRows):  # a table read row by row from its file's blocks
+            walk(x.raw)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):  # a model's params (models/llama_params.py)
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
         elif isinstance(x, dict):
             for v in x.values():
                 walk(v)
@@ -110,19 +131,34 @@ def weights_bytes(model: Model) -> int:
                 walk(v)
 
     walk(getattr(model, "params", None) or dict(getattr(model, "weights", {})))
+    total, reached = 0, 0
+    for start, end in sorted(spans):  # the union of the spans
+        total += max(0, end - max(start, reached))
+        reached = max(reached, end)
     return total
+
+
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A `Field:  N kB` line of a /proc file in bytes (Linux), or None where there is none."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def available_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux); elsewhere physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    found = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (VmRSS, Linux); 0 where /proc does not say."""
+    return _proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
 def activation_bytes(mc: ModelConfig, cfg: EngineConfig, max_model_len: int) -> int:
@@ -168,9 +204,65 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
     # one sequence of max_model_len must fit, or a long request could never run
     min_blocks = window_blocks(window, bs) + 1 if plan.all_windowed else full_need
     if plan.total_bytes > budget or plan.num_kv_blocks < 1 or (wblock and plan.num_window_blocks < 1):
-        raise MemoryPlanError(f"memory plan over budget: {plan.describe()}; lower --kv-blocks, "
-                              "--max-num-batched-tokens or raise the memory budget")
-    if plan.num_kv_blocks < min_blocks and cfg.num_kv_blocks is None and cfg.kv_cache_memory_bytes is None:
-        raise MemoryPlanError(f"memory plan leaves {plan.num_kv_blocks} KV blocks, fewer than the {min_blocks} "
-                              f"one {max_model_len}-token sequence needs: {plan.describe()}")
+        raise MemoryPlanError(f"memory plan over budget: {plan.describe()}; lower --num-kv-blocks, --kv-cache-memory "
+                              "or --max-num-seqs, or raise --memory-budget")
+    sized_by_plan = cfg.num_kv_blocks is None and cfg.kv_cache_memory_bytes is None
+    fits = plan.num_kv_blocks * bs  # the longest sequence the pool holds
+    if plan.num_kv_blocks < min_blocks and sized_by_plan and (
+            cfg.max_model_len is not None or fits < min(MIN_DEFAULT_CONTEXT, max_model_len)):
+        raise MemoryPlanError(context_error(plan, max_model_len, bs, asked=cfg.max_model_len is not None))
     return plan
+
+
+def context_error(plan: MemoryPlan, context: int, block_size: int, asked: bool) -> str:
+    """Why a context does not fit, and what would: the context the pool holds, and the options
+    that make the pool larger."""
+    what = f"a {context:,}-token context" + (" (--max-model-len)" if asked else " (the model's)")
+    fits = plan.num_kv_blocks * block_size
+    if fits < 1:
+        return (f"{what} does not fit: the memory plan leaves no room for a KV pool ({plan.describe()}); serve "
+                "fewer models, or raise --memory-budget")
+    floor = "" if asked or fits >= MIN_DEFAULT_CONTEXT else \
+        f", below the {MIN_DEFAULT_CONTEXT:,} tokens a default context gets at the least"
+    return (f"{what} needs {-(-context // block_size):,} KV blocks, but the memory plan leaves room for "
+            f"{plan.num_kv_blocks:,} ({fits:,} tokens{floor}): --max-model-len {fits} fits; or make room with "
+            f"--memory-budget, fewer models or a lower --max-num-seqs ({plan.describe()})")
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    """The context a model is served with, and why: its own, the one asked for, or what the
+    memory plan's KV pool holds."""
+
+    model_context: int  # the model's (max_position_embeddings)
+    asked: int | None  # max_model_len as given (None: the default)
+    used: int
+    pool_tokens: int | None = None  # the longest sequence the pool holds (None: a windowed pool holds any)
+
+    @property
+    def adjusted(self) -> bool:
+        """A context was asked for and another is used (the caller should say so)."""
+        return self.asked is not None and self.asked != self.used
+
+    def describe(self) -> str:
+        if self.asked is not None and self.asked > self.model_context and self.used == self.model_context:
+            return (f"--max-model-len {self.asked:,} asked, {self.used:,} used: the model's context length (its "
+                    "positions past it were never trained)")
+        if self.asked is not None and self.used < self.asked:
+            return (f"--max-model-len {self.asked:,} asked, {self.used:,} used: the KV pool (--num-kv-blocks or "
+                    f"--kv-cache-memory) holds {self.used:,} tokens of one sequence")
+        if self.asked is not None:
+            return f"context {self.used:,} tokens (--max-model-len)"
+        if self.used == self.model_context:
+            return f"context {self.used:,} tokens (the model's)"
+        return (f"context {self.used:,} tokens, of the model's {self.model_context:,}: what the KV pool the memory "
+                "plan leaves holds (--max-model-len sets another; --memory-budget, --kv-cache-memory or fewer "
+                "models make the pool larger)")
+
+
+def context_choice(model_context: int, asked: int | None, plan: MemoryPlan, block_size: int) -> ContextChoice:
+    """The context an engine over this plan serves (the engine's own rule: the model's, capped by
+    max_model_len and by what one sequence can hold in the pool)."""
+    ctx = min(model_context, asked or model_context)
+    pool = None if plan.all_windowed else plan.num_kv_blocks * block_size
+    return ContextChoice(model_context, asked, ctx if pool is None else min(ctx, pool), pool)

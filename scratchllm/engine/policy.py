@@ -3,7 +3,8 @@ The mechanism (token budget, blocks, preemption, the running set) is the schedul
 only orders the waiting queue and gates admission. Selected by `EngineConfig.policy`.
 
   priority (default): two queues and a tick.
-    * HIGH = max_tokens < high_priority_max_tokens (256), FIFO; LOW = the rest, by virtual
+    * HIGH = max_tokens < high_priority_max_tokens (256), FIFO; LOW = the rest (and any request
+      whose params say low_priority: the Batch API's), by virtual
       arrival (arrival - priority adjustment, so the evaluation loop's hook can move a request).
     * when HIGH is non-empty and utilization < utilization_gate (80%), its head is admitted at
       once (this step, not at the next tick), and again while both still hold.
@@ -65,9 +66,9 @@ class PriorityPolicy:
         self.low_this_tick = 0
 
     def add(self, req: Request) -> None:
-        if req.priority is None:  # short requests are high priority
+        if req.priority is None:  # short requests are high priority, unless marked low (batch work)
             short = req.params.max_tokens < self.config.high_priority_max_tokens
-            req.priority = Priority.HIGH if short else Priority.LOW
+            req.priority = Priority.HIGH if short and not req.params.low_priority else Priority.LOW
         if req.priority == Priority.HIGH:
             self.high.append(req)
         else:

@@ -20,8 +20,11 @@ chunk's header (formats.load_header): the join waits for its load, on first use 
 --load first-use`.
 
 The models are planned in the order given; the budget is `memory_budget_bytes` (`serve
---memory-budget`), else the memory available at start. Over budget is a MemoryPlanError that
-names every model's figures. Each engine then plans its own pool within its share
+--memory-budget`), else the memory available at start. With the default contexts, a plan that
+does not fit that way shares the room the weights and activations leave among the generators'
+KV pools, each context shrinking with its pool down to memory_plan.MIN_DEFAULT_CONTEXT, so that
+several models fit beside each other. Over budget is a MemoryPlanError that names every model's
+figures. Each engine then plans its own pool within its share
 (EngineConfig.memory_budget_bytes = the need planned here), so a model loaded on first use, or
 loaded again after an unload, finds the memory it was planned.
 """
@@ -36,10 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from scratchllm.engine.config import EngineConfig
-from scratchllm.engine.memory_plan import MiB, available_bytes, plan_memory
+from scratchllm.engine.memory_plan import (
+    MIN_DEFAULT_CONTEXT,
+    ContextChoice,
+    MiB,
+    available_bytes,
+    context_choice,
+    plan_memory,
+)
 from scratchllm.errors import ConfigError, MemoryPlanError
 from scratchllm.formats import load_header
 from scratchllm.formats.checkpoint import Checkpoint
+from scratchllm.formats.ggml_quants import FILE_TYPES
+from scratchllm.formats.sampling_defaults import recommended_sampling
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.loader import auto_dtype, read_config
 from scratchllm.models.packed import panel_bytes_per_weight
@@ -60,6 +72,13 @@ class ModelNeed:
     activation_bytes: int
     max_len: int  # context tokens (a generator's, as its pool allows) or an embedder's longest input
     details: dict[str, Any]  # family, format, parameters, quantization, context (Ollama's /api/show)
+    context: ContextChoice | None = None  # a generator's: the context chosen, and why
+    least_kv_bytes: int = 0  # a generator's KV with one sequence of the shortest default context
+
+    @property
+    def least_bytes(self) -> int:
+        """Its need with the shortest KV pool a default context allows (an embedder's: all of it)."""
+        return self.weights_bytes + self.activation_bytes + (self.least_kv_bytes if self.task == "generate" else 0)
 
     @property
     def total_bytes(self) -> int:
@@ -96,18 +115,23 @@ def estimated_weights_bytes(ckpt: Checkpoint, dtype: str) -> int:
 
 
 def header_details(ckpt: Checkpoint, mc: ModelConfig) -> dict[str, Any]:
-    """What a model list shows of a model: family, file format, parameter count, the dtype most of
-    its weights are stored in, its context length, where it is, its tensors' bytes, when the file
-    changed, and its chat template when the file holds one (a GGUF's)."""
+    """What a model list shows of a model: family, file format, parameter count, its quantization
+    (a GGUF's file type, e.g. Q4_K_M, as Ollama shows it; else the dtype most of its weights are
+    stored in), its context length, where it is, its tensors' bytes, when the file changed, the
+    sampling it recommends, and its chat template when the file holds one (a GGUF's)."""
     by_dtype: Counter[str] = Counter()
     for info in ckpt.infos.values():
         by_dtype[info.dtype] += info.numel
     template = ckpt.metadata.get("tokenizer.chat_template") if ckpt.format == "gguf" else None
     read = ckpt.container.get("header_from", ckpt.path)  # a model not joined yet: its first chunk
+    code = ckpt.metadata.get("general.file_type") if ckpt.format == "gguf" else None
+    file_type = FILE_TYPES.get(code) if type(code) is int else None
     return {"family": mc.model_type, "format": ckpt.format, "parameters": sum(by_dtype.values()),
-            "quantization": by_dtype.most_common(1)[0][0] if by_dtype else "", "context": mc.max_position_embeddings,
+            "quantization": file_type or (by_dtype.most_common(1)[0][0] if by_dtype else ""),
+            "context": mc.max_position_embeddings,
             "path": ckpt.path, "size": sum(i.nbytes for i in ckpt.infos.values()),
-            "mtime": os.stat(read).st_mtime, **({"template": template} if isinstance(template, str) else {})}
+            "mtime": os.stat(read).st_mtime, "sampling": recommended_sampling(ckpt),
+            **({"template": template} if isinstance(template, str) else {})}
 
 
 def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> ModelNeed:
@@ -138,8 +162,10 @@ def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> M
     except MemoryPlanError as err:  # its figures count no weights: say whose they are, and the weights
         raise MemoryPlanError(f"model '{ref}' (weights {weights / MiB:.1f} MiB, planned apart): {err}") from None
     assert plan.weights_bytes == 0, "a header-only model has no arrays to count"
-    max_len = ctx if plan.all_windowed else min(ctx, plan.num_kv_blocks * cfg.block_size)
-    return ModelNeed(ref, "generate", weights, plan.kv_bytes, plan.activation_bytes, max_len, details)
+    choice = context_choice(mc.max_position_embeddings, cfg.max_model_len, plan, cfg.block_size)
+    least = plan.kv_bytes_for(min(MIN_DEFAULT_CONTEXT, ctx), cfg.block_size)
+    return ModelNeed(ref, "generate", weights, plan.kv_bytes, plan.activation_bytes, choice.used, details, choice,
+                     least)
 
 
 @dataclass(frozen=True)
@@ -162,14 +188,33 @@ class SharedPlan:
 
 
 def plan_models(refs: list[str], engine_options: dict[str, Any], budget_bytes: int | None = None) -> SharedPlan:
-    """Every model's need, each planned against what the ones before it left; a MemoryPlanError
-    naming them all when they do not fit together."""
+    """Every model's need, each planned against what the ones before it left; when that does not
+    fit and the contexts are the defaults, each generator's KV pool gets a share of what the
+    weights and activations leave instead (`_shared_pools`); a MemoryPlanError naming them all
+    when they do not fit together even so."""
     budget = budget_bytes or available_bytes()
+    try:
+        return _plan_in_order(refs, engine_options, budget)
+    except MemoryPlanError:
+        if any(engine_options.get(k) is not None for k in SIZED_BY_OPTIONS) or len(refs) < 2:
+            raise
+        shared = _shared_pools(refs, engine_options, budget)
+        if shared is None:
+            raise
+        return shared
+
+
+SIZED_BY_OPTIONS = ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes")  # contexts and pools asked for
+
+
+def _plan_in_order(refs: list[str], engine_options: dict[str, Any], budget: int,
+                   caps: list[int] | None = None) -> SharedPlan:
+    """Each model planned within what the ones before it left (and within its cap, if given)."""
     needs: list[ModelNeed] = []
-    for ref in refs:
+    for i, ref in enumerate(refs):
         left = budget - sum(n.total_bytes for n in needs)
         try:
-            needs.append(model_need(ref, engine_options, left))
+            needs.append(model_need(ref, engine_options, left if caps is None else min(left, caps[i])))
         except MemoryPlanError as err:
             before = "; the models before it plan " + " + ".join(n.describe() for n in needs) if needs else ""
             raise MemoryPlanError(f"the models do not fit in {budget / MiB:.1f} MiB: {err}{before}. Serve "
@@ -179,3 +224,27 @@ def plan_models(refs: list[str], engine_options: dict[str, Any], budget_bytes: i
     if plan.total_bytes > budget:
         raise MemoryPlanError(f"the models do not fit: {plan.describe()}")
     return plan
+
+
+def _shared_pools(refs: list[str], engine_options: dict[str, Any], budget: int) -> SharedPlan | None:
+    """The plan when the default KV pools (each up to memory_plan.DEFAULT_KV_BYTES) do not fit
+    side by side: every generator first gets the pool of one sequence of the shortest default
+    context (MIN_DEFAULT_CONTEXT, or the model's if shorter), then the room left is shared in
+    proportion to what each pool would have been alone, and each context shrinks with its pool.
+    None when a model alone does not fit (the in-order plan's error says so); a MemoryPlanError
+    naming the --memory-budget that fits them all when even the shortest contexts do not."""
+    try:
+        alone = [model_need(ref, engine_options, budget) for ref in refs]
+    except MemoryPlanError:
+        return None
+    least = sum(n.least_bytes for n in alone)
+    if least > budget:
+        figures = " + ".join(f"'{n.ref}' {n.least_bytes / MiB:.1f} MiB" for n in alone)
+        raise MemoryPlanError(
+            f"the models do not fit in {budget / MiB:.1f} MiB: with the shortest contexts a default gets "
+            f"({MIN_DEFAULT_CONTEXT:,} tokens, or the model's if shorter) they need {least / MiB:.1f} MiB ({figures})."
+            f" Raise --memory-budget to {math.ceil(least / MiB)}MiB, or serve fewer models")
+    extra = sum(n.total_bytes - n.least_bytes for n in alone)
+    share = 1.0 if extra <= 0 else min(1.0, (budget - least) / extra)
+    caps = [n.least_bytes + int((n.total_bytes - n.least_bytes) * share) for n in alone]
+    return _plan_in_order(refs, engine_options, budget, caps)

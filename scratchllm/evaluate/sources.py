@@ -15,10 +15,11 @@ from typing import Any
 
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import FILE_PATTERN
+from scratchllm.server.routes import REPLAYABLE
 
 logger = logging.getLogger(__name__)
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+ENDPOINTS = REPLAYABLE  # the routes whose rows in the server's route table say they replay
 
 
 @dataclass

@@ -141,6 +141,17 @@ QUANT_LAYOUT = {
 
 SUPPORTED = set(PLAIN_DTYPES) | set(BLOCK_DTYPES) | {"BF16"}
 
+# A GGUF file's `general.file_type` (llama.cpp's llama_ftype: the mix a quantizer wrote, e.g.
+# Q4_K_M = Q4_K for most matrices and Q6_K for some) -> the name Ollama and llama.cpp show for it.
+# The types of single tensors do not tell the mix apart: a Q4_K_M file of a model whose rows are
+# not a multiple of 256 holds more Q5_0 tensors than Q4_K ones.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS",
+    20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
+    28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+}
+
 
 def out_dtype(type_name: str) -> str:
     """NumPy dtype name a lookup of a tensor of this GGML type returns."""

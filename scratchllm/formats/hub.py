@@ -49,6 +49,7 @@ class Pulled:
     name: str  # what it runs by: ORG/REPO/FILE for a GGUF file (a split one's first shard), ORG/REPO for a folder
     files: tuple[Path, ...]  # the snapshot's links to the checked blobs
     size: int
+    offline: bool = False  # found in the cache with HF_HUB_OFFLINE set: nothing was asked of the hub
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
@@ -168,6 +169,22 @@ def _all_shards(repo_id: str, first: PurePosixPath, shards: list[PurePosixPath |
     return [str(s) for s in shards]
 
 
+def _from_cache(repo_id: str, filename: str | None) -> Pulled:
+    """Offline (HF_HUB_OFFLINE): the model as the cache already holds it, or why not. Without
+    this, huggingface_hub's listing fails with OfflineModeIsEnabled even when the file is there."""
+    ref = f"{repo_id}/{filename}" if filename else repo_id
+    found = stores.candidates(ref, list(stores.scan_hf_cache()))
+    if len(found) == 1 and not found[0].problem:
+        model = found[0]
+        files = model.parts or ((model.path,) if model.kind == "gguf" else tuple(
+            p for p in model.path.iterdir() if p.is_file()))
+        return Pulled(model.name, files, model.size, offline=True)
+    why = found[0].problem if len(found) == 1 else (
+        "it names several: " + ", ".join(m.name for m in found) if found else "it is not in the cache")
+    raise ConfigError(f"offline (HF_HUB_OFFLINE is set): cannot pull '{ref}': {why} ({stores.hf_hub_cache()}); "
+                      "unset HF_HUB_OFFLINE to download it")
+
+
 def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None = None,
          out: IO[str] | None = None) -> Pulled:
     """Download ORG/REPO[/FILE] into the Hugging Face cache (see the module doc). `progress`: a
@@ -178,6 +195,10 @@ def pull(ref: str, revision: str = "main", progress: Callable[..., Any] | None =
     from huggingface_hub import HfApi, hf_hub_download
 
     repo_id, filename = split_ref(ref)
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return _from_cache(repo_id, filename)
     _reach(repo_id, revision)
     endpoint, cache = _endpoint(), stores.hf_hub_cache()
     api = HfApi(endpoint=endpoint)

@@ -47,7 +47,9 @@ class LineProgress(tqdm):
         self.goal: float | None = kwargs.get("total")
         self.unit, self.scale = str(kwargs.get("unit", "it")), bool(kwargs.get("unit_scale", False))
         self.done: float = kwargs.get("initial", 0) or 0
-        self.started, self.next_step, self.finished = time.monotonic(), 1, False
+        # the next tenth to say: past the ones a job already shown part done (initial) has reached
+        self.started, self.finished = time.monotonic(), False
+        self.next_step = int(STEPS * self.done / self.goal) + 1 if self.goal else 1
         kwargs.pop("name", None)
         super().__init__(*args, **{**kwargs, "disable": True})
         self._line("started" + (f", {amount(self.goal, self.unit, self.scale)}" if self.goal else ""))

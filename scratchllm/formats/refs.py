@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scratchllm.errors import ConfigError
-from scratchllm.formats import stores
+from scratchllm.formats import names, stores
 from scratchllm.formats.gguf_split import first_shard
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,10 @@ JOINED_MODELS = {
 _BLOCK = 8 << 20  # bytes copied and hashed at a time while joining
 
 
-def resolve_model(ref: str | Path) -> Path:
+def resolve_model(ref: str | Path, seen: list[str] | None = None) -> Path:
     """Turn a model name or a path into an existing file or folder, or explain why not (naming
-    the candidates when a store name matches several models, or the close names when none)."""
+    the candidates when a store name matches several models, or the close names when none).
+    A name of the user's (formats/names.py) is its model's; `seen`: the names followed so far."""
     ref_str = str(ref)
     if ref_str in MODEL_PACKAGES:
         requirement, module, inner = MODEL_PACKAGES[ref_str]
@@ -98,6 +99,11 @@ def resolve_model(ref: str | Path) -> Path:
     path = Path(ref_str).expanduser()
     if path.exists():
         return first_shard(path)  # any shard of a split GGUF names the model its first shard opens
+    named = names.lookup(ref_str)
+    if named is not None:  # a name of the user's (names.py): the model it was made from
+        if seen is not None and named.name in seen:
+            raise ConfigError(f"model '{ref_str}': its names run in a circle ({' -> '.join([*seen, named.name])})")
+        return resolve_model(named.base, [*(seen or []), named.name])
     stored = stores.scan()
     found = stores.candidates(ref_str, stored)
     if len(found) == 1:
@@ -108,7 +114,8 @@ def resolve_model(ref: str | Path) -> Path:
         raise ConfigError(f"model '{ref_str}' is ambiguous: it names " + ", ".join(m.name for m in found)
                           + "; give one of these names")
     packages = [*MODEL_PACKAGES, *JOINED_MODELS]
-    close = difflib.get_close_matches(ref_str, packages + [m.name for m in stored], n=8, cutoff=0.5)
+    close = difflib.get_close_matches(ref_str, packages + [m.name for m in stored] + list(names.all_names()), n=8,
+                                      cutoff=0.5)
     raise ConfigError(
         f"no model at '{ref_str}': no such file or folder, no package model ({', '.join(packages)}), and not a name "
         f"in the Hugging Face cache ({stores.hf_hub_cache()}) or Ollama's store ({stores.ollama_models()})"

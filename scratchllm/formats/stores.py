@@ -22,7 +22,10 @@ shards'; a shard that is not there is its `problem`, and it is listed all the sa
 with several model layers (Ollama's import of a split model) is one model too, but not one that
 runs here: its shards are blobs named by digest, and a split model's shards are found by name.
 
-Only file names and headers are read here; nothing is loaded, nothing downloaded.
+Only file names and headers are read here; nothing is loaded, nothing downloaded. Listing
+(`header_problem`) also parses each GGUF file's header, as a load would, so that a truncated
+file, an empty one or a text file named .gguf is shown broken with the reason before anyone
+tries to run it; resolving a name does not (it would parse every file of every store).
 """
 
 import json
@@ -33,9 +36,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from scratchllm.errors import FormatError
 from scratchllm.formats.files import is_gguf
 from scratchllm.formats.folder import PREFERENCE
 from scratchllm.formats.gguf_split import group_shards, shard_path
+from scratchllm.formats.names import model_dirs
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
@@ -181,28 +186,51 @@ def scan_ollama(root: Path | None = None) -> Iterator[StoredModel]:
 
 # ---- a folder --------------------------------------------------------------------------------------
 def scan_folder(folder: Path) -> Iterator[StoredModel]:
-    """GGUF files and model folders under `folder`, named by their paths (which is how they run)."""
+    """GGUF files and model folders under `folder`, each named by its path inside the folder
+    (`deep/m.gguf`; the folder itself, when it is a model folder, by its own name): short names
+    that run it wherever the folder is searched (`--dir`, or names.model_dirs())."""
     folder = folder.expanduser()
+
+    def short(path: Path) -> str:
+        return path.relative_to(folder).as_posix() if path != folder else folder.name
+
     if _is_model_folder(folder):
-        yield StoredModel(str(folder), "folder", "folder", folder, _folder_size(folder), folder)
+        yield StoredModel(short(folder), "folder", "folder", folder, _folder_size(folder), folder)
     ggufs = []
     for path in sorted(folder.rglob("*")):
         if path.is_file() and path.suffix == ".gguf" and is_gguf(path):
             ggufs.append(path)
         elif path.is_dir() and _is_model_folder(path):
-            yield StoredModel(str(path), "folder", "folder", path, _folder_size(path), path)
+            yield StoredModel(short(path), "folder", "folder", path, _folder_size(path), path)
     for first, shards in group_shards(ggufs).items():
-        model = _gguf_model(str(first), "folder", first, shards)
+        model = _gguf_model(short(first), "folder", first, shards)
         if model is not None:
             yield model
 
 
 def scan(folders: Iterable[Path] = ()) -> list[StoredModel]:
-    """Everything in the Hugging Face cache, Ollama's store and the given folders."""
+    """Everything in the Hugging Face cache, Ollama's store, the given folders and the folders
+    the user set once (names.model_dirs(): $SCRATCHLLM_MODEL_DIRS and the names file's `dirs`)."""
     found = [*scan_ollama(), *scan_hf_cache()]
-    for folder in folders:
-        found += scan_folder(Path(folder))
+    for folder in dict.fromkeys([*(Path(f).expanduser() for f in folders), *model_dirs()]):
+        if folder.is_dir():
+            found += scan_folder(folder)
     return found
+
+
+def header_problem(model: StoredModel) -> str:
+    """"" when each of a GGUF model's files there parses as GGUF (its header, its metadata, and
+    its tensors inside the file), else the reason the first one does not: what a load would say."""
+    if model.kind != "gguf":
+        return ""
+    from scratchllm.formats.gguf import GGUFFile
+
+    for path in model.parts or (model.path,):
+        try:
+            GGUFFile(path)
+        except FormatError as err:
+            return err.problem if len(model.parts) <= 1 else f"{path.name}: {err.problem}"
+    return ""
 
 
 def candidates(ref: str, stored: Iterable[StoredModel]) -> list[StoredModel]:

@@ -33,6 +33,7 @@ Layout (P panels of NR columns, as packed_gemm's panels; row k of W is input k):
 Columns past the matrix's last (the right edge of the last panel) are all zeros: weight 0.
 """
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -210,3 +211,44 @@ def pack(kind: str, raw: npt.NDArray[np.uint8], K: int, nr: int) -> KPanels:
     u = (low | (high.reshape(N * nb, 256) << 4)).reshape(N, K)
     sc = blocks["scales"].reshape(N, K // 16)
     return KPanels(_low_words(u, nr), _high_words(u, nr, kind), _panels(sc, nr, np.int8), None, d, None, kind)
+
+
+CHUNK_WEIGHTS = 1 << 20  # weights `pack_parts` packs at a time: its temporaries are a few times this
+
+
+def pack_parts(parts: list[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], K: int, nr: int,
+               alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> KPanels:
+    """`pack` of parts of one TYPES type fused along the output columns ((type, raw [rows, row
+    bytes], row order or None) each, as packed_gemm.pack_blocks takes them), written chunk by chunk
+    of whole panels into arrays from `alloc(shape, dtype)`. `pack` works on whole arrays, and its
+    temporaries (the values, a byte each, and their high bits as 32-bit words) come to several
+    times the matrix's panels: 2.3 GB for a 151,936 x 1,536 Q6_K LM head whose panels are 191 MB.
+    In chunks of about CHUNK_WEIGHTS weights they are a few tens of MB, whatever the matrix."""
+    kind = parts[0][0]
+    assert all(p[0] == kind for p in parts), "parts of one type"
+    N = sum(raw.shape[0] for _, raw, _ in parts)
+    step = max(1, CHUNK_WEIGHTS // (K * nr)) * nr  # output rows per chunk: whole panels
+    out: list[npt.NDArray[Any] | None] = []
+    for start in range(0, N, step):
+        packed = pack(kind, _rows(parts, start, min(N, start + step)), K, nr)
+        if not out:  # the whole matrix's arrays: P panels of the chunk's shape
+            P = -(-N // nr)
+            out = [None if a is None else alloc((P, *a.shape[1:]), a.dtype) for a in packed[:6]]
+        for whole, a in zip(out, packed[:6], strict=True):
+            if whole is not None and a is not None:
+                whole[start // nr:start // nr + a.shape[0]] = a
+    q4, qh, sc, mn, d, dmin = out
+    assert q4 is not None and d is not None, "every type has its low bits and scales"
+    return KPanels(q4, qh, sc, mn, d, dmin, kind)
+
+
+def _rows(parts: list[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], start: int,
+          stop: int) -> npt.NDArray[np.uint8]:
+    """Rows start..stop of the parts fused along the output columns, each part's row order applied."""
+    pieces, offset = [], 0
+    for _, raw, order in parts:
+        a, b = max(start, offset) - offset, min(stop, offset + raw.shape[0]) - offset
+        if a < b:
+            pieces.append(raw[a:b] if order is None else raw[np.asarray(order)[a:b]])
+        offset += raw.shape[0]
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

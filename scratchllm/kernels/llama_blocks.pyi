@@ -1,10 +1,14 @@
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.workspace import StepBuffers
+
+if TYPE_CHECKING:
+    from scratchllm.models.llama_params import LayerParams
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -20,7 +24,7 @@ class LlamaBlocks:
     matmul_ns: int
     attention_ns: int
     other_ns: int
-    def __init__(self, layers: Sequence[Mapping[str, object]], cfg: ModelConfig,
+    def __init__(self, layers: Sequence[LayerParams], cfg: ModelConfig,
                  local_rope: Sequence[bool] = ()) -> None: ...
     def run(self, x: F32, buf: StepBuffers, cos: F32, sin: F32, k_cache: npt.NDArray[np.generic],
             v_cache: npt.NDArray[np.generic], block_tables: I32, token_seq: I32, token_pos: I32, max_ctx: int,

@@ -14,8 +14,10 @@ family's variations: QK-norm (Qwen3, Gemma 3), the sublayers' output norms and G
 Gemma 3's second rope base on its sliding-window layers, and, from the engine's paged attention,
 per-layer sliding windows in a pool of their own, the softmax scale and the scores' soft-cap.
 Float32 or quantized matrices, with or without q|k|v and o biases (Qwen2, Llama's
-attention_bias): a model with bfloat16 matrices keeps the Python loop (`LlamaBlocks` raises
-TypeError for it at load time).
+attention_bias): the packer (models/llama_pack.check_fused_coverage) decides from the model's
+config and dtype whether these blocks run it, before it binds them; a model with bfloat16
+matrices keeps the Python loop. Handed layers it does not cover, `LlamaBlocks` raises ValueError:
+the caller's bug, never a fallback.
 
 Each call also measures where its time went (matmuls, attention, the other kernels), with a
 monotonic clock read around each kernel: 9 kernels x 30 blocks, tens of nanoseconds each.
@@ -46,7 +48,7 @@ cdef inline long long _now_ns() noexcept nogil:
 
 cdef struct Block:
     const float *input_norm  # [C]
-    const float *post_norm  # [C], the MLP's input norm
+    const float *mlp_norm  # [C], the MLP's input norm
     const float *q_norm  # [D] QK-norm of each query head, or NULL (none)
     const float *k_norm  # [D]
     const float *attn_out_norm  # [C] the norm of the attention's output, or NULL (Gemma's post-norms)
@@ -73,8 +75,8 @@ cdef class LlamaBlocks:
         self.blocks = NULL
 
     def __init__(self, layers, cfg, local_rope=()):
-        """`layers`: models/llama.pack's per-block params; `cfg`: its ModelConfig; `local_rope`:
-        per layer, whether it rotates by the second rope (run's cos_local, sin_local)."""
+        """`layers`: the per-block params (models/llama_params.LayerParams); `cfg`: its ModelConfig;
+        `local_rope`: per layer, whether it rotates by the second rope (run's cos_local, sin_local)."""
         cdef Py_ssize_t i
         cdef const float[::1] norm
         self.num_layers, self.C, self.I = len(layers), cfg.hidden_size, cfg.intermediate_size
@@ -82,7 +84,7 @@ cdef class LlamaBlocks:
         if cfg.num_heads % cfg.num_kv_heads or cfg.head_dim % 2:
             raise ValueError("query heads must group evenly over kv heads, and a head's size must be even")
         if cfg.hidden_act not in ("silu", "gelu_tanh"):
-            raise TypeError(f"the gate {cfg.hidden_act!r} runs in Python (models/llama.blocks_into)")
+            raise ValueError(f"the gate {cfg.hidden_act!r} is not one these blocks run")
         self.gelu = cfg.hidden_act == "gelu_tanh"
         local = list(local_rope) or [False] * self.num_layers
         if len(local) != self.num_layers:
@@ -91,26 +93,29 @@ cdef class LlamaBlocks:
         if self.blocks == NULL:
             raise MemoryError()
         keep = []
-        shapes = {"qkv_proj": (self.C, (self.H + 2 * self.KVH) * self.D), "o_proj": (self.H * self.D, self.C),
-                  "gate_up_proj": (self.C, 2 * self.I), "down_proj": (self.I, self.C)}
+        shapes = {"qkv": (self.C, (self.H + 2 * self.KVH) * self.D), "o": (self.H * self.D, self.C),
+                  "gate_up": (self.C, 2 * self.I), "down": (self.I, self.C)}
         for i, p in enumerate(layers):
-            for name, shape in shapes.items():
-                if tuple(getattr(p[name], "shape", ())) != shape or not hasattr(p[name], "panels"):
-                    raise TypeError(f"block {i}: {name} is not a packed [{shape[0]}, {shape[1]}] matrix")
-            packed_gemm.bind_weight(p["qkv_proj"], shapes["qkv_proj"][1], &self.blocks[i].qkv)
-            packed_gemm.bind_weight(p["o_proj"], self.C, &self.blocks[i].o)
-            packed_gemm.bind_weight(p["gate_up_proj"], 2 * self.I, &self.blocks[i].gate_up)
-            packed_gemm.bind_weight(p["down_proj"], self.C, &self.blocks[i].down)
-            self.blocks[i].input_norm = _norm(p, "input_layernorm", self.C, i, False)
-            self.blocks[i].post_norm = _norm(p, "post_attention_layernorm", self.C, i, False)
-            self.blocks[i].q_norm = _norm(p, "q_norm", self.D, i, True)
-            self.blocks[i].k_norm = _norm(p, "k_norm", self.D, i, True)
+            for name, matrix in p.matrices().items():
+                shape = shapes[name]
+                if tuple(getattr(matrix, "shape", ())) != shape or not hasattr(matrix, "panels"):
+                    raise ValueError(f"block {i}: {name} is not a packed [{shape[0]}, {shape[1]}] matrix")
+                if matrix.dtype == "bfloat16":
+                    raise ValueError(f"block {i}: {name} is bfloat16, not these blocks' to run (models/llama.blocks_into)")
+            packed_gemm.bind_weight(p.qkv, shapes["qkv"][1], &self.blocks[i].qkv)
+            packed_gemm.bind_weight(p.o, self.C, &self.blocks[i].o)
+            packed_gemm.bind_weight(p.gate_up, 2 * self.I, &self.blocks[i].gate_up)
+            packed_gemm.bind_weight(p.down, self.C, &self.blocks[i].down)
+            self.blocks[i].input_norm = _norm(p.attn_norm, "attn_norm", self.C, i, False)
+            self.blocks[i].mlp_norm = _norm(p.mlp_norm, "mlp_norm", self.C, i, False)
+            self.blocks[i].q_norm = _norm(p.q_norm, "q_norm", self.D, i, True)
+            self.blocks[i].k_norm = _norm(p.k_norm, "k_norm", self.D, i, True)
             if (self.blocks[i].q_norm == NULL) != (self.blocks[i].k_norm == NULL):
                 raise ValueError(f"block {i}: a q_norm without a k_norm, or the reverse")
-            self.blocks[i].attn_out_norm = _norm(p, "attn_out_norm", self.C, i, True)
-            self.blocks[i].mlp_out_norm = _norm(p, "mlp_out_norm", self.C, i, True)
-            self.blocks[i].qkv_bias = _norm(p, "qkv_bias", shapes["qkv_proj"][1], i, True)
-            self.blocks[i].o_bias = _norm(p, "o_bias", self.C, i, True)
+            self.blocks[i].attn_out_norm = _norm(p.attn_out_norm, "attn_out_norm", self.C, i, True)
+            self.blocks[i].mlp_out_norm = _norm(p.mlp_out_norm, "mlp_out_norm", self.C, i, True)
+            self.blocks[i].qkv_bias = _norm(p.qkv_bias, "qkv_bias", shapes["qkv"][1], i, True)
+            self.blocks[i].o_bias = _norm(p.o_bias, "o_bias", self.C, i, True)
             self.blocks[i].local_rope = bool(local[i])
             keep.append(p)
         self.keep = keep
@@ -273,7 +278,7 @@ cdef class LlamaBlocks:
                     _add_bias(dp, ldd, b.o_bias, N, C)
                 if b.attn_out_norm != NULL:
                     pointwise.rms_norm_rows(dp, ldd, b.attn_out_norm, self.eps, dp, ldd, N, C)
-                pointwise.add_rms_norm_rows(xp, ldx, dp, ldd, b.post_norm, self.eps, hp, ldh, N, C)
+                pointwise.add_rms_norm_rows(xp, ldx, dp, ldd, b.mlp_norm, self.eps, hp, ldh, N, C)
                 t1 = _now_ns(); other += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.gate_up, hp, N, gup)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
@@ -302,16 +307,17 @@ cdef inline void _add_bias(float *y, Py_ssize_t ld, const float *bias, Py_ssize_
             y[i * ld + j] = y[i * ld + j] + bias[j]
 
 
-cdef const float *_norm(p, str name, Py_ssize_t size, Py_ssize_t i, bint optional) except? NULL:
-    """The pointer to block i's norm weight (or bias) `name` of `size` floats; NULL for an optional one it lacks."""
+cdef const float *_norm(norm, str name, Py_ssize_t size, Py_ssize_t i, bint optional) except? NULL:
+    """The pointer to block i's norm weight (or bias) `norm` (its role `name`) of `size` floats; NULL
+    for an optional one it lacks."""
     cdef const float[::1] w
-    if p.get(name) is None:
+    if norm is None:
         if optional:
             return NULL
         raise ValueError(f"block {i} lacks {name}")
-    if p[name].shape != (size,):
-        raise ValueError(f"block {i}: {name} has shape {p[name].shape}, expected ({size},)")
-    w = p[name]
+    if norm.shape != (size,):
+        raise ValueError(f"block {i}: {name} has shape {norm.shape}, expected ({size},)")
+    w = norm
     return &w[0]
 
 

@@ -399,18 +399,9 @@ def row_bytes(str type_name, Py_ssize_t K) -> int:
 
 
 def _pack_kquant(parts, Py_ssize_t K, alloc) -> KPanels:
-    """pack_blocks for parts of one kpanels.TYPES type: their rows in order, then kpanels.pack."""
-    rows = [raw if order is None else raw[np.asarray(order)] for _, raw, order in parts]
-    packed = kpanels.pack(parts[0][0], rows[0] if len(rows) == 1 else np.concatenate(rows), K, PG_NR)
-    fields = []
-    for a in packed[:6]:  # into the caller's memory (huge pages: models/arena.py)
-        if a is None:
-            fields.append(None)
-            continue
-        out = alloc(a.shape, a.dtype)
-        out[...] = a
-        fields.append(out)
-    return KPanels(*fields, packed.kind)
+    """pack_blocks for parts of one kpanels.TYPES type: kpanels.pack, a few panels at a time, into
+    the caller's memory (huge pages: models/arena.py)."""
+    return kpanels.pack_parts(parts, K, PG_NR, alloc)
 
 
 def pack_blocks(parts, Py_ssize_t K, alloc=np.zeros):

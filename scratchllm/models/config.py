@@ -1,10 +1,10 @@
 """ModelConfig: the frozen shape of a model, read from config.json or from GGUF metadata.
 
-One dataclass covers the three families we run. `family` picks the forward pass:
+One dataclass covers the three forward passes we run. `family` picks the forward pass:
   "llama" - the decoders of one pre-norm, rotary, gated-MLP design: Llama 2/3, SmolLM, Mistral,
-            Qwen2 (q/k/v biases), Qwen3 (QK-norm), Phi-3 (fused checkpoint matrices), Gemma 2 and
-            Gemma 3 (sandwich norms, GeGLU, scaled embeddings, soft-capping, sliding windows).
-            Their differences are the named fields below, each a small piece of models/llama.py.
+            Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3, each described once in
+            models/architectures.py (`arch`); the readers below turn a checkpoint's config into
+            this dataclass by the description's rules, never by an architecture's name.
   "gpt2"  - GPT-2 (learned positions, LayerNorm, tanh GELU, Conv1D weights)
   "bert"  - BERT encoders (embeddings for retrieval)
 """
@@ -14,28 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from scratchllm.errors import ConfigError
+from scratchllm.models.architecture import Architecture
+from scratchllm.models.architectures import ARCHITECTURES, LLAMA
 
-# config.json "architectures" / "model_type" -> family
-_HF_FAMILY = {
-    "LlamaForCausalLM": "llama",
-    "LlamaModel": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "llama",
-    "Qwen2Model": "llama",
-    "Qwen3ForCausalLM": "llama",
-    "Phi3ForCausalLM": "llama",
-    "Gemma2ForCausalLM": "llama",
-    "Gemma3ForCausalLM": "llama",
-    "GPT2LMHeadModel": "gpt2",
-    "GPT2Model": "gpt2",
-    "BertModel": "bert",
-    "BertForMaskedLM": "bert",
-    "BertForPreTraining": "bert",
-}
-_HF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "llama",
-                  "gemma2": "llama", "gemma3_text": "llama", "gpt2": "gpt2", "bert": "bert"}
-# GGUF general.architecture values we run (all of the llama family)
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -59,10 +40,15 @@ class RopeScaling:
             raise ConfigError(f"rope scaling {self} is not a valid stretch")
 
 
+class NotBuilt(ConfigError):
+    """A config field that names a piece no forward pass here builds (the MLP's biases, ...): the
+    loader refuses the file with it as a FormatError naming the field, never runs it without."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "llama" | "gpt2" | "bert"
-    model_type: str  # the checkpoint's own name: "llama", "qwen2", "gemma3", "gpt2", "bert", ...
+    family: str  # the forward pass: "llama" | "gpt2" | "bert" (arch.forward)
+    model_type: str  # the checkpoint's own name: "llama", "qwen2", "gemma3_text", "gpt2", "bert", ...
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -74,9 +60,8 @@ class ModelConfig:
     max_position_embeddings: int
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2: biases on q, k, v (not o)
-    o_bias: bool = False  # Llama "attention_bias": biases on q, k, v and o
-    mlp_bias: bool = False
+    qkv_bias: bool = False  # biases on q, k, v (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # a bias on o (Llama's attention_bias)
     hidden_act: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
     type_vocab_size: int = 0  # BERT token types
     bos_token_id: int | None = None
@@ -88,19 +73,19 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     attn_scale: float | None = None
     attn_softcap: float | None = None
-    # The llama family's named variations (models/llama.py applies each where the papers put it)
+    # The values of this checkpoint that its architecture's pieces take (models/llama.py applies
+    # each where the papers put it); which pieces a block has is `arch`'s
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
     rope_local_theta: float | None = None  # Gemma 3: the rope base of sliding-window layers (None: rope_theta)
-    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k, before the rotation
-    post_norms: bool = False  # Gemma 2/3: RMSNorm of each sublayer's output too, before the residual add
-    norm_weight_offset: float = 0.0  # Gemma's RMSNorm scales by (1 + w): HF files store w (1.0); GGUF 1 + w (0)
-    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
-    final_softcap: float | None = None  # Gemma 2: logits = cap * tanh(logits / cap)
-    fused_checkpoint: bool = False  # Phi-3: the file stores qkv_proj and gate_up_proj fused
+    norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w): Gemma's config.json files store w (1.0)
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden_size))
+    final_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2)
+    arch: Architecture = LLAMA  # the description: the block's pieces and the tensors' names
 
     def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "bert"):
             raise ConfigError(f"unknown model family {self.family!r}")
+        assert self.arch.forward == self.family, f"{self.arch.name} runs the {self.arch.forward} forward"
         # GQA: every key/value head serves the same number of query heads
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} kv heads")
@@ -111,8 +96,8 @@ class ModelConfig:
                               f"got {self.layer_windows}")
         if self.family == "llama" and self.head_dim % 2:
             raise ConfigError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
-        if self.hidden_act not in ("silu", "gelu_tanh", "gelu"):
-            raise ConfigError(f"activation {self.hidden_act!r} is not supported (silu, gelu_tanh)")
+        if self.hidden_act not in (("silu", "gelu_tanh") if self.family == "llama" else ("gelu_tanh", "gelu")):
+            raise ConfigError(f"activation {self.hidden_act!r} is not supported by the {self.family} forward")
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer` in tokens (a query at position p sees keys p - w + 1 .. p),
@@ -143,45 +128,51 @@ class ModelConfig:
         return self.family != "bert"
 
 
+def architecture_of(cfg: Mapping[str, Any]) -> Architecture:
+    """The description of a config.json's architecture: by its "architectures", else its "model_type"."""
+    names = cfg.get("architectures") or []
+    for arch in ARCHITECTURES:
+        if any(name in arch.hf_architectures for name in names):
+            return arch
+    for arch in ARCHITECTURES:
+        if arch.hf_model_type is not None and cfg.get("model_type") == arch.hf_model_type:
+            return arch
+    supported = sorted(name for arch in ARCHITECTURES for name in arch.hf_architectures)
+    raise ConfigError(f"unsupported architecture {names or cfg.get('model_type')!r}: we run " + ", ".join(supported))
+
+
 def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
     """Read a Hugging Face config.json (already parsed)."""
-    archs = cfg.get("architectures") or []
-    family = next((_HF_FAMILY[a] for a in archs if a in _HF_FAMILY), None)
-    family = family or _HF_MODEL_TYPE.get(cfg.get("model_type", ""))
-    if family is None:
-        raise ConfigError(
-            f"unsupported architecture {archs or cfg.get('model_type')!r}: we run "
-            + ", ".join(sorted(_HF_FAMILY))
-        )
-    model_type = cfg.get("model_type", family)
+    arch = architecture_of(cfg)
+    model_type = cfg.get("model_type", arch.name)
     eos = cfg.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
-    if family == "gpt2":
+    if arch.forward == "gpt2":
         n_embd, n_head = cfg["n_embd"], cfg["n_head"]
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ConfigError(f"GPT-2 activation {act!r} is not supported (only tanh GELU)")
         return ModelConfig(
-            family=family, model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=n_embd,
+            family="gpt2", model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=n_embd,
             num_layers=cfg["n_layer"], num_heads=n_head, num_kv_heads=n_head, head_dim=n_embd // n_head,
             intermediate_size=cfg.get("n_inner") or 4 * n_embd, norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             max_position_embeddings=cfg.get("n_positions", 1024), tie_word_embeddings=True,
-            hidden_act="gelu_tanh", bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos,
+            hidden_act="gelu_tanh", bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos, arch=arch,
         )
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    if family == "bert":
+    if arch.forward == "bert":
         if cfg.get("position_embedding_type", "absolute") != "absolute":
             raise ConfigError("BERT: only absolute position embeddings are supported")
         if cfg.get("hidden_act", "gelu") != "gelu":
             raise ConfigError(f"BERT activation {cfg.get('hidden_act')!r} is not supported (only erf GELU)")
         return ModelConfig(
-            family=family, model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=hidden,
+            family="bert", model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=hidden,
             num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
             intermediate_size=cfg["intermediate_size"], norm_eps=cfg.get("layer_norm_eps", 1e-12),
             max_position_embeddings=cfg.get("max_position_embeddings", 512), hidden_act="gelu",
-            type_vocab_size=cfg.get("type_vocab_size", 2),
+            type_vocab_size=cfg.get("type_vocab_size", 2), arch=arch,
         )
-    return _hf_llama_family(cfg, model_type, eos)
+    return _hf_llama_family(cfg, arch, model_type, eos)
 
 
 def _hf_rope(params: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -201,24 +192,32 @@ def _hf_rope(params: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[float, 
         original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)))
 
 
-def _hf_windows(cfg: Mapping[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
+def pattern_windows(window: int, pattern: int | Sequence[bool], layers: int, where: str) -> tuple[int, ...]:
+    """Windows of `layers` layers where every `pattern`-th layer attends to everything (the rest
+    slide by `window`), or, per layer, whether it slides; `where` names the source in errors."""
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != layers:
+            raise ConfigError(f"{where} has {len(pattern)} entries for {layers} layers")
+        return tuple(window if slides else 0 for slides in pattern)
+    period = int(pattern)  # type: ignore[arg-type]  # a count (GGUF keeps it as an integer)
+    return tuple(window if (i + 1) % period else 0 for i in range(layers))
+
+
+def _hf_windows(cfg: Mapping[str, Any], arch: Architecture, layers: int) -> tuple[int, ...]:
     """Per-layer sliding windows: config.json's layer_types where it has them (transformers >= 5
-    writes them), else each family's rule (Gemma 2 alternates, Gemma 3 has one full layer in
-    sliding_window_pattern, Mistral and Phi-3 window every layer)."""
+    writes them), else the architecture's rule (Architecture.windows)."""
     window = cfg.get("sliding_window") or 0
     types: Sequence[str] | None = cfg.get("layer_types")
-    if types is None:
-        if model_type == "gemma2":
-            types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-        elif model_type == "gemma3_text":
-            pattern = int(cfg.get("sliding_window_pattern", 6))
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-        elif model_type in ("qwen2", "qwen3"):
-            if cfg.get("use_sliding_window"):
-                raise ConfigError(f"{model_type}: use_sliding_window without layer_types is not supported")
-            types = ["full_attention"] * layers
-        else:
-            types = ["sliding_attention" if window else "full_attention"] * layers
+    if types is None and arch.windows == "pattern":
+        pattern = pattern_windows(window, cfg.get("sliding_window_pattern", arch.window_pattern), layers,
+                                  "sliding_window_pattern")
+        types = ["sliding_attention" if w else "full_attention" for w in pattern]
+    elif types is None and arch.windows == "layer_types":
+        if cfg.get("use_sliding_window"):
+            raise ConfigError(f"{arch.name}: use_sliding_window without layer_types is not supported")
+        types = ["full_attention"] * layers
+    elif types is None:
+        types = ["sliding_attention" if window else "full_attention"] * layers
     if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
         raise ConfigError(f"layer_types {list(types)} are not {layers} of sliding_attention / full_attention")
     if "sliding_attention" in types and not window:
@@ -227,15 +226,17 @@ def _hf_windows(cfg: Mapping[str, Any], model_type: str, layers: int) -> tuple[i
     return windows if any(windows) else ()
 
 
-def _hf_llama_family(cfg: Mapping[str, Any], model_type: str, eos: int | None) -> ModelConfig:
+def _hf_llama_family(cfg: Mapping[str, Any], arch: Architecture, model_type: str, eos: int | None) -> ModelConfig:
     hidden, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
-    gemma = model_type in ("gemma2", "gemma3_text")
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
-    if act not in ("silu", "gelu_pytorch_tanh"):
+    if cfg.get("mlp_bias"):
+        raise NotBuilt("mlp_bias: biases on the MLP's matrices are not built here")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or arch.activation
+    act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(act, act)
+    if act not in ("silu", "gelu_tanh"):
         raise ConfigError(f"activation {act!r} is not supported (silu, gelu_pytorch_tanh)")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_local: float | None = None
-    if "full_attention" in rope:  # Gemma 3 in transformers >= 5: one rope per layer type
+    if "full_attention" in rope:  # transformers >= 5, with sliding layers: one rope per layer type
         theta, scaling = _hf_rope(rope["full_attention"], cfg)
         local_theta, local_scaling = _hf_rope(rope.get("sliding_attention", {"rope_theta": 10000.0}), cfg)
         if local_scaling is not None:
@@ -243,31 +244,38 @@ def _hf_llama_family(cfg: Mapping[str, Any], model_type: str, eos: int | None) -
         rope_local = local_theta
     else:
         theta, scaling = _hf_rope(rope, cfg)
-        if model_type == "gemma3_text":
+        if arch.local_rope:
             rope_local = float(cfg.get("rope_local_base_freq", 10000.0))
     head_dim = cfg.get("head_dim") or hidden // heads
-    is_qwen2 = model_type == "qwen2"
-    softcap = cfg.get("attn_logit_softcapping") if gemma else None
+    attention_bias = bool(cfg.get("attention_bias", False))
+    scale_key = cfg.get(arch.softmax_scale_key) if arch.softmax_scale_key else None
+    softcap = cfg.get("attn_logit_softcapping") if arch.softcaps else None
+    final_softcap = cfg.get("final_logit_softcapping") if arch.softcaps else None
     return ModelConfig(
         family="llama", model_type=model_type, vocab_size=cfg["vocab_size"], hidden_size=hidden,
         num_layers=layers, num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=head_dim, intermediate_size=cfg["intermediate_size"],
         norm_eps=cfg.get("rms_norm_eps", 1e-6), max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=theta, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
-        qkv_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
-        o_bias=not is_qwen2 and bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), hidden_act="gelu_tanh" if act == "gelu_pytorch_tanh" else "silu",
-        bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos,
-        layer_windows=_hf_windows(cfg, model_type, layers),
-        attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+        rope_theta=theta, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch.tied_embeddings)),
+        qkv_bias=arch.biases == "qkv" or attention_bias, o_bias=arch.biases == "attention_bias" and attention_bias,
+        hidden_act=act, bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos,
+        layer_windows=_hf_windows(cfg, arch, layers),
+        attn_scale=float(scale_key) ** -0.5 if scale_key else None,
         attn_softcap=float(softcap) if softcap else None,
-        rope_scaling=scaling, rope_local_theta=rope_local,
-        qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=gemma,
-        norm_weight_offset=1.0 if gemma else 0.0,
-        embed_scale=float(hidden) ** 0.5 if gemma else None,
-        final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,
-        fused_checkpoint=model_type == "phi3",
+        rope_scaling=scaling, rope_local_theta=rope_local, norm_weight_offset=arch.norm_offset,
+        embed_scale=float(hidden) ** 0.5 if arch.embed_scale else None,
+        final_softcap=float(final_softcap) if final_softcap else None, arch=arch,
     )
+
+
+def gguf_architecture(meta: Mapping[str, Any]) -> Architecture:
+    """The description of a GGUF file's general.architecture."""
+    name = meta.get("general.architecture")
+    for arch in ARCHITECTURES:
+        if arch.gguf_architecture is not None and arch.gguf_architecture == name:
+            return arch
+    supported = ", ".join(a.gguf_architecture for a in ARCHITECTURES if a.gguf_architecture)
+    raise ConfigError(f"GGUF architecture {name!r} is not supported ({supported})")
 
 
 def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: bool,
@@ -280,14 +288,13 @@ def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: 
     whether the file stores Llama 3's stretched rope frequencies as `rope_freqs.weight` (the
     model divides the frequencies by them).
     """
-    arch = meta.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ConfigError(f"GGUF architecture {arch!r} is not supported ({', '.join(GGUF_ARCHITECTURES)})")
+    arch = gguf_architecture(meta)
+    prefix = meta["general.architecture"]  # arch.gguf_architecture
 
     def get(key: str, default: object = None) -> Any:
-        value = meta.get(f"{arch}.{key}", default)
+        value = meta.get(f"{prefix}.{key}", default)
         if value is None:
-            raise ConfigError(f"GGUF metadata lacks {arch}.{key}")
+            raise ConfigError(f"GGUF metadata lacks {prefix}.{key}")
         return value
 
     hidden, heads, layers = int(get("embedding_length")), int(get("attention.head_count")), int(get("block_count"))
@@ -306,47 +313,35 @@ def from_gguf_metadata(meta: Mapping[str, Any], has_output: bool, has_qkv_bias: 
     if has_rope_freqs and scaling is not None:
         raise ConfigError("a GGUF file with both rope_freqs.weight and rope scaling is not supported")
     window = int(get("attention.sliding_window", 0))
-    gemma = arch in ("gemma2", "gemma3")
-    if arch == "gemma3":  # llama.cpp: every sliding_window_pattern-th layer (default 6) is global
-        pattern = get("attention.sliding_window_pattern", 6)
-        if isinstance(pattern, list):  # or, per layer, whether it slides
-            if len(pattern) != layers:
-                raise ConfigError(f"GGUF {arch}: attention.sliding_window_pattern has {len(pattern)} entries "
-                                  f"for {layers} layers")
-            windows = tuple(window if slides else 0 for slides in pattern)
-        else:
-            windows = tuple(window if (i + 1) % int(pattern) else 0 for i in range(layers))
-    elif arch == "gemma2":  # llama.cpp: the even layers slide
-        windows = tuple(window if i % 2 == 0 else 0 for i in range(layers))
-    elif arch in ("phi3", "llama"):  # every layer (llama: Mistral; its converted files rarely say so)
+    if arch.windows == "pattern":  # llama.cpp: every sliding_window_pattern-th layer is global
+        windows = pattern_windows(window, get("attention.sliding_window_pattern", arch.window_pattern), layers,
+                                  f"GGUF {prefix}: attention.sliding_window_pattern")
+    elif arch.windows == "every":  # (llama: Mistral; its converted files rarely say so)
         windows = (window,) * layers
     elif window:
-        raise ConfigError(f"GGUF {arch}: sliding-window attention is not supported for this architecture")
+        raise ConfigError(f"GGUF {prefix}: sliding-window attention is not supported for this architecture")
     else:
         windows = ()
     # The softmax scale llama.cpp gives Gemma: 1 / sqrt(head size), but 1 / sqrt(hidden / heads) for
     # the 27B models (Gemma 2: 46 layers, Gemma 3: 62), whose query_pre_attn_scalar is that
-    scale_by_hidden = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
-    softcap = float(get("attn_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
-    final_softcap = float(get("final_logit_softcapping", 0.0)) if arch == "gemma2" else 0.0
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    scale_by_hidden = layers in arch.gguf_scale_by_hidden
+    softcap = float(get("attn_logit_softcapping", 0.0)) if arch.softcaps else 0.0
+    final_softcap = float(get("final_logit_softcapping", 0.0)) if arch.softcaps else 0.0
+    vocab = meta.get(f"{prefix}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     return ModelConfig(
-        family="llama", model_type=arch, vocab_size=int(vocab), hidden_size=hidden,
+        family="llama", model_type=prefix, vocab_size=int(vocab), hidden_size=hidden,
         num_layers=layers, num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         intermediate_size=int(get("feed_forward_length")),
         norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(get("context_length")),
         rope_theta=float(get("rope.freq_base", 10000.0)),
-        tie_word_embeddings=not has_output, qkv_bias=has_qkv_bias,
-        hidden_act="gelu_tanh" if gemma else "silu",
+        tie_word_embeddings=not has_output, qkv_bias=has_qkv_bias, hidden_act=arch.activation,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         layer_windows=windows if any(windows) else (),
         attn_scale=(hidden / heads) ** -0.5 if scale_by_hidden else None,
         attn_softcap=softcap or None, final_softcap=final_softcap or None, rope_scaling=scaling,
-        rope_local_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
-        qk_norm=arch in ("qwen3", "gemma3"), post_norms=gemma,
-        norm_weight_offset=0.0,  # llama.cpp's converter stores Gemma's norms as 1 + w
-        embed_scale=float(hidden) ** 0.5 if gemma else None,
-        fused_checkpoint=arch == "phi3",
+        rope_local_theta=float(get("rope.freq_base_swa", 10000.0)) if arch.local_rope else None,
+        norm_weight_offset=0.0,  # llama.cpp's converter stores offset + w
+        embed_scale=float(hidden) ** 0.5 if arch.embed_scale else None, arch=arch,
     )

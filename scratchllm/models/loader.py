@@ -1,13 +1,16 @@
 """load_model(ref): a checkpoint (GGUF, safetensors, pytorch_model.bin, folder) -> a runnable model.
 
 The architecture comes from config.json "architectures" (Hugging Face folders) or GGUF metadata
-"general.architecture". Every model sees Hugging Face tensor names: GGUF names are mapped here,
-and llama.cpp's reordering of the q/k rows is undone (see `unpermute_rotary`). Loading fails
-loudly on a missing, extra or mis-shaped tensor.
+"general.architecture", and its description (models/architectures.py) says the rest. Every model
+sees Hugging Face tensor names: GGUF names are mapped here by the description's `names`, and
+llama.cpp's reordering of the q/k rows is undone where it says so (see `unpermute_rotary`).
+Loading fails loudly on a missing, extra or mis-shaped tensor, and on a config field that names a
+piece no forward builds.
 """
 
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,13 +22,14 @@ import numpy.typing as npt
 from scratchllm.dtypes import DTYPES, storage
 from scratchllm.errors import ConfigError, FormatError
 from scratchllm.formats import Checkpoint, load_checkpoint
+from scratchllm.formats.checkpoint import TensorInfo
 from scratchllm.formats import ggml_quants as gq
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
 from scratchllm.kernels import packed_gemm
-from scratchllm.models import panel_cache
+from scratchllm.models import architecture, panel_cache, panel_cache_files
 from scratchllm.models.bert import BertModel
-from scratchllm.models.config import ModelConfig, from_gguf_metadata, from_hf_config
+from scratchllm.models.config import ModelConfig, NotBuilt, from_gguf_metadata, from_hf_config
 from scratchllm.models.gpt2 import GPT2Model
 from scratchllm.models.heap import release_free_heap
 from scratchllm.models.llama import LlamaModel
@@ -47,53 +51,6 @@ IGNORABLE = re.compile(
     r"(.*rotary_emb\.inv_freq|.*attn\.(masked_)?bias|.*embeddings\.position_ids|(bert\.)?pooler\..*|cls\..*|lm_head\.weight)$"
 )
 
-GGUF_BLOCK_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3, Gemma 3
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-}
-# Gemma 2/3 (sandwich norms): ffn_norm is the MLP's input norm, which their HF files name
-# pre_feedforward_layernorm; post_attention_layernorm is the norm of the attention's output
-GGUF_GEMMA_BLOCK_NAMES = GGUF_BLOCK_NAMES | {
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-# Phi-3: q|k|v as one matrix, and gate|up as one ffn_up of 2 I rows (no ffn_gate)
-GGUF_PHI3_BLOCK_NAMES = GGUF_BLOCK_NAMES | {
-    "attn_qkv.weight": "self_attn.qkv_proj.weight",
-    "ffn_up.weight": "mlp.gate_up_proj.weight",
-}
-GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "rope_freqs.weight": "rope_freqs.weight",  # Llama 3: per-frequency divisors (no HF tensor; models/llama.py)
-}
-
-
-def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
-    if name in GGUF_GLOBAL_NAMES:
-        return GGUF_GLOBAL_NAMES[name]
-    block_names = GGUF_GEMMA_BLOCK_NAMES if arch in ("gemma2", "gemma3") else \
-        GGUF_PHI3_BLOCK_NAMES if arch == "phi3" else GGUF_BLOCK_NAMES
-    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    if m and m.group(2) in block_names:
-        return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}"
-    return None
-
-
 def unpermute_rotary(w: npt.NDArray[S], n_head: int) -> npt.NDArray[S]:  # [n_head * D, ...] -> [n_head * D, ...]
     """Undo llama.cpp's q/k row permutation.
 
@@ -109,28 +66,52 @@ def unpermute_rotary(w: npt.NDArray[S], n_head: int) -> npt.NDArray[S]:  # [n_he
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+PLAIN_VECTORS = {"F32": np.float32, "F16": np.float16}  # GGUF types of norms and biases
+
+
+def _read_vector(info: TensorInfo) -> npt.NDArray[Any]:
+    """A 1-D tensor (a norm's weight, a bias) read from its file, not through the mapping: a read
+    of a few KB through the mapping maps the whole page-cache folio around it (up to 2 MiB of the
+    neighbouring matrices), which on a load whose panels come from the cache added about 50 MB to
+    Gemma 3 270M's peak (18 layers of norms), pages of matrices nobody reads."""
+    dtype = np.dtype(PLAIN_VECTORS[info.dtype]).newbyteorder("<")
+    with open(info.file, "rb") as f:
+        data = os.pread(f.fileno(), info.nbytes, info.offset)
+    if len(data) != info.nbytes:
+        raise ValueError(f"tensor {info.name!r}: the file ends inside its bytes")
+    return np.frombuffer(bytearray(data), dtype=dtype)
+
+
 class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
     """A GGUF checkpoint seen through Hugging Face names; q/k rows unpermuted on lookup (Llama only)."""
 
     def __init__(self, ckpt: Checkpoint, config: ModelConfig) -> None:
         self.ckpt, self.config = ckpt, config
+        arch = config.arch
+        to_hf = architecture.gguf_to_hf_names(arch, config.num_layers, config.qkv_bias, config.o_bias)
         self.names: dict[str, str] = {}  # Hugging Face name -> the file's name
         for name in ckpt:
-            hf = gguf_to_hf_name(name, config.model_type)
-            if hf is None:
+            if name not in to_hf:
                 raise FormatError(ckpt.path, f"tensor '{name}' has no place in a {config.model_type} model")
-            self.names[hf] = name
+            self.names[to_hf[name]] = name
+        # llama.cpp's converter reordered these rows for its rope (unpermute_rotary): name -> heads
+        self.permuted: dict[str, int] = {}
+        if arch.gguf_permuted_rope_rows:
+            for layer in range(config.num_layers):
+                for role, heads in (("q", config.num_heads), ("k", config.num_kv_heads)):
+                    for kind in ("weight", "bias"):
+                        self.permuted[architecture.hf_name(arch, layer, role, kind)] = heads
 
     def __getitem__(self, hf_name: str) -> npt.NDArray[Any]:
-        return self._unpermute(hf_name, self.ckpt[self.names[hf_name]])
+        name = self.names[hf_name]
+        info = self.ckpt.tensor_info(name)
+        if len(info.shape) == 1 and info.dtype in PLAIN_VECTORS:
+            return self._unpermute(hf_name, _read_vector(info))
+        return self._unpermute(hf_name, self.ckpt[name])
 
     def _unpermute(self, hf_name: str, a: npt.NDArray[S]) -> npt.NDArray[S]:
-        if self.config.model_type == "llama":
-            if ".q_proj." in hf_name:
-                a = unpermute_rotary(a, self.config.num_heads)
-            elif ".k_proj." in hf_name:
-                a = unpermute_rotary(a, self.config.num_kv_heads)
-        return a
+        heads = self.permuted.get(hf_name)
+        return a if heads is None else unpermute_rotary(a, heads)
 
     def quantized(self, hf_name: str) -> QuantizedPart | None:
         """(q, d, m) of a 2-D tensor of a type the quantized kernels keep (ggml_quants.KERNEL_TYPES),
@@ -159,6 +140,16 @@ class GGUFAsHF(Mapping[str, npt.NDArray[Any]]):
         raw = self.ckpt.raw(info.name).reshape(rows, -1)
         order = self._unpermute(hf_name, np.arange(rows))
         return info.dtype, raw, None if np.array_equal(order, np.arange(rows)) else order
+
+    def rows(self, hf_name: str) -> tuple[str, npt.NDArray[np.uint8]] | None:
+        """(type name, raw uint8 [rows, row bytes]) of a 2-D tensor stored in blocks of any
+        quantized type, rows in their order (a view of the mapped file, nothing read yet): what
+        a table read a row at a time keeps (models/llama_params.QuantizedRows); None for a
+        tensor of a plain type or with permuted rows."""
+        info = self.ckpt.tensor_info(self.names[hf_name])
+        if info.dtype not in gq.BLOCK_DTYPES or len(info.shape) != 2 or hf_name in self.permuted:
+            return None
+        return info.dtype, self.ckpt.raw(info.name).reshape(info.shape[0], -1)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -197,6 +188,13 @@ class _Recorder(Mapping[str, npt.NDArray[Any]]):
             self.read.add(name)
         return value
 
+    def rows(self, name: str) -> tuple[str, npt.NDArray[np.uint8]] | None:
+        """The inner checkpoint's blocks of a table read by rows (GGUF only; see GGUFAsHF.rows), or None."""
+        value: tuple[str, npt.NDArray[np.uint8]] | None = self.inner.rows(name) if hasattr(self.inner, "rows") else None
+        if value is not None:
+            self.read.add(name)
+        return value
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.inner)
 
@@ -208,16 +206,23 @@ class _Recorder(Mapping[str, npt.NDArray[Any]]):
 
 
 def read_config(path: Path, ckpt: Checkpoint) -> ModelConfig:
+    """The checkpoint's ModelConfig. A field that names a piece no forward builds (config.NotBuilt)
+    is the file's FormatError, naming the field."""
     if ckpt.format == "gguf":
         names = set(ckpt)
-        return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names,
-                                  "rope_freqs.weight" in names)
+        try:
+            return from_gguf_metadata(ckpt.metadata, "output.weight" in names, "blk.0.attn_q.bias" in names,
+                                      "rope_freqs.weight" in names)
+        except NotBuilt as err:
+            raise FormatError(ckpt.path, str(err)) from None
     folder = path if path.is_dir() else path.parent
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"{path}: no config.json beside the weights, so the architecture is unknown")
     try:
         return from_hf_config(json.loads(config_file.read_text(encoding="utf-8")))
+    except NotBuilt as err:
+        raise FormatError(config_file, str(err)) from None
     except (KeyError, TypeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{config_file}: not a usable model config ({err!r})") from None
 
@@ -324,11 +329,13 @@ def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Che
     if ckpt.format == "gguf" and stored == "quantized":
         assert isinstance(weights.inner, GGUFAsHF), "a GGUF file is read through GGUFAsHF"
         log_float32_matrices(model, weights.inner, ckpt)
-        # every matrix now lives in panels and every norm in a copy (models/llama.py pack): the
-        # forward reads nothing of the file but the rows of an untied float32 embedding table
+        # every matrix now lives in panels and every norm in a copy (models/llama_pack.py): the
+        # forward reads nothing of the file but the rows of an untied embedding table, a page at a time
         for name in {info.file: name for name, info in ckpt.infos.items()}.values():
             release_pages(ckpt.raw(name))  # one tensor of each file (each shard of a split GGUF) names its mapping
     cache = options.get("panel_cache")
+    if cache is not None and cache.fresh:  # this load wrote the cache: the folder kept in bounds
+        panel_cache_files.after_write(cache)
     model.panels_from_cache = bool(cache is not None and cache.hits and not cache.fresh)  # packed by an earlier load
     model.path = str(path)
     model.format = ckpt.format

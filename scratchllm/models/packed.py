@@ -29,7 +29,7 @@ import numpy.typing as npt
 from scratchllm.dtypes import WEIGHT_DTYPES as DTYPES
 from scratchllm.formats.ggml_quants import KERNEL_TYPES
 from scratchllm.kernels import packed_gemm
-from scratchllm.kernels.kpanels import PANEL_BYTES, SUPER
+from scratchllm.kernels.kpanels import PANEL_BYTES, SUPER, KPanels
 from scratchllm.kernels.kpanels import TYPES as KPANEL_TYPES
 
 __all__ = ["DTYPES", "PackedWeight", "panel_bytes_per_weight"]  # DTYPES re-exported: models.llama checks against it
@@ -107,19 +107,22 @@ class PackedWeight:
 
     @classmethod
     def from_blocks(cls, parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]],
-                    shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros) -> "PackedWeight | None":
+                    shape: tuple[int, int], alloc: Callable[..., npt.NDArray[Any]] = np.zeros,
+                    release: Callable[[npt.NDArray[np.uint8]], None] | None = None) -> "PackedWeight | None":
         """A GGUF file's Q4_0 / Q4_1 (or Q8_0) blocks, moved straight into panels (see
         packed_gemm.pack_blocks; `parts` from GGUFAsHF.blocks, fused along out like `from_rows`).
         `shape`: (in, out). Parts of types that share no panels (a K-quant or Q5_0 beside another
         type, Q8_0 beside a 4-bit type): packed_gemm.SegmentedPanels, each run of parts of one kind
         in panels of its own. None where the blocks cannot be kept as they are (a Q4_0 scale whose
         -8 d overflows float16; a run of parts that is not whole panels wide before another):
-        `from_quantized_rows` handles those."""
+        `from_quantized_rows` handles those. `release(rows)`: called with each run of rows of the
+        file's blocks once they are packed (a few MB at a time: `_streamed`), so that the file's
+        pages of a matrix and its panels are not resident together."""
         kinds = {kind for kind, _, _ in parts}
         if len({_family(kind) for kind in kinds}) > 1:
-            segmented = _segments(parts, shape[0], alloc)
+            segmented = _segments(parts, shape[0], alloc, release)
             return None if segmented is None else cls.from_panels(segmented, shape)
-        panels = packed_gemm.pack_blocks(parts, shape[0], alloc)
+        panels = _streamed(parts, shape[0], alloc, release)
         return None if panels is None else cls.from_panels(panels, shape)
 
     def matmul_into(self, x: F32, out: F32) -> F32:
@@ -164,7 +167,8 @@ def _family(kind: str) -> str:
 
 
 def _segments(parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]], K: int,
-              alloc: Callable[..., npt.NDArray[Any]]) -> "packed_gemm.SegmentedPanels | None":
+              alloc: Callable[..., npt.NDArray[Any]],
+              release: Callable[[npt.NDArray[np.uint8]], None] | None = None) -> "packed_gemm.SegmentedPanels | None":
     """Consecutive parts of one family, each run in its own panels (pack_blocks); None where a run
     before the last is not whole panels wide (its panels could not write straight into its columns)
     or a run cannot be kept as it is."""
@@ -179,8 +183,103 @@ def _segments(parts: Sequence[tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | 
         return None
     panels = []
     for run in runs:
-        packed = packed_gemm.pack_blocks(run, K, alloc)
+        packed = _streamed(run, K, alloc, release)
         if packed is None:
             return None
         panels.append(packed)
     return packed_gemm.SegmentedPanels(tuple(panels), tuple(cols))
+
+
+STREAM_BYTES = 16 << 20  # of the file's blocks `_streamed` packs at a time
+
+
+Part = tuple[str, npt.NDArray[np.uint8], npt.ArrayLike | None]
+
+
+Leaf = packed_gemm.Q8Panels | packed_gemm.Q4Panels | KPanels  # panels of one family
+
+
+def _streamed(parts: Sequence[Part], K: int, alloc: Callable[..., npt.NDArray[Any]],
+              release: Callable[[npt.NDArray[np.uint8]], None] | None) -> Leaf | None:
+    """packed_gemm.pack_blocks of parts of one panel family, a run of whole panels (about
+    STREAM_BYTES of the file) at a time, each written into its panels of the whole matrix's
+    arrays, and the file's rows of each run handed to `release` once packed (rows in an order of
+    their own (q/k) go at the end). Packed whole, a 178 MB LM head's file pages stay resident
+    until its last panel is written: two copies of the largest matrix at the load's peak. Parts
+    of two types (Q4_0 beside Q4_1, whose offsets only some runs would have) are packed whole."""
+    N = sum(raw.shape[0] for _, raw, _ in parts)
+    row_bytes = parts[0][1].shape[1]
+    step = max(2, STREAM_BYTES // max(1, row_bytes * packed_gemm.NR)) * packed_gemm.NR
+    if release is None or N <= step or len({kind for kind, _, _ in parts}) > 1:
+        panels = packed_gemm.pack_blocks(list(parts), K, alloc)
+        if panels is not None and release is not None:
+            for _, raw, _ in parts:
+                release(raw)
+        return panels
+    into = _Into(-(-N // packed_gemm.NR), alloc)
+    panels = None
+    for start in range(0, N, step):
+        into.start(start // packed_gemm.NR)
+        chunk, in_place = _chunk(parts, start, min(N, start + step))
+        panels = packed_gemm.pack_blocks(chunk, K, into)
+        if panels is None:  # a Q4_0 scale that float16 cannot hold: the caller's other path
+            return None
+        for rows in in_place:
+            release(rows)
+    for _, raw, order in parts:
+        if order is not None:
+            release(raw)
+    assert panels is not None
+    return into.whole_panels(panels)
+
+
+def _chunk(parts: Sequence[Part], start: int, stop: int) -> tuple[list[Part], list[npt.NDArray[np.uint8]]]:
+    """Output rows start..stop of the fused parts: each part's rows there (a part in a row order of
+    its own: those rows gathered, in order), and the views of the file among them."""
+    out: list[Part] = []
+    in_place = []
+    offset = 0
+    for kind, raw, order in parts:
+        a, b = max(start, offset) - offset, min(stop, offset + raw.shape[0]) - offset
+        if a < b and order is None:
+            out.append((kind, raw[a:b], None))
+            in_place.append(raw[a:b])
+        elif a < b:  # the part's stored rows these output rows come from
+            out.append((kind, np.ascontiguousarray(raw[np.asarray(order)[a:b]]), None))
+        offset += raw.shape[0]
+    return out, in_place
+
+
+class _Into:
+    """The `alloc` pack_blocks is handed for each run of panels: its k-th array is panels p0..
+    of the k-th array of the whole matrix, made at the first run's call (an array that is not
+    per panel, such as Q4_0's one-panel stand-in for offsets, is made once and shared)."""
+
+    def __init__(self, P: int, alloc: Callable[..., npt.NDArray[Any]]) -> None:
+        self.P, self.alloc = P, alloc
+        self.whole: list[npt.NDArray[Any]] = []
+        self.per_panel: list[bool] = []
+        self.k = self.p0 = 0
+
+    def start(self, p0: int) -> None:
+        self.k, self.p0 = 0, p0
+
+    def __call__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+        k, self.k = self.k, self.k + 1
+        if k == len(self.whole):  # the first run: its panels are whole panels, more than one
+            per_panel = self.p0 == 0 and shape[0] > 1
+            self.whole.append(self.alloc((self.P, *shape[1:]) if per_panel else shape, dtype))
+            self.per_panel.append(per_panel)
+        whole = self.whole[k]
+        return whole[self.p0:self.p0 + shape[0]] if self.per_panel[k] else whole
+
+    def whole_panels(self, last: Leaf) -> Leaf:
+        """The panels of the whole matrix: `last` (the last run's) with each array of it replaced
+        by the whole array it is a part of (in its dtype: float16 scales are viewed as such)."""
+        fields: list[Any] = []
+        for value in last:
+            if isinstance(value, np.ndarray):
+                k = next(i for i, w in enumerate(self.whole) if np.may_share_memory(w, value))
+                value = self.whole[k].view(value.dtype)
+            fields.append(value)
+        return type(last)(*fields)

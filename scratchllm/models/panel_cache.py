@@ -8,10 +8,15 @@ through the page cache instead: the first load packs and writes it, later loads 
 processes serving the same file) map it, pages shared, nothing copied or zeroed.
 
 Where: $SCRATCHLLM_CACHE_DIR, else $XDG_CACHE_HOME/scratchllm, else ~/.cache/scratchllm, in
-`panels/`. SCRATCHLLM_PANEL_CACHE=0 turns it off. The key covers the model file (real path,
-size, modification time, inode; each shard's, for a split GGUF), the kernel build (panel width,
-the compiled extension's size and time) and this format's version, so a changed file or a
-rebuilt kernel never meets stale panels.
+`panels/`. SCRATCHLLM_PANEL_CACHE=0 turns it off. The key is the file's content, not its path
+(`content_key`): its size, its first HEAD_BYTES (a GGUF file's header: metadata and the tensor
+table, every tensor's type, shape and offset) and SAMPLES pieces of its tensor data, each
+shard's for a split GGUF; with the kernel build (panel width, the compiled extension's size and
+time) and this format's version. So the same bytes reached through an Ollama blob, a Hugging
+Face snapshot and a folder share one cache, packed once, while a changed file or a rebuilt kernel
+never meets stale panels; the key costs a read of about 9 MB per load, not the whole file. Each
+path a cache served is recorded beside it (`<key>.uses`), for `scratchllm models cache` and for
+pruning (models/panel_cache_files.py, which also keeps the folder under a size cap).
 A cache that cannot be written (read-only, full disk) is logged and skipped: loading still works.
 
 Layout: magic, the length of a JSON index, the index (name -> arrays with dtype, shape, offset;
@@ -46,11 +51,15 @@ SOURCE = "__source__"  # index entry: the model file the panels came from (for p
 SOURCE_STAT = "__source_stat__"  # index entry: that file's size and modification time when packed
 # (then each later shard's, for a split model)
 SHARDS = "__shards__"  # index entry: a split model's later shards, beside SOURCE (its first)
-FORMAT = 7  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
+FORMAT = 8  # 2: Q8_0 panels without offsets; 3: Q4_0 panels without offsets; 4: 4-bit panels in words;
 # 5: format 4's bytes, written so that loads map them in huge pages (_drop_from_page_cache): a
 # cache written before is written once more instead of being read in small pages for ever;
 # 6: 8-bit panels in words of 4 rows, bytes biased by 128 (packed_gemm.Q8Panels); 7: K-quant panels
-# (kernels/kpanels.py), where format 6 had Q4_K in 8-bit panels
+# (kernels/kpanels.py), where format 6 had Q4_K in 8-bit panels; 8: keyed by the files' content
+HEAD_BYTES = 8 << 20  # of each file, hashed whole into the key (a GGUF header is a few MB)
+SAMPLES, SAMPLE_BYTES = 16, 64 << 10  # pieces of the rest, evenly spread, hashed too
+FORMAT_KEY = "__format__"  # index entry: FORMAT
+USES = ".uses"  # beside KEY.panels: the model files it served, [{"files": [...], "stat": [...]}, ...]
 ALIGN = 64
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python 3.11 lacks the name
 
@@ -153,23 +162,69 @@ def source_stat(*files: Path) -> list[int]:
     return [n for st in stats for n in (st.st_size, st.st_mtime_ns)]
 
 
-def _key(files: list[Path]) -> str:
-    parts: list[object] = []
-    for f in files:  # one file, or every shard of a split model: a change to any is a new key
-        st = f.stat()
-        parts += [str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino]
+def content_key(files: Sequence[Path]) -> str:
+    """The cache's name for these model files (a file, or a split model's shards in order): a hash
+    of what determines their panels (the module doc), the same wherever the bytes lie."""
+    h = hashlib.sha256()
+    for f in files:  # a change to any shard is a new key
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            h.update(f"{size}|".encode())
+            h.update(fh.read(min(size, HEAD_BYTES)))
+            rest = size - HEAD_BYTES - SAMPLE_BYTES
+            for i in range(SAMPLES if rest > 0 else 0):
+                h.update(os.pread(fh.fileno(), SAMPLE_BYTES, HEAD_BYTES + rest * i // (SAMPLES - 1)))
     so = Path(packed_gemm.__file__).stat()
-    parts += [packed_gemm.NR, so.st_size, so.st_mtime_ns, FORMAT]
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
+    h.update(f"|{packed_gemm.NR}|{so.st_size}|{so.st_mtime_ns}|{FORMAT}".encode())
+    return h.hexdigest()[:32]
 
 
-def read_source(path: Path) -> tuple[list[str], list[int] | None]:
-    """The model files a cache file's panels came from (one, or a split model's shards, first
-    first; none if its index names none), and their source_stat when they were packed, from the
-    file's index. Raises OSError, ValueError or struct.error on a file that is
-    not a whole panel cache (another process's, mid-write). Read without touching the file's
-    access time where the system allows (O_NOATIME: the file's owner), so looking at a cache is
-    not using it (see _mark_used)."""
+def read_uses(path: Path) -> list[tuple[list[str], list[int] | None]]:
+    """The model files a cache served ((files, their source_stat when last used) each), from the
+    USES file beside it, and its index's source (what it was packed from) where that lists it
+    not. Raises OSError, ValueError or struct.error on a file that is not a whole panel cache."""
+    sources, stat = read_source(path)
+    try:
+        recorded = json.loads(path.with_suffix(USES).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # none yet, or another process mid-write
+        recorded = []
+    uses: list[tuple[list[str], list[int] | None]] = []
+    for use in recorded if isinstance(recorded, list) else []:
+        if not isinstance(use, dict):
+            continue
+        files, stamp = use.get("files"), use.get("stat")
+        if isinstance(files, list) and files and all(isinstance(f, str) for f in files):
+            uses.append((files, stamp if isinstance(stamp, list) else None))
+    if sources and sources not in [files for files, _ in uses]:
+        uses.insert(0, (sources, stat))
+    return uses
+
+
+def record_use(path: Path, files: Sequence[Path]) -> None:
+    """Add `files` (as they are now) to the uses beside cache `path`, unless it lists them so."""
+    use = {"files": [str(f.resolve()) for f in files], "stat": source_stat(*files)}
+    target = path.with_suffix(USES)
+    try:
+        recorded = json.loads(target.read_text())
+        recorded = recorded if isinstance(recorded, list) else []
+    except (OSError, json.JSONDecodeError):
+        recorded = []
+    if use in recorded:
+        return
+    recorded = [u for u in recorded if isinstance(u, dict) and u.get("files") != use["files"]] + [use]
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(recorded))
+        os.replace(tmp, target)
+    except OSError:  # a read-only cache: still used, just not recorded
+        tmp.unlink(missing_ok=True)
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    """A cache file's index. Raises OSError, ValueError or struct.error on a file that is not a
+    whole panel cache (another process's, mid-write). Read without touching the file's access
+    time where the system allows (O_NOATIME: the file's owner), so looking at a cache is not
+    using it (see _mark_used)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
     except PermissionError:  # not the owner: O_NOATIME is refused, a plain read is not
@@ -178,7 +233,22 @@ def read_source(path: Path) -> tuple[list[str], list[int] | None]:
         head = f.read(16)
         if head[:8] != MAGIC:
             raise ValueError(f"{path} is not a panel cache")
-        index = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+        index: dict[str, Any] = json.loads(f.read(struct.unpack_from("<Q", head, 8)[0]))
+    return index
+
+
+def read_format(path: Path) -> int | None:
+    """The format a cache file was written in (None: before formats were recorded, 7 or older);
+    a load reads only FORMAT's."""
+    value = _read_index(path).get(FORMAT_KEY)
+    return value if isinstance(value, int) else None
+
+
+def read_source(path: Path) -> tuple[list[str], list[int] | None]:
+    """The model files a cache file's panels came from (one, or a split model's shards, first
+    first; none if its index names none), and their source_stat when they were packed, from the
+    file's index (_read_index)."""
+    index = _read_index(path)
     source, shards = index.get(SOURCE), index.get(SHARDS, [])
     if not isinstance(shards, list) or not all(isinstance(f, str) for f in [source or "", *shards]):
         raise ValueError(f"{path}: its index does not name its model files as paths")
@@ -203,7 +273,7 @@ class PanelCache:
                  shards: Sequence[str | os.PathLike[str]] = ()) -> None:
         self.model_path = Path(model_path)
         self.files = [self.model_path, *map(Path, shards)]
-        self.path = (directory or cache_dir()) / f"{_key(self.files)}.panels"
+        self.path = (directory or cache_dir()) / f"{content_key(self.files)}.panels"
         self.hits: dict[str, QuantizedPanels] = {}  # name -> panels mapped from the cache file
         self.fresh: dict[str, QuantizedPanels] = {}  # name -> panels this load packed
         self._read()
@@ -220,11 +290,12 @@ class PanelCache:
                 raise ValueError("not a panel cache")
             (n,) = struct.unpack_from("<Q", mm, 8)
             index = json.loads(bytes(mm[16:16 + n]))
-            for meta in (SOURCE, SOURCE_STAT, SHARDS):
+            for meta in (SOURCE, SOURCE_STAT, SHARDS, FORMAT_KEY):
                 index.pop(meta, None)
             for name, entry in index.items():
                 self.hits[name] = _panels(entry, mm)
             _mark_used(self.path)
+            record_use(self.path, self.files)
             try:  # map every page now (from the page cache), as llama.cpp's loader does with MAP_POPULATE
                 mm.madvise(MADV_POPULATE_READ)
             except OSError:
@@ -245,32 +316,6 @@ class PanelCache:
             return None
         return panels
 
-    def _prune(self) -> None:
-        """Remove the caches of model files that are gone or have changed since, and of this file
-        all but the newest cache of another kernel build: two installs (two checkouts, two
-        environments) that load the same file keep one cache each instead of deleting each
-        other's and packing at every load. So a live file has at most two caches."""
-        mine, stat = str(self.model_path.resolve()), source_stat(*self.files)
-        other_builds = []
-        for other in self.path.parent.glob("*.panels"):
-            if other == self.path:
-                continue
-            try:
-                sources, recorded = read_source(other)
-                if not sources or not all(os.path.exists(s) for s in sources):
-                    other.unlink()
-                elif sources[0] == mine and recorded != stat:  # this file, as it was before
-                    other.unlink()
-                elif sources[0] == mine:
-                    other_builds.append((other.stat().st_mtime_ns, other))
-            except (OSError, ValueError, struct.error):
-                continue  # another process's file in the middle of a write, or not ours: leave it
-        for _, older in sorted(other_builds)[:-1]:
-            try:
-                older.unlink()
-            except OSError:
-                continue
-
     def put(self, name: str, panels: QuantizedPanels) -> None:
         self.fresh[name] = panels
 
@@ -288,6 +333,7 @@ class PanelCache:
                     blobs.append(a)
                     offset += -(-a.nbytes // ALIGN) * ALIGN
             index[name] = entry
+        index[FORMAT_KEY] = FORMAT
         index[SOURCE] = str(self.model_path.resolve())
         index[SOURCE_STAT] = source_stat(*self.files)
         if len(self.files) > 1:
@@ -296,7 +342,7 @@ class PanelCache:
         # the data starts on a page; each offset grows by at most 12 digits when made absolute
         start = -(-(16 + len(body) + 12 * len(blobs)) // 4096) * 4096
         for name, entry in index.items():
-            if name in (SOURCE, SOURCE_STAT, SHARDS):
+            if name in (SOURCE, SOURCE_STAT, SHARDS, FORMAT_KEY):
                 continue
             parts: list[dict[str, Any]] = entry["parts"] if entry["kind"] == "seg" else [entry]
             for arr in (a for part in parts for a in part["arrays"]):
@@ -317,7 +363,7 @@ class PanelCache:
                 _drop_from_page_cache(f.fileno())
             os.replace(tmp, self.path)  # atomic: a reader sees the old file or the whole new one
             logger.info("packed panels of %s cached in %s", self.model_path, self.path)
-            self._prune()
+            record_use(self.path, self.files)
         except OSError as err:
             logger.warning("could not write the panel cache %s (%s); loads will pack again", self.path, err)
             try:

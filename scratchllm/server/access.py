@@ -1,11 +1,12 @@
 """Who may call the server, from where, and what each call did: the API key, CORS and the
 access log, as ASGI middleware around the app.
 
-- API key (`serve --api-key` or SCRATCHLLM_API_KEY): every /v1 route, Ollama's /api routes (but
-  /api/version) and /tokenize, /detokenize need `Authorization: Bearer KEY`; compared in
+- API key (`serve --api-key` or SCRATCHLLM_API_KEY): every API route (the route table,
+  server/routes.py, says which are keyless: the version probes) and any other path under /v1/ or
+  /api/ need `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`); compared in
   constant time (hmac.compare_digest), so the comparison's time says nothing about how much of a
-  guess was right. A missing or wrong key is a 401 with an OpenAI error body, the shape the
-  official client raises as AuthenticationError (under /api/, Ollama's `{"error": "..."}`).
+  guess was right. A missing or wrong key is a 401 in the path's error shape: OpenAI's, which
+  the official client raises as AuthenticationError (under /api/, Ollama's `{"error": "..."}`).
   /health, /metrics and /version stay open (probes and scrapers carry no keys).
 - CORS (`--allowed-origins`): Starlette's middleware; a preflight from a listed origin gets the
   allow headers, any other origin gets none, which a browser treats as a refusal.
@@ -34,30 +35,31 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = ("/health", "/metrics", "/version", "/api/version", "/openapi.json")
-
-
-def _needs_key(path: str) -> bool:
-    return path.startswith(("/v1/", "/api/")) and path != "/api/version" or path in ("/tokenize", "/detokenize")
+ErrorShape = Callable[[APIError], dict[str, Any]]
 
 
 class APIKey:
-    """Refuse requests without the key (see the module doc)."""
+    """Refuse requests without the key (see the module doc). `needs_key` and `error_shape` say,
+    for a path, whether the key guards it and the body its error gets (server/routes.py)."""
 
-    def __init__(self, app: ASGIApp, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str, needs_key: Callable[[str], bool],
+                 error_shape: Callable[[str], ErrorShape]):
         assert api_key, "an empty API key would accept everything"
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected, self.key = app, f"Bearer {api_key}".encode(), api_key.encode()
+        self.needs_key, self.error_shape = needs_key, error_shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not _needs_key(scope["path"]):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not self.needs_key(scope["path"]):
             return await self.app(scope, receive, send)
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        header = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")  # Anthropic's clients send this
+        # both compared, so the time taken does not tell which header was there
+        if hmac.compare_digest(given, self.expected) | hmac.compare_digest(header, self.key):
             return await self.app(scope, receive, send)
-        what = "No API key provided" if not given else "Incorrect API key provided"
-        err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' with the key this server was started "
-                            "with", code="invalid_api_key")
-        body = {"error": err.message} if scope["path"].startswith("/api/") else err.body()
+        what = "No API key provided" if not (given or header) else "Incorrect API key provided"
+        err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the key this "
+                            "server was started with", code="invalid_api_key")
+        body = self.error_shape(scope["path"])(err)
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
@@ -97,11 +99,12 @@ def client_ip(peer: str | None, forwarded_for: str | None = None, trusted_proxie
     return hops[-trusted_proxies] if len(hops) >= trusted_proxies else (hops[0] if hops else peer)
 
 
-def wrap(app: FastAPI, api_key: str | None, allowed_origins: Sequence[str]) -> FastAPI:
+def wrap(app: FastAPI, api_key: str | None, allowed_origins: Sequence[str], needs_key: Callable[[str], bool],
+         error_shape: Callable[[str], ErrorShape]) -> FastAPI:
     """The app with its access middleware, outermost first: CORS (so a preflight never needs the
     key), the log (so refusals are logged too), the key. Starlette puts the last added outermost."""
     if api_key:
-        app.add_middleware(APIKey, api_key=api_key)
+        app.add_middleware(APIKey, api_key=api_key, needs_key=needs_key, error_shape=error_shape)
     app.add_middleware(AccessLog)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],

@@ -18,11 +18,15 @@ started a 503; either way the request's generation is closed and its KV blocks f
 """
 
 import asyncio
+import atexit
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,20 +35,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scratchllm.engine.protocol import EngineClient
-from scratchllm.server import (
-    access,
-    chat,
-    chat_page,
-    completions,
-    embeddings,
-    ollama,
-    openapi,
-    rerank,
-    responses,
-    utility,
-)
+from scratchllm.server import access, chat_page, openapi, profiles, routes
+from scratchllm.server.batch_runner import BatchRunner
+from scratchllm.server.batch_store import BatchStore
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
-from scratchllm.server.ollama_protocol import error_body as ollama_error_body
 from scratchllm.server.protocol import APIError
 from scratchllm.server.registry import ModelLeases, ModelRegistry
 from scratchllm.server.sse import sse
@@ -88,7 +82,7 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not routes.body_limited(scope["path"]):
             return await self.app(scope, receive, send)
         too_large = APIError(413, f"request body is larger than {self.max_bytes} bytes", code="body_too_large")
         for key, value in scope["headers"]:
@@ -219,6 +213,13 @@ async def _cut_response(sent: list[Message], send: Send) -> None:
         await send({"type": "http.response.body", "body": sse(error.body()), "more_body": False})
 
 
+def _temporary_folder() -> Path:
+    """A folder for an app's batches when nothing is to persist (tests, embedded apps): gone at exit."""
+    folder = tempfile.mkdtemp(prefix="scratchllm-batches-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return Path(folder)
+
+
 def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | None = None,
                config: ServerConfig = DEFAULT_CONFIG, trace: TraceWriter | None = None, otlp: Any = None,
                capture: Capture | None = None, classes: RequestClassMap | None = None,
@@ -240,9 +241,11 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reporter = asyncio.ensure_future(_report_stats(registry, config.stats_interval_s))
         unloader = asyncio.ensure_future(registry.run_unloader())
+        batches = asyncio.ensure_future(app.state.batch_runner.run_forever())  # resumes unfinished batches
         yield
         reporter.cancel()
         unloader.cancel()
+        batches.cancel()
         # uvicorn has already waited for in-flight requests (SIGTERM drain); finish the engines' too.
         await registry.shutdown()
 
@@ -252,6 +255,7 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
         return ServerState(None, config, metrics, trace=trace, otlp=otlp, capture=capture, classes=classes)
 
     registry.bind(config, families, make_state)
+    profiles.load_profiles(registry)  # a served name of the user's adds what it adds (server/profiles.py)
     app = FastAPI(title="scratchllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = registry
     # the first generation model's state, for code that serves one model (tests, the cluster's ingress)
@@ -259,10 +263,15 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     app.state.server = registry.entry(generators[0]).state if generators else None
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.drain = drain = drain or Drain()
+    # the Batch API: its jobs (batch_store.py) and the worker that runs them through this app
+    app.state.batches = BatchStore(Path(config.batch_dir) if config.batch_dir else _temporary_folder())
+    app.state.batch_endpoints = routes.BATCHABLE
+    app.state.batch_runner = BatchRunner(app.state.batches, app, config.api_key, config.batch_concurrency,
+                                         lambda: sum(e.metrics.in_flight for e in registry.models()))
 
     def error(request: Request, err: APIError) -> JSONResponse:
-        """OpenAI's error body; Ollama's (`{"error": "..."}`) under its /api/ paths."""
-        body = ollama_error_body(err) if ollama.is_ollama(request.url.path) else err.body()
+        """The error in its path's shape (OpenAI's; Ollama's `{"error": "..."}` under /api/)."""
+        body = routes.error_shape(request.url.path)(err)
         return JSONResponse(body, status_code=err.status, headers=err.headers)
 
     @app.exception_handler(APIError)
@@ -290,25 +299,14 @@ def create_app(model: ServedModel | ModelRegistry, embedder: ServedEmbedder | No
     async def prometheus() -> Response:
         return Response(families.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    # Routes: (method, path, handler). Each handler gets its model from the registry by name.
-    routes: list[tuple[str, str, Any]] = [
-        ("GET", "/v1/models", utility.models),
-        ("GET", "/v1/models/{model_id}", utility.model),
-        ("POST", "/tokenize", utility.tokenize),
-        ("POST", "/detokenize", utility.detokenize),
-        ("GET", "/version", utility.version),
-        *ollama.ROUTES,  # Ollama's API (/api/chat, /api/generate, ...)
-    ]
-    for method, path, handler in routes:
-        app.add_api_route(path, handler, methods=[method], response_model=None)
-    for path, handler in (("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat_completions),
-                          ("/v1/embeddings", embeddings.create_embeddings), ("/v1/score", rerank.score),
-                          ("/v1/rerank", rerank.rerank), ("/v1/responses", responses.create_response)):
-        app.post(path, response_model=None, openapi_extra=openapi.request_body(openapi.BODIES[path]))(handler)
-    for path, handler in (("/score", rerank.score), ("/rerank", rerank.rerank), ("/v2/rerank", rerank.rerank)):
-        app.post(path, response_model=None, include_in_schema=False)(handler)  # other servers' spellings
-    openapi.install(app)
+    # The API's endpoints, one row each in server/routes.py; each handler gets its model from the
+    # registry by name.
+    for route in routes.ROUTES:
+        extra = openapi.request_body(route.body) if route.body is not None and route.in_schema else None
+        app.add_api_route(route.path, route.handler, methods=[route.method], response_model=None,
+                          include_in_schema=route.in_schema, openapi_extra=extra)
+    openapi.install(app, [r.body for r in routes.ROUTES if r.body is not None and r.in_schema])
     chat_page.install(app)  # GET /: the chat page
     app.add_middleware(ModelLeases, registry=registry)  # a request holds its models until its response ends
     app.add_middleware(DrainGate, drain=drain)  # outside the routes and the body limit, inside the access layer
-    return access.wrap(app, config.api_key, config.allowed_origins)
+    return access.wrap(app, config.api_key, config.allowed_origins, routes.needs_key, routes.error_shape)

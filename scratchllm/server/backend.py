@@ -88,7 +88,9 @@ def model_specs(refs: list[str], engine_options: dict[str, Any], trace: TraceWri
     for need in plan.needs:
         if need.task == "generate":
             options = plan.engine_options(need, engine_options) if share else engine_options
-            load: Any = functools.partial(load_model, need.ref, need.ref, options, trace)
+            # the model's own writer: its records carry its name (named in the ring from the start)
+            model_trace = trace.for_model(need.ref) if trace is not None else None
+            load: Any = functools.partial(load_model, need.ref, need.ref, options, model_trace)
         else:
             load = functools.partial(load_embedder, need.ref)
         specs.append(ModelSpec(need.ref, "generate" if need.task == "generate" else "embed", load,

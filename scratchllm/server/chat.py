@@ -20,6 +20,7 @@ from fastapi.responses import Response
 
 from scratchllm.engine.protocol import RequestMetrics, TopLogprobs
 from scratchllm.sampling import SamplingParams
+from scratchllm.server.gemma_prompt import gemma_messages
 from scratchllm.server.generation import (
     EventStream,
     Generation,
@@ -41,7 +42,7 @@ from scratchllm.server.state import ServerState
 from scratchllm.server.structured_fields import ToolPlan
 from scratchllm.server.timings import reply_timings
 from scratchllm.server.tool_calls import ReplyFormat, message
-from scratchllm.server.tool_parsers import TOOL_FORMATS, detect, gemma_messages
+from scratchllm.server.tool_parsers import TOOL_FORMATS, detect
 from scratchllm.tokenizer.protocol import TokenizerLike
 
 
@@ -57,10 +58,10 @@ def template_reads_tools(tok: TokenizerLike) -> bool:
 
 
 def tool_format_name(state: ServerState, tok: TokenizerLike) -> str | None:
-    """The format auto-mode calls are read in: --tool-call-parser, else the template's own
-    (a template that reads tools but names no format: Hermes, the common convention)."""
+    """The format auto-mode calls are read in: --tool-call-parser, else (auto, strict) the
+    template's own (a template that reads tools but names no format: Hermes, the common convention)."""
     chosen = state.config.tool_call_parser
-    if chosen != "auto":
+    if chosen not in ("auto", "strict"):
         return None if chosen == "none" else chosen
     found = detect(chat_template(tok))
     return found or ("hermes" if template_reads_tools(tok) else None)
@@ -82,6 +83,12 @@ def render(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan, fmt: 
         raise bad_request("tool_choice 'auto' needs a chat template that reads 'tools', and this model's does "
                           "not; use tool_choice 'required' or name a function (the call is then forced by a "
                           "grammar), or 'none'", param="tool_choice", code="unsupported_parameter")
+    if req.chat_template is not None:
+        from scratchllm.tokenizer import Tokenizer
+
+        if not isinstance(tok, Tokenizer):
+            raise bad_request("this model's tokenizer takes no other chat template", param="chat_template")
+        extra["chat_template"] = req.chat_template
     try:
         text: str = tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except Exception as err:  # noqa: BLE001 - a template that rejects these messages is the client's input
@@ -93,7 +100,8 @@ def reply_format(state: ServerState, plan: ToolPlan, fmt: str | None, prompt: st
     thinking = template_thinks(chat_template(state.model.tokenizer))
     tools = TOOL_FORMATS[fmt] if fmt is not None and plan.mode == "auto" else None
     return ReplyFormat(plan.mode, tools, tuple(t["name"] for t in plan.tools), thinking,
-                       thinking is not None and prompt_opens_thinking(prompt, thinking))
+                       thinking is not None and prompt_opens_thinking(prompt, thinking),
+                       lenient=state.config.tool_call_parser != "strict")
 
 
 async def prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], ReplyFormat, SamplingParams]:

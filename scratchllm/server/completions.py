@@ -1,5 +1,5 @@
 """POST /v1/completions, plain and streamed (SSE): n choices per prompt, best_of, echo, logprobs,
-the prompt's logprobs.
+the prompt's logprobs, and `suffix` (fill-in-the-middle, fill.py).
 
 best_of: best_of choices are generated per prompt (on the prompt's forked KV blocks) and the n
 with the highest mean logprob per generated token are returned, best first (OpenAI's "highest
@@ -22,6 +22,7 @@ from fastapi.responses import Response
 
 from scratchllm.engine.protocol import PromptLogprob, RequestMetrics, RequestOutput
 from scratchllm.sampling import SamplingParams
+from scratchllm.server.fill import ending_middle, fim_layout, fim_prompt_ids
 from scratchllm.server.generation import (
     EventStream,
     Generation,
@@ -39,7 +40,9 @@ from scratchllm.server.generation import (
 )
 from scratchllm.server.protocol import CompletionRequest, bad_request, new_id, now_s
 from scratchllm.server.sse import SSE_DONE
+from scratchllm.server.state import ServerState
 from scratchllm.server.timings import reply_timings
+from scratchllm.tokenizer.fim import FimLayout
 from scratchllm.tokenizer.protocol import TokenizerLike
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -48,7 +51,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 async def completions(request: Request) -> Response | dict[str, Any]:
     state, raw, req = await read_request(request, CompletionRequest)
     texts = req.prompts()
-    prompts = [prompt_ids(state, p, "prompt") for p in texts]
+    layout = fim_layout(state, "suffix") if req.suffix else None
+    prompts = [prompt_ids(state, p, "prompt") if layout is None else _fim_ids(state, layout, p, req.suffix or "")
+               for p in texts]
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming takes one prompt per request", param="prompt")
     n = req.n
@@ -60,6 +65,8 @@ async def completions(request: Request) -> Response | dict[str, Any]:
                                                               COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
         if best_of > n and p.logprobs is None:  # the ranking needs each token's logprob
             p = dataclasses.replace(p, logprobs=0)
+        if layout is not None:
+            p = ending_middle(p, layout)
         params.append(choice_params(p, best_of))
     rid, created = new_id("cmpl"), now_s()
     gen = Generation(state, prompts, params, rid, origin_of(state, request, raw, "/v1/completions"))
@@ -91,6 +98,14 @@ async def completions(request: Request) -> Response | dict[str, Any]:
     n_out = sum(len(r.token_ids) for r in results)  # best_of: every generated token is billed, as OpenAI does
     return gen.reply({**head, "choices": choices, "usage": usage_of(gen, n_out, [r.metrics for r in results]),
                       "timings": reply_timings(results[0], req.timings_per_token)})
+
+
+def _fim_ids(state: ServerState, layout: FimLayout, prompt: str | list[int], suffix: str) -> list[int]:
+    """A fill-in-the-middle prompt: the prompt's text before the insertion point, `suffix` after."""
+    if not isinstance(prompt, str):
+        raise bad_request("'suffix' needs the prompt as text: the layout tokenizes the text around the insertion "
+                          "point", param="prompt")
+    return fim_prompt_ids(state, layout, prompt, suffix)
 
 
 def _prompt_items(ids: list[int], entries: list[PromptLogprob] | None) -> list[LogprobItem]:

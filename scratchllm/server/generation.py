@@ -25,7 +25,9 @@ from scratchllm.engine.protocol import RequestMetrics, RequestOutput, RequestStr
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 from scratchllm.server.access import client_ip
+from scratchllm.server.batch_runner import BATCH_LANE
 from scratchllm.server.metrics import TokenClock
+from scratchllm.server.profiles import profile_of, with_profile
 from scratchllm.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -34,7 +36,7 @@ from scratchllm.server.protocol import (
     parse_body,
     usage,
 )
-from scratchllm.server.registry import models_of
+from scratchllm.server.registry import ModelRegistry, models_of
 from scratchllm.server.sse import SSE_DONE, SSE_PING, ChunkTrace, sse, wait_for_disconnect
 from scratchllm.server.state import ServerState
 from scratchllm.server.timings import timings, token_timings
@@ -69,6 +71,8 @@ class Generation:
         assert len(prompts) == len(params) and len({len(p) for p in params}) == 1, "choices per prompt differ"
         self.choices = len(params[0])
         self.params = [p for per_prompt in params for p in per_prompt]
+        if BATCH_LANE.get():  # a Batch API line (batch_runner.py): the engine's low-priority queue
+            self.params = [dataclasses.replace(p, low_priority=True) for p in self.params]
         if len(self.params) > state.config.max_in_flight:  # never admissible: a 429 would invite retries
             raise bad_request(f"this request needs {len(self.params)} engine requests (prompts x choices); the "
                               f"server holds at most {state.config.max_in_flight} at once", param="n")
@@ -314,8 +318,22 @@ async def read_request(request: Request, model_cls: type[RequestT]) -> tuple[Ser
     first if it is not, and stays loaded until the response ends (server/registry.py)."""
     registry = models_of(request)
     raw = await request.body()
-    req = parse_body(raw, model_cls, lenient=registry.config.lenient_fields)
+    req = parse_body(profiled(registry, raw), model_cls, lenient=registry.config.lenient_fields)
     return await registry.generator(request, req.model), raw, req
+
+
+def profiled(registry: ModelRegistry, raw: bytes) -> bytes:
+    """The body with what its model's name adds (model_names.with_profile), when the name adds
+    anything; as sent otherwise (a body that is no JSON object is parse_body's to refuse)."""
+    if not registry.profiles:
+        return raw
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(body, dict) or profile_of(registry, body.get("model")) is None:
+        return raw
+    return json.dumps(with_profile(registry, body)).encode()
 
 
 def origin_of(state: ServerState, request: Request, raw: bytes | Callable[[], bytes], endpoint: str,
@@ -409,3 +427,12 @@ def event_logprob(gen: Generation, k: int, event: TokenEvent) -> LogprobItem | N
 def token_str(tok: TokenizerLike, token_id: int | None) -> str:
     text: str = tok.decode([token_id]) if token_id is not None else ""
     return text
+
+
+def matched_stop(tok: TokenizerLike, token_ids: list[int], text: str, stops: list[str]) -> str | None:
+    """The stop string that ended a reply whose shown text is `text`: the one its whole generated
+    text has right after it (None: an end token or the length ended it)."""
+    if not stops:
+        return None
+    written = tok.decode(token_ids)
+    return next((s for s in stops if (text + s) in written), None)

@@ -92,6 +92,7 @@ class CallsReader:
     names: Sequence[str] = ()
     first_index: int = 0
     new_id: Callable[[], str] = openai_call_id
+    declared_only: bool = False  # an object naming no tool in `names` is not a call (a reply read leniently)
     calls: int = 0  # objects opened so far
     done: bool = False  # stopped: every later character is the caller's
     unread: str = ""  # an object's text given back when it turned out not to be a call
@@ -227,7 +228,7 @@ class CallsReader:
     def _end_value(self, obj: _Object, out: list[Delta]) -> bool:
         if obj.key == "name":
             name = _loads(obj.value)
-            if not isinstance(name, str) or not name:
+            if not isinstance(name, str) or not name or (self.declared_only and name not in self.names):
                 return False
             obj.name = name
             self._open(obj, out)

@@ -1,6 +1,7 @@
 """Ollama's API on the same port as OpenAI's, for the tools that speak only Ollama's:
 
-    POST /api/generate   a prompt (the model's chat template around it, or `raw`), `context` ids
+    POST /api/generate   a prompt (the model's chat template around it, or `raw`), `context` ids;
+                         with `suffix`, the model's fill-in-the-middle layout of prompt and suffix
     POST /api/chat       messages (and tools), the reply as a message
     POST /api/embed      `input` (a string or several) -> embeddings; /api/embeddings: the older form
     GET  /api/tags       every served model, with its details
@@ -36,6 +37,7 @@ from scratchllm.engine.protocol import RequestMetrics, RequestOutput
 from scratchllm.server import chat, tool_calls
 from scratchllm.server.embeddings import embed
 from scratchllm.server.errors import APIError, bad_request
+from scratchllm.server.fill import ending_middle, fim_layout, fim_prompt_ids
 from scratchllm.server.generation import (
     EventStream,
     Generation,
@@ -67,6 +69,7 @@ from scratchllm.server.ollama_protocol import (
     renamed,
     timestamp,
 )
+from scratchllm.server.profiles import profile_of, with_profile
 from scratchllm.server.protocol import ChatCompletionRequest, CompletionRequest, new_id, parse_body
 from scratchllm.server.registry import Lease, ModelEntry, ModelRegistry, models_of, parse_keep_alive
 from scratchllm.server.state import ServerState
@@ -105,7 +108,7 @@ def _keep_alive(value: float | str | None) -> Any:
 async def _openai(raw: dict[str, Any], cls: type[Any], registry: ModelRegistry) -> Any:
     """The translated request, validated as the OpenAI endpoints validate theirs."""
     try:
-        return parse_body(json.dumps(raw).encode(), cls, lenient=registry.config.lenient_fields)
+        return parse_body(json.dumps(with_profile(registry, raw)).encode(), cls, lenient=registry.config.lenient_fields)
     except APIError as err:
         raise renamed(err) from None
 
@@ -151,15 +154,26 @@ async def generate(request: Request) -> Response | dict[str, Any]:
     # checked before the model loads; the prompt is tokenized below (a placeholder here)
     openai_req = await _openai({"model": req.model, "prompt": "-", **fields}, CompletionRequest, registry)
     lease, state = await _hold(request, registry, req.model, keep)
-    text, special = _generate_text(state, req)
-    ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
+    named = profile_of(registry, req.model)
+    if named is not None and named.system is not None and req.system is None:
+        req = req.model_copy(update={"system": named.system})  # the name's SYSTEM (server/profiles.py)
+    layout = fim_layout(state, "suffix") if req.suffix else None
+    if layout is not None:  # fill-in-the-middle: the layout of prompt and suffix, as /v1/completions' suffix
+        text, special = req.prompt or "", False
+        ids = fim_prompt_ids(state, layout, text, req.suffix or "")
+    else:
+        text, special = _generate_text(state, req)
+        ids = list(req.context or []) + (prompt_ids(state, text, "prompt", special) if text else [])
     if any(not 0 <= t < state.model.tokenizer.vocab_size for t in ids):
         raise bad_request("'context' has token ids outside the vocabulary", param="context")
-    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    max_tokens = _max_tokens(state, len(ids), openai_req.max_tokens, num_ctx)  # the name's num_predict too
     params = await sampling_params(state, openai_req, max_tokens)
+    if layout is not None:
+        params = ending_middle(params, layout)
+        fields = {**fields, "suffix": req.suffix}
 
     def same() -> bytes:  # the prompt as text where /v1/completions makes the same ids of it, else the ids
-        as_text = not req.context and (special or prompt_ids(state, text, "prompt") == ids)
+        as_text = layout is not None or (not req.context and (special or prompt_ids(state, text, "prompt") == ids))
         return _recorded({"model": req.model, "prompt": text if as_text else ids, **fields}, max_tokens, req.stream)
 
     origin = origin_of(state, request, same, "/v1/completions", "/api/generate")
@@ -254,7 +268,7 @@ async def chat_route(request: Request) -> Response | dict[str, Any]:
     lease, state = await _hold(request, registry, req.model, keep)
     prompt, reading = chat.prompt_and_reading(state, openai_req)
     ids = prompt_ids(state, prompt, "messages", special=False)
-    max_tokens = _max_tokens(state, len(ids), fields.get("max_tokens"), num_ctx)
+    max_tokens = _max_tokens(state, len(ids), openai_req.max_tokens, num_ctx)  # the name's num_predict too
     params = reading.sampling(await sampling_params(state, openai_req, max_tokens))
     origin = origin_of(state, request, lambda: _recorded(raw, max_tokens, req.stream), "/v1/chat/completions",
                        "/api/chat")
@@ -334,7 +348,13 @@ def _listing(entry: ModelEntry) -> dict[str, Any]:
 
 
 async def tags(request: Request) -> dict[str, Any]:
-    return {"models": [_listing(e) for e in models_of(request).models()]}
+    """Every served model, and every name made while serving (/api/create, /api/copy, /api/pull)."""
+    registry = models_of(request)
+    listed = [_listing(e) for e in registry.models()]
+    shown = {m["name"] for m in listed}
+    for name in sorted(registry.added - shown):
+        listed.append({**_listing(registry.entries[name]), "name": name, "model": name})
+    return {"models": listed}
 
 
 async def show(request: Request) -> dict[str, Any]:
@@ -374,16 +394,3 @@ async def ps(request: Request) -> dict[str, Any]:
 
 async def version() -> dict[str, str]:
     return {"version": scratchllm.__version__}
-
-
-ROUTES: list[tuple[str, str, Any]] = [
-    ("POST", "/api/generate", generate),
-    ("POST", "/api/chat", chat_route),
-    ("POST", "/api/embed", embed_route),
-    ("POST", "/api/embeddings", embeddings_route),
-    ("GET", "/api/tags", tags),
-    ("POST", "/api/show", show),
-    ("GET", "/api/ps", ps),
-    ("GET", "/api/version", version),
-]
-__all__ = ["ROUTES", "is_ollama"]

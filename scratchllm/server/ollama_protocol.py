@@ -119,11 +119,13 @@ def refuse_unsupported(req: OllamaGenerateRequest | OllamaChatRequest) -> None:
     if images:
         raise bad_request("'images' is not supported: the models served here read text only", param="images")
     if isinstance(req, OllamaGenerateRequest):
-        for name in ("suffix", "template"):
-            if getattr(req, name):
-                why = "it needs a fill-in-the-middle model" if name == "suffix" else \
-                    "the model's own chat template is used (or 'raw': true for none)"
-                raise bad_request(f"'{name}' is not supported: {why}", param=name)
+        if req.template:
+            raise bad_request("'template' is not supported: the model's own chat template is used (or 'raw': true "
+                              "for none)", param="template")
+        for name in ("raw", "system", "context"):
+            if req.suffix and getattr(req, name):
+                raise bad_request(f"'{name}' cannot be used with 'suffix': the prompt is the model's "
+                                  f"fill-in-the-middle layout of 'prompt' and 'suffix'", param=name)
 
 
 def openai_fields(options: dict[str, Any] | None, format: str | dict[str, Any] | None) -> dict[str, Any]:

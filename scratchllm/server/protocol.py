@@ -4,7 +4,7 @@ Every field of OpenAI's completions and chat-completions requests is declared he
 of three kinds (docs/openai-api.md lists them all):
   implemented             it does what OpenAI documents (sampling, penalties, logit_bias,
                           response_format, tools, ...);
-  refused unless neutral  a feature this server does not have (audio, suffix, store=true, ...):
+  refused unless neutral  a feature this server does not have (audio, store=true, ...):
                           any value but the neutral one is a 400 naming the field;
   accepted, no effect     a hint that cannot change the output (metadata, service_tier, ...).
 Any other field, at any depth (a message's, a tool's), is a 400 naming it, as OpenAI's API
@@ -232,9 +232,6 @@ def validate_choices(n: int, best_of: int | None, stream: bool, max_n: int = MAX
 
 
 class CompletionRequest(_Sampling):
-    REFUSED: ClassVar[Refusals] = {
-        "suffix": ((None, ""), "text after the insertion point needs a fill-in-the-middle model"),
-    }
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -242,7 +239,7 @@ class CompletionRequest(_Sampling):
     # vLLM's: the prompt's logprobs, in its own shape
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=128)
-    suffix: Any = None
+    suffix: str | None = None  # the text after the insertion point: a fill-in-the-middle prompt (server/fill.py)
     # not in OpenAI's legacy completions; here as on chat: metadata.request_class names the
     # request's class for the evaluation loop's capture and priority feedback (docs/evaluation.md)
     metadata: Any = None
@@ -253,6 +250,9 @@ class CompletionRequest(_Sampling):
         if self.max_tokens == 0 and not self.echo:
             raise bad_request("max_tokens 0 generates nothing: it is for echo (the prompt, and with logprobs its "
                               "logprobs, as lm-evaluation-harness asks)", param="max_tokens")
+        if self.suffix and self.echo:
+            raise bad_request("'echo' cannot be used with 'suffix': the prompt is laid out around the insertion "
+                              "point, not echoed before the completion", param="echo")
         if self.max_tokens == 0 and self.stream:
             raise bad_request("max_tokens 0 cannot be streamed: there is nothing to stream after the prompt",
                               param="max_tokens")
@@ -283,7 +283,7 @@ class CompletionRequest(_Sampling):
 _NOT_AUDIO = "this server generates text only"
 # Chat-template variables the server sets from the request itself (chat_template_kwargs cannot)
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
-                               "special_tokens"})
+                               "special_tokens", "chat_template"})
 _NO_REASONING = ("no model here takes a reasoning effort (Qwen3's thinking is switched by "
                  "chat_template_kwargs: {\"enable_thinking\": false})")
 
@@ -310,6 +310,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True  # one forced call satisfies either value
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
+    chat_template: str | None = None  # vLLM's: a Jinja chat template instead of the model's (sandboxed)
     # refused unless neutral (REFUSED)
     audio: Any = None
     modalities: Any = None
@@ -338,13 +339,7 @@ class ChatCompletionRequest(_Sampling):
         self.template_kwargs()
 
     def template_kwargs(self) -> dict[str, Any]:
-        """chat_template_kwargs, checked: the names the server itself sets cannot be replaced."""
-        kwargs = dict(self.chat_template_kwargs or {})
-        taken = sorted(set(kwargs) & TEMPLATE_RESERVED)
-        if taken:
-            raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}: the server sets it",
-                              param="chat_template_kwargs")
-        return kwargs
+        return template_kwargs(self.chat_template_kwargs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them (roles, text, tool calls, tool ids)."""
@@ -352,6 +347,16 @@ class ChatCompletionRequest(_Sampling):
 
     def _logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def template_kwargs(given: dict[str, Any] | None) -> dict[str, Any]:
+    """chat_template_kwargs, checked: the names the server itself sets cannot be replaced."""
+    kwargs = dict(given or {})
+    taken = sorted(set(kwargs) & TEMPLATE_RESERVED)
+    if taken:
+        raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}: the server sets it",
+                          param="chat_template_kwargs")
+    return kwargs
 
 
 class EmbeddingRequest(_Request):

@@ -41,6 +41,8 @@ from typing import Any, Literal
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from scratchllm.engine.memory_plan import MiB, resident_bytes
+from scratchllm.formats.names import Named
 from scratchllm.server.metrics import MetricFamilies, ServerMetrics
 from scratchllm.server.protocol import APIError
 from scratchllm.server.state import ServedEmbedder, ServedModel, ServerConfig, ServerState
@@ -90,7 +92,7 @@ class ModelEntry:
         self.keep_alive_s = keep_alive_s  # None: never unloaded
         self.expires_at: float | None = None  # wall-clock time it unloads if still idle (Ollama's /api/ps)
         self.loading: asyncio.Future[None] | None = None
-        self.closing: asyncio.Future[None] | None = None  # the previous engine's shutdown, while it runs
+        self.closing: asyncio.Future[Any] | None = None  # the previous engine's shutdown, while it runs
         metrics.loaded = False if spec.load is not None else None
 
     @property
@@ -143,9 +145,11 @@ class ModelEntry:
 
 
 class ModelRegistry:
-    """Name -> model, loaded on demand and unloaded when idle (the module doc)."""
+    """Name -> model, loaded on demand and unloaded when idle (the module doc). `report` gets
+    one line per load, unload and reload, with its duration and memory (default: logged)."""
 
-    def __init__(self, specs: list[ModelSpec], keep_alive_s: float | None = None) -> None:
+    def __init__(self, specs: list[ModelSpec], keep_alive_s: float | None = None,
+                 report: Callable[[str], None] | None = None) -> None:
         names = [n for s in specs for n in (s.name, *s.aliases)]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -156,6 +160,12 @@ class ModelRegistry:
         self.embed_lock = asyncio.Lock()  # one embedding batch at a time: two would fight over the cores
         self.given: dict[str, Served] = {}  # models handed over loaded (serving), attached by bind
         self.config = ServerConfig()  # the app's, set by bind
+        # names made while serving (Ollama's /api/create, /api/copy, /api/pull: server/model_names.py)
+        self.new_spec: Callable[[str, str], ModelSpec] | None = None  # (name, model reference) -> a spec
+        self.added: set[str] = set()  # the names added while serving: those /api/delete may remove
+        self.profiles: dict[str, Named] = {}  # name -> what it adds to each request (model_names.with_profile)
+        self._bind: tuple[MetricFamilies, Callable[[ServerMetrics], ServerState]] | None = None
+        self.report: Callable[[str], None] = report or logger.info
 
     @classmethod
     def serving(cls, model: ServedModel, embedder: ServedEmbedder | None = None) -> ModelRegistry:
@@ -172,14 +182,54 @@ class ModelRegistry:
         """Make each model's metrics and state (create_app calls this once, with the app's options)."""
         assert not self.entries, "a registry serves one app"
         self.config = config
+        self._bind = (families, make_state)
         for spec in self.specs:
-            metrics = ServerMetrics(model_name=spec.name, families=families, generates=spec.task == "generate")
-            state = make_state(metrics) if spec.task == "generate" else None
-            entry = ModelEntry(spec, metrics, state, self.keep_alive_s)
-            for name in (spec.name, *spec.aliases):
-                self.entries[name] = entry
-            if spec.name in self.given:
-                entry.attach(self.given[spec.name])
+            self._bind_spec(spec)
+
+    def _bind_spec(self, spec: ModelSpec) -> ModelEntry:
+        assert self._bind is not None, "bind first"
+        families, make_state = self._bind
+        metrics = ServerMetrics(model_name=spec.name, families=families, generates=spec.task == "generate")
+        state = make_state(metrics) if spec.task == "generate" else None
+        entry = ModelEntry(spec, metrics, state, self.keep_alive_s)
+        for name in (spec.name, *spec.aliases):
+            self.entries[name] = entry
+        if spec.name in self.given:
+            entry.attach(self.given[spec.name])
+        return entry
+
+    # --- names added and removed while serving ---
+    def add_spec(self, spec: ModelSpec) -> ModelEntry:
+        """Serve a model from now on (unloaded: it loads on its first request)."""
+        if spec.name in self.entries:
+            raise APIError(409, f"the model '{spec.name}' is already served", code="model_exists")
+        self.specs.append(spec)
+        self.added.add(spec.name)
+        return self._bind_spec(spec)
+
+    def add_alias(self, name: str, target: str) -> ModelEntry:
+        """`name` for the model `target` is (one engine, one entry)."""
+        entry = self.entry(target)
+        self.entries[name] = entry
+        self.added.add(name)
+        return entry
+
+    def remove_name(self, name: str) -> None:
+        """Stop serving `name` (an alias, or a model added while serving: then unloaded first)."""
+        entry = self.entry(name)
+        if name != entry.name:  # an alias
+            del self.entries[name]
+        else:
+            if entry.users:
+                raise APIError(409, f"the model '{name}' is in use; delete it when its requests are done",
+                               code="model_in_use")
+            if entry.status == "loaded":
+                self._unload(entry)
+            for alias in [n for n, e in self.entries.items() if e is entry]:
+                del self.entries[alias]
+                self.added.discard(alias)
+            self.specs.remove(entry.spec)
+        self.added.discard(name)
 
     # --- what the routes ask ---
     def models(self) -> list[ModelEntry]:
@@ -188,6 +238,10 @@ class ModelRegistry:
 
     def names(self, task: Task | None = None) -> list[str]:
         return [s.name for s in self.specs if task is None or s.task == task]
+
+    def every_name(self) -> list[str]:
+        """Every name a request may give: the models' own, their aliases and the names added."""
+        return list(self.entries)
 
     @property
     def default(self) -> ModelEntry:
@@ -198,6 +252,8 @@ class ModelRegistry:
         """The entry called `name`, or the client's 404: unknown, or not a model of `task` (for
         this endpoint there is no such model); the message lists what the server does serve."""
         entry = self.entries.get(name)
+        if entry is None and ":" not in name.rsplit("/", 1)[-1]:
+            entry = self.entries.get(f"{name}:latest")  # Ollama's names: no tag means :latest
         if entry is None:
             raise APIError(404, f"The model '{name}' does not exist; this server serves {self._listing()}",
                            param="model", code="model_not_found")
@@ -273,11 +329,11 @@ class ModelRegistry:
         try:
             if entry.closing is not None:
                 await entry.closing
-            start = time.monotonic()
             logger.info("loading model '%s'", entry.name)
-            served = await asyncio.to_thread(entry.spec.load)
-            entry.attach(served, time.monotonic() - start)
-            logger.info("model '%s' loaded in %.1f s", entry.name, entry.metrics.load_seconds)
+            load = entry.spec.load
+            served, seconds, grew = await asyncio.to_thread(_measured, load)
+            entry.attach(served, seconds)
+            self.report(loaded_line(entry, seconds, grew))
         except Exception as err:  # noqa: BLE001 - any failure to load is every waiting request's 503
             entry.status = "unloaded"
             logger.error("model '%s' failed to load: %s", entry.name, err)
@@ -297,13 +353,19 @@ class ModelRegistry:
     def _unload(self, entry: ModelEntry) -> None:
         # on the loop, no await between the checks and the detach: no request can slip in between
         assert entry.users == 0 and entry.status == "loaded", "only an idle, loaded model is unloaded"
-        served = entry.detach()
-        logger.info("unloading model '%s' (idle %.1f s)", entry.name, time.monotonic() - entry.last_used)
-        closing = entry.closing = asyncio.ensure_future(asyncio.to_thread(_close, served))
+        idle_s, keep = time.monotonic() - entry.last_used, entry.keep_alive_s
+        held = [entry.detach()]  # _close takes it out: no reference is left here to keep its memory
+        closing = entry.closing = asyncio.ensure_future(asyncio.to_thread(_measured, _close, held))
 
-        def closed(_: asyncio.Future[None]) -> None:
+        def closed(done: asyncio.Future[tuple[None, float, int]]) -> None:
             if entry.closing is closing:
                 entry.closing = None
+            if not done.cancelled() and done.exception() is None:
+                _, seconds, grew = done.result()
+                why = ("when asked" if keep is None else "at once (keep-alive 0)" if keep == 0 else
+                       f"after {idle_s:.1f} s idle (keep-alive {keep:g} s)")
+                self.report(f"unloaded '{entry.name}' {why} in {seconds:.1f} s: resident memory "
+                            f"{grew / MiB:+.0f} MiB, now {resident_bytes() / MiB:.0f} MiB")
 
         closing.add_done_callback(closed)
 
@@ -335,12 +397,37 @@ class ModelRegistry:
         start`: before the app serves, so no request can race it)."""
         for entry in self.models():
             if entry.status == "unloaded" and entry.spec.load is not None:
-                start = time.monotonic()
-                entry.attach(entry.spec.load(), time.monotonic() - start)
+                served, seconds, grew = _measured(entry.spec.load)
+                entry.attach(served, seconds)
+                self.report(loaded_line(entry, seconds, grew))
 
 
-def _close(served: Served | None) -> None:
-    """Free an unloaded model: its engine's thread stops and its arrays go with the last reference."""
+def _measured(work: Callable[..., Any], *args: Any) -> tuple[Any, float, int]:
+    """work(*args) on this thread: its result, its seconds and the resident memory it added
+    (the whole process's: another model loading at the same moment is counted too)."""
+    before, start = resident_bytes(), time.monotonic()
+    result = work(*args)
+    return result, time.monotonic() - start, resident_bytes() - before
+
+
+def loaded_line(entry: ModelEntry, seconds: float, grew: int) -> str:
+    """What a load says: the model, load or reload, seconds, memory, and its context when it
+    differs from the one planned at start."""
+    served = entry.served
+    verb = "loaded" if entry.metrics.loads <= 1 else f"reloaded (load {entry.metrics.loads})"
+    planned = f" (planned {entry.spec.planned_bytes / MiB:.0f} MiB)" if entry.spec.planned_bytes else ""
+    context = ""
+    if isinstance(served, ServedModel) and entry.spec.max_len and served.max_model_len != entry.spec.max_len:
+        context = (f"; context {served.max_model_len:,} tokens, not the {entry.spec.max_len:,} planned at start "
+                   "(the loaded model's KV pool holds that much)")
+    return (f"{verb} '{entry.name}' in {seconds:.1f} s: resident memory {grew / MiB:+.0f} MiB{planned}, now "
+            f"{resident_bytes() / MiB:.0f} MiB{context}")
+
+
+def _close(held: list[Served | None]) -> None:
+    """Free an unloaded model, the one reference left to it in `held`: its engine's thread stops
+    and its arrays go with that reference."""
+    served = held.pop()
     if isinstance(served, ServedModel):
         served.engine.shutdown(True)
     del served

@@ -80,9 +80,12 @@ class ServerConfig:
     lenient_fields: bool = False  # unknown request fields logged and ignored instead of a 400 (protocol.py)
     sse_ping_interval_s: float = 15.0  # a `: ping` comment on a stream this long without a chunk; 0 = off
     tool_call_parser: str = "auto"  # the format of auto-mode tool calls (server/tool_parsers.py); auto: the template's
+    batch_dir: str | None = None  # where Batch API jobs persist (batch_store.py); None: a folder for this app only
+    batch_concurrency: int = 4  # a batch's lines in the server at once (each in the engine's low-priority queue)
 
     def __post_init__(self) -> None:
         assert self.max_in_flight >= 1 and self.max_body_bytes >= 1 and self.sse_ping_interval_s >= 0
+        assert self.batch_concurrency >= 1
 
 
 @dataclass

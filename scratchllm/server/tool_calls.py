@@ -2,7 +2,8 @@
 
 `ReplyParser` runs one choice's text through the reasoning splitter (reasoning.py, when the
 template thinks) and then the tool-call parser (tool_parsers.py) of the request's plan:
-  auto    the model decides, in its format (the chat template's, or --tool-call-parser);
+  auto    the model decides, in its format (the chat template's, or --tool-call-parser), and
+          unless --tool-call-parser is strict also as a call's bare JSON (tool_parsers.py);
   forced  the grammar wrote `{"name": ..., "arguments": {...}}` (tool_choice "required" or a
           named function): the whole reply is the call;
   none    text only.
@@ -31,6 +32,7 @@ class ReplyFormat:
     names: tuple[str, ...] = ()
     thinking: ThinkMarkers | None = None
     inside_thinking: bool = False
+    lenient: bool = False  # auto-mode calls may also be bare JSON (tool_parsers.py); off: --tool-call-parser strict
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """The request's params for replies read this way: a format whose call or thinking
@@ -44,7 +46,7 @@ class ReplyFormat:
         if self.mode == "forced":
             calls = ForcedCall(self.names)
         elif self.mode == "auto" and self.tools is not None:
-            calls = self.tools.new_parser(self.names)
+            calls = self.tools.new_parser(self.names, self.lenient)
         think = ThinkSplitter(self.thinking, self.inside_thinking) if self.thinking is not None else None
         return ReplyParser(calls, think)
 

@@ -12,9 +12,17 @@
                markers are special tokens: the request's text keeps special tokens for them.
   gemma        Gemma: a fenced block ```tool_code with Python calls, `name(key=literal, ...)`, one
                per line (Gemma's template does not read `tools`; the server shows them in a system
-               message of this format's own wording, see GemmaFormat.tool_prompt).
+               message of this format's own wording, see gemma_prompt.py).
 The format is the one `--tool-call-parser` names, or the one the chat template itself writes
-(detect()). Each parser turns the reply, as it streams, into content and `delta.tool_calls`
+(detect()).
+
+Small models often answer a tool request with the call's JSON alone, without their format's
+markers: `{"name": ..., "arguments": {...}}` (or `"parameters"`), bare or in a ```json fence, or
+a list of such objects. Read leniently (the default; `--tool-call-parser strict` turns it off),
+hermes, mistral and gemma take such a reply as calls when it begins with that JSON and every
+object names a tool the request declares; anything else (prose that mentions a tool, JSON of
+another shape, a name the request did not declare) stays content. Llama 3's format is that JSON
+already. Each parser turns the reply, as it streams, into content and `delta.tool_calls`
 entries (json_calls.py reads the JSON ones); a reply's whole text through the same parser gives
 the unstreamed reply, so the two always agree.
 
@@ -25,7 +33,6 @@ Whitespace around a call block is content only between two pieces of text: a rep
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from scratchllm.server.json_calls import CallsReader, Delta, openai_call_id
 from scratchllm.server.mistral_calls import MistralCallsReader
@@ -35,6 +42,9 @@ Reader = CallsReader | MistralCallsReader | PythonCallsReader  # a call block's 
 
 FORMATS = ("hermes", "llama3_json", "mistral", "gemma")
 PYTHON_TAG = "<|python_tag|>"
+# A call's JSON written without the format's markers, at the reply's start (lenient reading):
+# marker -> the marker that closes its block (None: the JSON's own end). Longest first.
+LEADING = {"```json": "```", "```": "```", "{": None, "[": None}
 
 
 def detect(template: str | None) -> str | None:
@@ -70,8 +80,13 @@ class CallParser:
     close: str | None = None
     at_start: bool = False
 
-    def __init__(self, names: Sequence[str] = (), new_id: Callable[[], str] = openai_call_id) -> None:
+    def __init__(self, names: Sequence[str] = (), new_id: Callable[[], str] = openai_call_id,
+                 lenient: bool = False) -> None:
         self.names, self.new_id = names, new_id
+        # lenient: a reply that begins with a call's bare JSON is calls (LEADING); tried once, at the start
+        self.leading_open = lenient and not self.at_start
+        self.block_close = self.close  # the marker that ends the call block being read
+        self.leading_block = False  # the block being read is bare JSON at the reply's start
         self.state = "content"  # content -> calls -> close -> content ...; "text": no calls any more
         self.buffer = ""  # text not yet decided
         self.block = ""  # a call block's text read so far (given back if it is no call)
@@ -83,6 +98,10 @@ class CallParser:
 
     def new_reader(self) -> Reader:
         return CallsReader(self.names, self.calls, self.new_id)
+
+    def json_reader(self) -> CallsReader:
+        """The reader of a call written as bare JSON: only a declared tool's name makes it a call."""
+        return CallsReader(self.names, self.calls, self.new_id, declared_only=True)
 
     def push(self, text: str) -> tuple[str, list[Delta]]:
         self.buffer += text
@@ -100,6 +119,9 @@ class CallParser:
             assert self.reader is not None
             deltas += self.reader.finish()
             self.calls += self.reader.calls
+            if self.leading_block:  # bare JSON is a call only once an object names a declared tool
+                content += self._content(self._given_back(self.block) if not self.reader.calls
+                                         else self.reader.unread)
         elif self.state in ("content", "text"):  # what only looked like a marker's start is text
             content += self._content(self.buffer)
         self.buffer = ""
@@ -122,6 +144,10 @@ class CallParser:
         return self._at_close()
 
     def _in_content(self, content: list[str]) -> bool:
+        if self.leading_open:
+            opened = self._leading()
+            if opened is not False:
+                return bool(opened)
         if self.at_start:
             start = self.buffer.lstrip()
             marker = next((m for m in self.opens if start.startswith(m)), None)
@@ -144,10 +170,26 @@ class CallParser:
         self._open(marker, at)
         return True
 
-    def _open(self, marker: str, at: int) -> None:
-        skip = at if marker in self.kept else at + len(marker)
+    def _leading(self) -> bool | None:
+        """At the reply's start: True when a call's bare JSON opens, None while the text could
+        still be a marker, False when it is not one (and is then never looked for again)."""
+        start = self.buffer.lstrip()
+        markers = (*LEADING, *self.opens)
+        if any(m.startswith(start) and m != start for m in markers):
+            return None
+        self.leading_open = False
+        marker = next((m for m in LEADING if start.startswith(m)), None)
+        if marker is None or any(start.startswith(m) for m in self.opens):  # the format's own markers win
+            return False
+        self._open(marker, self.buffer.index(marker), leading=True)
+        return True
+
+    def _open(self, marker: str, at: int, leading: bool = False) -> None:
+        skip = at if marker in self.kept or (leading and LEADING[marker] is None) else at + len(marker)
         self.marker, self.buffer, self.block = marker, self.buffer[skip:], ""
-        self.state, self.reader = "calls", self.new_reader()  # held whitespace waits: text may follow
+        self.block_close, self.leading_block = LEADING[marker] if leading else self.close, leading
+        # held whitespace waits: text may follow
+        self.state, self.reader = "calls", self.json_reader() if leading else self.new_reader()
 
     def _in_calls(self, content: list[str], deltas: list[Delta]) -> bool:
         assert self.reader is not None
@@ -160,8 +202,7 @@ class CallParser:
         read = self.block[:len(self.block) - len(rest)]
         self.calls += self.reader.calls
         if not self.reader.calls:  # it only looked like a call block: the text stays the model's
-            opened = "" if self.marker in self.kept else self.marker
-            content.append(self._content(opened + read))
+            content.append(self._content(self._given_back(read)))
             self.state, self.buffer = ("text" if self.at_start else "content"), rest
             return True
         self.after_call = True
@@ -170,8 +211,13 @@ class CallParser:
         self.state, self.buffer = "close", rest
         return True
 
+    def _given_back(self, read: str) -> str:
+        """A block that held no call, as the model wrote it: its opening marker, then what was read."""
+        kept = self.marker in self.kept or LEADING.get(self.marker, "") is None
+        return read if kept else self.marker + read
+
     def _at_close(self) -> bool:
-        close = self.close
+        close = self.block_close
         if close is None or self.buffer.startswith(close):
             self.buffer = self.buffer[len(close or ""):]
             self.state = "text" if self.at_start else "content"
@@ -199,8 +245,9 @@ class HermesFormat(CallParser):
 class MistralFormat(CallParser):
     opens = ("[TOOL_CALLS]",)
 
-    def __init__(self, names: Sequence[str] = (), new_id: Callable[[], str] = mistral_call_id) -> None:
-        super().__init__(names, new_id)
+    def __init__(self, names: Sequence[str] = (), new_id: Callable[[], str] = mistral_call_id,
+                 lenient: bool = False) -> None:
+        super().__init__(names, new_id, lenient)
 
     def new_reader(self) -> MistralCallsReader:
         return MistralCallsReader(self.names, self.calls, self.new_id)
@@ -232,8 +279,8 @@ class ToolFormat:
     parser: type[CallParser]
     special_tokens: bool = False  # the reply's text must keep special tokens (the markers are ones)
 
-    def new_parser(self, names: Sequence[str]) -> CallParser:
-        return self.parser(names)
+    def new_parser(self, names: Sequence[str], lenient: bool = False) -> CallParser:
+        return self.parser(names, lenient=lenient)
 
 
 TOOL_FORMATS = {
@@ -251,48 +298,3 @@ def partial_suffix(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
-
-
-def gemma_tool_prompt(tools: Sequence[dict[str, Any]]) -> str:
-    """The system text that shows Gemma the tools and how to call them (its template has no
-    place for tools). Written for this server; the calls it asks for are GemmaFormat's."""
-    import json
-
-    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("You may call the functions below. To call them, reply with nothing but a block like\n"
-            "```tool_code\nfunction_name(argument=value, other=value)\n```\n"
-            "with one call per line and every argument given by name as a Python literal. "
-            "A function's result comes back in a ```tool_output block.\n\nFunctions (JSON):\n" + listed)
-
-
-def gemma_messages(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A conversation for Gemma's template, which knows only user and model turns: the tools in
-    a system message (the template puts it before the first user turn), earlier calls as
-    ```tool_code blocks of the assistant's, results as ```tool_output blocks in user turns, and
-    turns of one role in a row joined (the template refuses two in a row)."""
-    import json
-
-    out: list[dict[str, Any]] = []
-    system = gemma_tool_prompt(tools)
-    for m in messages:
-        role, text = m["role"], m.get("content") or ""
-        if role == "system":
-            system = f"{text}\n\n{system}"
-            continue
-        if role == "assistant" and m.get("tool_calls"):
-            lines = [f"{c['function']['name']}({_python_kwargs(c['function']['arguments'])})" for c in m["tool_calls"]]
-            text = (text + "\n" if text else "") + "```tool_code\n" + "\n".join(lines) + "\n```"
-        elif role == "tool":
-            role, text = "user", "```tool_output\n" + (text if isinstance(text, str) else json.dumps(text)) + "\n```"
-        if out and out[-1]["role"] == role:
-            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + text}
-        else:
-            out.append({"role": role, "content": text})
-    return [{"role": "system", "content": system}, *out]
-
-
-def _python_kwargs(arguments: Any) -> str:
-    """A call's arguments (a mapping; text that is not one is passed as `arguments=`) as keywords."""
-    if not isinstance(arguments, dict):
-        return f"arguments={arguments!r}"
-    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())

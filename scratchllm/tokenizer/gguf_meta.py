@@ -8,6 +8,10 @@ from typing import Any
 from scratchllm.errors import FormatError
 
 NORMAL = 1  # tokenizer.ggml.token_type of an ordinary token
+# The keys (tokenizer.ggml.<name>_token_id) of the fill-in-the-middle tokens, by role (fim.py). The
+# older prefix/suffix/middle keys (CodeLlama conversions) name the same roles; eot ends a middle.
+FIM_KEYS = {"pre": ("fim_pre", "prefix"), "suf": ("fim_suf", "suffix"), "mid": ("fim_mid", "middle"),
+            "pad": ("fim_pad",), "rep": ("fim_rep",), "sep": ("fim_sep",), "eot": ("eot",)}
 
 
 def meta_array(meta: Mapping[str, Any], key: str, kind: type, path: str | Path) -> list[Any]:
@@ -34,3 +38,13 @@ def tokens_and_types(meta: Mapping[str, Any], path: str | Path) -> tuple[list[st
     if len(types) != len(tokens):
         raise FormatError(path, f"{len(tokens)} tokens but {len(types)} token types")
     return tokens, types
+
+
+def fim_ids(meta: Mapping[str, Any]) -> dict[str, int]:
+    """The fill-in-the-middle token ids the metadata names, by role (FIM_KEYS)."""
+    out: dict[str, int] = {}
+    for role, names in FIM_KEYS.items():
+        value = next((v for n in names if isinstance(v := meta.get(f"tokenizer.ggml.{n}_token_id"), int)), None)
+        if value is not None and value >= 0:
+            out[role] = value
+    return out

@@ -22,7 +22,7 @@ from scratchllm.tokenizer import _merge_ranks
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.bpe import BPE
-from scratchllm.tokenizer.gguf_meta import meta_int, tokens_and_types
+from scratchllm.tokenizer.gguf_meta import fim_ids, meta_int, tokens_and_types
 from scratchllm.tokenizer.spec import TokenizerSpec
 
 # GGUF token types (llama.cpp's llama_token_type): 1 = normal, 3 = control (<|im_start|>),
@@ -81,7 +81,7 @@ def from_gguf(path: str | Path, metadata: Mapping[str, Any] | None = None) -> To
         pad_token_id=meta_int(meta.get("tokenizer.ggml.padding_token_id")),
         chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=meta_int(meta.get(f"{meta.get('general.architecture')}.context_length")),
-        source=str(path),
+        source=str(path), fim_ids=fim_ids(meta),
     )
 
 

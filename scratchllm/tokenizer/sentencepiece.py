@@ -38,7 +38,7 @@ import numpy as np
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer._sentencepiece import PieceMerger
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
-from scratchllm.tokenizer.gguf_meta import meta_int, tokens_and_types
+from scratchllm.tokenizer.gguf_meta import fim_ids, meta_int, tokens_and_types
 from scratchllm.tokenizer.pieces import SPACE, PieceDecoding, WordSplit, normalize
 from scratchllm.tokenizer.spec import TokenizerSpec
 
@@ -136,5 +136,5 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
         bos_token_id=meta_int(bos), eos_token_id=meta_int(eos), pad_token_id=meta_int(pad),
         chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=meta_int(meta.get(f"{arch}.context_length")),
-        source=str(path),
+        source=str(path), fim_ids=fim_ids(meta),
     )

@@ -3,7 +3,7 @@
 The loaders (loaders.py, gguf_vocab.py) make one; tokenizer.py's Tokenizer takes one.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -83,6 +83,9 @@ class TokenizerSpec:
     chat_template: str | None = None
     model_max_length: int | None = None
     source: str = ""
+    # fill-in-the-middle token ids the file names, by role ("pre", "suf", "mid", "pad", "rep",
+    # "sep", "eot"; GGUF's tokenizer.ggml.*_token_id keys): see fim.py
+    fim_ids: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.kind in ("bpe", "wordpiece", "spm"), self.kind

@@ -20,6 +20,7 @@ from scratchllm.tokenizer.added import AddedTokens
 from scratchllm.tokenizer.bytelevel import bytelevel_to_bytes, text_to_bytelevel
 from scratchllm.tokenizer.chat import render_chat
 from scratchllm.tokenizer.detokenizer import Detokenizer
+from scratchllm.tokenizer.fim import FimLayout, find_layout
 from scratchllm.tokenizer.loaders import load_spec
 from scratchllm.tokenizer.pieces import SPACE
 from scratchllm.tokenizer.spec import PieceModel, TokenizerSpec
@@ -229,18 +230,25 @@ class Tokenizer:
         """Incremental decoding for streaming: push(id) returns only complete characters."""
         return Detokenizer(self, skip_special_tokens=skip_special_tokens)
 
+    # ---- fill-in-the-middle ----------------------------------------------------------------------
+    def fim_layout(self) -> FimLayout:
+        """This model's fill-in-the-middle layout (fim.py); FimUnsupported names what it lacks."""
+        return find_layout(self, self.spec.fim_ids)
+
     # ---- chat --------------------------------------------------------------------------------
     @property
     def chat_template(self) -> str | None:
         return self.spec.chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **extra: Any) -> str:
-        if not self.spec.chat_template:
+                            chat_template: str | None = None, **extra: Any) -> str:
+        """The messages as a prompt, by the model's chat template (or `chat_template` instead)."""
+        source = chat_template or self.spec.chat_template
+        if not source:
             raise ConfigError(f"{self.spec.source}: this tokenizer has no chat template")
         names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id, "pad_token": self.pad_token_id}
         special_tokens = {k: self.id_to_token(v) for k, v in names.items() if v is not None}
-        return render_chat(self.spec.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(source, messages, add_generation_prompt=add_generation_prompt,
                            special_tokens=special_tokens, **extra)
 
 

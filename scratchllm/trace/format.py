@@ -7,7 +7,12 @@ Record i of the whole run (0-based, counting every record ever written) lives in
 i % capacity and carries the stamp i + 1 in its last 8 bytes; stamp 0 means "empty, or being
 written". Every kind of record shares two fields: `kind` (byte 0) and `seq` (bytes 56-63, the
 stamp); the 55 bytes between are the kind's own (TOKEN_DTYPE, STEP_DTYPE, SPAN_DTYPE,
-NAME_DTYPE below). docs/tracing.md has the tables, the stamp protocol and the arithmetic.
+NAME_DTYPE below), each with a `model` byte: the index of the model that wrote it in the
+header's table of model names (0: none named). docs/tracing.md has the tables, the stamp
+protocol and the arithmetic.
+
+Version 1 rings (no model byte, no port, no model table; a STEP record's `preempted` two bytes
+wide) are still read: `upgrade` turns their records into this version's.
 
 Times are `time.monotonic_ns()` values; the header's clock origin pairs one monotonic reading
 with the wall clock taken at the same moment, so a reader can print either.
@@ -15,6 +20,7 @@ with the wall clock taken at the same moment, so a reader can print either.
 
 import enum
 import hashlib
+import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -25,12 +31,18 @@ import numpy.typing as npt
 from scratchllm.errors import FormatError
 
 MAGIC = b"SLLMTRC1"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: before records carried their model (see `upgrade`)
 RECORD_SIZE = 64
 HEADER_SIZE = 4096  # one page: the records start page-aligned
 DEFAULT_RING_BYTES = 128 * 2**20
 STAMP_OFFSET = 56  # the stamp is the record's last 8 bytes, written after the other 56
 NAME_BYTES = 40  # a NAME record holds this many bytes of UTF-8 of the request's string id
+# The header's table of model names: record byte `model` = i >= 1 names slot i - 1 of the table
+MODEL_TABLE_OFFSET = 1024
+MODEL_NAME_BYTES = 64
+MAX_MODELS = (HEADER_SIZE - MODEL_TABLE_OFFSET) // MODEL_NAME_BYTES  # 48
+NO_MODEL = 0  # the model byte of a record no model wrote (the server's own spans), and of version 1
 # The request key of a span that belongs to an engine step, not to one request (DETOKENIZE: the
 # step's detokenization of all its tokens; the span's index is the step). No id hashes to it
 # but with probability 2^-64.
@@ -72,9 +84,9 @@ class StepFlag(enum.IntFlag):
 
 HEADER_DTYPE = np.dtype({
     "names": ["magic", "version", "record_size", "capacity", "header_size", "write_counter", "dropped",
-              "clock_origin_ns", "wall_origin_ns", "pid", "closed"],
-    "formats": ["S8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<i8", "<i8", "<u4", "<u4"],
-    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 68],
+              "clock_origin_ns", "wall_origin_ns", "pid", "closed", "port", "models"],
+    "formats": ["S8", "<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<i8", "<i8", "<u4", "<u4", "<u4", "<u4"],
+    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 68, 72, 76],
     "itemsize": 128,
 })
 
@@ -89,6 +101,8 @@ def field_offset(dtype: np.dtype[np.void], name: str) -> int:
 WRITE_COUNTER_OFFSET = field_offset(HEADER_DTYPE, "write_counter")
 DROPPED_OFFSET = field_offset(HEADER_DTYPE, "dropped")
 CLOSED_OFFSET = field_offset(HEADER_DTYPE, "closed")  # 1 once the writer closed the ring: it did not crash
+PID_OFFSET = field_offset(HEADER_DTYPE, "pid")
+MODELS_OFFSET = field_offset(HEADER_DTYPE, "models")  # names in the model table (written after the name)
 
 
 def _record(fields: list[tuple[str, str, int]]) -> np.dtype[np.void]:
@@ -105,26 +119,67 @@ def _record(fields: list[tuple[str, str, int]]) -> np.dtype[np.void]:
 TOKEN_DTYPE = _record([
     ("phase", "u1", 1), ("flags", "<u2", 2), ("step", "<u4", 4), ("request", "<u8", 8), ("time_ns", "<i8", 16),
     ("position", "<u4", 24), ("token_id", "<i4", 28), ("latency_ns", "<i8", 32), ("kv_blocks", "<u4", 40),
-    ("batch_size", "<u4", 44), ("step_tokens", "<u4", 48),
+    ("batch_size", "<u4", 44), ("step_tokens", "<u4", 48), ("model", "u1", 52),
 ])
 STEP_DTYPE = _record([
+    ("flags", "u1", 1), ("waiting", "<u2", 2), ("step", "<u4", 4), ("start_ns", "<i8", 8), ("end_ns", "<i8", 16),
+    ("matmul_ns", "<i8", 24), ("attention_ns", "<i8", 32), ("batch_size", "<u2", 40), ("preempted", "u1", 42),
+    ("model", "u1", 43), ("step_tokens", "<u4", 44), ("kv_blocks", "<u4", 48), ("kv_total", "<u4", 52),
+])
+SPAN_DTYPE = _record([
+    ("phase", "u1", 1), ("flags", "<u2", 2), ("index", "<u4", 4), ("request", "<u8", 8), ("start_ns", "<i8", 16),
+    ("end_ns", "<i8", 24), ("count", "<u8", 32), ("model", "u1", 40),
+])
+NAME_DTYPE = _record([("length", "u1", 1), ("model", "u1", 2), ("request", "<u8", 8), ("text", f"S{NAME_BYTES}", 16)])
+RECORD_DTYPES = {Kind.TOKEN: TOKEN_DTYPE, Kind.STEP: STEP_DTYPE, Kind.SPAN: SPAN_DTYPE, Kind.NAME: NAME_DTYPE}
+# Version 1's STEP record: `preempted` two bytes wide where version 2 has preempted and model. In
+# the other kinds version 2's model byte was padding, always written as zero: NO_MODEL.
+STEP_DTYPE_V1 = _record([
     ("flags", "u1", 1), ("waiting", "<u2", 2), ("step", "<u4", 4), ("start_ns", "<i8", 8), ("end_ns", "<i8", 16),
     ("matmul_ns", "<i8", 24), ("attention_ns", "<i8", 32), ("batch_size", "<u2", 40), ("preempted", "<u2", 42),
     ("step_tokens", "<u4", 44), ("kv_blocks", "<u4", 48), ("kv_total", "<u4", 52),
 ])
-SPAN_DTYPE = _record([
-    ("phase", "u1", 1), ("flags", "<u2", 2), ("index", "<u4", 4), ("request", "<u8", 8), ("start_ns", "<i8", 16),
-    ("end_ns", "<i8", 24), ("count", "<u8", 32),
-])
-NAME_DTYPE = _record([("length", "u1", 1), ("request", "<u8", 8), ("text", f"S{NAME_BYTES}", 16)])
-RECORD_DTYPES = {Kind.TOKEN: TOKEN_DTYPE, Kind.STEP: STEP_DTYPE, Kind.SPAN: SPAN_DTYPE, Kind.NAME: NAME_DTYPE}
 
 
-def default_ring_path() -> str:
-    """Where a ring goes when no path is given: $SCRATCHLLM_TRACE, else scratchllm-trace-UID.ring
-    in the temporary directory (one per user, so two users' servers do not collide)."""
-    return os.environ.get("SCRATCHLLM_TRACE") or os.path.join(tempfile.gettempdir(),
-                                                             f"scratchllm-trace-{os.getuid()}.ring")
+def upgrade(kind: Kind, records: npt.NDArray[np.void], version: int) -> npt.NDArray[np.void]:
+    """Records of `kind` read from a ring of `version`, in this version's dtype."""
+    if version == VERSION or kind != Kind.STEP:
+        return records
+    old = records.view(np.uint8).reshape(-1, RECORD_SIZE).copy().view(STEP_DTYPE_V1).reshape(-1)
+    new = old.copy().view(STEP_DTYPE)  # the same bytes; then the one field that moved
+    new["preempted"] = np.minimum(old["preempted"], 0xFF)
+    new["model"] = NO_MODEL
+    return new
+
+
+def ring_folder() -> str:
+    """Where rings go when no path is given: the temporary directory ($TMPDIR)."""
+    return tempfile.gettempdir()
+
+
+def ring_prefix() -> str:
+    """The start of every default ring's file name: one user's rings (two users never collide)."""
+    return f"scratchllm-trace-{os.getuid()}-"
+
+
+def default_ring_path(port: int | None = None, pid: int | None = None) -> str:
+    """Where a writer's ring goes when no path is given: $SCRATCHLLM_TRACE, else a file of the
+    temporary directory named after the writer: scratchllm-trace-UID-PORT.ring for a server on
+    PORT, scratchllm-trace-UID-pid-PID.ring for a process without one (this one's pid by default),
+    so two servers on one machine never share a ring by accident."""
+    env = os.environ.get("SCRATCHLLM_TRACE")
+    if env:
+        return env
+    name = f"{port}" if port else f"pid-{pid or os.getpid()}"
+    return os.path.join(ring_folder(), f"{ring_prefix()}{name}.ring")
+
+
+def own_ring_path(path: str | os.PathLike[str], pid: int | None = None) -> Path:
+    """The ring a writer takes when `path` is in use by another live writer: the same name with
+    `.pid-PID` before its suffix (/tmp/x.ring -> /tmp/x.pid-123.ring)."""
+    path = Path(path)
+    suffix = path.suffix or ".ring"
+    return path.with_name(f"{path.stem if path.suffix else path.name}.pid-{pid or os.getpid()}{suffix}")
 
 
 def request_key(request_id: str) -> int:
@@ -143,8 +198,10 @@ def check_header(path: str | Path, header: npt.NDArray[np.void], file_size: int)
     """Raise FormatError naming the problem unless `header` is a ring this code reads."""
     if bytes(header["magic"]) != MAGIC:
         raise FormatError(path, f"not a scratchllm trace ring (magic {bytes(header['magic'])!r}, expected {MAGIC!r})")
-    if int(header["version"]) != VERSION:
-        raise FormatError(path, f"trace ring version {int(header['version'])}; this scratchllm reads version {VERSION}")
+    if int(header["version"]) not in READABLE_VERSIONS:
+        raise FormatError(path, f"trace ring version {int(header['version'])}; this scratchllm reads versions "
+                                f"{', '.join(map(str, READABLE_VERSIONS))} (a newer scratchllm wrote it: read it "
+                                "with that one)")
     if int(header["record_size"]) != RECORD_SIZE or int(header["header_size"]) != HEADER_SIZE:
         raise FormatError(path, f"record size {int(header['record_size'])} / header size {int(header['header_size'])}"
                                 f", expected {RECORD_SIZE} / {HEADER_SIZE}")
@@ -152,3 +209,21 @@ def check_header(path: str | Path, header: npt.NDArray[np.void], file_size: int)
     if int(header["capacity"]) < 1 or file_size < need:
         raise FormatError(path, f"truncated: the header promises {int(header['capacity'])} records "
                                 f"({need:,} bytes) but the file has {file_size:,} bytes")
+
+
+def model_names(header_page: bytes | memoryview | mmap.mmap) -> dict[int, str]:
+    """{model byte: name} from the header page's model table (version 1: empty)."""
+    count = min(int.from_bytes(bytes(header_page[MODELS_OFFSET:MODELS_OFFSET + 4]), "little"), MAX_MODELS)
+    names = {}
+    for i in range(count):
+        at = MODEL_TABLE_OFFSET + i * MODEL_NAME_BYTES
+        raw = bytes(header_page[at:at + MODEL_NAME_BYTES])
+        names[i + 1] = raw[1:1 + raw[0]].decode(errors="replace")
+    return names
+
+
+def model_slot(name: str) -> bytes:
+    """A model's entry in the table: its length, then up to 63 bytes of UTF-8 (cut on a
+    character boundary), zero-padded."""
+    text = name.encode()[:MODEL_NAME_BYTES - 1].decode(errors="ignore").encode()
+    return bytes([len(text)]) + text.ljust(MODEL_NAME_BYTES - 1, b"\0")

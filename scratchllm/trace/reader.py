@@ -12,6 +12,8 @@ its counter update) are read too, so after a crash every committed record is rec
 only the write in flight (stamp 0) is lost.
 """
 
+import errno
+import fcntl
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -27,9 +29,12 @@ from scratchllm.trace.format import (
     RECORD_DTYPES,
     RECORD_SIZE,
     STAMP_OFFSET,
+    VERSION,
     WRITE_COUNTER_OFFSET,
     Kind,
     check_header,
+    model_names,
+    upgrade,
 )
 
 
@@ -43,6 +48,7 @@ class ReadResult:
     end: int  # one past the last
     lapped: int = 0
     torn: int = 0
+    version: int = VERSION  # the ring's: records of an older one are upgraded as they are taken
     _kinds: npt.NDArray[np.uint8] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -53,11 +59,17 @@ class ReadResult:
 
     def of(self, kind: Kind) -> npt.NDArray[np.void]:
         """The valid records of one kind as a structured array of that kind's dtype."""
-        return np.ascontiguousarray(self.raw[self._kinds == kind]).view(RECORD_DTYPES[kind]).reshape(-1)
+        records = np.ascontiguousarray(self.raw[self._kinds == kind]).view(RECORD_DTYPES[kind]).reshape(-1)
+        return upgrade(kind, records, self.version)
 
     def names(self) -> dict[int, str]:
         names = self.of(Kind.NAME)
         return {int(r["request"]): bytes(r["text"][: r["length"]]).decode(errors="replace") for r in names}
+
+    def request_models(self) -> dict[int, int]:
+        """{request key: model byte} from the NAME records (who registered each request)."""
+        names = self.of(Kind.NAME)
+        return dict(zip(names["request"].tolist(), names["model"].tolist(), strict=True))
 
 
 class RingReader:
@@ -86,8 +98,10 @@ class RingReader:
             os.close(fd)
         header: npt.NDArray[np.void] = np.ndarray((), HEADER_DTYPE, buffer=self._mm).copy()
         check_header(self.path, header, size)
+        self.version = int(header["version"])
         self.capacity = int(header["capacity"])
         self.pid = int(header["pid"])
+        self.port = int(header["port"]) if self.version >= 2 else 0
         self.clock_origin_ns = int(header["clock_origin_ns"])
         self.wall_origin_ns = int(header["wall_origin_ns"])
         self._header = np.ndarray((), HEADER_DTYPE, buffer=self._mm)
@@ -116,15 +130,23 @@ class RingReader:
         """Records the writer dropped rather than wait (its header counter)."""
         return int(self._header["dropped"])
 
+    @property
+    def models(self) -> dict[int, str]:
+        """{model byte: name} of the header's table, as it is now (a live writer adds to it)."""
+        return model_names(self._mm) if self.version >= 2 else {}
+
     def writer_state(self) -> str:
         """"closed" (the writer closed the ring), "running", or "died" (gone without closing:
-        killed or crashed; the pid check is best effort, a pid can be reused)."""
+        killed or crashed)."""
         if int(self._header["closed"]):
             return "closed"
         return "running" if self.writer_alive() else "died"
 
     def writer_alive(self) -> bool:
-        """Whether the writing process still exists."""
+        """Whether the writer still holds the ring: its lock (writer.py) is held. A version 1
+        ring had no lock: there, whether its pid still exists (a pid can be reused)."""
+        if self.version >= 2:
+            return ring_locked(self.path)
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -152,7 +174,7 @@ class RingReader:
         self.next = end
         self.lapped += lapped
         self.torn += torn
-        return ReadResult(raw[valid], start, end, lapped, torn)
+        return ReadResult(raw[valid], start, end, lapped, torn, self.version)
 
     def _copy(self, slots: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:  # -> [n, 64], a copy (tests interpose)
         return self._slots[slots]
@@ -168,3 +190,21 @@ class RingReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def ring_locked(path: str | os.PathLike[str]) -> bool:
+    """Whether a live writer holds the ring file at `path` (its exclusive flock): a shared lock
+    is tried without waiting, and let go at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)  # the shared lock, if taken, goes with it
+    return False

@@ -150,8 +150,8 @@ def test_memory_plan_counts_the_packed_matrices(model):
     from scratchllm.engine.memory_plan import weights_bytes
     from scratchllm.models.packed import PackedWeight
 
-    matrices = [w for layer in model.params["layers"] for w in layer.values() if isinstance(w, PackedWeight)]
-    matrices.append(model.params["lm_head"])
+    matrices = [w for layer in model.params.layers for w in layer.matrices().values() if isinstance(w, PackedWeight)]
+    matrices.append(model.params.lm_head)
     assert weights_bytes(model) >= sum(w.nbytes for w in matrices) > 0
 
 

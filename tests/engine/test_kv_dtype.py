@@ -196,7 +196,7 @@ def test_quantized_model_logits_equal_the_dequantized_float32_models_at_each_kv_
     from scratchllm.models import load_model
 
     q, f32 = load_model(random_gguf, dtype="quantized"), load_model(random_gguf, dtype="float32")
-    assert q.dtype == "quantized" and q.params["blocks"] is not None  # the fused blocks, with the paged attention
+    assert q.dtype == "quantized" and q.params.blocks is not None  # the fused blocks, with the paged attention
     prompt = np.array([1, 17, 30, 42, 7, 9, 5, 60, 2, 11, 8, 13, 21, 34, 55, 89, 3, 14])
     caches = [PagedSequence(m.config, 64, kv_dtype=dtype) for m in (q, f32)]
     got = [m.forward(prompt, np.arange(len(prompt)), c) for m, c in zip((q, f32), caches, strict=True)]

@@ -79,6 +79,24 @@ def test_inspect_minilm_and_default_run():
         assert out.returncode == 0 and needle in out.stdout, out.stderr
 
 
+def test_inspect_says_the_memory_plans_weight_figure():
+    """What loading the file as a model holds is the plan's figure (tests/models/test_weight_memory.py
+    holds the loader to it), not the float32 arena of every tensor that the layout draws."""
+    from scratchllm.engine.shared_memory_plan import estimated_weights_bytes
+    from scratchllm.formats.refs import resolve_model
+    from scratchllm.models.loader import auto_dtype, read_config
+
+    report = json.loads(run_cli("inspect", "default", "--json").stdout)
+    ckpt = load_checkpoint("default")
+    dtype = auto_dtype(ckpt, read_config(resolve_model("default"), ckpt))
+    totals = report["totals"]
+    assert totals["model_dtype"] == dtype and totals["model_bytes"] == estimated_weights_bytes(ckpt, dtype)
+    assert totals["model_bytes"] < totals["loaded_bytes"] / 3  # 4-bit panels, not float32
+    text = run_cli("inspect", "default", "--limit", "1").stdout
+    assert f"{totals['model_bytes'] / 1e6:,.1f} MB once loaded as a model ({dtype}; the memory plan's figure)" in text
+    assert "as float32 arrays (the arena below" in text
+
+
 def test_bench_load_on_a_small_file(small_gguf):
     out = run_cli("bench", "load", "--model", str(small_gguf), "--repeat", "1", "--json")
     assert out.returncode == 0, out.stderr

@@ -232,3 +232,20 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(capsys):
     assert lines[0] == "org/repo/x.gguf: started, 4.0 KiB"
     assert [line.split(" (")[0] for line in lines[1:4]] == [f"org/repo/x.gguf: {p}%" for p in (25, 50, 75)]
     assert lines[4].startswith("org/repo/x.gguf: done, 100% (4.0 KiB of 4.0 KiB")
+
+
+def test_an_offline_pull_of_a_cached_file_says_it_is_there(hub, capsys, small_gguf, monkeypatch):
+    hub.add("org/Small-GGUF", "small.gguf", small_gguf.read_bytes())
+    hub.add("org/Small-GGUF", "README.md", b"# Small\n", lfs=False)
+    assert pull(capsys, "org/Small-GGUF/small.gguf")[0] == 0
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.requests.clear()
+    for ref in ("org/Small-GGUF/small.gguf", "org/Small-GGUF"):
+        status, out, err = pull(capsys, ref)
+        assert status == 0, err
+        assert out == "org/Small-GGUF/small.gguf\n" and "already in the cache" in err and "offline" in err, err
+    assert hub.requests == []  # nothing asked of the hub
+    status, out, err = pull(capsys, "org/Other-GGUF/other.gguf")
+    assert status == 2 and "offline" in err and "not in the cache" in err and "OfflineMode" not in err, err

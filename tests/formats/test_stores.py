@@ -172,7 +172,8 @@ def test_list_takes_folders_and_refuses_a_missing_one(tmp_path, capsys, monkeypa
     (tmp_path / "mine" / "deep").mkdir(parents=True)
     (tmp_path / "mine" / "deep" / "m.gguf").write_bytes(b"GGUF" + bytes(60))
     models = listed(capsys, "--dir", str(tmp_path / "mine"))
-    assert models[str(tmp_path / "mine" / "deep" / "m.gguf")]["store"] == "folder"
+    assert models["deep/m.gguf"]["store"] == "folder"  # a short name: its path inside the folder
+    assert models["deep/m.gguf"]["path"] == str(tmp_path / "mine" / "deep" / "m.gguf")
     assert main(["models", "list", "--dir", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert stores.candidates("m", stores.scan()) == []
@@ -226,9 +227,9 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     assert models["org/Broken-Split/m-00001-of-00003.gguf"]["state"] == \
         "incomplete: shard 2 of 3 missing (m-00002-of-00003.gguf)"
     assert models["org/Broken-Split/m-00001-of-00003.gguf"]["size"] == size - split_model[1].stat().st_size
-    assert models[str(mine / "whole" / names[0])]["shards"] == 3
-    assert models[str(mine / "whole" / names[0])]["size"] == size
-    headless = models[str(mine / "headless" / names[0])]  # named by its first shard, which is not there
+    assert models[f"whole/{names[0]}"]["shards"] == 3
+    assert models[f"whole/{names[0]}"]["size"] == size
+    headless = models[f"headless/{names[0]}"]  # named by its first shard, which is not there
     assert headless["state"] == "incomplete: shard 1 of 3 missing (m-00001-of-00003.gguf)"
     assert models["split:q4"]["shards"] == 3 and models["split:q4"]["size"] == size
     assert models["split:q4"]["state"].startswith("not runnable here: its 3 shards are blobs named by digest")
@@ -238,6 +239,7 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     table = capsys.readouterr().out
     assert re.search(rf"^{re.escape(whole)} +gguf, 3 shards +{size / 1024:.1f} KiB +hf-cache +{snap / names[0]}$",
                      table, re.M), table
+    assert f"headless/{names[0]}" in table
     assert f"{mine / 'headless' / names[0]}: incomplete: shard 1 of 3 missing" in table
 
     # runs by the name listed, or a shard's, or the repository's: every shard, one checkpoint
@@ -256,3 +258,27 @@ def test_a_split_model_is_one_entry_wherever_it_lies(split_model, tmp_path, monk
     assert (hf / "models--org--Broken-Split").exists()  # the same blobs' other repository keeps its own
     assert main(["models", "rm", "split:q4", "--yes"]) == 0
     assert not [p for p in (ollama / "blobs").iterdir() if p.stat().st_size > 100]  # the shards' blobs gone
+
+
+def test_list_marks_files_that_fail_the_header_check_as_broken_with_the_reason(tmp_path, capsys, monkeypatch,
+                                                                               default_gguf):
+    """A truncated download, an empty file and a text file named .gguf are not installed models:
+    each is listed broken, with what loading it would say; a whole file stays installed."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "whole.gguf").symlink_to(default_gguf)
+    (folder / "truncated.gguf").write_bytes(default_gguf.read_bytes()[:3_000_000])
+    (folder / "empty.gguf").write_bytes(b"")
+    (folder / "notes.gguf").write_text("hello, not a model\n")
+    models = listed(capsys, "--dir", str(folder))
+    state = {m["path"].rsplit("/", 1)[1]: m["state"] for m in models.values() if m["store"] == "folder"}
+    assert state["whole.gguf"] == "installed"
+    assert state["empty.gguf"] == "broken: empty file"
+    assert state["notes.gguf"] == "broken: not a GGUF file: magic is b'hell', expected b'GGUF'"
+    assert re.fullmatch(r"broken: tensor '.*' ends at byte [0-9]+ but the file has 3000000 bytes \(truncated\?\)",
+                        state["truncated.gguf"]), state
+    assert main(["models", "list", "--dir", str(folder)]) == 0
+    table = capsys.readouterr().out
+    assert f"{folder / 'empty.gguf'}: broken: empty file" in table

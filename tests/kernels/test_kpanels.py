@@ -62,6 +62,25 @@ def test_fused_parts_in_their_row_order(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_packed_a_few_panels_at_a_time_the_panels_are_the_same(kind, monkeypatch):
+    """pack_blocks packs K-quant parts in chunks of whole panels (kpanels.CHUNK_WEIGHTS), so its
+    temporaries stay small whatever the matrix: the panels equal those of the whole at once, with
+    chunks that cross from one part to the next and a ragged last panel."""
+    from scratchllm.kernels import kpanels
+
+    K = 256
+    a, b = random_raw(kind, 3 * pg.NR + 3, K, seed=5), random_raw(kind, 2 * pg.NR + 7, K, seed=6)
+    order = np.random.default_rng(7).permutation(b.shape[0])
+    parts = [(kind, a, None), (kind, b, order)]
+    whole = kpanels.pack(kind, np.concatenate([a, b[order]]), K, pg.NR)
+    monkeypatch.setattr(kpanels, "CHUNK_WEIGHTS", 2 * pg.NR * K)  # two panels a chunk
+    chunked = pg.pack_blocks(parts, K)
+    assert isinstance(chunked, KPanels) and chunked.kind == kind
+    for got, want in zip(chunked[:6], whole[:6], strict=True):
+        assert (got is None and want is None) or np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("M", [1, 2, 3, 16, 40])
 def test_exact_products_are_the_float32_kernels_on_the_weights(kind, M):
     N, K = 70, 768

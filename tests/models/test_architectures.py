@@ -1,5 +1,5 @@
-"""The llama family's architectures against Hugging Face transformers: Gemma 3, Gemma 2, Qwen3,
-Llama 3 (rope scaling), Mistral (sliding window) and Phi-3 (fused checkpoint matrices).
+"""The llama family's architectures against Hugging Face transformers: Gemma 3, Gemma 2, Gemma,
+Qwen3, Llama 3 (rope scaling), Mistral (sliding window) and Phi-3 (fused checkpoint matrices).
 
 Each tiny random model is built by transformers from its own config class (float32, eager
 attention), saved with save_pretrained and loaded by our loader; its logits at every position of
@@ -43,6 +43,11 @@ def _gemma2():
     return transformers.Gemma2ForCausalLM(cfg)
 
 
+def _gemma():  # Gemma (1): Gemma's norms, GeGLU and scaled tied embeddings, in Llama's blocks
+    cfg = transformers.GemmaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=1, head_dim=32)
+    return transformers.GemmaForCausalLM(cfg)
+
+
 def _qwen3():
     cfg = transformers.Qwen3Config(**SMALL, num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
                                    tie_word_embeddings=False)
@@ -72,7 +77,7 @@ def _phi3():
     return transformers.Phi3ForCausalLM(cfg)
 
 
-BUILDERS = {"gemma3": _gemma3, "gemma2": _gemma2, "qwen3": _qwen3, "llama3": _llama3,
+BUILDERS = {"gemma3": _gemma3, "gemma2": _gemma2, "gemma": _gemma, "qwen3": _qwen3, "llama3": _llama3,
             "llama-linear-rope": _llama_linear, "mistral": _mistral, "phi3": _phi3}
 
 
@@ -163,9 +168,9 @@ def test_config_pieces(tmp_path_factory):
     read = {arch: load_model(str(_saved(arch, tmp_path_factory)[1])).config for arch in ("gemma3", "gemma2", "phi3")}
     g3, g2, phi3 = read["gemma3"], read["gemma2"], read["phi3"]
     assert g3.layer_windows == (6, 6, 0) and g3.rope_base(0) == 10000.0 and g3.rope_base(2) == 1e6
-    assert g3.softmax_scale == 20 ** -0.5 and g3.qk_norm and g3.post_norms and g3.embed_scale == 8.0
+    assert g3.softmax_scale == 20 ** -0.5 and g3.arch.qk_norm and g3.arch.sandwich_norms and g3.embed_scale == 8.0
     assert g2.layer_windows == (5, 0, 5) and g2.attn_softcap == 3.0 and g2.final_softcap == 4.0
-    assert phi3.layer_windows == (9, 9) and phi3.fused_checkpoint
+    assert phi3.layer_windows == (9, 9) and phi3.arch.fused_projections
 
 
 @pytest.mark.parametrize("change,message", [

@@ -53,7 +53,7 @@ def test_config_reads_the_windows_and_rope_bases(ours):
     cfg = ours[0].config
     assert cfg.model_type == "gemma3" and cfg.num_layers == 18 and cfg.vocab_size == 262144
     assert [cfg.window(i) for i in range(6)] == [512] * 5 + [None]
-    assert cfg.rope_base(0) == 10000.0 and cfg.rope_base(5) == 1e6 and cfg.qk_norm and cfg.post_norms
+    assert cfg.rope_base(0) == 10000.0 and cfg.rope_base(5) == 1e6 and cfg.arch.qk_norm and cfg.arch.sandwich_norms
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

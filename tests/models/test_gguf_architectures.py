@@ -250,9 +250,8 @@ def test_weights_logits_and_greedy_ids_equal_transformers(files, name):
 def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, name):
     path = files(name)
     q, f32 = load_model(path, dtype="quantized"), load_model(path, dtype="float32")  # the exact path
-    assert q.dtype == "quantized" and q.params["blocks"] is not None
-    kept = {q.params["layers"][i][m].dtype for i in range(q.config.num_layers)
-            for m in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+    assert q.dtype == "quantized" and q.params.blocks is not None
+    kept = {m.dtype for layer in q.params.layers for m in layer.matrices().values()}
     assert kept == {"quantized"}  # every type stays quantized: K-quants in panels of their own, the rest 4- or 8-bit
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))
     for make in (lambda cfg: ContiguousKVCache.for_model(cfg, 24), lambda cfg: PagedSequence(cfg, 24)):

@@ -22,6 +22,7 @@ from scratchllm import FormatError  # noqa: E402
 from scratchllm.engine.paged_attention import PagedSequence  # noqa: E402
 from scratchllm.formats import ggml_quants as gq  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+from scratchllm.models.llama_params import QuantizedRows  # noqa: E402
 from scratchllm.models.packed import PackedWeight  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_random_gguf.py"
@@ -128,17 +129,19 @@ def test_quantized_model_gives_the_float32_logits_bit_for_bit(files, mix, caplog
         # every matrix stays quantized: layers 0 and 1 are all Q4_K, in K-quant panels; layer 2's
         # q|k|v holds a Q6_K part beside Q4_K ones: each run in its own panels; the LM head is Q6_K
         for i in range(4):
-            assert {p.dtype for k, p in q.params["layers"][i].items() if k.endswith("_proj")} == {"quantized"}
+            assert {p.dtype for p in q.params.layers[i].matrices().values()} == {"quantized"}
         for i in (0, 1):
-            assert q.params["layers"][i]["qkv_proj"].panels.kind == "Q4_K"
-        qkv = q.params["layers"][2]["qkv_proj"].panels
+            assert q.params.layers[i].qkv.panels.kind == "Q4_K"
+        qkv = q.params.layers[2].qkv.panels
         assert [p.kind for p in qkv.parts] == ["Q4_K", "Q6_K"] and qkv.cols == (256 + 128, 128)
-        assert q.params["lm_head"].panels.kind == "Q6_K"
-        assert q.params["embed_tokens"].dtype == np.float32  # the untied Q4_K table, dequantized
+        assert q.params.lm_head.panels.kind == "Q6_K"
+        table = q.params.embed_tokens  # the untied Q4_K table: its blocks, dequantized a row at a time
+        assert isinstance(table, QuantizedRows) and table.kind == "Q4_K"
+        assert table.nbytes == table.shape[0] * table.shape[1] // 256 * 144
     ids, pos = np.array(PROMPT), np.arange(len(PROMPT))
     got = q.forward(ids, pos, ContiguousKVCache.for_model(q.config, 8))  # the Python loop over the kernels
     np.testing.assert_array_equal(got, f32.forward(ids, pos, ContiguousKVCache.for_model(f32.config, 8)))
-    assert q.params["blocks"] is not None  # every block in one C call, with the paged attention
+    assert q.params.blocks is not None  # every block in one C call, with the paged attention
     paged = _our_greedy(q, PROMPT, 8, PagedSequence(q.config, 16))
     assert paged == _our_greedy(f32, PROMPT, 8, PagedSequence(f32.config, 16))
     got = q.forward(ids, pos, PagedSequence(q.config, 8))

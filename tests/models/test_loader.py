@@ -7,7 +7,8 @@ import pytest
 
 from scratchllm.errors import ConfigError, FormatError
 from scratchllm.models import load_model
-from scratchllm.models.loader import gguf_to_hf_name
+from scratchllm.models.architecture import gguf_to_hf_names
+from scratchllm.models.architectures import GEMMA3, LLAMA, PHI3
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -43,7 +44,7 @@ def test_loads_and_exposes_checkpoint_names(tmp_path):
     for name, value in tensors.items():
         np.testing.assert_array_equal(model.weights[name], value)
     # q|k|v are one fused matrix: k_proj is its columns q_size .. q_size + kv_size
-    fused = model.params["layers"][0]["qkv_proj"].numpy()
+    fused = model.params.layers[0].qkv.numpy()
     q, kv = (tensors[f"model.layers.0.self_attn.{x}_proj.weight"].shape[0] for x in "qk")
     np.testing.assert_array_equal(fused[:, q : q + kv], tensors["model.layers.0.self_attn.k_proj.weight"].T)
 
@@ -66,7 +67,7 @@ def test_unknown_dtype_is_refused(tmp_path):
 def test_auto_is_float32_for_a_checkpoint_without_quantized_blocks(tmp_path):
     tensors = tiny_llama_tensors()
     model = load_model(write(tmp_path / "ok", tensors), dtype="auto")
-    assert model.dtype == "float32" and model.params["layers"][0]["qkv_proj"].dtype == "float32"
+    assert model.dtype == "float32" and model.params.layers[0].qkv.dtype == "float32"
     for name, value in tensors.items():
         np.testing.assert_array_equal(model.weights[name], value)
 
@@ -113,11 +114,29 @@ def test_unsupported_config(tmp_path, change, message):
 
 
 def test_gguf_names():
-    assert gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight"
-    assert gguf_to_hf_name("blk.12.attn_k.weight") == "model.layers.12.self_attn.k_proj.weight"
-    assert gguf_to_hf_name("blk.3.ffn_gate.weight") == "model.layers.3.mlp.gate_proj.weight"
-    assert gguf_to_hf_name("output.weight") == "lm_head.weight"
-    assert gguf_to_hf_name("rope_freqs.weight") == "rope_freqs.weight"  # Llama 3: kept under its own name
-    assert gguf_to_hf_name("blk.1.ffn_norm.weight", "gemma3") == "model.layers.1.pre_feedforward_layernorm.weight"
-    assert gguf_to_hf_name("blk.1.ffn_up.weight", "phi3") == "model.layers.1.mlp.gate_up_proj.weight"
-    assert gguf_to_hf_name("blk.1.rope_factors_long.weight") is None
+    """GGUF names map to Hugging Face names through the architecture's description."""
+    llama = gguf_to_hf_names(LLAMA, 13, qkv_bias=False, o_bias=False)
+    assert llama["token_embd.weight"] == "model.embed_tokens.weight"
+    assert llama["blk.12.attn_k.weight"] == "model.layers.12.self_attn.k_proj.weight"
+    assert llama["blk.3.ffn_gate.weight"] == "model.layers.3.mlp.gate_proj.weight"
+    assert llama["blk.3.ffn_norm.weight"] == "model.layers.3.post_attention_layernorm.weight"
+    assert llama["output.weight"] == "lm_head.weight"
+    assert llama["rope_freqs.weight"] == "rope_freqs.weight"  # Llama 3: kept under its own name
+    assert "blk.13.attn_k.weight" not in llama and "blk.1.attn_q.bias" not in llama  # no such layer, no biases
+    assert gguf_to_hf_names(LLAMA, 2, True, False)["blk.1.attn_q.bias"] == "model.layers.1.self_attn.q_proj.bias"
+    gemma3 = gguf_to_hf_names(GEMMA3, 2, False, False)
+    assert gemma3["blk.1.ffn_norm.weight"] == "model.layers.1.pre_feedforward_layernorm.weight"
+    assert gemma3["blk.1.post_attention_norm.weight"] == "model.layers.1.post_attention_layernorm.weight"
+    assert gemma3["blk.1.attn_q_norm.weight"] == "model.layers.1.self_attn.q_norm.weight"
+    phi3 = gguf_to_hf_names(PHI3, 2, False, False)
+    assert phi3["blk.1.ffn_up.weight"] == "model.layers.1.mlp.gate_up_proj.weight"
+    assert "blk.1.ffn_gate.weight" not in phi3
+    assert "blk.1.rope_factors_long.weight" not in phi3
+
+
+def test_an_accepted_but_unbuilt_field_is_a_format_error_naming_it(tmp_path):
+    """mlp_bias: the config reader accepts the key; no forward builds biases on the MLP: refused at
+    load, as the file's error, naming the field (not a NotImplementedError from the forward)."""
+    with pytest.raises(FormatError, match=r"config.json: mlp_bias: biases on the MLP"):
+        load_model(write(tmp_path / "m", tiny_llama_tensors(), {**CONFIG, "mlp_bias": True}))
+    load_model(write(tmp_path / "ok", tiny_llama_tensors(), {**CONFIG, "mlp_bias": False}))

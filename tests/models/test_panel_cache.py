@@ -34,10 +34,10 @@ def test_second_load_maps_the_first_loads_panels_with_the_same_logits(cache_dir,
     first = load_model("default")
     files = list(cache_dir.glob("*.panels"))
     assert len(files) == 1 and files[0].stat().st_size > 90e6  # the default model's ~100 MB of panels
-    assert first.params["lm_head"].panels.q.flags.writeable  # packed now, in memory
+    assert first.params.lm_head.panels.q.flags.writeable  # packed now, in memory
     second = load_model("default")
-    assert not second.params["lm_head"].panels.q.flags.writeable  # mapped from the cache file
-    assert not second.params["layers"][3]["gate_up_proj"].panels.q4.flags.writeable
+    assert not second.params.lm_head.panels.q.flags.writeable  # mapped from the cache file
+    assert not second.params.layers[3].gate_up.panels.q4.flags.writeable
     np.testing.assert_array_equal(logits(first), reference)
     np.testing.assert_array_equal(logits(second), reference)
     assert list(cache_dir.glob("*.panels")) == files  # nothing rewritten on a hit
@@ -68,6 +68,92 @@ def test_the_key_changes_with_the_file(tmp_path, default_gguf):
     assert pc.PanelCache(copy, tmp_path).path != before
 
 
+def test_the_key_is_the_content_read_in_part(tmp_path, monkeypatch):
+    """The same bytes under two paths (two times, two inodes) have one key; a byte changed in the
+    header or in a sampled piece of the data is another; a 4 GiB file is read about 9 MB, not whole."""
+    a, b = tmp_path / "a.gguf", tmp_path / "b" / "blob"
+    b.parent.mkdir()
+    for path in (a, b):
+        with open(path, "wb") as f:
+            f.truncate(4 << 30)  # sparse: no disk
+    os.utime(b, ns=(10**18, 10**18))
+    read = []
+    real_pread = os.pread
+
+    def pread(fd, n, offset):
+        read.append(n)
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(pc.os, "pread", pread)
+    key = pc.content_key([a])
+    assert sum(read) == pc.SAMPLES * pc.SAMPLE_BYTES and pc.content_key([b]) == key
+    with open(b, "r+b") as f:
+        f.seek((4 << 30) - pc.SAMPLE_BYTES)  # inside the last sample
+        f.write(b"\1")
+    assert pc.content_key([b]) != key
+    with open(a, "r+b") as f:
+        f.seek(100)  # the header
+        f.write(b"\1")
+    assert pc.content_key([a]) not in (key, pc.content_key([b]))
+
+
+def test_one_file_reached_by_three_paths_is_packed_once(cache_dir, tmp_path, default_gguf, capsys):
+    """An Ollama blob, a Hugging Face snapshot's symlink and a folder's copy of the same bytes share
+    one cache: the first load packs, the others map it; `models cache` names every path it serves."""
+    from scratchllm.cli.main import main
+
+    blob = tmp_path / "ollama" / "blobs" / "sha256-0123"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(default_gguf.read_bytes())
+    snapshot = tmp_path / "hf" / "snapshots" / "abc" / "model.gguf"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(blob)
+    folder = tmp_path / "folder" / "model.gguf"
+    folder.parent.mkdir()
+    folder.write_bytes(default_gguf.read_bytes())
+    loads = [load_model(str(p)) for p in (blob, snapshot, folder)]
+    assert [m.panels_from_cache for m in loads] == [False, True, True]
+    assert len(list(cache_dir.glob("*.panels"))) == 1
+    np.testing.assert_array_equal(logits(loads[0]), logits(loads[2]))
+    assert main(["models", "cache", "--json"]) == 0
+    import json
+
+    (entry,) = json.loads(capsys.readouterr().out)["panel_caches"]
+    assert sorted(entry["sources"]) == sorted([str(blob), str(folder)])  # the snapshot resolves to the blob
+    assert main(["models", "cache"]) == 0
+    out = capsys.readouterr().out
+    assert "8.0 GiB cap (SCRATCHLLM_PANEL_CACHE_MAX)" in out and str(folder) in out and str(blob) in out
+
+
+def test_a_load_that_writes_a_cache_keeps_the_folder_under_the_cap(cache_dir, tmp_path, monkeypatch):
+    """The cap applies by default: the least recently used caches go, never the one just written."""
+    import json
+    import struct
+
+    cache_dir.mkdir(parents=True)
+    sources = []
+    for i in range(3):
+        source = tmp_path / f"m{i}.gguf"
+        source.write_bytes(b"GGUF")
+        sources.append(source)
+        body = json.dumps({pc.SOURCE: str(source), pc.SOURCE_STAT: pc.source_stat(source),
+                           pc.FORMAT_KEY: pc.FORMAT}).encode()
+        path = cache_dir / f"old{i}.panels"
+        path.write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body + bytes(30 << 20))
+        os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # old0 the least recently used
+    monkeypatch.setenv("SCRATCHLLM_PANEL_CACHE_MAX", "170MiB")  # the default model's ~92 MiB + 3 x 30 MiB is over
+    load_model("default")
+    names = sorted(p.stem for p in cache_dir.glob("*.panels"))
+    assert "old0" not in names and "old1" in names and "old2" in names and len(names) == 3
+    monkeypatch.setenv("SCRATCHLLM_PANEL_CACHE_MAX", "1MiB")  # below the new cache alone: it stays
+    for old in cache_dir.glob("old*.panels"):
+        old.unlink()
+    (new,) = cache_dir.glob("*.panels")
+    new.unlink()
+    load_model("default")
+    assert len(list(cache_dir.glob("*.panels"))) == 1
+
+
 def test_writing_a_cache_prunes_those_of_files_that_are_gone(cache_dir, tmp_path):
     import json
     import struct
@@ -76,7 +162,8 @@ def test_writing_a_cache_prunes_those_of_files_that_are_gone(cache_dir, tmp_path
     live_source = tmp_path / "still-here.gguf"
     live_source.write_bytes(b"x")
     for name, source in (("dead", "/nonexistent/model.gguf"), ("live", str(live_source))):
-        body = json.dumps({pc.SOURCE: source}).encode()
+        stat = pc.source_stat(live_source) if name == "live" else [1, 2]
+        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: stat, pc.FORMAT_KEY: pc.FORMAT}).encode()
         (cache_dir / f"{name}.panels").write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
     load_model("default")  # packs, writes its cache, prunes
     names = sorted(p.stem for p in cache_dir.glob("*.panels"))
@@ -93,7 +180,7 @@ def test_another_builds_newest_cache_of_the_same_file_is_kept(cache_dir, default
     cache_dir.mkdir(parents=True)
     source, stat = str(default_gguf.resolve()), pc.source_stat(default_gguf)
     for i, (name, recorded) in enumerate((("build-old", stat), ("build-new", stat), ("file-before", [1, 2]))):
-        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded}).encode()
+        body = json.dumps({pc.SOURCE: source, pc.SOURCE_STAT: recorded, pc.FORMAT_KEY: pc.FORMAT}).encode()
         path = cache_dir / f"{name}.panels"
         path.write_bytes(pc.MAGIC + struct.pack("<Q", len(body)) + body)
         os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # build-new is the newer

@@ -17,7 +17,8 @@ def write_cache(path, source, size=4096):
     """A cache file with panel_cache's header (magic, index length, index) naming `source`, padded
     to `size` bytes: what cache_files reads of a cache (no panels: nothing here maps them)."""
     st = os.stat(source)
-    index = json.dumps({panel_cache.SOURCE: str(source), panel_cache.SOURCE_STAT: [st.st_size, st.st_mtime_ns]})
+    index = json.dumps({panel_cache.SOURCE: str(source), panel_cache.SOURCE_STAT: [st.st_size, st.st_mtime_ns],
+                        panel_cache.FORMAT_KEY: panel_cache.FORMAT})
     head = panel_cache.MAGIC + struct.pack("<Q", len(index)) + index.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(head + bytes(size - len(head)))
@@ -41,6 +42,21 @@ def test_prune_deletes_the_caches_of_gone_or_changed_files(tmp_path, monkeypatch
     assert sorted(r["path"] for r in report["removed"]) == [str(gone), str(changed)]
     assert [p["path"] for p in report["panel_caches"]] == [str(live)] and report["panel_bytes"] == 4096
     assert sorted(p.name for p in folder.iterdir()) == ["0.panels", "half.panels"]
+
+
+def test_a_cache_of_another_format_is_stale(tmp_path):
+    """A cache this version cannot read (written before the format was recorded, or in another)
+    says so: stale, whatever its model file."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    st = model.stat()
+    for name, meta in (("old", {}), ("other", {panel_cache.FORMAT_KEY: panel_cache.FORMAT - 1})):
+        index = json.dumps({panel_cache.SOURCE: str(model), panel_cache.SOURCE_STAT: [st.st_size, st.st_mtime_ns]}
+                           | meta).encode()
+        (tmp_path / f"{name}.panels").write_bytes(panel_cache.MAGIC + struct.pack("<Q", len(index)) + index)
+    write_cache(tmp_path / "now.panels", model)
+    assert {f.path.stem: f.stale for f in panel_cache_files.cache_files(tmp_path)} == \
+        {"old": True, "other": True, "now": False}
 
 
 def test_a_size_cap_evicts_the_least_recently_used_first(tmp_path, monkeypatch, capsys):

@@ -105,7 +105,7 @@ def test_quantized_weights_give_the_float32_logits_bit_for_bit(reference, ours):
     # tests/bench/test_accuracy.py bounds it.)
     q = load_model("default", dtype="quantized")
     assert q.dtype == "quantized"
-    assert q.params["layers"][0]["qkv_proj"].dtype == "quantized" and q.params["lm_head"].dtype == "quantized"
+    assert q.params.layers[0].qkv.dtype == "quantized" and q.params.lm_head.dtype == "quantized"
     ref = reference.state_dict()
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",
                  "model.layers.29.mlp.down_proj.weight", "model.embed_tokens.weight"):

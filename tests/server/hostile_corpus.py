@@ -142,7 +142,7 @@ CORPUS: list[tuple[str, str, bytes]] = [
     ("n past the most choices", "chat", chat(', "n": 17')),
     ("best_of below n", "completions", cmpl(', "n": 3, "best_of": 2')),
     ("best_of streamed", "completions", cmpl(', "best_of": 2, "stream": true')),
-    ("suffix", "completions", cmpl(', "suffix": "tail"')),
+    ("suffix with echo", "completions", cmpl(', "suffix": "tail", "echo": true')),
     ("max_tokens 0 without echo", "completions", cmpl(', "max_tokens": 0')),
     ("audio output", "chat", chat(', "audio": {"voice": "alloy", "format": "mp3"}')),
     ("audio modality", "chat", chat(', "modalities": ["text", "audio"]')),

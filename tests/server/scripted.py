@@ -10,8 +10,8 @@ from typing import Any
 
 from scratchllm.engine.fake import EOS, FakeEngine, FakeTokenizer
 from scratchllm.server.app import ServerConfig, create_app
+from scratchllm.server.gemma_prompt import gemma_messages
 from scratchllm.server.state import ServedModel
-from scratchllm.server.tool_parsers import gemma_messages
 from scratchllm.tokenizer.chat import render_chat
 
 TEMPLATES = Path(__file__).parents[1] / "models" / "chat_templates"

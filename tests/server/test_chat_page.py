@@ -66,19 +66,21 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
             page.click("#save-key")
             page.wait_for_selector("#model option", state="attached")  # (no wait_for_function: the CSP forbids eval)
             assert page.input_value("#model") == "fake"
-            page.fill("#temperature", "0")
+            assert page.input_value("#temperature") == "0"  # the fake's file recommends nothing: greedy
+            page.click("#sampling summary")
             page.fill("#max-tokens", "24")
+            page.click("#sampling summary")
             page.fill("#prompt", "Hello there")
             page.press("#prompt", "Enter")
             page.wait_for_selector(".msg.assistant[data-done]")
             first = page.locator(".msg.assistant").nth(0)
             assert first.get_attribute("data-done") == "note"  # it stopped at max tokens, as asked
-            answer = first.locator(".content").text_content()
+            answer = first.get_attribute("data-raw")
             reference = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                                    json={"model": "fake", "messages": [{"role": "user", "content": "Hello there"}],
                                          "temperature": 0, "max_tokens": 24}).json()
             assert answer == reference["choices"][0]["message"]["content"] and len(answer) > 10
-            timings = first.locator(".timings").text_content()
+            timings = first.locator(".meta").text_content()
             for part in ("queue ", "prefill ", "decode ", "tok/s", "first token ", "24 tokens",
                          "stopped at max tokens"):
                 assert part in timings, (part, timings)
@@ -92,7 +94,9 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
                                "stream": True, "temperature": 0, "top_p": 1, "max_tokens": 24}
 
             # a long answer, stopped while it streams: the engine aborts it and frees its blocks
+            page.click("#sampling summary")
             page.fill("#max-tokens", "1500")
+            page.click("#sampling summary")
             page.fill("#prompt", "Tell me more")
             page.click("#send")
             second = page.locator(".msg.assistant").nth(1)

@@ -6,9 +6,8 @@ import io
 
 import pytest
 
-from scratchllm.cli.progress import console_sink
 from scratchllm.models import load_model
-from scratchllm.models.progress import PACKING, WRITING_CACHE, report, reporting
+from scratchllm.models.progress import PACKING, WRITING_CACHE, console_sink, report, reporting
 
 
 @pytest.fixture
@@ -71,3 +70,34 @@ def test_a_step_that_ends_quickly_is_not_shown_nor_lines_before_the_server_serve
     for i in range(1, 32):
         bar(PACKING, i, 31)
     assert "31/31" in tty.getvalue()
+
+
+def test_generate_and_llm_show_a_load_s_long_steps(fresh_cache, monkeypatch, capfd):
+    """`scratchllm generate` and `LLM(...)` show the load's steps as `serve` does (here every
+    step counts as long: the threshold is a second): lines on a stream that is no terminal."""
+    from scratchllm import LLM
+    from scratchllm.cli.main import main
+    from scratchllm.models import progress
+
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    assert main(["generate", "default", "Hi", "-n", "1", "--raw", "-q"]) == 0
+    err = capfd.readouterr().err
+    assert "default: packing the weights: done, 100%" in err and "default: writing the panel cache: done" in err
+    LLM("default", num_kv_blocks=8)  # the panels are cached now: packing only, from them
+    err = capfd.readouterr().err
+    assert "default: packing the weights: done, 100%" in err and "writing the panel cache" not in err
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 1.0)
+    LLM("default", num_kv_blocks=8)  # a quick load says nothing
+    assert "default:" not in capfd.readouterr().err
+
+
+def test_a_job_shown_part_done_says_each_tenth_once():
+    from scratchllm.formats.progress import LineProgress
+
+    out = io.StringIO()
+    bar = LineProgress(total=300, initial=150, desc="x", file=out)
+    for _ in range(150):
+        bar.update(1)
+    bar.close()
+    tenths = [line.split(": ")[1].split("%")[0] for line in out.getvalue().splitlines()[1:-1]]
+    assert tenths == ["60", "70", "80", "90"], out.getvalue()

@@ -192,7 +192,7 @@ def test_what_cannot_be_honoured_is_refused_in_ollamas_error_shape(server, clien
 def test_images_and_suffix_are_refused(client):
     with pytest.raises(ollama.ResponseError, match="'images' is not supported"):
         client.chat(model="fake", messages=[{"role": "user", "content": "what is this", "images": [b"\x89PNG"]}])
-    with pytest.raises(ollama.ResponseError, match="'suffix' is not supported"):
+    with pytest.raises(ollama.ResponseError, match="'suffix' needs a fill-in-the-middle model"):  # the fake has none
         client.generate(model="fake", prompt="def f(", suffix="return x")
 
 
@@ -327,3 +327,19 @@ def test_generate_logprobs_equal_the_completions_route_on_the_default_model(defa
                                                         raw=True, options=options, logprobs=True, top_logprobs=3,
                                                         stream=True)]
     assert entries(streamed) == got and "".join(p["response"] for p in streamed) == mine.response
+
+
+def test_tags_and_show_name_the_file_type_as_ollama_does(serve):
+    """The quantization level is the GGUF's file type (Q4_K_M for the Qwen and Gemma files, Q4_1
+    for the default model), not the dtype most of its tensors have (Q5_0 for the 0.5B: its rows
+    are not a multiple of 256, so its quantizer fell back to Q5_0 for most of them). Read from
+    the headers: nothing is loaded."""
+    from scratchllm.server.backend import model_specs
+
+    refs = ["default", "gemma3-270m", "qwen2.5-coder-0.5b"]
+    specs, _ = model_specs(refs, {"max_num_seqs": 2})
+    with serve(create_app(ModelRegistry(specs), config=ServerConfig())) as url, \
+            ollama.Client(host=url, timeout=20) as client:
+        tags = {m.model: m.details.quantization_level for m in client.list().models}
+        shown = client.show("qwen2.5-coder-0.5b").details.quantization_level
+    assert tags == {"default": "Q4_1", "gemma3-270m": "Q4_K_M", "qwen2.5-coder-0.5b": "Q4_K_M"} and shown == "Q4_K_M"

@@ -20,14 +20,20 @@ class Sim:
     per_context_ms: float = 0.0  # step time grows with the mean context of the batch (attention)
     stalls: dict = field(default_factory=dict)  # step -> (extra ms, StepFlag, preempted)
     prompt: int = 32
+    model: str | None = None  # the model its records carry (a server of several: one Sim each, one ring)
 
-    def write(self, path, ring_records: int = 100_000) -> dict:
-        """Run to completion; return facts the tests check against (per-step times and more)."""
+    def write(self, path, ring_records: int = 100_000, writer: TraceWriter | None = None) -> dict:
+        """Run to completion; return facts the tests check against (per-step times and more).
+        `writer`: write into that ring (left open) instead of making one at `path`."""
         n = len(self.lengths)
         arrive = self.arrive_step or [0] * n
         every = self.every or [1] * n
-        w = TraceWriter(path, ring_bytes=4096 + 64 * ring_records, clock=lambda: ORIGIN)
-        keys = [w.register(f"req-{i}") for i in range(n)]
+        own = writer is None
+        w = TraceWriter(path, ring_bytes=4096 + 64 * ring_records, clock=lambda: ORIGIN) if own else writer
+        if self.model is not None:
+            w = w.for_model(self.model)
+        tag = f"{self.model}-" if self.model else ""
+        keys = [w.register(f"{tag}req-{i}") for i in range(n)]
         made, last_t, arrival_t, first_t = [0] * n, [0] * n, [0] * n, [0] * n
         t, step, facts = ORIGIN, 0, {"step_ms": {}, "tokens": 0}
         while any(made[i] < self.lengths[i] for i in range(n)):
@@ -67,5 +73,6 @@ class Sim:
             t, step = end, step + 1
         facts["steps"] = step
         facts["records"] = w.written
-        w.close()
+        if own:
+            w.close()
         return facts

@@ -99,3 +99,37 @@ def test_after_sigkill_every_committed_record_is_read_whole(tmp_path):
         lost = cap - len(tokens)
         assert 0 <= lost <= 32 and got.torn == 0 and got.lapped == lost
         np.testing.assert_array_equal(tokens["seq"], np.arange(head - len(tokens) + 1, head + 1))
+
+
+def test_a_ring_in_use_is_never_rotated_nor_truncated_and_a_killed_writers_ring_is_kept(tmp_path):
+    """A second writer on a live writer's path is refused (the first holds the file's lock) and
+    leaves the file alone; once the first is SIGKILLed the lock is gone, and the next writer
+    keeps the dead one's ring, every committed record in it, as PATH.prev."""
+    import pytest
+
+    from scratchllm.trace import TraceWriter
+    from scratchllm.trace.reader import ring_locked
+    from scratchllm.trace.writer import RingInUse
+
+    path = tmp_path / "shared.ring"
+    proc = start_writer(path, records=5_000, steps=10**7, sleep_s=0.001)
+    try:
+        inode = path.stat().st_ino
+        assert ring_locked(path)
+        with pytest.raises(RingInUse, match=f"in use by a live writer \\(pid {proc.pid}\\)") as err:
+            TraceWriter(path, ring_bytes=HEADER_SIZE + 64 * RECORD_SIZE)
+        assert err.value.pid == proc.pid
+        assert path.stat().st_ino == inode and path.stat().st_size == HEADER_SIZE + 5_000 * RECORD_SIZE
+        assert not path.with_name("shared.ring.prev").exists()
+        assert RingReader(path).writer_state() == "running"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    (reported,) = struct.unpack("<Q", progress_file(path).read_bytes())
+    assert not ring_locked(path) and RingReader(path).writer_state() == "died"
+    with TraceWriter(path, ring_bytes=HEADER_SIZE + 64 * RECORD_SIZE) as second:
+        assert second.path == path and path.stat().st_ino != inode
+        old = RingReader(path.with_name("shared.ring.prev"))
+        assert old.pid == proc.pid and old.writer_state() == "died" and old.head() >= reported
+        tokens = old.read_new().of(Kind.TOKEN)
+        assert consistent(tokens).all() and len(tokens) >= min(reported, 5_000) - 32

@@ -13,9 +13,10 @@ from scratchllm.trace import Kind, Phase, RingReader, TokenFlag, TraceWriter, re
 from scratchllm.trace.format import HEADER_SIZE, MAGIC, RECORD_SIZE, TOKEN_DTYPE
 
 # The documented layouts (docs/tracing.md), written out independently of format.py's dtypes.
-TOKEN_LAYOUT = struct.Struct("<BBHIQqIiqIII4xQ")
-STEP_LAYOUT = struct.Struct("<BBHIqqqqHHIIIQ")
-SPAN_LAYOUT = struct.Struct("<BBHIQqqQ16xQ")
+TOKEN_LAYOUT = struct.Struct("<BBHIQqIiqIIIB3xQ")
+STEP_LAYOUT = struct.Struct("<BBHIqqqqHBBIIIQ")
+SPAN_LAYOUT = struct.Struct("<BBHIQqqQB15xQ")
+NAME_LAYOUT = struct.Struct("<BBB5xQ40sQ")
 
 
 def ring_bytes(records: int) -> int:
@@ -58,11 +59,11 @@ def test_records_round_trip_exactly(tmp_path):
     for i in range(k):
         fields = TOKEN_LAYOUT.unpack(raw_slot(path, 1 + i))
         assert fields == (Kind.TOKEN, Phase.PREFILL, flags[i], 7, req[i], 123456789, pos[i], tok[i], lat[i], kv[i],
-                          9, 300, 2 + i)
+                          9, 300, 0, 2 + i)
     assert STEP_LAYOUT.unpack(raw_slot(path, k + 1)) == (Kind.STEP, 3, 0xFFFF, 7, 10**12, 10**12 + 5_000_000,
-                                                         3_000_000, 1_000_000, 9, 1, 300, 40, 4000, k + 2)
+                                                         3_000_000, 1_000_000, 9, 1, 0, 300, 40, 4000, k + 2)
     assert SPAN_LAYOUT.unpack(raw_slot(path, k + 2)) == (Kind.SPAN, Phase.NETWORK_SEND, 1, 11, key, -5, 2**62,
-                                                         2**63, k + 3)
+                                                         2**63, 0, k + 3)
     assert r.read_new().end == k + 3 and len(r.read_new()) == 0  # nothing new: nothing returned
 
 
@@ -195,7 +196,7 @@ def test_a_new_writer_keeps_the_previous_ring(tmp_path):
     (None, "no such trace ring"),
     (b"tiny", "too small to be a trace ring"),
     (b"GGUF" + bytes(8192), "not a scratchllm trace ring"),
-    (MAGIC + struct.pack("<II", 2, 64) + bytes(8192), "version 2"),
+    (MAGIC + struct.pack("<II", 3, 64) + bytes(8192), "version 3; this scratchllm reads versions 1, 2"),
     (MAGIC + struct.pack("<IIQQ", 1, 64, 1000, 4096) + bytes(4096), "truncated: the header promises 1000 records"),
 ])
 def test_a_foreign_or_broken_file_is_named_and_explained(tmp_path, content, problem):
@@ -224,8 +225,54 @@ def test_writer_cost_per_token_record(tmp_path):
     assert best <= 2000, f"{best:.0f} ns per token record"
 
 
+def test_records_carry_their_model_and_the_header_names_them(tmp_path):
+    """Each model's writer of one ring: its name once in the header's table, its index in every
+    record it writes (token, step, span, name), over one counter."""
+    path = tmp_path / "t.ring"
+    with TraceWriter(path, ring_bytes=ring_bytes(64), port=8123) as base:
+        small, large = base.for_model("qwen2.5-coder-0.5b"), base.for_model("qwen2.5-coder-1.5b")
+        assert base.for_model("qwen2.5-coder-0.5b").model == small.model == 1 and large.model == 2
+        assert base.model == 0
+        key = large.register("chatcmpl-1")
+        small.tokens(np.arange(3, dtype=np.uint64), np.arange(3), np.arange(3), np.zeros(3), step=4)
+        large.tokens(np.arange(2, dtype=np.uint64), np.arange(2), np.arange(2), np.zeros(2), step=4)
+        large.step(4, 0, 1, preempted=300)
+        base.span(key, Phase.SERIALIZE, 0, 1)
+        assert base.written == small.written == 8
+        r = RingReader(path)
+        assert r.models == {1: "qwen2.5-coder-0.5b", 2: "qwen2.5-coder-1.5b"} and r.port == 8123
+        got = r.read_new()
+    assert got.of(Kind.TOKEN)["model"].tolist() == [1, 1, 1, 2, 2]
+    step = got.of(Kind.STEP)
+    assert step["model"].tolist() == [2] and step["preempted"].tolist() == [255]  # saturates
+    assert got.of(Kind.SPAN)["model"].tolist() == [0] and got.request_models() == {key: 2}
+    assert NAME_LAYOUT.unpack(raw_slot(path, 0))[:5] == (Kind.NAME, 10, 2, key, b"chatcmpl-1".ljust(40, b"\0"))
+    assert STEP_LAYOUT.unpack(raw_slot(path, 6))[9:11] == (255, 2)
+
+
+def test_a_version_1_ring_is_still_read(tmp_path):
+    """A ring written before records carried their model: its step records' two-byte
+    `preempted` is read as such, every record's model is 0 (none named)."""
+    path = tmp_path / "old.ring"
+    with TraceWriter(path, ring_bytes=ring_bytes(16)) as w:
+        w.tokens(np.arange(2, dtype=np.uint64), np.arange(2), np.arange(2), np.zeros(2), step=0)
+        w.step(0, 0, 5)
+    with open(path, "r+b") as f:  # version 1 in the header; the step's preempted = 300 over two bytes
+        f.seek(8)
+        f.write(struct.pack("<I", 1))
+        f.seek(HEADER_SIZE + 2 * RECORD_SIZE + 42)
+        f.write(struct.pack("<H", 300))
+    r = RingReader(path)
+    assert r.version == 1 and r.models == {} and r.port == 0
+    got = r.read_new()
+    step = got.of(Kind.STEP)
+    assert step["preempted"].tolist() == [255] and step["model"].tolist() == [0]
+    assert step["end_ns"].tolist() == [5] and got.of(Kind.TOKEN)["model"].tolist() == [0, 0]
+
+
 def test_token_dtype_is_the_documented_64_bytes():
     assert TOKEN_DTYPE.itemsize == 64 and TOKEN_LAYOUT.size == 64 and STEP_LAYOUT.size == 64
+    assert SPAN_LAYOUT.size == NAME_LAYOUT.size == 64
     assert TokenFlag.FIRST | TokenFlag.FINISHED == 9
 
 

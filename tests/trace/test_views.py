@@ -196,3 +196,86 @@ def test_the_colour_bar_has_ticks_across_a_narrow_range():
     ticks = colour_ticks(8.0, 12.5)
     assert len(ticks) >= 4 and ticks == sorted(ticks) and 8.0 <= ticks[0] and ticks[-1] <= 12.5
     assert len(colour_ticks(0.05, 900.0)) >= 5
+
+
+def test_the_colour_bar_labels_both_ends_and_never_in_exponent_form():
+    """Both ends of the bar are ticks with labels (a rounded first tick left the bottom bare),
+    and a large or small value reads as a number (2100, not 2.1e+03)."""
+    from scratchllm.trace.views.heatmap import colour_ticks, tick_label
+
+    for lo, hi in [(13.7, 2100.0), (0.0123, 45.0), (7.3, 9.1), (1.04, 1500.0)]:
+        ticks = colour_ticks(lo, hi)
+        assert ticks[0] == lo and ticks[-1] == hi and ticks == sorted(ticks) and len(ticks) >= 3
+        steps = np.diff(np.log(ticks))
+        assert steps.min() > 0.5 * steps.max() / 2  # no two ticks crowded together
+        labels = [tick_label(t) for t in ticks]
+        assert not any("e" in label for label in labels), labels
+    assert [tick_label(t) for t in (2100.0, 13.7, 0.0123, 770.0, 8.0)] == ["2100", "13.7", "0.0123", "770", "8"]
+
+
+def two_model_ring(path):
+    """One ring, two simulated engines at once: 'small' at 8 ms a step, 'large' at 24 ms (a
+    model three times the size), each with its own requests; no stall, no queueing."""
+    from scratchllm.trace import TraceWriter
+
+    from .synthetic import ORIGIN
+
+    with TraceWriter(path, ring_bytes=4096 + 64 * 100_000, clock=lambda: ORIGIN) as w:
+        Sim(lengths=[40] * 8, base_ms=8.0, model="small").write(None, writer=w)
+        Sim(lengths=[40] * 6, base_ms=24.0, model="large").write(None, writer=w)
+    return Trace.load(path)
+
+
+def test_two_models_of_different_speeds_are_diagnosed_apart(tmp_path):
+    from scratchllm.trace.views.diagnosis import compare_models
+
+    trace = two_model_ring(tmp_path / "two.ring")
+    assert trace.models == {1: "small", 2: "large"} and trace.model_ids() == [1, 2]
+    # read together, the larger model's requests look like starved rows
+    assert "slow_rows" in patterns(diagnose(trace))
+    grids = {}
+    for model in trace.model_ids():
+        one = trace.of_model(model)
+        assert set(one.tokens["model"].tolist()) == set(one.steps["model"].tolist()) == {model}
+        assert len(one.spans) and {trace.name(k)[:5] for k in one.tokens["request"].tolist()} == \
+            {trace.model_name(model)[:5]}
+        grids[trace.model_name(model)] = grid = LatencyGrid.from_trace(one)
+        assert patterns(diagnose(one, grid)) == {"uniform"}
+    models = compare_models(grids)
+    assert models.values["typical_ms"] == {"small": pytest.approx(8.0), "large": pytest.approx(24.0)}
+    assert "'small' 8.0 ms (8 requests), 'large' 24.0 ms (6 requests) (3.0x apart)" in models.text
+    pixels = image.imread(draw_heatmap(list(grids.items()), [models], tmp_path / "two.png", 900, 700))
+    assert pixels.shape[:2] == (700, 900)
+
+
+def test_the_export_of_two_models_puts_each_engine_s_steps_on_its_own_track(tmp_path):
+    trace = two_model_ring(tmp_path / "two.ring")
+    export(trace, tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    check_nesting(events)
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert sorted(threads.values()) == ["engine steps: large", "engine steps: small"]
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert {e["tid"] for e in steps} == set(threads)
+    assert {e["name"] for e in events if e["ph"] == "C"} >= {"batch (small)", "batch (large)"}
+
+
+def test_an_idle_running_writer_reads_as_idle_not_as_its_last_busy_window(tmp_path):
+    """A server that made tokens half a minute ago and none since: its live figures are zero
+    tokens/s, with when the last token came, not that window's rate."""
+    import time
+
+    from scratchllm.trace import TraceWriter
+
+    path = tmp_path / "idle.ring"
+    with TraceWriter(path, ring_bytes=4096 + 64 * 1000) as w:
+        then = time.monotonic_ns() - 30 * 10**9
+        for step in range(20):
+            w.tokens(np.arange(4, dtype=np.uint64), [step] * 4, [1] * 4, 10**7, step=step,
+                     time_ns=then + step * 10**7)
+        trace = Trace.load(path)
+        assert trace.writer_state == "running"
+        busy = live_figures(trace, 10.0)  # the old view: the window before the newest record
+        idle = live_figures(trace, 10.0, trace.now_s())
+    assert busy.tokens_per_s > 100
+    assert idle.tokens == 0 and idle.tokens_per_s == 0 and idle.idle_s == pytest.approx(30.0, abs=2.0)

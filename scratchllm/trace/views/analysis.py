@@ -5,12 +5,14 @@ speaks of the same instants.
 """
 
 import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from scratchllm.trace.format import SPAN_DTYPE, STEP_DTYPE, TOKEN_DTYPE, Kind, Phase, TokenFlag
+from scratchllm.errors import ConfigError
+from scratchllm.trace.format import NO_MODEL, SPAN_DTYPE, STEP_DTYPE, TOKEN_DTYPE, Kind, Phase, TokenFlag
 from scratchllm.trace.reader import ReadResult, RingReader
 
 
@@ -32,6 +34,9 @@ class Trace:
     torn: int = 0
     writer_state: str = ""  # RingReader.writer_state()
     path: str = ""
+    port: int = 0  # the writing server's port (0: none, or a version 1 ring)
+    models: dict[int, str] = field(default_factory=dict)  # model byte -> name (the header's table)
+    request_models: dict[int, int] = field(default_factory=dict)  # request key -> model byte (NAME records)
 
     @classmethod
     def empty(cls, origin_ns: int = 0, capacity: int = 0) -> "Trace":
@@ -42,9 +47,16 @@ class Trace:
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
         """Read a whole ring (live or not) once."""
         with RingReader(path) as reader:
-            trace = cls.empty(reader.clock_origin_ns, reader.capacity)
-            trace.wall_origin_ns, trace.pid, trace.path = reader.wall_origin_ns, reader.pid, str(path)
+            trace = cls.opened(reader)
             trace.add(reader.read_new(), reader)
+        return trace
+
+    @classmethod
+    def opened(cls, reader: RingReader) -> "Trace":
+        """An empty trace of the ring `reader` has open: its header's facts, no records yet."""
+        trace = cls.empty(reader.clock_origin_ns, reader.capacity)
+        trace.wall_origin_ns, trace.pid, trace.path, trace.port = (reader.wall_origin_ns, reader.pid,
+                                                                   str(reader.path), reader.port)
         return trace
 
     def add(self, got: ReadResult, reader: RingReader) -> None:
@@ -53,8 +65,47 @@ class Trace:
         self.steps = np.concatenate([self.steps, got.of(Kind.STEP)])
         self.spans = np.concatenate([self.spans, got.of(Kind.SPAN)])
         self.names.update(got.names())
+        self.request_models.update(got.request_models())
+        self.models = reader.models
         self.written, self.dropped, self.lapped, self.torn = got.end, reader.dropped, reader.lapped, reader.torn
         self.writer_state = reader.writer_state()
+
+    # --- per model ---
+    def model_ids(self) -> list[int]:
+        """The model bytes of the models with token or step records here, in the header's order."""
+        seen = set(self.tokens["model"].tolist()) | set(self.steps["model"].tolist())
+        return sorted(seen)
+
+    def model_name(self, model: int) -> str:
+        """A model byte's name: the header's, or '' for records no model was named for."""
+        return self.models.get(model, "" if model == NO_MODEL else f"model {model}")
+
+    def model_id(self, name: str) -> int:
+        """The model byte of the model called `name`; ConfigError naming the ring's models if none is."""
+        for index, known in self.models.items():
+            if known == name:
+                return index
+        have = ", ".join(f"'{n}'" for n in self.models.values()) or "none (the ring names no models)"
+        raise ConfigError(f"{self.path}: no model '{name}' in this ring; its models: {have}")
+
+    def of_model(self, model: int) -> "Trace":
+        """The records of one model: its tokens and steps, and the spans of its requests (the
+        server's own spans of a request carry no model: they go with the request's tokens)."""
+        out = Trace(**{**self.__dict__})
+        out.tokens = self.tokens[self.tokens["model"] == model]
+        out.steps = self.steps[self.steps["model"] == model]
+        keys = set(out.tokens["request"].tolist()) | {k for k, m in self.request_models.items() if m == model}
+        spans = self.spans
+        mine = (spans["model"] == model) | ((spans["model"] == NO_MODEL) & np.isin(spans["request"], list(keys)))
+        out.spans = spans[mine]
+        return out
+
+    def now_s(self) -> float | None:
+        """Seconds since the writer started, now, for a ring whose writer is still running (its
+        clock is this machine's monotonic clock); None when it is not (closed, or died)."""
+        if self.writer_state != "running":
+            return None
+        return (time.monotonic_ns() - self.origin_ns) / 1e9
 
     def seconds(self, ns: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return (np.asarray(ns, dtype=np.int64) - self.origin_ns) / 1e9
@@ -118,12 +169,17 @@ class LiveFigures:
     waiting: int | None = None  # requests queued at the last step
     requests_seen: int = 0
     retention_s: float | None = None  # how long the ring holds at this record rate
+    idle_s: float | None = None  # a running writer that made no token in the window: since its last one
+    last_token_s: float | None = None  # the newest token's time, seconds since the writer started
 
 
-def live_figures(trace: Trace, window_s: float = 10.0) -> LiveFigures:
-    """The figures over the last window_s seconds before the newest record (not before now:
-    after a crash the newest record is the moment that matters)."""
+def live_figures(trace: Trace, window_s: float = 10.0, now_s: float | None = None) -> LiveFigures:
+    """The figures over the last window_s seconds before `now_s` (a running writer's now: an
+    idle server shows no tokens, not its last busy window), else before the newest record
+    (after a crash the newest record is the moment that matters)."""
     first, last = trace.time_range
+    if now_s is not None:
+        last = max(now_s, last)
     span = min(window_s, max(last - first, 1e-9))
     w = trace.window(last - span, last)
     t = w.tokens
@@ -144,6 +200,11 @@ def live_figures(trace: Trace, window_s: float = 10.0) -> LiveFigures:
         fig.kv_blocks = int(t["kv_blocks"][t["step"] == t["step"][-1]].sum())
     if fig.records_per_s > 0:
         fig.retention_s = trace.capacity / fig.records_per_s
+    if len(trace.tokens):
+        fig.last_token_s = float(trace.seconds(trace.tokens["time_ns"].max()))
+    if now_s is not None and not len(t):
+        fig.idle_s = last - fig.last_token_s if fig.last_token_s is not None else last - first
+        fig.batch_size, fig.waiting = 0.0, fig.waiting if len(w.steps) else 0
     return fig
 
 

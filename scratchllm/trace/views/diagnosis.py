@@ -12,6 +12,10 @@ Three patterns, each found from measured values, never assumed:
     token) while the typical one is not: queueing, or contention with other work.
 Decode latencies (since the request's previous token) are used for the last two, outside the
 stalled steps so that one stall is not read three ways.
+
+A ring of several models (one server, one engine per model) is diagnosed one model at a time:
+a larger model's requests are slower at every position than a smaller one's, which says nothing
+about queueing. `compare_models` states the models' typical speeds side by side instead.
 """
 
 from dataclasses import dataclass, field
@@ -74,7 +78,7 @@ class LatencyGrid:
 
 @dataclass
 class Finding:
-    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform"
+    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform" | "models"
     text: str
     values: dict[str, object] = field(default_factory=dict)
 
@@ -202,3 +206,24 @@ def _slow_rows(grid: LatencyGrid, decode: npt.NDArray[np.bool_]) -> Finding | No
                     f"({float(np.median(first)):.0f} ms)")
     return Finding("slow_rows", f"whole rows slow: {'; '.join(bits)}: queueing or contention",
                    {"rows": slow.tolist(), "waited_rows": list(map(int, waited)), "typical_ms": typical})
+
+
+def typical_decode_ms(grid: LatencyGrid) -> float | None:
+    """The median latency of the grid's decode tokens (positions after the first), or None."""
+    lat = grid.latency_ms[:, 1:]
+    lat = lat[~np.isnan(lat)]
+    return float(np.median(lat)) if len(lat) else None
+
+
+def compare_models(grids: dict[str, LatencyGrid]) -> Finding | None:
+    """With two models or more: each one's typical time per token, side by side (what a reader
+    would otherwise take for slow rows), and that each is diagnosed against itself."""
+    typical = {name: typical_decode_ms(grid) for name, grid in grids.items()}
+    known = {name: ms for name, ms in typical.items() if ms is not None}
+    if len(grids) < 2 or not known:
+        return None
+    parts = [f"'{name}' {ms:.1f} ms ({len(grids[name].requests)} requests)" for name, ms in known.items()]
+    spread = max(known.values()) / min(known.values()) if min(known.values()) > 0 else float("nan")
+    return Finding("models", f"{len(grids)} models, typical time per token {', '.join(parts)} ({spread:.1f}x apart): "
+                             "each model's requests are compared with its own, not with another model's",
+                   {"typical_ms": known})

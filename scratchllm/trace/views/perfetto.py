@@ -1,7 +1,9 @@
 """A trace as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
 Tracks:
-  * thread "engine steps": one complete ("X") slice per step, args = its split, batch, KV use;
+  * thread "engine steps" (one per model, "engine steps: MODEL", when the ring holds several:
+    each model's engine numbers its own steps): one complete ("X") slice per step, args = its
+    split, batch, KV use;
     inside it, three slices laid end to end: matmul, attention, other. They are the step's sums
     per kind, drawn in that order for their sizes, not the order the work ran in. Inside "other",
     a "detokenize" slice: the step's time in the detokenizers (a sum over its tokens, from the
@@ -50,35 +52,52 @@ def trace_events(trace: Trace) -> list[Event]:
         return (int(ns) - trace.origin_ns) / 1e3
 
     events: list[Event]
-    events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"scratchllm (pid {trace.pid})"}},
-              {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "engine steps"}}]
-    for s in trace.steps:
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"scratchllm (pid {trace.pid})"}}]
+    models = sorted(set(trace.steps["model"].tolist())) or [0]
+    for model in models:
+        name = trace.model_name(model)
+        label = f": {name}" if len(models) > 1 and name else ""
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID + model,
+                       "args": {"name": "engine steps" + label}})
+        events += _step_events(trace.steps[trace.steps["model"] == model], pid, STEPS_TID + model,
+                               f" ({name})" if len(models) > 1 and name else "", us)
+    detok = trace.spans[(trace.spans["request"] == STEP_KEY) & (trace.spans["phase"] == Phase.DETOKENIZE)]
+    for d in detok:
+        events.append({"ph": "X", "name": "detokenize", "cat": "step.detokenize", "pid": pid,
+                       "tid": STEPS_TID + int(d["model"]), "ts": us(d["start_ns"]),
+                       "dur": (int(d["end_ns"]) - int(d["start_ns"])) / 1e3,
+                       "args": {"step": int(d["index"]), "tokens": int(d["count"])}})
+    events += _request_tracks(trace, pid, us)
+    return events
+
+
+def _step_events(steps: npt.NDArray[np.void], pid: int, tid: int, counter_suffix: str,
+                 us: Callable[[int], float]) -> list[Event]:
+    """One engine's steps: a slice each (its split inside), and the batch, KV and queue counters."""
+    events: list[Event] = []
+    for s in steps:
         start, dur = us(s["start_ns"]), (int(s["end_ns"]) - int(s["start_ns"])) / 1e3
         matmul, attention = int(s["matmul_ns"]) / 1e3, int(s["attention_ns"]) / 1e3
         other = max(dur - matmul - attention, 0.0)
         args = {"matmul_ms": matmul / 1e3, "attention_ms": attention / 1e3, "other_ms": other / 1e3,
                 "batch_size": int(s["batch_size"]), "tokens": int(s["step_tokens"]), "kv_blocks": int(s["kv_blocks"]),
                 "kv_total": int(s["kv_total"]), "waiting": int(s["waiting"]), "preempted": int(s["preempted"])}
-        events.append({"ph": "X", "name": f"step {int(s['step'])}", "cat": "step", "pid": pid, "tid": STEPS_TID,
+        events.append({"ph": "X", "name": f"step {int(s['step'])}", "cat": "step", "pid": pid, "tid": tid,
                        "ts": start, "dur": dur, "args": args})
         if matmul or attention:
             at = start
             for name, d in (("matmul", matmul), ("attention", attention), ("other", other)):
                 d = min(d, start + dur - at)  # never past the parent's end (a split that overran)
-                events.append({"ph": "X", "name": name, "cat": "step.split", "pid": pid, "tid": STEPS_TID,
+                events.append({"ph": "X", "name": name, "cat": "step.split", "pid": pid, "tid": tid,
                                "ts": at, "dur": d})
                 at += d
         end = us(s["end_ns"])
-        events += [{"ph": "C", "name": "batch", "pid": pid, "ts": end,
+        events += [{"ph": "C", "name": "batch" + counter_suffix, "pid": pid, "ts": end,
                     "args": {"requests": int(s["batch_size"]), "tokens": int(s["step_tokens"])}},
-                   {"ph": "C", "name": "KV blocks", "pid": pid, "ts": end, "args": {"used": int(s["kv_blocks"])}},
-                   {"ph": "C", "name": "queue", "pid": pid, "ts": end, "args": {"waiting": int(s["waiting"])}}]
-    detok = trace.spans[(trace.spans["request"] == STEP_KEY) & (trace.spans["phase"] == Phase.DETOKENIZE)]
-    for d in detok:
-        events.append({"ph": "X", "name": "detokenize", "cat": "step.detokenize", "pid": pid, "tid": STEPS_TID,
-                       "ts": us(d["start_ns"]), "dur": (int(d["end_ns"]) - int(d["start_ns"])) / 1e3,
-                       "args": {"step": int(d["index"]), "tokens": int(d["count"])}})
-    events += _request_tracks(trace, pid, us)
+                   {"ph": "C", "name": "KV blocks" + counter_suffix, "pid": pid, "ts": end,
+                    "args": {"used": int(s["kv_blocks"])}},
+                   {"ph": "C", "name": "queue" + counter_suffix, "pid": pid, "ts": end,
+                    "args": {"waiting": int(s["waiting"])}}]
     return events
 
 
