@@ -22,8 +22,8 @@ import numpy.typing as npt
 from scratchllm.dtypes import DTYPES, storage
 from scratchllm.errors import ConfigError, FormatError
 from scratchllm.formats import Checkpoint, load_checkpoint
-from scratchllm.formats.checkpoint import TensorInfo
 from scratchllm.formats import ggml_quants as gq
+from scratchllm.formats.checkpoint import TensorInfo
 from scratchllm.formats.mapped import release_pages
 from scratchllm.formats.refs import resolve_model
 from scratchllm.kernels import packed_gemm
