@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from scratchllm.engine import EngineConfig, LLMEngine
 from scratchllm.engine.output import OutputCollector
-from scratchllm.engine.protocol import RequestOutput, RequestStream
+from scratchllm.engine.protocol import EngineStats, RequestOutput, RequestStream
 from scratchllm.errors import ConfigError
 from scratchllm.formats import load_checkpoint
 from scratchllm.formats.refs import resolve_model
@@ -180,7 +180,7 @@ class LLM:
         if self._async is not None:
             self._async.abort(request_id)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         return self._async.stats() if self._async is not None else self.engine.stats()
 
     def shutdown(self, drain: bool = True) -> None:

@@ -54,7 +54,11 @@ def apply_processors(logits: npt.NDArray[np.floating[Any]], params: ProcessorPar
     if params.repetition_penalty != 1.0:
         seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64))
         v = x[seen]
-        x[seen] = np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)
+        # A penalty near 0 (or 100 on a huge logit) overflows float32: the result is clamped to
+        # the largest finite value (an inf would make the draw's softmax NaN); -inf stays a ban.
+        with np.errstate(divide="ignore", over="ignore"):
+            x[seen] = np.minimum(np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty),
+                                 np.finfo(np.float32).max)
     if (params.frequency_penalty or params.presence_penalty) and len(output_ids):
         tokens, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
         x[tokens] -= counts * np.float32(params.frequency_penalty) + np.float32(params.presence_penalty)

@@ -9,7 +9,7 @@ tokens do not depend on what else runs beside it (batched output equals single o
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -39,9 +39,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
     stop_token_ids: tuple[int, ...] = ()  # end tokens besides the EOS (their text is not shown)
     ignore_eos: bool = False
-    # No end token (EOS, stop_token_ids) can be drawn before this many tokens are generated, and
-    # stop strings are not looked for before then. The EOS it masks is `eos_token_ids`: the
-    # caller that knows the tokenizer fills it in (the server does); stop_token_ids always are.
+    # No end token can be drawn before this many tokens are generated, and stop strings are not
+    # looked for before then. The end tokens it masks: the engine's (every token that ends
+    # generation, unless ignore_eos), eos_token_ids and stop_token_ids.
     min_tokens: int = 0
     eos_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True  # special tokens (e.g. <|im_end|>) show no text
@@ -115,11 +115,13 @@ class SamplingParams:
         if bad:
             raise ConfigError(f"stop_token_ids names token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
 
-    def end_tokens_masked(self, num_generated: int) -> tuple[int, ...]:
-        """The end tokens that cannot be drawn after `num_generated` tokens (min_tokens)."""
+    def end_tokens_masked(self, num_generated: int, end_token_ids: Iterable[int] = ()) -> tuple[int, ...]:
+        """The end tokens that cannot be drawn after `num_generated` tokens (min_tokens):
+        `end_token_ids` (the engine's, every token that ends generation) unless ignore_eos,
+        eos_token_ids and stop_token_ids."""
         if num_generated >= self.min_tokens:
             return ()
-        return (*self.eos_token_ids, *self.stop_token_ids)
+        return (*(() if self.ignore_eos else end_token_ids), *self.eos_token_ids, *self.stop_token_ids)
 
 
 def _is_number(x: object) -> TypeGuard[int | float]:
@@ -163,7 +165,11 @@ def log_softmax(logits: Logits) -> npt.NDArray[np.float64]:  # [V] -> [V], in fl
 def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.float64]:  # [V] -> [V]
     """The distribution we draw from: temperature, then top-k, top-p, min_p; zeros elsewhere."""
     assert params.temperature > 0, "greedy requests never build a distribution"
-    x = logits.astype(np.float64) / params.temperature
+    x = logits.astype(np.float64)
+    # shifted to a max of 0 before the division: a tiny temperature sends the others to -inf
+    # (greedy in the limit) instead of overflowing the largest to inf and the softmax to NaN
+    with np.errstate(over="ignore"):
+        x = (x - x.max()) / params.temperature
     V = x.shape[0]
     if 0 < params.top_k < V:
         # keep the k largest; argpartition is O(V), a full sort is not needed for this step
@@ -188,15 +194,16 @@ def filtered_probs(logits: Logits, params: SamplingParams) -> npt.NDArray[np.flo
 
 
 def shaped_logits(logits: Logits, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                  allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.float32]:
-    """[V] raw logits -> the row the draw sees: processors, min_tokens' end-token mask, then the
-    grammar's mask (if any).
+                  allowed: npt.NDArray[np.bool_] | None = None,
+                  end_token_ids: Iterable[int] = ()) -> npt.NDArray[np.float32]:
+    """[V] raw logits -> the row the draw sees: processors, min_tokens' end-token mask (the
+    engine's `end_token_ids` among them), then the grammar's mask (if any).
 
     The grammar wins over logit_bias and min_tokens: if they banned every token the grammar
     allows, the bans are dropped for this token rather than leave nothing to draw."""
     row = apply_processors(logits, params, prompt_ids, output_ids) if params.uses_processors \
         else np.array(logits, dtype=np.float32, copy=True)
-    held = params.end_tokens_masked(len(output_ids))
+    held = params.end_tokens_masked(len(output_ids), end_token_ids)
     if held:
         row[np.asarray(held, dtype=np.int64)] = -np.inf
     if allowed is not None:

@@ -121,6 +121,19 @@ def test_grammar_mask_outranks_bias_that_bans_everything_it_allows():
     assert np.isfinite(row[[5, 9]]).all() and np.isinf(np.delete(row, [5, 9])).all()
 
 
+def test_extreme_accepted_values_keep_the_row_finite():
+    """The smallest positive repetition penalty and temperature are accepted, so they must not
+    overflow into inf or NaN (numpy warnings are errors here): a seen token with a positive logit
+    becomes the largest finite value, and a near-zero temperature draws the argmax."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(V).astype(np.float32)
+    seen = int(np.argmax(np.where(logits > 0, logits, -np.inf)))
+    row = apply_processors(logits, SamplingParams(repetition_penalty=5e-324), [seen], [])
+    assert np.isfinite(row).all() and row[seen] == np.finfo(np.float32).max
+    p = filtered_probs(logits, SamplingParams(temperature=5e-324))
+    assert np.isfinite(p).all() and p[np.argmax(logits)] == 1.0
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
@@ -197,7 +210,7 @@ def test_seeded_penalised_sampling_is_reproducible_and_batch_invariant(model):
 
 
 def test_plain_rows_skip_the_processors(model, monkeypatch):
-    import scratchllm.engine.model_runner as runner
+    import scratchllm.engine.sampler as runner
 
     def boom(*a, **k):
         raise AssertionError("a request without processors must not be shaped")

@@ -190,8 +190,8 @@ def run_strategy(strategy: str, model_ref: str, requests: list[tuple[int, list[i
             "computed_prompt_tok_per_s_per_replica": sum(r["prompt_tokens"] - r["cached_tokens"] for r in rows)
             / wall_s / args.replicas,
             "output_tok_per_s_per_replica": len(rows) * args.max_tokens / wall_s / args.replicas,
-            "kv_block_bytes": replica_stats.get("kv_block_bytes"),
-            "kv_blocks_total": replica_stats.get("kv_blocks_total")}
+            "kv_block_bytes": replica_stats.kv_block_bytes,
+            "kv_blocks_total": replica_stats.kv_blocks_total}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

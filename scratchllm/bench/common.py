@@ -48,7 +48,7 @@ class MachineFacts(TypedDict):
 
 def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """--kv-cache-dtype, as `serve`, `LLM(kv_cache_dtype=...)` and every bench that runs the engine take it."""
-    from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPE_CHOICES
+    from scratchllm.engine.kv_sizing import DEFAULT_KV_DTYPE, KV_DTYPE_CHOICES
 
     parser.add_argument("--kv-cache-dtype", choices=KV_DTYPE_CHOICES, default="auto",
                         help=f"the KV cache's element type (default auto = {DEFAULT_KV_DTYPE}); int8 keeps a "

@@ -60,6 +60,7 @@ from scratchllm.bench.common import LoadedModel, machine_facts, median, require_
 from scratchllm.bench.engine_report import render as render  # the report of these runs
 from scratchllm.bench.references import ARTICLE_SERVING
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
+from scratchllm.engine.config import POLICY_NAMES
 from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:  # for the annotation only: the checkpoint is opened where the benchmark runs
@@ -117,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same GGUF file and token ids, in child processes before and after ours")
     parser.add_argument("--policies", default="priority",
                         help="admission policies to run the same-KV continuous case under, comma list of "
-                             "priority,fcfs (default priority; both: side by side)")
+                             f"{','.join(POLICY_NAMES)} (default priority; several: side by side)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="Poisson arrivals, requests/s (default 0: all at t=0, an offline batch)")
     parser.add_argument("--load", type=float, default=0.8,
@@ -182,12 +183,12 @@ def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs
     """The engine on the workload, at most max_num_seqs at once; a KV pool of kv_bytes (default:
     the memory plan's); the admission policy named."""
     from scratchllm.engine import EngineConfig, LLMEngine
-    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.engine.kv_sizing import block_bytes
     from scratchllm.sampling import SamplingParams
 
     blocks = None
     if kv_bytes is not None:
-        blocks = kv_bytes // PagedAttention.bytes_per_block(model.config, EngineConfig.block_size, BASELINE_KV_DTYPE)
+        blocks = kv_bytes // block_bytes(model.config, EngineConfig.block_size, kv_dtype=BASELINE_KV_DTYPE)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, num_threads=args.threads, num_kv_blocks=blocks,
                                            max_num_batched_tokens=args.max_num_batched_tokens, policy=policy,
                                            kv_cache_dtype=BASELINE_KV_DTYPE))
@@ -218,8 +219,8 @@ def run_continuous(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs
     result["series"] = {"arrivals": list(arrivals), "finish": finish, "token_times": token_times,
                         "kv_samples": kv_samples}
     stats = engine.stats()
-    result.update(peak_kv_bytes=stats["kv_bytes_peak"], steps=stats["steps"], preemptions=stats["preemptions"],
-                  max_num_seqs=max_num_seqs, kv_pool_bytes=stats["kv_blocks_total"] * stats["kv_block_bytes"],
+    result.update(peak_kv_bytes=stats.kv_bytes_peak, steps=stats.steps, preemptions=stats.preemptions,
+                  max_num_seqs=max_num_seqs, kv_pool_bytes=engine.plan.kv_block_bytes * engine.block_manager.num_blocks,
                   token_ids=tokens)
     return result
 
@@ -369,10 +370,8 @@ def _settle(args: argparse.Namespace) -> tuple[set[str], list[str]]:
     if not 0 <= args.kv_fraction <= 1:
         raise ConfigError(f"--kv-fraction must be in [0, 1], got {args.kv_fraction}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    from scratchllm.engine.policy import POLICIES
-
-    if not policies or any(p not in POLICIES for p in policies):
-        raise ConfigError(f"--policies takes a comma list of {', '.join(POLICIES)}, got {args.policies!r}")
+    if not policies or any(p not in POLICY_NAMES for p in policies):
+        raise ConfigError(f"--policies takes a comma list of {', '.join(POLICY_NAMES)}, got {args.policies!r}")
     if args.peer:
         from scratchllm.bench import peers
 
@@ -426,11 +425,11 @@ def _kv_floor(model: LoadedModel, prompts: Sequence[Sequence[int]], outputs: Seq
     """The smallest pool the engine takes the workload in: the longest request's whole blocks
     (it would refuse that request in less)."""
     from scratchllm.engine import EngineConfig
-    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.engine.kv_sizing import block_bytes
 
     bs = EngineConfig.block_size
     longest = max(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs, strict=True))
-    return longest * PagedAttention.bytes_per_block(model.config, bs, BASELINE_KV_DTYPE)
+    return longest * block_bytes(model.config, bs, kv_dtype=BASELINE_KV_DTYPE)
 
 
 def _mixed_ratios(runs: dict[str, dict[str, Any]], ratios: dict[str, float]) -> None:

@@ -1,7 +1,7 @@
 """KV memory with sliding windows: one long request on a model shaped like Gemma 3 270M's
 attention (18 layers, 1 KV head, head_dim 256, a 512-token window on 5 layers of 6), random
 weights, run through the engine. Prints the most KV it held between steps and within a step
-beside what full attention would hold and the bound (engine/memory_plan.sequence_kv_bytes: each
+beside what full attention would hold and the bound (engine/kv_sizing.sequence_kv_bytes: each
 full-attention layer its context, each windowed layer its window plus the block being filled).
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 
 from scratchllm.bench.common import add_kv_cache_dtype_argument, machine_facts
 from scratchllm.engine import EngineConfig, LLMEngine
-from scratchllm.engine.memory_plan import MiB, sequence_kv_bytes
-from scratchllm.engine.paged_attention import block_bytes, layer_groups
+from scratchllm.engine.kv_sizing import block_bytes, layer_groups, sequence_kv_bytes
+from scratchllm.engine.memory_plan import MiB
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.llama import LlamaModel
 from scratchllm.sampling import SamplingParams

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from scratchllm.bench.common import machine_facts, median, require_at_least_one
-from scratchllm.engine.paged_attention import DEFAULT_KV_DTYPE, KV_DTYPES, PagedSequence, kv_bytes_per_token
+from scratchllm.engine.kv_sizing import DEFAULT_KV_DTYPE, KV_DTYPES, kv_bytes_per_token
+from scratchllm.engine.paged_attention import PagedSequence
 
 DTYPES = list(KV_DTYPES)
 KERNEL_SHAPES = "1x16,1x1024,16x160,16x1024,1x4096"  # sequences x positions of a decode step
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             done = engine.generate(batch, params)
             out["aggregate_tok_s"] = sum(len(o.token_ids) for o in done) / (time.perf_counter() - t)
-            out["peak_kv_mb"] = engine.stats()["kv_bytes_peak"] / 1e6
+            out["peak_kv_mb"] = (engine.stats().kv_bytes_peak or 0) / 1e6
             engine.block_manager.stats.peak_bytes = 0  # the next round's own peak
             rounds[d].append(out)
             loads.append(os.getloadavg()[0])

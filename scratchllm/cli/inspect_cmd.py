@@ -1,8 +1,9 @@
 """`scratchllm inspect PATH|default|minilm`: a model file opened up, byte by byte.
 
 Prints the first 64 bytes (hex + ASCII), the container's structure (GGUF header and metadata,
-safetensors JSON header, or zip entries and what the pickle asks for), the tensor table, totals,
-and the planned memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn as
+safetensors JSON header, or zip entries and what the pickle asks for), the tokens that end
+generation (a GGUF's or a model folder's tokenizer), the tensor table, totals, and the planned
+memory layout: every tensor packed into one 4 KiB-page-aligned arena, drawn as
 address ranges with each tensor's start, size and padding. `--json` prints the same as one JSON
 object.
 
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from scratchllm.cli import Subparsers
-from scratchllm.errors import ScratchLLMError
+from scratchllm.errors import FormatError, ScratchLLMError
 from scratchllm.formats.describe import describe
+from scratchllm.formats.files import is_gguf
+from scratchllm.formats.refs import resolve_model
 
 ARENA_BASE = 0x10000000  # the design article's drawing starts its arena here; offsets are what matter
 
@@ -38,12 +41,36 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = describe(args.model, tensor_align=args.tensor_align)
+    report["end_tokens"] = end_tokens(args.model)
     report["totals"] |= model_weights(args.model)
     if args.json:
         print(json.dumps(report, default=str))
     else:
         print(render(report, limit=args.limit))
     return 0
+
+
+def end_tokens(model: str | Path) -> list[dict[str, Any]] | None:
+    """The tokens that end generation (tokenizer/end_tokens.py), each with its text and whether it
+    is the EOS; None where the file carries no tokenizer (a GGUF without one, a weights-only file)."""
+    from scratchllm.tokenizer import Tokenizer
+
+    path = resolve_model(model)
+    if not (path.is_dir() or is_gguf(path)):
+        return None
+    try:
+        tok = Tokenizer.from_pretrained(path)
+    except FormatError:
+        return None
+    return [{"id": i, "text": tok.id_to_token(i), "eos": i == tok.eos_token_id} for i in sorted(tok.end_token_ids)]
+
+
+def render_end_tokens(tokens: list[dict[str, Any]] | None) -> list[str]:
+    if tokens is None:
+        return ["  (no tokenizer in this file)"]
+    if not tokens:
+        return ["  none: this tokenizer names no end of generation"]
+    return [f"  {t['id']:>8}  {t['text']}{'  (the EOS)' if t['eos'] else ''}" for t in tokens]
 
 
 def model_weights(ref: str) -> dict[str, Any]:
@@ -185,6 +212,7 @@ def render(r: dict[str, Any], limit: int = 0) -> str:
              f"-- first 64 bytes of {r['file']}"]
     lines += hexdump(bytes.fromhex(r["first_bytes"]))
     lines += ["", "-- container"] + render_container(r)
+    lines += ["", "-- tokens that end generation"] + render_end_tokens(r.get("end_tokens"))
     tensors = r["tensors"][:limit] if limit else r["tensors"]
     where = "byte offsets in each tensor's own shard" if "shards" in r["container"] else "absolute file offsets"
     lines += ["", f"-- tensors ({len(r['tensors'])}; offsets are {where}, strides in elements)"]

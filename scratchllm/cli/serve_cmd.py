@@ -41,6 +41,7 @@ from scratchllm.cli.listen import listen, url
 from scratchllm.cli.options import add_kv_cache_dtype_argument, add_threads_argument
 from scratchllm.cli.serve_config import apply_config, environment_defaults, render_config, track_given
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
+from scratchllm.engine.config import POLICY_NAMES
 from scratchllm.errors import ConfigError
 from scratchllm.evaluate.capture import add_capture_arguments, capture_writer_from_args, check_capture_args
 from scratchllm.server.tool_parsers import FORMATS as TOOL_CALL_FORMATS
@@ -121,7 +122,7 @@ def add_parser(sub: Subparsers) -> None:
                    choices=["debug", "info", "warning", "error", "critical"],
                    help="logging of the engine, the server and uvicorn's access log (default warning; info "
                         "logs each request)")
-    p.add_argument("--policy", choices=["priority", "fcfs"], default=None,
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None,
                    help="admission policy of the continuous engine: priority (default: short requests "
                         "first, a 10 ms tick, aging) or fcfs (arrival order)")
     add_threads_argument(p)

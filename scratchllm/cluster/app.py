@@ -167,7 +167,7 @@ class Ingress:
         return self._open()
 
     def _open(self) -> int:
-        return max(int(self.engine.stats()["running"]), self.http_drain.active)
+        return max(self.engine.stats().running, self.http_drain.active)
 
 
 ROUTER_TOTALS = ("requests", "predicted_hits", "actual_hits", "hit_agreement", "exact", "predicted_tokens",
@@ -190,7 +190,7 @@ def _prometheus(engine: RemoteEngine) -> bytes:
     for key, value in engine.counts.items():
         families.append(CounterMetricFamily(f"scratchllm_cluster_{key}", f"ingress requests: {key}", value=value))
     families.append(GaugeMetricFamily("scratchllm_cluster_requests_open", "ingress requests open now (streams "
-                                      "not yet ended)", value=engine.stats()["running"]))
+                                      "not yet ended)", value=engine.stats().running))
     replicas = {rid for view in VIEWS for rid in view.snapshot()["replicas"]}
     families.append(GaugeMetricFamily("scratchllm_router_replicas", "engine replicas in the router's view now",
                                       value=len(replicas)))

@@ -32,7 +32,7 @@ from typing import Any
 
 from scratchllm.cluster.ledger import PREDICTIONS
 from scratchllm.cluster.view import Accuracy
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent, submit_each
 from scratchllm.engine.streams import StreamHost
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.sampling import SamplingParams
@@ -126,9 +126,10 @@ class RemoteEngine:
         if self._loop is not None:
             self._on_loop(self._cancel, str(request_id))
 
-    def stats(self) -> dict[str, Any]:
-        return {"running": len(self._streams), "waiting": 0, "finished": self._streams.counts(),
-                **{f"cluster_{k}": v for k, v in self.counts.items()}}
+    def stats(self) -> EngineStats:
+        """Open streams as running; the blocks are the replicas' (their own stats); the ingress's
+        fault counters are `counts` (/cluster/stats)."""
+        return EngineStats(running=len(self._streams), waiting=0, finished=self._streams.counts())
 
     def shutdown(self, drain: bool = True) -> None:
         """Refuse new requests; without drain, abort the open ones (with drain they run on)."""

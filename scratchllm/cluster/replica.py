@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scratchllm.cluster.residency import REPORT_CAP, HashTranslator, PrefixCacheModel, ReportingEngine
-from scratchllm.engine.protocol import EngineClient, TokenEvent
+from scratchllm.engine.protocol import EngineClient, EngineStats, TokenEvent
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 
@@ -103,21 +103,23 @@ class EngineReplica:
             stream.abort()  # a no-op once finished; else the caller is gone: free the blocks
 
     def record_routing_stats(self) -> dict[str, Any]:
+        """Serve's hook (a dict, as Serve wants): what the router reads, and the facts
+        /cluster/stats shows per replica (the soak's leak check reads kv_blocks_used there)."""
         stats = self.engine.stats()
         if isinstance(self.residency, PrefixCacheModel):
             hashes = self.residency.resident()
         else:
-            hashes = self.residency.translate(stats.get("resident_block_hashes", ()))
+            hashes = self.residency.translate(stats.resident_block_hashes)
         self.reports += 1
-        return {"hashes": hashes[-REPORT_CAP:], "load": int(stats["running"]) + int(stats["waiting"]),
-                "seq": self.reports, "kv_blocks_used": stats["kv_blocks_used"],
-                "kv_blocks_total": stats["kv_blocks_total"], "rss_bytes": _rss_bytes(), "pid": os.getpid(),
+        return {"hashes": hashes[-REPORT_CAP:], "load": stats.running + stats.waiting,
+                "seq": self.reports, "kv_blocks_used": stats.kv_blocks_used,
+                "kv_blocks_total": stats.kv_blocks_total, "rss_bytes": _rss_bytes(), "pid": os.getpid(),
                 "served": self.served}
 
-    def stats(self) -> dict[str, Any]:
-        """The engine's counters (without the hash list), for the soak's leak check and the bench."""
-        stats = {k: v for k, v in self.engine.stats().items() if k != "resident_block_hashes"}
-        return {**stats, "replica_id": self.replica_id}
+    def stats(self) -> EngineStats:
+        """The engine's counters (without the hash list, which only the router's report needs),
+        for the bench: picklable, so it crosses Ray as it is."""
+        return dataclasses.replace(self.engine.stats(), resident_block_hashes=())
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)

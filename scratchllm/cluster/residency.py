@@ -13,13 +13,14 @@ Two engines, two sources:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from scratchllm.cluster.router import BLOCK_SIZE, prefix_hashes
-from scratchllm.engine.block_manager import chain_hash
+from scratchllm.engine.block_pool import chain_hash
 from scratchllm.engine.engine import LLMEngine
+from scratchllm.engine.protocol import EngineStats
 
 REPORT_CAP = 16384  # at most this many hashes per report: 8 bytes each, 128 KiB
 
@@ -27,10 +28,8 @@ REPORT_CAP = 16384  # at most this many hashes per report: 8 bytes each, 128 KiB
 class ReportingEngine(LLMEngine):
     """The continuous engine whose per-step stats snapshot also lists its cached block hashes."""
 
-    def stats(self) -> dict[str, Any]:
-        stats = super().stats()
-        stats["resident_block_hashes"] = tuple(self.block_manager.hash_to_block)
-        return stats
+    def stats(self) -> EngineStats:
+        return dataclasses.replace(super().stats(), resident_block_hashes=tuple(self.block_manager.hash_to_block))
 
 
 class HashTranslator:

@@ -23,7 +23,7 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from scratchllm.engine.block_manager import chain_hash
+from scratchllm.engine.block_pool import chain_hash
 
 BLOCK_SIZE = 16
 # The chain's root. The engine starts its chain at None, whose hash() is the object's address

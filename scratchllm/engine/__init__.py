@@ -2,13 +2,16 @@
 
 See docs/architecture.md. Modules, one concept each: protocol (the contract with everything
 above: events, metrics, results, streams, EngineClient), request (states and timestamps),
-block_manager (paged KV ids, ref counts, prefix cache, CoW), policy (admission: the priority
-policy or FCFS), scheduler (the batching mechanism: budget, chunked prefill, preemption),
-paged_attention (the pool and the Cython kernel), masks (3-D masks), model_runner (one packed
-forward per step), output (the one output path: tokens -> events -> results), engine
-(LLMEngine), async_engine (the engine behind a thread), static (the padded baseline), fake (the
-fake engine), streams (request ids and open streams, for every engine), validate (the one rule
-set for bad input), memory_plan (refuse at start, never OOM later).
+block_pool (paged KV ids, ref counts, free lists, prefix hashes), block_manager (each sequence's
+block tables: prefix hits, CoW, windows), policy (admission: the priority policy or FCFS),
+scheduler (the batching mechanism: budget, chunked prefill, preemption), paged_attention (the
+pool and the Cython kernel), kv_sizing (KV bytes per token and block), masks (3-D masks),
+model_runner (one packed forward per step), sampler (the one sampling path: logits rows ->
+tokens), output (the one output path: tokens -> events -> results), engine (LLMEngine),
+async_engine (the engine behind a thread), static (the padded baseline), fake (the fake engine),
+threaded (the thread, condition and shutdown those three share),
+streams (request ids and open streams, for every engine), validate (the one rule set for bad
+input), memory_plan (refuse at start, never OOM later).
 """
 
 from scratchllm.engine.config import EngineConfig

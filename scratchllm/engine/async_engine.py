@@ -2,23 +2,24 @@
 (protocol.py). Thread-safe submit / abort / shutdown; each request's events arrive on its own
 RequestStream, in order, readable from a thread or from an event loop.
 
-One thread owns the LLMEngine and is the only one that touches it: submissions and aborts go
-into an inbox that the thread drains between steps, so the scheduler and the block manager
-never see two threads. When there is nothing to compute the thread waits one scheduling tick
-(10 ms) or until a submission wakes it, whichever comes first: a new high-priority request is
-admitted at once, without a busy loop.
+One thread owns the LLMEngine and is the only one that touches it (the thread, its condition
+and shutdown are ThreadedEngine's, threaded.py): submissions and aborts go into an inbox that
+the thread drains between steps, so the scheduler and the block manager never see two threads.
+When there is nothing to compute the thread waits one scheduling tick (10 ms) or until a
+submission wakes it, whichever comes first: a new high-priority request is admitted at once,
+without a busy loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from scratchllm.engine.engine import LLMEngine
-from scratchllm.engine.protocol import RequestStream, TokenEvent
-from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.protocol import EngineStats, RequestStream, TokenEvent
+from scratchllm.engine.threaded import ThreadedEngine
 from scratchllm.errors import ConfigError
 from scratchllm.models.heap import release_free_heap
 from scratchllm.sampling import SamplingParams
@@ -26,18 +27,36 @@ from scratchllm.sampling import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class AsyncEngine:
+@dataclass(frozen=True)
+class AddRequests:
+    """Inbox: requests on one prompt to add (one, or a group that forks the prompt's blocks)."""
+
+    request_ids: tuple[str, ...]
+    prompt_token_ids: tuple[int, ...]
+    params: tuple[SamplingParams, ...]
+    arrival: float  # when submit was called, on the engine's clock: the wait for the step in flight is queueing
+    group: bool  # LLMEngine.add_group (the prompt computed once), else add_request
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Inbox: a request to stop now (its blocks go back to the pool)."""
+
+    request_id: str
+
+
+InboxMessage = AddRequests | AbortRequest
+
+
+class AsyncEngine(ThreadedEngine):
     def __init__(self, engine: LLMEngine):
+        super().__init__("req", "scratchllm-engine")
         self.engine = engine
         self.tick_s = engine.config.tick_s
         self.max_model_len = engine.max_model_len
-        self._cv = threading.Condition()
-        self._inbox: list[tuple[Any, ...]] = []
-        self._streams = StreamHost("req", self.abort)
-        self._stopping = False
+        self._inbox: list[InboxMessage] = []
         self._snapshot = engine.stats()  # written by the engine thread only, read under _cv
-        self._thread = threading.Thread(target=self._loop, name="scratchllm-engine", daemon=True)
-        self._thread.start()
+        self._start()
 
     # --- the contract ---
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -48,7 +67,8 @@ class AsyncEngine:
             stream: RequestStream = self._streams.open(request_id)
             # arrival is now, not when the engine thread takes it in: the wait for the step in
             # flight is queueing too (RequestMetrics.queue_ms)
-            self._inbox.append(("add", stream.request_id, list(prompt_token_ids), params, self.engine.clock()))
+            self._inbox.append(AddRequests((stream.request_id,), tuple(prompt_token_ids), (params,),
+                                           self.engine.clock(), group=False))
             self._cv.notify()
         return stream
 
@@ -61,32 +81,23 @@ class AsyncEngine:
             self.engine.validate(prompt_token_ids, p)
         with self._cv:
             streams: list[RequestStream] = self._streams.open_group(request_ids, len(params))
-            self._inbox.append(("group", [s.request_id for s in streams], list(prompt_token_ids), list(params),
-                                self.engine.clock()))
+            self._inbox.append(AddRequests(tuple(s.request_id for s in streams), tuple(prompt_token_ids),
+                                           tuple(params), self.engine.clock(), group=True))
             self._cv.notify()
         return streams
 
     def abort(self, request_id: str) -> None:
-        self._post(("abort", str(request_id)))
+        self._post(AbortRequest(str(request_id)))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         """The engine's counters as of the last finished step. Other threads never read the
         engine itself (it may be mid-step): the engine thread publishes a snapshot per step."""
         with self._cv:
-            stats = dict(self._snapshot)
-        stats["finished"] = self._streams.counts()
-        return stats
-
-    def shutdown(self, drain: bool = True) -> None:
-        """Refuse new requests; with drain, finish the running and waiting ones, else abort them."""
-        with self._cv:
-            self._inbox += [("abort", rid) for rid in self._streams.close(drain)]
-            self._stopping = True
-            self._cv.notify()
-        self._thread.join()
+            snapshot = self._snapshot
+        return dataclasses.replace(snapshot, finished=self._streams.counts())
 
     # --- the engine thread ---
-    def _post(self, message: tuple[Any, ...]) -> None:
+    def _post(self, message: InboxMessage) -> None:
         with self._cv:
             self._inbox.append(message)
             self._cv.notify()
@@ -98,21 +109,20 @@ class AsyncEngine:
     def _drain_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
         for message in inbox:
-            if message[0] in ("add", "group"):
-                _, rid, ids, params, arrival = message
-                rids = rid if message[0] == "group" else [rid]
-                try:
-                    if message[0] == "group":
-                        self.engine.add_group(rids, ids, params, arrival=arrival)
-                    else:
-                        self.engine.add_request(rid, ids, params, arrival=arrival)
-                except Exception as err:  # noqa: BLE001 - validated in submit; never kill the loop
-                    logger.warning("request %s refused: %s", rid, err)
-                    self._deliver([TokenEvent(r, None, "", 0, "abort") for r in rids])
-            else:
-                final = self.engine.abort(message[1])
+            if isinstance(message, AbortRequest):
+                final = self.engine.abort(message.request_id)
                 if final is not None:
                     self._deliver([final])
+                continue
+            ids, rids = list(message.prompt_token_ids), list(message.request_ids)
+            try:
+                if message.group:
+                    self.engine.add_group(rids, ids, list(message.params), arrival=message.arrival)
+                else:
+                    self.engine.add_request(rids[0], ids, message.params[0], arrival=message.arrival)
+            except Exception as err:  # noqa: BLE001 - validated in submit; never kill the loop
+                logger.warning("request %s refused: %s", rids[0], err)
+                self._deliver([TokenEvent(r, None, "", 0, "abort") for r in rids])
 
     def _loop(self) -> None:
         engine = self.engine
@@ -144,5 +154,3 @@ class AsyncEngine:
                 with self._cv:
                     if not self._inbox:
                         self._cv.wait(timeout=self.tick_s)
-        with self._cv:  # anything still listening gets its end
-            self._streams.end_all()

@@ -7,7 +7,12 @@ operator can pin or change it.
 
 from dataclasses import dataclass
 
+from scratchllm.engine.kv_sizing import KV_DTYPE_CHOICES
 from scratchllm.errors import ConfigError
+
+# The admission policies (engine/policy.py), the one list every option that names one reads:
+# EngineConfig.policy, `serve --policy`, `bench engine --policies`.
+POLICY_NAMES = ("priority", "fcfs")
 
 
 @dataclass(frozen=True)
@@ -18,9 +23,9 @@ class EngineConfig:
     memory_budget_bytes: int | None = None  # None: 4 GiB minus weights (see memory_plan)
     kv_cache_memory_bytes: int | None = None  # KV pool size; None: sized from the model and max_num_seqs
     enable_prefix_caching: bool = True
-    # the K/V element type: "auto" (paged_attention.DEFAULT_KV_DTYPE), float32, float16, bfloat16, int8
+    # the K/V element type: one of kv_sizing.KV_DTYPE_CHOICES ("auto" is kv_sizing.DEFAULT_KV_DTYPE)
     kv_cache_dtype: str = "auto"
-    # the prefix cache's residue beyond the blocks the work holds (block_manager.BlockPool.pop_free):
+    # the prefix cache's residue beyond the blocks the work holds (block_pool.BlockPool.pop_free):
     # freed blocks keep their cached prefixes in memory that is resident anyway, and may grow it by
     # at most this much; None: as much as the most KV the work has held at once (the pool's
     # resident memory then stays within twice that peak)
@@ -35,7 +40,7 @@ class EngineConfig:
     # predicts fits it (engine/step_time.py); None: max_num_batched_tokens and max_num_seqs only
     target_tpot_s: float | None = None
     # --- admission (engine/policy.py) ---
-    policy: str = "priority"  # "priority" (two queues, tick, gate, aging) or "fcfs"
+    policy: str = "priority"  # one of POLICY_NAMES: "priority" (two queues, tick, gate, aging) or "fcfs"
     tick_s: float = 0.010  # scheduling tick
     high_priority_max_tokens: int = 256  # max_tokens < this -> high queue
     utilization_gate: float = 0.80  # admit only below this utilization
@@ -54,15 +59,14 @@ class EngineConfig:
         need("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, ">= 1")
         need("memory_budget_bytes", self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "> 0")
         need("kv_cache_memory_bytes", self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "> 0")
-        need("kv_cache_dtype", self.kv_cache_dtype in ("auto", "float32", "float16", "bfloat16", "int8"),
-             "one of auto, float32, float16, bfloat16, int8")
+        need("kv_cache_dtype", self.kv_cache_dtype in KV_DTYPE_CHOICES, f"one of {', '.join(KV_DTYPE_CHOICES)}")
         need("prefix_cache_memory_bytes", self.prefix_cache_memory_bytes is None or self.prefix_cache_memory_bytes >= 0,
              ">= 0")
         need("max_num_seqs", self.max_num_seqs >= 1, ">= 1")
         need("max_num_batched_tokens", self.max_num_batched_tokens >= 1, ">= 1")
         need("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1")
         need("target_tpot_s", self.target_tpot_s is None or self.target_tpot_s > 0, "> 0")
-        need("policy", self.policy in ("priority", "fcfs"), "'priority' or 'fcfs'")
+        need("policy", self.policy in POLICY_NAMES, "one of " + ", ".join(POLICY_NAMES))
         need("tick_s", self.tick_s > 0, "> 0")
         need("high_priority_max_tokens", self.high_priority_max_tokens >= 1, ">= 1")
         need("utilization_gate", 0.0 < self.utilization_gate <= 1.0, "in (0, 1]")

@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.engine.block_manager import FOLLOW_PEAK, BlockManager
+from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_pool import FOLLOW_PEAK
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.load import load_weights
 from scratchllm.engine.memory_plan import MemoryPlan, plan_memory
 from scratchllm.engine.model_runner import ModelRunner
-from scratchllm.engine.output import OutputCollector, OutputProcessor
-from scratchllm.engine.protocol import RequestOutput, TokenEvent
+from scratchllm.engine.output import OutputCollector, OutputProcessor, end_token_ids
+from scratchllm.engine.protocol import FINISH_REASONS, EngineStats, RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
+from scratchllm.engine.sampler import SampledToken, sample
 from scratchllm.engine.scheduler import Scheduler
 from scratchllm.engine.streams import RequestIds
 from scratchllm.engine.tracing import StepTracer
@@ -53,6 +55,7 @@ class LLMEngine:
             eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer else None
             eos_token_id = mc.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_id = eos_token_id
+        self.end_token_ids = end_token_ids(tokenizer, eos_token_id)  # every token that ends a request
         ctx = min(mc.max_position_embeddings, config.max_model_len or mc.max_position_embeddings)
         self.plan: MemoryPlan = plan_memory(model, config, ctx)
         num_blocks = self.plan.num_kv_blocks
@@ -77,6 +80,7 @@ class LLMEngine:
         self._ids = RequestIds("req")  # for requests added without one
         self.num_steps = 0
         self.num_generated = 0
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)  # requests ended per finish reason
         self.step_tokens_total = 0
         self.last_step_tokens = 0
         # every token into the trace ring (scratchllm/trace), when a writer is given
@@ -144,7 +148,7 @@ class LLMEngine:
         detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
         if detok is not None and self.tracer is not None:
             detok = self.tracer.detokenize.timed(detok)  # the step's detokenize span
-        return OutputProcessor(request_id, params, detok, self.eos_token_id, arrival)
+        return OutputProcessor(request_id, params, detok, self.end_token_ids, arrival)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ConfigError for a request this engine can never run (validate.py; read-only: any thread)."""
@@ -157,6 +161,7 @@ class LLMEngine:
             return None
         self.scheduler.abort(req)  # blocks: deferred by the block manager if a step is in flight
         req.finish("abort", self.clock())
+        self.finished["abort"] += 1
         event = self._outputs.pop(req.request_id).abort()
         event.metrics = req.metrics()
         if self.tracer is not None:
@@ -193,11 +198,11 @@ class LLMEngine:
         events: list[TokenEvent] = []
         finished: list[Request] = []
         forks: list[tuple[Request, Request]] = []
-        for row, (req, sampled) in enumerate(zip(reqs, ModelRunner.sample(reqs, logits), strict=True)):
+        for row, (req, sampled) in enumerate(zip(reqs, sample(logits, reqs, self.end_token_ids), strict=True)):
             if req.fork_children and req.num_output_tokens == 0:  # its prefill is done: the others fork
                 kids, req.fork_children = req.fork_children, []
                 rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
-                for kid, kid_sampled in zip(kids, ModelRunner.sample(kids, rows), strict=True):
+                for kid, kid_sampled in zip(kids, sample(rows, kids, self.end_token_ids), strict=True):
                     kid.first_scheduled = req.first_scheduled
                     kid.prompt_logprobs = req.prompt_logprobs  # the prompt was computed once, for all
                     if not self._emit(kid, kid_sampled, now, events, finished):
@@ -214,7 +219,7 @@ class LLMEngine:
                              preempted=len(batch.preempted))
         return events
 
-    def _emit(self, req: Request, sampled: tuple[int, float | None, Any], now: float, events: list[TokenEvent],
+    def _emit(self, req: Request, sampled: SampledToken, now: float, events: list[TokenEvent],
               finished: list[Request]) -> bool:
         """The request's new token through the output path; True if it finished with it."""
         token, lp, top = sampled
@@ -228,6 +233,7 @@ class LLMEngine:
         if event.finish_reason is None:
             return False
         req.finish(event.finish_reason, now)
+        self.finished[event.finish_reason] += 1
         event.metrics = req.metrics()
         finished.append(req)
         del self.requests[req.request_id], self._outputs[req.request_id]
@@ -250,34 +256,17 @@ class LLMEngine:
                     c.add(event)
         return [c.output for c in collectors.values()]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         bm, s = self.block_manager, self.scheduler
-        return {
-            "running": s.num_running(),
-            "waiting": s.num_waiting(),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_used": bm.num_used,
-            "kv_blocks_peak": bm.stats.peak_used,
-            "kv_block_bytes": self.plan.kv_block_bytes,
-            "kv_bytes_used": bm.bytes_used,  # each pool's blocks at its own size (windowed layers' differ)
-            "kv_bytes_peak": bm.stats.peak_bytes,
-            "kv_cache_dtype": self.plan.kv_dtype,
-            "kv_bytes_per_token": self.plan.kv_bytes_per_token,
-            # blocks the work has made resident (ever handed out) and the free ones holding cached prefixes
-            "kv_blocks_resident": bm.num_resident,
-            "kv_bytes_resident": sum(g.num_resident * b for g, b in zip(bm.groups, bm.block_bytes, strict=False)),
-            "prefix_cache_free_blocks": bm.num_cached_free,
-            "kv_occupancy": bm.occupancy,
-            "utilization": s.last_utilization,
-            "prefix_cache_queries": bm.stats.prefix_queries,
-            "prefix_cache_hits": bm.stats.prefix_hits,
-            "preemptions": s.num_preemptions,
-            "priority_adjusted": s.num_priority_adjusted,
-            "steps": self.num_steps,
-            "generated_tokens": self.num_generated,
-            "policy": self.config.policy,
-            "memory_plan": self.plan.describe(),
-        }
+        return EngineStats(
+            running=s.num_running(), waiting=s.num_waiting(), finished=dict(self.finished),
+            preemptions=s.num_preemptions, steps=self.num_steps,
+            kv_blocks_used=bm.num_used, kv_blocks_peak=bm.stats.peak_used, kv_blocks_total=bm.num_blocks,
+            kv_block_bytes=self.plan.kv_block_bytes, kv_bytes_per_token=self.plan.kv_bytes_per_token,
+            kv_bytes_used=bm.bytes_used, kv_bytes_peak=bm.stats.peak_bytes,
+            kv_bytes_resident=sum(g.num_resident * b for g, b in zip(bm.groups, bm.block_bytes, strict=False)),
+            prefix_cache_free_blocks=bm.num_cached_free, prefix_cache_queries=bm.stats.prefix_queries,
+            prefix_cache_hits=bm.stats.prefix_hits, priority_adjusted=s.num_priority_adjusted)
 
 
 def _priority(priority: Priority | str | int | None) -> Priority | None:

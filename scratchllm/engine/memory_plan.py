@@ -8,12 +8,12 @@ stream and its norm [T, C] x 3, the fused qkv [T, (H + 2 KVH) D], the attention 
 the fused gate|up [T, 2I] and its product [T, I], plus the logits of the sampled rows
 [max_num_seqs, V] and the kernel's per-thread score buffers [H, max_model_len].
 
-KV with sliding windows (paged_attention.layer_groups): the full-attention layers' pool holds
+KV with sliding windows (kv_sizing.layer_groups): the full-attention layers' pool holds
 context, the windowed layers' pool only the window. Between steps a sequence holds, per windowed
 layer, the blocks of its last `window` positions: at most ceil((window - 1) / block_size) + 1
 blocks, the window plus the block being filled; during a step its prefill chunk besides. So the
 windowed pool is sized max_num_seqs x (that + 1) + the step's token budget in blocks, whatever
-the context, and `sequence_kv_bytes` is the bound one sequence keeps to.
+the context, and `kv_sizing.sequence_kv_bytes` is the bound one sequence keeps to.
 
 The default context (max_model_len not given) is the model's, or what the pool the plan leaves
 holds when that is less (a sequence can never outgrow the pool), but never below
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scratchllm.engine.config import EngineConfig
-from scratchllm.engine.paged_attention import block_bytes, kv_bytes_per_token, layer_groups, resolve_kv_dtype
+from scratchllm.engine.kv_sizing import block_bytes, kv_bytes_per_token, layer_groups, resolve_kv_dtype, window_blocks
 from scratchllm.errors import MemoryPlanError
 from scratchllm.models.config import ModelConfig
 from scratchllm.models.llama_params import QuantizedRows
@@ -84,25 +84,6 @@ class MemoryPlan:
                 f"{self.kv_bytes_per_token / 1024:.1f} KiB per token) {pools} = {self.kv_bytes / MiB:.1f} MiB"
                 f" + activations {self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
                 f"(of {self.budget_bytes / MiB:.1f} MiB it may use)")
-
-
-def window_blocks(window: int, block_size: int) -> int:
-    """Most blocks a windowed table holds between steps: those of the last `window` positions."""
-    return (window - 1 + block_size - 1) // block_size + 1
-
-
-def sequence_kv_bytes(mc: ModelConfig, context_len: int, block_size: int, windows: bool = True,
-                      kv_dtype: str = "float32") -> int:
-    """Most KV bytes one sequence of `context_len` tokens holds between steps: each full-attention
-    layer its context, each windowed layer its window plus the block being filled (in whole blocks).
-    windows=False: as if every layer attended to the whole context."""
-    blocks = -(-context_len // block_size)
-    layer_block = block_bytes(mc, block_size, 1, kv_dtype)
-    total = 0
-    for layer in range(mc.num_layers):
-        w = mc.window(layer) if windows else None
-        total += layer_block * (min(blocks, window_blocks(w, block_size)) if w else blocks)
-    return total
 
 
 def weights_bytes(model: Model) -> int:

@@ -1,4 +1,4 @@
-"""The model runner: turns one scheduled step into one packed forward, and logits into tokens.
+"""The model runner: turns one scheduled step into one packed forward (its logits go to sampler.py).
 Numerics only; which requests run and how many tokens each is the scheduler's business.
 
 One step = one forward over N packed tokens (every decode and every prefill chunk together), so
@@ -13,11 +13,7 @@ from scratchllm.engine.paged_attention import PagedAttention
 from scratchllm.engine.request import Request
 from scratchllm.engine.scheduler import ScheduledBatch
 from scratchllm.models.protocol import Model
-from scratchllm.sampling import sample_token, shaped_logits, top_logprobs
-from scratchllm.structured import guide_for
-
-# (token id, its logprob, the top (id, logprob) pairs); both None when logprobs were not asked for
-SampledToken = tuple[int, float | None, list[tuple[int, float]] | None]
+from scratchllm.sampling import top_logprobs
 
 
 class ModelRunner:
@@ -67,38 +63,11 @@ class ModelRunner:
     @staticmethod
     def _tables(tables: list[list[int]]) -> npt.NDArray[np.int32]:
         """The step's block tables as one array [S, longest]; padding and dropped entries (a windowed
-        table's, block_manager.DROPPED) become block 0, never read."""
+        table's, block_pool.DROPPED) become block 0, never read."""
         out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
         for s, table in enumerate(tables):
             out[s, : len(table)] = table
         return np.maximum(out, 0, out=out)
-
-    @staticmethod
-    def sample(reqs: list[Request], logits: npt.NDArray[np.float32]) -> list[SampledToken]:
-        """One (token, logprob, top_logprobs) per request, each with its own params and rng.
-
-        A row goes through the logits processors and the grammar mask only when its request
-        uses them; plain greedy rows share one argmax. Logprobs are the model's own (raw
-        logits), so a masked token reports its real probability, never -inf."""
-        greedy = np.argmax(logits, axis=1) if len(reqs) else []  # one call for every greedy row
-        out: list[SampledToken] = []
-        for r, req in enumerate(reqs):
-            params = req.params
-            guide = guide_for(req) if params.grammar is not None else None
-            if params.uses_processors or guide is not None:
-                row = shaped_logits(logits[r], params, req.prompt_token_ids, req.output_token_ids,
-                                    guide.allowed() if guide is not None else None)
-                token = int(np.argmax(row)) if params.greedy else sample_token(row, params, req.rng)
-            else:
-                token = int(greedy[r]) if params.greedy else sample_token(logits[r], params, req.rng)
-            if guide is not None:
-                guide.consume(token)  # and the next mask starts computing now
-            if params.logprobs is not None:
-                lp, top = top_logprobs(logits[r], token, params.logprobs)
-                out.append((token, lp, top))
-            else:
-                out.append((token, None, None))
-        return out
 
 
 # --- the prompt's logprobs (SamplingParams.prompt_logprobs) -------------------------------------

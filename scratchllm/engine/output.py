@@ -3,8 +3,9 @@ baseline, fake) turns its tokens into TokenEvents here, and everyone who wants a
 (`LLMEngine.generate`, `LLM`, the server's non-streamed replies) folds events with OutputCollector.
 
 Why a request ends (decided here and nowhere else):
-  "stop"   - an end token (the tokenizer's EOS unless ignore_eos, or one of stop_token_ids): the
-             token is kept in token_ids, its text is not shown; or a stop string appeared in the
+  "stop"   - an end token (any token that ends generation, the EOS among them, unless
+             ignore_eos: end_token_ids; or one of stop_token_ids): the token is kept in
+             token_ids, its text is not shown; or a stop string appeared in the
              text: the text is cut before it. With include_stop_str_in_output the stop string (the
              end token's text) is kept as the text's end.
   "length" - max_tokens generated, or the engine's context is full.
@@ -20,20 +21,22 @@ passed in: no clock call per token here) minus the request's arrival.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from scratchllm.engine.protocol import RequestOutput, TokenEvent, TopLogprobs
 from scratchllm.sampling import SamplingParams
 from scratchllm.tokenizer.protocol import IncrementalDetokenizer as IncrementalDetokenizer  # re-exported for tracing
+from scratchllm.tokenizer.protocol import TokenizerLike
 
 
 class OutputProcessor:
     """One request's token -> event state machine (see the module doc)."""
 
     def __init__(self, request_id: str, params: SamplingParams, detokenizer: IncrementalDetokenizer | None,
-                 eos_token_id: int | None, arrival: float):
+                 end_token_ids: Collection[int], arrival: float):
         self.request_id, self.params, self.detok = request_id, params, detokenizer
-        self.eos_token_id, self.arrival = eos_token_id, arrival
+        self.end_token_ids, self.arrival = end_token_ids, arrival
         self.num_tokens = 0  # tokens processed so far
         self.text = ""  # the text so far (cut at a stop string once found)
         self.emitted = 0  # characters of `text` already sent as deltas
@@ -50,7 +53,7 @@ class OutputProcessor:
         p = self.params
         self.num_tokens += 1
         reason = None
-        stop_token = token_id in p.stop_token_ids or (token_id == self.eos_token_id and not p.ignore_eos)
+        stop_token = token_id in p.stop_token_ids or (token_id in self.end_token_ids and not p.ignore_eos)
         if stop_token:
             reason = "stop"
         elif self.num_tokens >= p.max_tokens or context_full:
@@ -78,6 +81,14 @@ class OutputProcessor:
         assert self.finish_reason is None, f"request {self.request_id} ended twice"
         self.finish_reason = "abort"
         return TokenEvent(self.request_id, None, "", self.num_tokens, "abort")
+
+
+def end_token_ids(tokenizer: TokenizerLike | None, eos_token_id: int | None = None) -> frozenset[int]:
+    """Every id that ends a request's generation (unless ignore_eos): the tokenizer's end tokens
+    (end_token_ids, its EOS among them) and `eos_token_id` (the caller's, or the model config's
+    where no tokenizer names one)."""
+    ends = frozenset(tokenizer.end_token_ids) if tokenizer is not None else frozenset()
+    return ends | {eos_token_id} if eos_token_id is not None else ends
 
 
 def _stop_cut(text: str, stops: tuple[str, ...], start: int, keep: bool) -> int | None:

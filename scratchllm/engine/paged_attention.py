@@ -23,7 +23,7 @@ The KV-cache dtype (EngineConfig.kv_cache_dtype): float32, float16, bfloat16 (ke
 bits: NumPy has no bfloat16) or int8 with a float32 scale per (block, kv head) for K and for V
 (k_scale, v_scale: [L, num_blocks, KVH]). The kernel reads each in place (widened in registers;
 scratchllm/kernels/paged_attention.pyx says how int8 is kept), so a smaller dtype is fewer bytes
-per token of context, resident and read per step. `kv_bytes_per_token` says how many.
+per token of context, resident and read per step (kv_sizing.py says how many).
 
 `reference_attention` is the NumPy twin the kernel is tested against: gather each sequence's keys
 through its block table into a padded batch and use the 3-D mask generator.
@@ -35,14 +35,13 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from scratchllm.engine.kv_sizing import KV_DTYPES, resolve_kv_dtype
 from scratchllm.engine.masks import varlen_causal_mask
-from scratchllm.errors import ConfigError
 from scratchllm.kernels.paged_attention import copy_blocks, layout_context, paged_attention
 from scratchllm.models.arena import anonymous_mapping
 
@@ -51,24 +50,6 @@ if TYPE_CHECKING:
 
 Floats = npt.NDArray[np.floating[Any]]
 Ints = npt.NDArray[np.integer[Any]]
-
-
-# the KV-cache dtypes: the NumPy dtype each is stored in (bfloat16 as its bits)
-KV_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-                                       "bfloat16": np.dtype(np.uint16), "int8": np.dtype(np.int8)}
-KV_DTYPE_CHOICES = ("auto", *KV_DTYPES)
-# what "auto" means (docs/memory.md says why: measured, half the bytes of float32 per token for the
-# same decode speed, and the logits stay within float16's rounding of the float32 cache's)
-DEFAULT_KV_DTYPE = "float16"
-
-
-def resolve_kv_dtype(name: str) -> str:
-    """A --kv-cache-dtype value -> the dtype it means; a clear error for one that is not a choice."""
-    if name == "auto":
-        return DEFAULT_KV_DTYPE
-    if name not in KV_DTYPES:
-        raise ConfigError(f"KV-cache dtype must be one of {', '.join(KV_DTYPE_CHOICES)}, got {name!r}")
-    return name
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
@@ -82,45 +63,6 @@ def lazy_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike = np.float32) -> npt
         return np.zeros(shape, dtype=dtype)
     region = anonymous_mapping(size, huge_pages=False)
     return np.frombuffer(region, dtype=dtype).reshape(shape)  # the array keeps the mapping alive
-
-
-@dataclass(frozen=True)
-class LayerGroup:
-    """Layers that share a KV pool and a block table per sequence: the full-attention layers, or
-    the windowed ones (window: the largest window among them, 0 for full attention)."""
-
-    layers: tuple[int, ...]
-    window: int
-
-
-def layer_groups(config: ModelConfig) -> list[LayerGroup]:
-    """The KV pools of a model: one of every layer when no layer has a window, or when every layer
-    has one; else the full-attention layers first, then the windowed ones. Group g's block table
-    is Request.block_table for g = 0 and Request.window_table for g = 1 (block_manager.py)."""
-    windows = [config.window(i) or 0 for i in range(config.num_layers)]
-    full = tuple(i for i, w in enumerate(windows) if not w)
-    windowed = tuple(i for i, w in enumerate(windows) if w)
-    if not windowed:
-        return [LayerGroup(full, 0)]
-    group = LayerGroup(windowed, max(windows))
-    return [group] if not full else [LayerGroup(full, 0), group]
-
-
-def kv_bytes_per_token(config: ModelConfig, kv_dtype: str = "float32", num_layers: int | None = None,
-                       block_size: int = 16) -> float:
-    """Bytes of K and V one token of context takes over `num_layers` layers (default: every layer)
-    in `kv_dtype`; int8 counts its per-block scales (2 x 4 bytes per kv head per block)."""
-    layers = config.num_layers if num_layers is None else num_layers
-    per_layer: float = 2 * config.num_kv_heads * config.head_dim * KV_DTYPES[resolve_kv_dtype(kv_dtype)].itemsize
-    if resolve_kv_dtype(kv_dtype) == "int8":
-        per_layer += 2 * config.num_kv_heads * 4 / block_size
-    return layers * per_layer
-
-
-def block_bytes(config: ModelConfig, block_size: int, num_layers: int | None = None, kv_dtype: str = "float32") -> int:
-    """Bytes of one block of K and V (with an int8 block's scales) over `num_layers` layers
-    (default: every layer) in `kv_dtype`."""
-    return round(kv_bytes_per_token(config, kv_dtype, num_layers, block_size) * block_size)
 
 
 class PagedAttention:
@@ -185,10 +127,6 @@ class PagedAttention:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, num_threads,
                    windows=[config.window(i) or 0 for i in range(config.num_layers)], scale=config.softmax_scale,
                    softcap=config.attn_softcap, num_window_blocks=num_window_blocks, kv_dtype=kv_dtype)
-
-    @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int, kv_dtype: str = "float32") -> int:
-        return block_bytes(config, block_size, kv_dtype=kv_dtype)
 
     def arrays(self) -> list[npt.NDArray[Any]]:
         """Every array of the pools (K, V and int8 scales, every group): what the KV cache maps."""

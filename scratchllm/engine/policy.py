@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.config import POLICY_NAMES, EngineConfig
 from scratchllm.engine.request import Priority, Request
 
 # start(req) -> True if the request was given its blocks and first chunk (the policy then drops
@@ -146,4 +146,5 @@ class FCFSPolicy:
             self.queue.pop(0)
 
 
-POLICIES: dict[str, Callable[[EngineConfig], AdmissionPolicy]] = {"priority": PriorityPolicy, "fcfs": FCFSPolicy}
+POLICIES: dict[str, Callable[[EngineConfig], AdmissionPolicy]] = {cls.name: cls for cls in (PriorityPolicy, FCFSPolicy)}
+assert tuple(POLICIES) == POLICY_NAMES, "config.POLICY_NAMES names each policy here, in this order"

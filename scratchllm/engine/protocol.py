@@ -7,7 +7,7 @@ crosses the line, and the `EngineClient` protocol the HTTP server is typed again
         and an engine may compute and store the prompt once for all of them
     RequestStream: `for event in stream` (a thread) or `async for event in stream` (the event loop)
     abort(request_id) / stream.abort(): the request ends with finish_reason "abort", blocks freed
-    stats() -> dict of counters as of the last finished step; shutdown(drain)
+    stats() -> EngineStats, the counters as of the last finished step; shutdown(drain)
 
 Implemented by the continuous engine (async_engine.AsyncEngine), the static baseline
 (static.StaticEngine), the fake engine (fake.FakeEngine) and the cluster's RemoteEngine
@@ -69,7 +69,7 @@ class RequestMetrics:
     def e2e_ms(self) -> float | None:
         return None if self.finished is None else _ms(self.arrival, self.finished)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, float | None]:
         """Plain numbers for printing and JSON: the times, the durations and the rates."""
         decoded = self.completion_tokens - 1  # the first token comes from the prefill's logits
         prefill_s, decode_s = self.prefill_ms / 1e3, self.decode_ms / 1e3
@@ -93,6 +93,61 @@ TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
 # One prompt token's: its logprob given the tokens before it, its rank (1 = the most likely),
 # and the top alternatives there (SamplingParams.prompt_logprobs of them)
 PromptLogprob = tuple[float, int, TopLogprobs]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's counters as of its last finished step: what `EngineClient.stats()` returns.
+
+    Numbers, strings and tuples only: a cluster's replicas send it across Ray, pickled. A KV
+    figure is None where the engine holds no such thing: RemoteEngine holds no blocks (its
+    replicas do), the static baseline has no pool (a padded reservation per batch), and only the
+    continuous engine has a prefix cache and a priority hook. Each field says who reads it."""
+
+    # Requests in the running batch and waiting to run (RemoteEngine: its open streams). Read by
+    # /metrics (num_requests_running, num_requests_waiting), the server's periodic stats line
+    # (server/app.py), a replica's load report to the router (cluster/replica.py) and the
+    # ingress's drain (cluster/app.py, running).
+    running: int
+    waiting: int
+    # Requests ended per finish reason (FINISH_REASONS): the tests, and LLM.stats()'s callers.
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    # Requests preempted (recomputed) for lack of blocks (None: an engine that holds no blocks):
+    # /metrics num_preemptions, bench engine.
+    preemptions: int | None = None
+    # Engine steps run: bench engine (steps per run), the fork tests.
+    steps: int | None = None
+    # KV blocks held by requests now, at most since start, and in the pool (None: no pool).
+    # Read by /metrics (kv_blocks_used, kv_blocks_peak, kv_blocks_total, kv_cache_usage_perc),
+    # the server's stats line, a replica's report to the router (the soak's leak check reads it
+    # there), bench engine and bench cluster (the pool's bytes), and the tests that wait for an
+    # aborted request's blocks to come back.
+    kv_blocks_used: int | None = None
+    kv_blocks_peak: int | None = None
+    kv_blocks_total: int | None = None
+    # Bytes of one block (the full-attention layers'): /metrics (kv_cache_used_bytes,
+    # kv_cache_peak_bytes), bench engine, bench cluster.
+    kv_block_bytes: int | None = None
+    # Bytes of K and V per token of context, every layer, at the KV dtype: /metrics
+    # (kv_cache_bytes_per_token). A mean where the int8 scales are shared by a block's tokens.
+    kv_bytes_per_token: float | None = None
+    # Bytes held now and at most, each pool's blocks at its own size (windowed layers' blocks
+    # differ): bench engine and bench kv_dtype (the peak), the sliding-window tests.
+    kv_bytes_used: int | None = None
+    kv_bytes_peak: int | None = None
+    # Bytes of the pool the work has made resident (blocks ever handed out): /metrics
+    # (kv_cache_resident_bytes).
+    kv_bytes_resident: int | None = None
+    # Free blocks that still hold a cached prefix, prompt blocks looked up in the prefix cache
+    # and found there: /metrics (prefix_cache_free_blocks, prefix_cache_queries, prefix_cache_hits).
+    prefix_cache_free_blocks: int | None = None
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    # Requests whose priority the evaluation feedback moved: /metrics (priority_adjusted).
+    priority_adjusted: int | None = None
+    # The chained hashes of the blocks the prefix cache holds, filled only by a cluster replica's
+    # engine (cluster/residency.py), which translates them for the router (cluster/replica.py).
+    resident_block_hashes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -224,6 +279,6 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> EngineStats: ...
 
     def shutdown(self, drain: bool = True) -> None: ...

@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from scratchllm.engine.kv_sizing import block_bytes
 from scratchllm.engine.masks import left_padded_causal_mask
-from scratchllm.engine.output import OutputProcessor
-from scratchllm.engine.paged_attention import PagedAttention
-from scratchllm.engine.protocol import RequestMetrics, RequestStream, TokenEvent, submit_each
-from scratchllm.engine.streams import StreamHost
+from scratchllm.engine.output import OutputProcessor, end_token_ids
+from scratchllm.engine.protocol import EngineStats, RequestMetrics, RequestStream, TokenEvent
+from scratchllm.engine.sampler import SampledToken, TokenLists, sample, start_guide
+from scratchllm.engine.threaded import ThreadedEngine
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
 from scratchllm.models.attention import softmax_
-from scratchllm.sampling import SamplingParams, make_rng, sample_token, top_logprobs
+from scratchllm.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from scratchllm.models.config import ModelConfig
@@ -95,8 +95,9 @@ class PaddedKVCache:
 
 
 @dataclass(eq=False)
-class StaticRow:
-    """One request in a padded batch: its prompt, its output path, and its times."""
+class StaticRow(TokenLists):
+    """One request in a padded batch: its prompt, its output path, and its times. It is what
+    the sampler reads of a request (engine/sampler.py's SamplingState)."""
 
     request_id: str
     prompt: list[int]
@@ -106,7 +107,7 @@ class StaticRow:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
-    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
     aborted: bool = False  # set from another thread; the batch loop ends the row at its next step
 
     @property
@@ -161,10 +162,12 @@ def model_limits(model: Model, max_model_len: int | None = None) -> RequestLimit
 
 def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow, TokenEvent], None],
               clock: Callable[[], float] = time.monotonic, pad_id: int = 0,
-              on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None) -> BatchCost:
+              on_reserved: Callable[[int], None] | None = None, limits: RequestLimits | None = None,
+              end_token_ids: Collection[int] = ()) -> BatchCost:
     """Run one padded batch to completion. Every row's events go to on_event (the last one with
     its metrics); on_reserved(kv_bytes) is called once the cache is allocated. A row ends at its
-    max_tokens or where `limits` (default: the model's) leave no room for another token."""
+    max_tokens or where `limits` (default: the model's) leave no room for another token.
+    `end_token_ids`: the tokens that end generation (min_tokens holds them back)."""
     limits = limits or model_limits(model)
     B = len(rows)
     P, M = padded_shape(rows, limits)
@@ -181,39 +184,40 @@ def run_batch(model: Model, rows: list[StaticRow], on_event: Callable[[StaticRow
     now = clock()
     for r in rows:
         r.first_scheduled = now
-    rngs = [make_rng(r.params) for r in rows]
+        start_guide(r)  # a grammar's first mask is computed while the prefill runs
     logits = model.forward(ids.reshape(-1), pos.reshape(-1), cache, logits_rows=np.arange(B) * P + P - 1)
     cache.start = P
     lengths = np.array([len(r.prompt) for r in rows])
     last = limits.max_model_len - 1  # a finished row's padding is fed no position past the context
     for step in range(M):
-        tokens = np.argmax(logits, axis=1)  # [B]
         now = clock()
+        live = [b for b, r in enumerate(rows) if not r.done and not r.aborted]
+        drawn = dict(zip(live, sample(logits[live], [rows[b] for b in live], end_token_ids), strict=True))
+        tokens = np.full(B, pad_id, dtype=np.int64)  # [B]; a finished row is fed padding
         for b, r in enumerate(rows):
             if r.done:
                 cost.padded_tokens += 1  # a finished row keeps computing padding until the batch ends
                 continue
-            _step_row(r, logits[b], tokens, b, rngs[b], now, limits, on_event)
+            if b in drawn:
+                tokens[b] = drawn[b].token
+            _step_row(r, drawn.get(b), now, limits, on_event)
         if all(r.done for r in rows):
             break  # the batch is over when its longest member is
-        logits = model.forward(tokens.astype(np.int64), np.minimum(lengths + step, last), cache)
+        logits = model.forward(tokens, np.minimum(lengths + step, last), cache)
         cache.start += 1
     return cost
 
 
-def _step_row(r: StaticRow, logits: npt.NDArray[np.floating[Any]], tokens: npt.NDArray[np.integer[Any]], b: int,
-              rng: Any, now: float, limits: RequestLimits, on_event: Callable[[StaticRow, TokenEvent], None]) -> None:
-    """Row r's token of this step (tokens[b] holds the greedy pick; sampled over it) as its event."""
-    if r.aborted:
+def _step_row(r: StaticRow, sampled: SampledToken | None, now: float, limits: RequestLimits,
+              on_event: Callable[[StaticRow, TokenEvent], None]) -> None:
+    """Row r's token of this step as its event (no token drawn: the row was aborted)."""
+    if r.aborted or sampled is None:
         event = r.output.abort()
     else:
-        p = r.params
-        if not p.greedy:
-            tokens[b] = sample_token(logits, p, rng)
-        lp, top = top_logprobs(logits, int(tokens[b]), p.logprobs) if p.logprobs is not None else (None, None)
-        r.num_output_tokens += 1
+        r.output_token_ids.append(sampled.token)
         context_full = len(r.prompt) + r.num_output_tokens >= limits.max_model_len
-        event = r.output.process(int(tokens[b]), lp, top, context_full=context_full, now=now)
+        event = r.output.process(sampled.token, sampled.logprob, sampled.top_logprobs, context_full=context_full,
+                                 now=now)
         if r.first_token is None:
             r.first_token = now
     if event.finish_reason is not None:
@@ -240,6 +244,7 @@ def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Seque
     arrives meanwhile waits for the whole batch. Times in the result are on `clock`."""
     n = len(prompts)
     res = StaticResult([[] for _ in range(n)], [0.0] * n, [0.0] * n)
+    ends = frozenset() if eos_token_id is None else frozenset({eos_token_id})
     index: dict[str, int] = {}
     limits = model_limits(model)
 
@@ -261,17 +266,18 @@ def run_static(model: Model, prompts: Sequence[Sequence[int]], max_tokens: Seque
             index[rid] = nxt
             arrival = t0 + arrivals[nxt] if arrivals is not None else clock()
             waiting.append(StaticRow(rid, list(prompts[nxt]), params,
-                                     OutputProcessor(rid, params, None, eos_token_id, arrival), arrival))
+                                     OutputProcessor(rid, params, None, ends, arrival), arrival))
             nxt += 1
         if not waiting:
             continue
-        cost = run_batch(model, take_batch(waiting, batch_size, limits), on_event, clock, pad_id, limits=limits)
+        cost = run_batch(model, take_batch(waiting, batch_size, limits), on_event, clock, pad_id, limits=limits,
+                         end_token_ids=ends)
         res.peak_kv_bytes = max(res.peak_kv_bytes, cost.kv_bytes)
         res.padded_tokens += cost.padded_tokens
     return res
 
 
-class StaticEngine:
+class StaticEngine(ThreadedEngine):
     """The static baseline behind the EngineClient contract, for `serve --batching static`.
 
     One thread takes up to `batch_size` waiting requests (take_batch) and runs them with
@@ -284,21 +290,19 @@ class StaticEngine:
                  max_model_len: int | None = None,
                  block_size: int = 16, clock: Callable[[], float] = time.monotonic, batch_window_s: float = 0.010):
         assert batch_size >= 1 and batch_window_s >= 0
+        super().__init__("static", "scratchllm-static")
         self.model, self.tokenizer, self.batch_size, self.clock = model, tokenizer, batch_size, clock
         self.batch_window_s = batch_window_s
         cfg = model.config
         self.limits = model_limits(model, max_model_len)
         self.max_model_len = self.limits.max_model_len
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
-        self.block_bytes = PagedAttention.bytes_per_block(cfg, block_size)
-        self._cv = threading.Condition()
+        self.end_token_ids = end_token_ids(tokenizer, tokenizer.eos_token_id if tokenizer is not None
+                                           else cfg.eos_token_id)
+        self.block_bytes = block_bytes(cfg, block_size)
         self._waiting: list[StaticRow] = []
         self._running: list[StaticRow] = []
-        self._streams = StreamHost("static", self.abort)
         self._kv_bytes = self._peak_kv_bytes = 0
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="scratchllm-static", daemon=True)
-        self._thread.start()
+        self._start()
 
     # --- the contract ---
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -313,14 +317,9 @@ class StaticEngine:
             detok = self.tokenizer.detokenizer(skip_special_tokens=skip) if self.tokenizer is not None else None
             arrival = self.clock()
             self._waiting.append(StaticRow(rid, list(prompt_token_ids), params,
-                                           OutputProcessor(rid, params, detok, self.eos_token_id, arrival), arrival))
+                                           OutputProcessor(rid, params, detok, self.end_token_ids, arrival), arrival))
             self._cv.notify()
         return stream
-
-    def submit_group(self, prompt_token_ids: Sequence[int], params: Sequence[SamplingParams],
-                     request_ids: Sequence[str] | None = None) -> list[RequestStream]:
-        """One request per params; nothing is shared between them (only the paged engine can)."""
-        return submit_each(self.submit, prompt_token_ids, params, request_ids)
 
     def abort(self, request_id: str) -> None:
         with self._cv:
@@ -336,27 +335,14 @@ class StaticEngine:
                 if row.request_id == request_id:
                     row.aborted = True  # the batch loop ends it at its next step
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         with self._cv:
-            return {"running": sum(not r.done for r in self._running), "waiting": len(self._waiting),
-                    "kv_blocks_used": math.ceil(self._kv_bytes / self.block_bytes),
-                    "kv_blocks_peak": math.ceil(self._peak_kv_bytes / self.block_bytes),
-                    "kv_block_bytes": self.block_bytes, "preemptions": 0, "policy": "static",
-                    "finished": self._streams.counts()}
-
-    @property
-    def finished(self) -> dict[str, int]:
-        """Requests ended per finish reason (stats()["finished"])."""
-        return self._streams.counts()
-
-    def shutdown(self, drain: bool = True) -> None:
-        with self._cv:
-            stopping = self._streams.close(drain)
-            self._stopping = True
-            self._cv.notify()
-        for rid in stopping:
-            self.abort(rid)
-        self._thread.join()
+            return EngineStats(running=sum(not r.done for r in self._running), waiting=len(self._waiting),
+                               finished=self._streams.counts(), preemptions=0,
+                               kv_blocks_used=math.ceil(self._kv_bytes / self.block_bytes),
+                               kv_blocks_peak=math.ceil(self._peak_kv_bytes / self.block_bytes),
+                               kv_block_bytes=self.block_bytes, kv_bytes_used=self._kv_bytes,
+                               kv_bytes_peak=self._peak_kv_bytes)
 
     # --- the batch thread ---
     def _on_event(self, row: StaticRow, event: TokenEvent) -> None:
@@ -381,7 +367,7 @@ class StaticEngine:
                 self._running = take_batch(self._waiting, self.batch_size, self.limits)
             try:
                 run_batch(self.model, self._running, self._on_event, self.clock, on_reserved=self._reserved,
-                          limits=self.limits)
+                          limits=self.limits, end_token_ids=self.end_token_ids)
             except Exception:  # logged; a failed batch aborts its rows, not the server
                 logger.exception("a static batch failed; its requests are aborted")
                 with self._cv:

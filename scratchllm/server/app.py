@@ -68,11 +68,10 @@ async def _report_stats(registry: ModelRegistry, interval_s: float) -> None:
             if tokens == last_tokens or state.served is None or not logger.isEnabledFor(logging.INFO):
                 continue
             stats = state.served.engine.stats()
-            used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks_total") or 0
-            logger.info("%sgeneration %.1f tok/s, running %s, waiting %s, in flight %d, KV %.1f%%",
+            used, total = stats.kv_blocks_used or 0, stats.kv_blocks_total or 0
+            logger.info("%sgeneration %.1f tok/s, running %d, waiting %d, in flight %d, KV %.1f%%",
                         f"{entry.name}: " if several else "", (tokens - last_tokens) / (now - then),
-                        stats.get("running", "-"), stats.get("waiting", "-"), state.metrics.in_flight,
-                        100.0 * used / total if total else 0.0)
+                        stats.running, stats.waiting, state.metrics.in_flight, 100.0 * used / total if total else 0.0)
 
 
 class BodyLimit:

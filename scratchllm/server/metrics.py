@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from scratchllm.engine.protocol import RequestMetrics
+from scratchllm.engine.protocol import EngineStats, RequestMetrics
 
 disable_created_metrics()  # the *_created series double the page and no dashboard reads them
 
@@ -81,6 +81,11 @@ class MetricFamilies:
         return generate_latest(self.registry)
 
 
+def no_engine() -> None:
+    """The engine stats of a model with no engine (not loaded, or unloaded): none."""
+    return None
+
+
 class ServerMetrics:
     """One served model's series in its app's MetricFamilies (a family of its own when none is
     given: a server of one model). `engine_stats` is read at scrape time; the model registry
@@ -96,7 +101,7 @@ class ServerMetrics:
     prompt_tokens: Any
     generation_tokens: Any
 
-    def __init__(self, engine_stats: Callable[[], dict[str, Any]] = lambda: {}, model_name: str = "",
+    def __init__(self, engine_stats: Callable[[], EngineStats | None] = no_engine, model_name: str = "",
                  prefix: str = DEFAULT_PREFIX, families: MetricFamilies | None = None, generates: bool = True) -> None:
         self.families = families or MetricFamilies(prefix)
         f, self.model_name, self.engine_stats = self.families, model_name, engine_stats
@@ -189,47 +194,49 @@ class _EngineCollector:
         def add(kind: type[Any], name: str, doc: str, value: float) -> None:
             add_to(kind, name, doc, s.model_name, value)
 
-        stats: dict[str, Any] = {}
+        stats: EngineStats | None = None
         for _ in range(3):
             # stats() reads the engine's structures from this thread while the engine thread
             # changes them; a read that races a change (a container resized mid-iteration) is
             # simply retried, and a scrape never takes the server down.
             try:
-                stats = s.engine_stats() or {}
+                stats = s.engine_stats()
                 break
             except Exception:  # noqa: BLE001 - a read that raced the engine thread: retried
                 continue
         gauge, counter = GaugeMetricFamily, CounterMetricFamily
         add(gauge, "requests_in_flight", "Requests the HTTP server holds in the engine", s.in_flight)
-        for key, doc in (("running", "Requests in the running batch"), ("waiting", "Requests waiting to run")):
-            if key in stats:
-                add(gauge, f"num_requests_{key}", doc, stats[key])
-        used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
+        if stats is None:
+            return
+        add(gauge, "num_requests_running", "Requests in the running batch", stats.running)
+        add(gauge, "num_requests_waiting", "Requests waiting to run", stats.waiting)
+        used, total = stats.kv_blocks_used, stats.kv_blocks_total
         if used is not None:
-            s.peak_kv_blocks = max(s.peak_kv_blocks, used, stats.get("kv_blocks_peak", 0))
+            s.peak_kv_blocks = max(s.peak_kv_blocks, used, stats.kv_blocks_peak or 0)
             add(gauge, "kv_blocks_used", "KV-cache blocks held by requests", used)
             add(gauge, "kv_blocks_peak", "Most KV-cache blocks held at once since start", s.peak_kv_blocks)
         if total:
             add(gauge, "kv_blocks_total", "KV-cache blocks in the pool", total)
             add(gauge, "kv_cache_usage_perc", "Share of KV-cache blocks in use (0 to 1)", (used or 0) / total)
-        block_bytes = stats.get("kv_block_bytes")
+        block_bytes = stats.kv_block_bytes
         if block_bytes and used is not None:
             add(gauge, "kv_cache_used_bytes", "Bytes of KV cache held by requests", used * block_bytes)
             add(gauge, "kv_cache_peak_bytes", "Most bytes of KV cache held at once since start",
                 s.peak_kv_blocks * block_bytes)
-        if stats.get("kv_bytes_per_token"):
+        if stats.kv_bytes_per_token:
             add(gauge, "kv_cache_bytes_per_token", "Bytes of K and V one token of context takes, every layer, at the "
-                "KV-cache dtype (--kv-cache-dtype)", stats["kv_bytes_per_token"])
-        if "kv_bytes_resident" in stats:
+                "KV-cache dtype (--kv-cache-dtype)", stats.kv_bytes_per_token)
+        if stats.kv_bytes_resident is not None:
             add(gauge, "kv_cache_resident_bytes", "Bytes of the KV pool the work has made resident (blocks ever "
-                "written; the rest of the pool is address space only)", stats["kv_bytes_resident"])
-        if "prefix_cache_free_blocks" in stats:
+                "written; the rest of the pool is address space only)", stats.kv_bytes_resident)
+        if stats.prefix_cache_free_blocks is not None:
             add(gauge, "prefix_cache_free_blocks", "Free KV blocks that still hold a cached prefix",
-                stats["prefix_cache_free_blocks"])
-        for key, name, doc in (("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of blocks"),
-                               ("prefix_cache_queries", "prefix_cache_queries", "Prompt blocks looked up in the cache"),
-                               ("prefix_cache_hits", "prefix_cache_hits", "Prompt blocks found in the prefix cache"),
-                               ("priority_adjusted", "priority_adjusted",
-                                "Requests whose priority the evaluation feedback moved")):
-            if key in stats:
-                add(counter, name, doc, stats[key])
+                stats.prefix_cache_free_blocks)
+        for value, name, doc in (
+                (stats.preemptions, "num_preemptions", "Requests preempted (recomputed) for lack of blocks"),
+                (stats.prefix_cache_queries, "prefix_cache_queries", "Prompt blocks looked up in the cache"),
+                (stats.prefix_cache_hits, "prefix_cache_hits", "Prompt blocks found in the prefix cache"),
+                (stats.priority_adjusted, "priority_adjusted",
+                 "Requests whose priority the evaluation feedback moved")):
+            if value is not None:
+                add(counter, name, doc, value)

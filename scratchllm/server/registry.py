@@ -43,7 +43,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scratchllm.engine.memory_plan import MiB, resident_bytes
 from scratchllm.formats.names import Named
-from scratchllm.server.metrics import MetricFamilies, ServerMetrics
+from scratchllm.models.heap import release_free_heap
+from scratchllm.server.metrics import MetricFamilies, ServerMetrics, no_engine
 from scratchllm.server.protocol import APIError
 from scratchllm.server.state import ServedEmbedder, ServedModel, ServerConfig, ServerState
 
@@ -124,7 +125,7 @@ class ModelEntry:
             served = self.state.detach()
         else:
             served, self.embedder = self.embedder, None
-        self.metrics.engine_stats = dict  # the engine is gone: nothing of it is read again
+        self.metrics.engine_stats = no_engine  # the engine is gone: nothing of it is read again
         self.metrics.loaded = False
         self.metrics.unloads += 1
         self.status, self.expires_at = "unloaded", None
@@ -432,6 +433,7 @@ def _close(held: list[Served | None]) -> None:
         served.engine.shutdown(True)
     del served
     gc.collect()  # the engine and the model hold reference cycles: free their arrays now, not later
+    release_free_heap()  # and what they freed inside the C heap's arenas goes back to the kernel too
 
 
 class ModelLeases:

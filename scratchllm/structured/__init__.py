@@ -3,7 +3,7 @@
     compiler = GrammarCompiler(tokenizer)
     params = SamplingParams(temperature=0, grammar=compiler.json_schema(schema))
 
-The sampler (ModelRunner.sample) finds each request's matcher with `guide_for(request)`,
+The sampler (scratchllm/engine/sampler.py) finds each request's matcher with `guide_for(request)`,
 masks the request's logits with it and consumes the token it samples.
 """
 

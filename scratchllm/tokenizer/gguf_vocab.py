@@ -22,6 +22,7 @@ from scratchllm.tokenizer import _merge_ranks
 from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
 from scratchllm.tokenizer.bpe import BPE
+from scratchllm.tokenizer.end_tokens import gguf_end_token_ids
 from scratchllm.tokenizer.gguf_meta import fim_ids, meta_int, tokens_and_types
 from scratchllm.tokenizer.spec import TokenizerSpec
 
@@ -78,6 +79,7 @@ def from_gguf(path: str | Path, metadata: Mapping[str, Any] | None = None) -> To
         added=added, special_ids=special,
         prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
         bos_token_id=meta_int(bos), eos_token_id=meta_int(eos),
+        end_token_ids=gguf_end_token_ids(meta, added, len(tokens), path),
         pad_token_id=meta_int(meta.get("tokenizer.ggml.padding_token_id")),
         chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=meta_int(meta.get(f"{meta.get('general.architecture')}.context_length")),

@@ -10,7 +10,8 @@ Building the trie takes about a second for a 49k vocabulary, so there is one per
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, cast
+from collections.abc import Set
+from typing import TYPE_CHECKING, Protocol, cast
 
 from scratchllm.errors import ConfigError
 
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     import llguidance
 
     from scratchllm.tokenizer.protocol import TokenizerLike
-    from scratchllm.tokenizer.tokenizer import Tokenizer as BPETokenizer
 
 # llguidance's marker byte for a special token (no UTF-8 text starts with 0xFF).
 SPECIAL_MARKER = b"\xff"
@@ -27,15 +27,39 @@ _cache: "weakref.WeakKeyDictionary[TokenizerLike, llguidance.LLTokenizer]" = wea
 _lock = threading.Lock()
 
 
+class ByteVocabulary(Protocol):
+    """A tokenizer whose every token is a string of bytes: what the grammar masks are computed
+    from (our byte-level BPE Tokenizer, and the fake engine's byte tokenizer, have it)."""
+
+    @property
+    def byte_level(self) -> bool: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def special_ids(self) -> Set[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
 class _Vocabulary:
     """The duck-typed tokenizer llguidance.LLTokenizer reads (its TokenizerWrapper's fields)."""
 
     is_tokenizer_wrapper = True
 
     def __init__(self, tokenizer: "TokenizerLike") -> None:
-        if not getattr(tokenizer, "_byte_level", False):
+        if not getattr(tokenizer, "byte_level", False):
             raise ConfigError(f"structured output needs a byte-level BPE tokenizer; {tokenizer!r} is not one")
-        tok = cast("BPETokenizer", tokenizer)  # only our byte-level BPE Tokenizer has _byte_level set
+        tok = cast(ByteVocabulary, tokenizer)  # a byte-level tokenizer has the rest of ByteVocabulary
         if tok.eos_token_id is None:
             raise ConfigError(f"structured output needs an end-of-sequence token; {tok!r} has none")
         self._tok = tok

@@ -6,6 +6,7 @@ naming the file and the component, never silently approximated.
 """
 
 import base64
+import dataclasses
 import json
 import unicodedata
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from scratchllm.tokenizer import pretokenize as pt
 from scratchllm.tokenizer import spm_json
 from scratchllm.tokenizer.bpe import BPE
 from scratchllm.tokenizer.bytelevel import BYTE_TO_CHAR
+from scratchllm.tokenizer.end_tokens import generation_config_end_ids
 from scratchllm.tokenizer.gguf_vocab import from_gguf
 from scratchllm.tokenizer.spec import TokenizerSpec
 from scratchllm.tokenizer.wordpiece import WordPiece, bert_normalize, bert_pre_tokenize
@@ -39,7 +41,7 @@ def load_spec(ref: str | Path, *, pattern: str = pt.GPT2_PATTERN, special_tokens
     path = resolve_model(ref)
     if path.is_dir():
         if (path / "tokenizer.json").exists():
-            return from_tokenizer_json(path / "tokenizer.json")
+            return with_generation_config(from_tokenizer_json(path / "tokenizer.json"), path)
         if (path / "vocab.txt").exists():
             return from_vocab_txt(path)
         raise FormatError(path, "no tokenizer here: expected tokenizer.json or vocab.txt")
@@ -49,8 +51,15 @@ def load_spec(ref: str | Path, *, pattern: str = pt.GPT2_PATTERN, special_tokens
             metadata = checkpoint.metadata  # the same file: its header is not parsed again
         return from_gguf(path, metadata)
     if path.name.endswith(".json"):
-        return from_tokenizer_json(path)
+        return with_generation_config(from_tokenizer_json(path), path.parent)
     return from_tiktoken(path, pattern=pattern, special_tokens=special_tokens)
+
+
+def with_generation_config(spec: TokenizerSpec, folder: Path) -> TokenizerSpec:
+    """A Hugging Face folder's tokenizer with its generation_config.json's end tokens."""
+    vocab_size = max(len(spec.id_to_token), max(spec.added.values(), default=-1) + 1)
+    ends = generation_config_end_ids(folder, vocab_size)
+    return dataclasses.replace(spec, end_token_ids=spec.end_token_ids | ends) if ends else spec
 
 
 # ---- tiktoken -----------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 What engine/ and server/ call on a tokenizer, nothing more: ids <-> text, the streaming
 detokenizer the engine's output path pushes each token through, the chat template, the
-vocabulary size and the end-of-sequence id. Our Tokenizer (tokenizer.py) and the fake engine's
-byte tokenizer (engine/fake.py) both satisfy it.
+vocabulary size, the end-of-sequence id and every id that ends generation. Our Tokenizer
+(tokenizer.py) and the fake engine's byte tokenizer (engine/fake.py) both satisfy it.
 """
 
 from collections.abc import Sequence
@@ -24,6 +24,9 @@ class TokenizerLike(Protocol):
 
     @property
     def eos_token_id(self) -> int | None: ...
+
+    @property
+    def end_token_ids(self) -> frozenset[int]: ...  # every token that ends generation, the EOS among them
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 

@@ -38,6 +38,7 @@ import numpy as np
 from scratchllm.errors import FormatError
 from scratchllm.tokenizer._sentencepiece import PieceMerger
 from scratchllm.tokenizer._vocabulary import TokenTexts, Vocabulary
+from scratchllm.tokenizer.end_tokens import gguf_end_token_ids
 from scratchllm.tokenizer.gguf_meta import fim_ids, meta_int, tokens_and_types
 from scratchllm.tokenizer.pieces import SPACE, PieceDecoding, WordSplit, normalize
 from scratchllm.tokenizer.spec import TokenizerSpec
@@ -134,6 +135,7 @@ def from_gguf_metadata(path: str | Path, meta: Mapping[str, Any]) -> TokenizerSp
         added=added, special_ids=special,
         prefix_ids=(int(bos),) if add_bos else (), suffix_ids=(int(eos),) if add_eos else (),
         bos_token_id=meta_int(bos), eos_token_id=meta_int(eos), pad_token_id=meta_int(pad),
+        end_token_ids=gguf_end_token_ids(meta, added, n, path),
         chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=meta_int(meta.get(f"{arch}.context_length")),
         source=str(path), fim_ids=fim_ids(meta),

@@ -79,6 +79,9 @@ class TokenizerSpec:
     suffix_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # every token that ends generation besides eos_token_id (end_tokens.py): <|endoftext|>,
+    # <|eot_id|>, <end_of_turn>, generation_config.json's list, ...
+    end_token_ids: frozenset[int] = frozenset()
     pad_token_id: int | None = None
     chat_template: str | None = None
     model_max_length: int | None = None

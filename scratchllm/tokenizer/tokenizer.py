@@ -98,12 +98,24 @@ class Tokenizer:
         return self.spec.eos_token_id
 
     @property
+    def end_token_ids(self) -> frozenset[int]:
+        """Every token that ends generation: the EOS and the others the model file names
+        (end_tokens.py: <|endoftext|>, <|eot_id|>, <end_of_turn>, generation_config.json's list)."""
+        eos = self.spec.eos_token_id
+        return self.spec.end_token_ids | ({eos} if eos is not None else set())
+
+    @property
     def pad_token_id(self) -> int | None:
         return self.spec.pad_token_id
 
     @property
     def special_ids(self) -> frozenset[int]:
         return self.spec.special_ids
+
+    @property
+    def byte_level(self) -> bool:
+        """Every token is a string of bytes (token_bytes): byte-level BPE, which grammars need."""
+        return self._byte_level
 
     @property
     def model_max_length(self) -> int | None:

@@ -51,7 +51,7 @@ def test_drain_waits_for_the_last_bytes_of_a_response_behind_a_slow_send():
             await asyncio.sleep(0.005)
         left = await ingress.drain(30)
         whole = b"".join(sent)
-        engine_done = engine.stats()["running"] == 0
+        engine_done = engine.stats().running == 0
         await request
         return left, whole, engine_done
 

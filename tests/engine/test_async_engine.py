@@ -15,7 +15,7 @@ from .tiny import greedy_alone, tiny_llama
 class LetterTokenizer:
     """Token id t is the letter chr(97 + t % 26); enough to test deltas and stop strings."""
 
-    eos_token_id = None
+    eos_token_id, end_token_ids = None, frozenset()
 
     def detokenizer(self, skip_special_tokens=False):
         class D:
@@ -55,7 +55,7 @@ def test_concurrent_submitters_get_their_own_tokens(model):
         assert tokens == greedy_alone(model, prompts[i], 6 + i)
         assert last.finish_reason == "length" and last.metrics.completion_tokens == 6 + i
         assert [e for e in [last.metrics.queue_ms, last.metrics.prefill_ms, last.metrics.decode_ms] if e < 0] == []
-    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.stats().kv_blocks_used == 0
 
 
 def test_text_deltas_and_stop_strings(model):
@@ -83,7 +83,7 @@ def test_abort_mid_stream_returns_all_blocks(model):
             stream.abort()
     assert events[-1].finish_reason == "abort" and len(events) < 400
     a.shutdown()
-    assert a.stats()["kv_blocks_used"] == 0 and a.stats()["finished"]["abort"] == 1
+    assert a.stats().kv_blocks_used == 0 and a.stats().finished["abort"] == 1
 
 
 def test_shutdown_without_drain_aborts_and_with_drain_finishes(model):

@@ -48,10 +48,10 @@ def test_bench_engine_on_a_tiny_model(tiny_folder, rate):
     assert figs["identical_outputs"] == "6/6"  # the baseline and the engine agree token for token
     assert figs["continuous"]["output_tokens"] == figs["static"]["output_tokens"]
     # the same-memory run gets a pool of the bytes static reserved (whole blocks), and more sequences
-    from scratchllm.engine.paged_attention import PagedAttention
+    from scratchllm.engine.kv_sizing import block_bytes
     from scratchllm.models import load_model
 
-    block = PagedAttention.bytes_per_block(load_model(tiny_folder).config, 16)
+    block = block_bytes(load_model(tiny_folder).config, 16)
     assert 0 <= figs["static"]["peak_kv_bytes"] - figs["continuous"]["kv_pool_bytes"] < block
     assert figs["continuous"]["max_num_seqs"] == 8 and figs["continuous_same_seqs"]["max_num_seqs"] == 3
     # the small-KV run: half of static's bytes (whole blocks), the same outputs (counted above)

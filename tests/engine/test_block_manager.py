@@ -7,7 +7,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scratchllm.engine.block_manager import DROPPED, FOLLOW_PEAK, BlockManager
+from scratchllm.engine.block_manager import BlockManager
+from scratchllm.engine.block_pool import DROPPED, FOLLOW_PEAK
 from scratchllm.engine.request import Priority, Request
 from scratchllm.sampling import SamplingParams
 

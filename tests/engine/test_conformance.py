@@ -7,6 +7,8 @@ fails for another is a drift the server would otherwise meet. All four have the 
 same requests with the same error (engine/validate.py)."""
 
 import asyncio
+import json
+import pickle
 import threading
 import time
 
@@ -15,7 +17,7 @@ import pytest
 from scratchllm.cluster.remote import RemoteEngine
 from scratchllm.engine import AsyncEngine, EngineClient, EngineConfig, LLMEngine
 from scratchllm.engine.fake import FakeEngine
-from scratchllm.engine.protocol import FINISH_REASONS
+from scratchllm.engine.protocol import FINISH_REASONS, EngineStats
 from scratchllm.engine.static import StaticEngine
 from scratchllm.engine.validate import RequestLimits
 from scratchllm.errors import ConfigError
@@ -109,7 +111,7 @@ def blocks_used(engine):
     """KV blocks in use where they are held: a RemoteEngine's are its replica's."""
     if isinstance(engine, RemoteEngine):
         engine = engine.handle.engine
-    return engine.stats()["kv_blocks_used"]
+    return engine.stats().kv_blocks_used
 
 
 PROMPT = [5, 9, 14, 3, 7]
@@ -191,7 +193,7 @@ def test_abort_mid_stream_ends_the_stream_and_frees_its_blocks(engine):
     check_order(events)
     assert events[-1].finish_reason == "abort" and len(events) < 500
     wait_until(lambda: blocks_used(engine) == 0)
-    assert engine.stats()["finished"]["abort"] >= 1
+    assert engine.stats().finished["abort"] >= 1
 
 
 def test_abort_by_id_before_it_runs(engine):
@@ -235,7 +237,7 @@ def test_bad_input_is_refused_at_submit_with_the_same_error(engine, case):
     with pytest.raises(ConfigError) as err:
         engine.submit(prompt, params)
     assert str(err.value) == message
-    assert engine.stats()["running"] == 0 and engine.stats()["waiting"] == 0  # nothing was queued
+    assert engine.stats().running == 0 and engine.stats().waiting == 0  # nothing was queued
 
 
 # (prompt length, max_tokens, tokens made): accepted by every engine; a request whose prompt +
@@ -256,15 +258,17 @@ def test_requests_at_the_limits_are_accepted_alike(engine, case):
     assert events[-1].metrics.prompt_tokens == len(prompt)
 
 
-def test_stats_name_the_same_counters(engine):
+def test_stats_are_one_typed_value_that_crosses_processes(engine):
     list(engine.submit(PROMPT, greedy(3)))
     stats = engine.stats()
-    for key in ("running", "waiting", "finished"):
-        assert key in stats, key
-    assert stats["finished"]["length"] >= 1
-    if not isinstance(engine, RemoteEngine):  # an engine that holds KV blocks (RemoteEngine's replicas do)
-        for key in ("kv_blocks_used", "kv_blocks_peak", "kv_block_bytes", "preemptions", "policy"):
-            assert key in stats, key
+    assert isinstance(stats, EngineStats) and stats.running == 0 and stats.waiting == 0
+    assert stats.finished["length"] >= 1 and set(stats.finished) == set(FINISH_REASONS)
+    assert pickle.loads(pickle.dumps(stats)) == stats  # a cluster's replicas send it across Ray
+    holds_blocks = not isinstance(engine, RemoteEngine)  # RemoteEngine's replicas hold them
+    for figure in (stats.kv_blocks_used, stats.kv_blocks_peak, stats.kv_block_bytes, stats.preemptions):
+        assert (figure is not None) == holds_blocks
+    if holds_blocks:
+        assert stats.kv_blocks_used == 0 and stats.kv_blocks_peak >= 1 and stats.kv_block_bytes > 0
 
 
 def test_request_ids_are_kept_or_allocated_never_shared(engine):
@@ -277,7 +281,7 @@ def test_request_ids_are_kept_or_allocated_never_shared(engine):
     check_order(list(mine), "same")
     for s in (again, *others):
         check_order(list(s), s.request_id)
-    assert engine.stats()["finished"]["abort"] == 1 and engine.stats()["finished"]["length"] == 4
+    assert engine.stats().finished["abort"] == 1 and engine.stats().finished["length"] == 4
 
 
 def test_a_group_of_requests_on_one_prompt(engine):
@@ -288,3 +292,136 @@ def test_a_group_of_requests_on_one_prompt(engine):
     assert [e.token_id for e in events["g0"]] == [e.token_id for e in events["g1"]]
     assert [e.token_id for e in events["g2"]] == [e.token_id for e in events["g0"]][:3]
     wait_until(lambda: blocks_used(engine) == 0)
+
+
+# ---- the sampling path (engine/sampler.py): every engine shapes and draws a row alike ----------
+def tokens(events):
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+def run(engine, params, prompt=PROMPT):
+    events = list(engine.submit(prompt, params))
+    check_order(events)
+    return events
+
+
+def test_logit_bias_bans_and_forces_tokens(engine):
+    plain = tokens(run(engine, greedy(8)))
+    banned = tokens(run(engine, greedy(8, logit_bias={t: -100 for t in plain})))
+    assert len(banned) == 8 and not set(banned) & set(plain)
+    other = min(set(range(VOCAB)) - set(plain))
+    assert tokens(run(engine, greedy(8, logit_bias={other: 100}))) == [other] * 8
+
+
+def full_logprobs(event):
+    """The raw logprob of every token the event lists (all of them, with logprobs=VOCAB)."""
+    return dict(event.top_logprobs)
+
+
+@pytest.mark.parametrize("penalty", [{"frequency_penalty": 2.0}, {"presence_penalty": 2.0, "frequency_penalty": 2.0}])
+def test_presence_and_frequency_penalties_shape_every_draw(engine, penalty):
+    """Each greedy token is the argmax of the model's own logprobs (reported in full) less OpenAI's
+    penalties over the tokens before it; and the penalties change what a plain run writes."""
+    events = run(engine, greedy(64, logprobs=VOCAB, **penalty))
+    out = []
+    for e in events:
+        counts = {t: out.count(t) for t in set(out)}
+        shaped = {t: lp - counts.get(t, 0) * penalty.get("frequency_penalty", 0.0)
+                  - (t in counts) * penalty.get("presence_penalty", 0.0) for t, lp in full_logprobs(e).items()}
+        assert shaped[e.token_id] >= max(shaped.values()) - 1e-4, (len(out), e.token_id)
+        out.append(e.token_id)
+    assert out != tokens(run(engine, greedy(64))), "the penalty must change this output, or the test shows nothing"
+
+
+def test_repetition_penalty_keeps_seen_tokens_out(engine):
+    """At the largest repetition penalty a token of the prompt or of the output so far loses to
+    the unseen ones (this model's and the fake's rows have unseen tokens with positive logits)."""
+    out = tokens(run(engine, greedy(24, repetition_penalty=100.0)))
+    seen = set(PROMPT)
+    for t in out:
+        assert t not in seen, (t, out)
+        seen.add(t)
+    assert out != tokens(run(engine, greedy(24)))
+
+
+def test_min_tokens_holds_back_the_end_tokens(engine):
+    first = tokens(run(engine, greedy(8)))[0]
+    stop_at_once = run(engine, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(first,)))
+    assert tokens(stop_at_once) == [first] and stop_at_once[-1].finish_reason == "stop"
+    held = tokens(run(engine, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(first,), min_tokens=5)))
+    assert len(held) >= 5 and first not in held[:5]
+
+
+def test_stop_token_ids_end_the_request_and_show_no_text(engine):
+    plain = run(engine, greedy(12))
+    ids = tokens(plain)
+    end = ids[4]
+    cut = ids.index(end)
+    events = run(engine, greedy(12, stop_token_ids=(end,)))  # ignore_eos does not turn stop tokens off
+    assert tokens(events) == ids[: cut + 1] and events[-1].finish_reason == "stop"
+    assert events[-1].text == "" and "".join(e.text for e in plain).startswith("".join(e.text for e in events))
+
+
+# Grammars need a tokenizer whose tokens are bytes: every engine here runs on the fake's byte
+# vocabulary (id = byte + 3, EOS 2), the model on a vocabulary of that size.
+@pytest.fixture(params=ENGINES)
+def byte_engine(request, loop):
+    from scratchllm.engine.fake import BYTE_TOKENS, FakeTokenizer
+
+    kind = request.param
+    if kind in ("continuous", "static"):
+        model = tiny_llama(seed=7, vocab=BYTE_TOKENS)
+        tok = FakeTokenizer(BYTE_TOKENS)
+        e = AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=tok)) if kind == "continuous" \
+            else StaticEngine(model, tok, batch_size=4)
+    elif kind == "fake":
+        e = FakeEngine(step_ms=0.5, max_running=4, max_model_len=CONTEXT, vocab_size=BYTE_TOKENS)
+    else:
+        replica = FakeEngine(step_ms=0.5, max_running=4, max_model_len=CONTEXT, vocab_size=BYTE_TOKENS)
+        e = RemoteEngine(LocalReplicas(replica), RequestLimits(CONTEXT, BYTE_TOKENS), loop=loop)
+    yield e
+    e.shutdown(drain=False)
+    if isinstance(e, RemoteEngine):
+        e.handle.engine.shutdown(drain=False)
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    from scratchllm.engine.fake import BYTE_TOKENS, FakeTokenizer
+    from scratchllm.structured import GrammarCompiler
+
+    return GrammarCompiler(FakeTokenizer(BYTE_TOKENS))
+
+
+def byte_text(ids):
+    from scratchllm.engine.fake import FakeTokenizer
+
+    return FakeTokenizer().decode(ids)
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]}},
+          "required": ["ok", "size"], "additionalProperties": False}
+
+
+def test_json_schema_output_validates(byte_engine, compiler):
+    import jsonschema
+
+    events = run(byte_engine, SamplingParams(max_tokens=40, temperature=0.0, grammar=compiler.json_schema(SCHEMA)),
+                 prompt=[40, 50, 60, 70])
+    assert events[-1].finish_reason == "stop" and events[-1].token_id == 2  # the grammar ended it with EOS
+    jsonschema.validate(json.loads(byte_text(tokens(events))), SCHEMA)
+
+
+def test_json_object_output_is_a_json_object_so_far(byte_engine, compiler):
+    """Every token the engine drew is one the grammar allowed there (a fresh matcher replays
+    them); an output that ended is one whole JSON object."""
+    grammar = compiler.json_object()
+    for seed in range(3):
+        events = run(byte_engine, SamplingParams(max_tokens=24, temperature=1.0, seed=seed, grammar=grammar),
+                     prompt=[40 + seed, 50, 60])
+        replay = grammar.new_matcher()
+        for t in tokens(events):
+            assert replay.allowed()[t], (seed, byte_text(tokens(events)))
+            replay.consume(t)
+        if events[-1].finish_reason == "stop":
+            assert isinstance(json.loads(byte_text(tokens(events)[:-1])), dict)

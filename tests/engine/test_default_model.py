@@ -23,4 +23,4 @@ def test_default_model_anchor_reference_alone_and_batched():
     others = [[1, 4093, 198] + list(range(600, 600 + n)) for n in (5, 40, 90)]
     results = engine.generate(others + [ANCHOR_PROMPT], greedy)
     assert results[-1].token_ids == ANCHOR_OUTPUT
-    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.stats().kv_blocks_used == 0

@@ -54,11 +54,11 @@ def test_batch_invariance_32_mixed_requests(model, kv_blocks, budget):
     assert got == want
     assert set(reasons.values()) == {"length"}
     stats = engine.stats()
-    assert stats["kv_blocks_used"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
+    assert stats.kv_blocks_used == 0 and stats.running == 0 and stats.waiting == 0
     if kv_blocks == 26:
-        assert stats["preemptions"] > 0  # the tiny pool really forced recompute
+        assert stats.preemptions > 0  # the tiny pool really forced recompute
     if budget == 24:
-        assert stats["steps"] > sum(-(-len(p) // 24) for p in prompts) / 32  # prompts were chunked
+        assert stats.steps > sum(-(-len(p) // 24) for p in prompts) / 32  # prompts were chunked
     engine.block_manager.check([])
 
 
@@ -68,7 +68,7 @@ def test_prefix_cache_hits_and_same_output(model):
     engine = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4))
     got, _ = run_all(engine, prompts[:1], [5])
     got2, _ = run_all(engine, prompts[1:], [5, 5])
-    assert engine.stats()["prefix_cache_hits"] >= 2 * (len(shared) // 4)
+    assert engine.stats().prefix_cache_hits >= 2 * (len(shared) // 4)
     assert [got[0]] + got2 == [greedy_alone(model, p, 5) for p in prompts]
 
 

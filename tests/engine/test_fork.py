@@ -60,7 +60,7 @@ def test_the_prompt_is_stored_once(model):
     g, s = group.block_manager.stats.peak_used, separate.block_manager.stats.peak_used
     # separately: 4 x (4 prompt blocks + output); forked: the 3 full prompt blocks once
     assert g <= s - 3 * 3, (g, s)
-    assert group.stats()["steps"] <= separate.stats()["steps"]
+    assert group.stats().steps <= separate.stats().steps
 
 
 def test_greedy_choices_agree_and_one_token_choices_finish_without_blocks(model):
@@ -95,4 +95,4 @@ def test_async_engine_streams_a_group(model):
     texts = {s.request_id: [ev.token_id for ev in s] for s in streams}
     a.shutdown()
     assert set(texts) == {"x", "y", "z"} and all(len(v) == 20 for v in texts.values())
-    assert a.stats()["kv_blocks_used"] == 0
+    assert a.stats().kv_blocks_used == 0

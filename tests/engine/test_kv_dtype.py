@@ -11,15 +11,9 @@ import numpy as np
 import pytest
 
 from scratchllm.engine import EngineConfig, LLMEngine
+from scratchllm.engine.kv_sizing import KV_DTYPES, kv_bytes_per_token, resolve_kv_dtype
 from scratchllm.engine.memory_plan import plan_memory
-from scratchllm.engine.paged_attention import (
-    KV_DTYPES,
-    PagedAttention,
-    PagedSequence,
-    kv_bytes_per_token,
-    reference_attention,
-    resolve_kv_dtype,
-)
+from scratchllm.engine.paged_attention import PagedAttention, PagedSequence, reference_attention
 from scratchllm.errors import ConfigError
 from scratchllm.sampling import SamplingParams
 

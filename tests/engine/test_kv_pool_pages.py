@@ -76,7 +76,7 @@ def test_cached_prefixes_live_in_the_resident_blocks_under_their_own_cap(model, 
     assert first == 9 * PAGE_PER_BLOCK and engine.block_manager.num_cached_free == 6
     run(engine, [30, 35, 12], 8, first_id=50)
     assert pool_resident(engine) == first + grows_by * PAGE_PER_BLOCK
-    assert engine.stats()["kv_bytes_resident"] == pool_resident(engine)  # what /metrics reports
+    assert engine.stats().kv_bytes_resident == pool_resident(engine)  # what /metrics reports
 
 
 @pytest.mark.parametrize("cap_blocks", [None, 4])

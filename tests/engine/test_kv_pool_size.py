@@ -3,8 +3,8 @@
 import pytest
 
 from scratchllm.engine.config import EngineConfig
+from scratchllm.engine.kv_sizing import KV_DTYPES, resolve_kv_dtype
 from scratchllm.engine.memory_plan import DEFAULT_KV_BYTES, plan_memory
-from scratchllm.engine.paged_attention import KV_DTYPES, resolve_kv_dtype
 from scratchllm.errors import ConfigError
 from scratchllm.models import load_model
 from tests.models.test_loader import tiny_llama_tensors, write

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from scratchllm.engine import EngineConfig, LLMEngine
-from scratchllm.engine.paged_attention import KV_DTYPES, PagedAttention, reference_attention
+from scratchllm.engine.kv_sizing import KV_DTYPES
+from scratchllm.engine.paged_attention import PagedAttention, reference_attention
 from scratchllm.sampling import SamplingParams
 
 from .tiny import tiny_llama

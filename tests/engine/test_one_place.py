@@ -1,15 +1,19 @@
 """The engine edge's bookkeeping has one place each, checked on the source: request ids and the
 table of open streams live in engine/streams.py (StreamHost), the rules for a request no engine
-can run in engine/validate.py (RequestLimits). A second allocator, stream table or validator
-written into an engine (or anywhere in the package) fails here."""
+can run in engine/validate.py (RequestLimits), an engine's thread in
+engine/threaded.py (ThreadedEngine), the list of admission policy names in engine/config.py
+(POLICY_NAMES). A second allocator, stream table, validator, engine thread or list of policy
+names written into an engine (or anywhere in the package) fails here."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "scratchllm"
 STREAMS, VALIDATE = "engine/streams.py", "engine/validate.py"
+THREADED, CONFIG = "engine/threaded.py", "engine/config.py"
 EDGE = ("engine/", "cluster/")  # the engines and the cluster's RemoteEngine
 LIMIT_NAMES = {"vocab", "vocab_size", "max_model_len", "prompt_token_ids"}
+POLICY_NAMES = {"priority", "fcfs"}
 
 
 def _modules():
@@ -77,6 +81,19 @@ def request_checks(name, tree):
     return found
 
 
+def engine_threads(name, tree):
+    """A thread made (threading.Thread(...)): an engine's own loop besides ThreadedEngine's."""
+    return [f"{name}:{n.lineno} {_name(n.func)}(...)" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and _name(n.func) == "Thread"]
+
+
+def policy_lists(name, tree):
+    """A tuple, list or set literal that names two admission policies or more."""
+    return [f"{name}:{n.lineno} a list of policy names" for n in ast.walk(tree)
+            if isinstance(n, (ast.Tuple, ast.List, ast.Set)) and
+            len({e.value for e in n.elts if isinstance(e, ast.Constant)} & POLICY_NAMES) >= 2]
+
+
 def test_request_ids_are_allocated_in_one_place():
     offences = [o for name, tree in _modules() if name != STREAMS for o in id_allocators(name, tree)]
     assert offences == []
@@ -96,6 +113,17 @@ def test_requests_are_validated_in_one_place():
     assert offences == []
 
 
+def test_engine_threads_are_made_in_one_place():
+    offences = [o for name, tree in _modules() if name.startswith(EDGE) and name != THREADED
+                for o in engine_threads(name, tree)]
+    assert offences == []
+
+
+def test_policy_names_are_listed_in_one_place():
+    offences = [o for name, tree in _modules() if name != CONFIG for o in policy_lists(name, tree)]
+    assert offences == []
+
+
 def test_the_scanners_find_a_planted_copy():
     """Each scanner finds what it looks for (so an empty result above means something)."""
     plant = ast.parse(
@@ -109,8 +137,13 @@ def test_the_scanners_find_a_planted_copy():
         "        if max(prompt_token_ids) >= self.vocab_size:\n"
         "            raise ConfigError('out of the vocabulary')\n"
         "        self._next_id += 1\n"
-        "        return Mine(f'r-{self._next_id}', self.abort)\n")
+        "        return Mine(f'r-{self._next_id}', self.abort)\n"
+        "    def start(self):\n"
+        "        self._thread = threading.Thread(target=self.run)\n"
+        "        p.add_argument('--policy', choices=['priority', 'fcfs'])\n")
     classes = _stream_classes([("plant.py", plant), ("remote.py", ast.parse("class RemoteStream(RequestStream): ..."))])
     assert id_allocators("plant.py", plant) == ["plant.py:5 count()", "plant.py:10 _next_id +="]
     assert stream_tables("plant.py", plant, classes) == ["plant.py:6 a table of streams", "plant.py:11 Mine(...)"]
     assert request_checks("plant.py", plant) == ["plant.py:8 refuses on ['prompt_token_ids', 'vocab_size']"]
+    assert engine_threads("plant.py", plant) == ["plant.py:13 Thread(...)"]
+    assert policy_lists("plant.py", plant) == ["plant.py:14 a list of policy names"]

@@ -9,8 +9,7 @@ import pytest
 
 from scratchllm.bench.kv import gemma3_270m_attention, kv_held, measure
 from scratchllm.engine import EngineConfig, LLMEngine
-from scratchllm.engine.memory_plan import sequence_kv_bytes, window_blocks
-from scratchllm.engine.paged_attention import block_bytes, layer_groups
+from scratchllm.engine.kv_sizing import block_bytes, layer_groups, sequence_kv_bytes, window_blocks
 from scratchllm.sampling import SamplingParams
 from tests.engine.tiny import tiny_llama
 
@@ -175,5 +174,5 @@ def test_stats_count_each_pools_blocks_at_their_own_size():
         engine.step()
         used = full.num_used * plan.kv_block_bytes + windowed.num_used * plan.window_block_bytes
         peak = max(peak, used)
-        assert engine.stats()["kv_bytes_used"] == used
-    assert engine.stats()["kv_bytes_peak"] >= peak > 0
+        assert engine.stats().kv_bytes_used == used
+    assert engine.stats().kv_bytes_peak >= peak > 0

@@ -39,7 +39,7 @@ def test_results_keep_the_times_and_an_abort_has_none():
 
 def test_the_output_path_reads_no_clock():
     """`now` comes from the engine's step: the output path subtracts, nothing more."""
-    p = OutputProcessor("r", SamplingParams(max_tokens=2), None, None, arrival=100.0)
+    p = OutputProcessor("r", SamplingParams(max_tokens=2), None, (), arrival=100.0)
     assert p.process(5, now=100.25).elapsed == 0.25 and p.process(6, now=101.0).elapsed == 1.0
 
 

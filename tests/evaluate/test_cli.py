@@ -38,7 +38,10 @@ def test_replay_triage_report_feedback_on_fake_servers(tmp_path, fake_servers, c
     store = RunStore(run)
     assert [d["klass"] for d in store.diffs()] == ["identical"] * 6
     out = store.outputs(store.requests()[0]["id"])["candidate"]
-    assert len(out.tokens) == 6 and len(out.top_logprobs[0]) == 2 and out.logprobs[0] == -0.25
+    # the fake engine's logprobs are its rows': the phrase's next byte all but certain, the rest far below
+    top = out.top_logprobs[0]
+    assert len(out.tokens) == 6 and top[0] == (out.tokens[0], out.logprobs[0]) and -1e-3 < out.logprobs[0] <= 0
+    assert 1 < len(top) <= 5 and all(lp < -10 for _, lp in top[1:])
     assert main(["eval", "triage", str(run), "--deterministic"]) == 0
     assert main(["eval", "report", str(run)]) == 0
     report = json.loads(run.with_suffix(".json").read_text())

@@ -129,4 +129,4 @@ def test_server_still_healthy_and_nothing_leaked(http, fake_server):
     _, app = fake_server
     assert http.get("/health").json()["status"] == "ok"
     assert app.state.server.metrics.in_flight == 0
-    assert app.state.server.model.engine.stats()["kv_blocks_used"] == 0
+    assert app.state.server.model.engine.stats().kv_blocks_used == 0

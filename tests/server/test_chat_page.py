@@ -114,7 +114,7 @@ def test_type_send_stream_and_stop_in_a_real_browser(tmp_path):
             assert len(second.locator(".content").text_content()) < 1000  # far from its 1500 tokens
             assert sent[1]["messages"][1] == {"role": "assistant", "content": answer}  # the history went along
             deadline = time.monotonic() + 5
-            while engine.stats()["running"] or engine.stats()["kv_blocks_used"]:
+            while engine.stats().running or engine.stats().kv_blocks_used:
                 assert time.monotonic() < deadline, engine.stats()
                 time.sleep(0.02)
             assert outside == []

@@ -78,8 +78,8 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(serve):
             lines = r.iter_lines()
             got = [next(lines) for _ in range(6)]  # a few tokens in, then hang up
             assert any(line.startswith("data: ") for line in got)
-            assert engine.stats()["kv_blocks_used"] > 0
-        wait_until(lambda: engine.stats()["kv_blocks_used"] == 0 and engine.finished["abort"] == 1)
+            assert engine.stats().kv_blocks_used > 0
+        wait_until(lambda: engine.stats().kv_blocks_used == 0 and engine.finished["abort"] == 1)
         assert engine.finished["length"] == 0  # it did not run on to its 500 tokens
         wait_until(lambda: app.state.server.metrics.in_flight == 0)
         scraped = httpx.get(url + "/metrics").text
@@ -93,7 +93,7 @@ def test_disconnect_while_waiting_for_a_plain_response_aborts(serve):
     with serve(app) as url:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 500}, timeout=0.3)
-        wait_until(lambda: engine.finished["abort"] == 1 and engine.stats()["kv_blocks_used"] == 0)
+        wait_until(lambda: engine.finished["abort"] == 1 and engine.stats().kv_blocks_used == 0)
         assert app.state.server.metrics.in_flight == 0
 
 
@@ -188,5 +188,5 @@ def test_engine_failure_mid_stream_reaches_the_client_as_an_error(serve):
                 pass
         r = httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 20})
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
-        wait_until(lambda: model.engine.inner.stats()["kv_blocks_used"] == 0)
+        wait_until(lambda: model.engine.inner.stats().kv_blocks_used == 0)
         assert httpx.get(url + "/health").status_code == 200

@@ -233,7 +233,7 @@ def test_an_engine_failure_mid_stream_is_a_last_error_line(serve, monkeypatch):
             list(c.chat(model="fake", messages=MSG, stream=True, options={"num_predict": 20}))
         state = app.state.models.entry("fake").state
         deadline = time.monotonic() + 5  # closed once the response has ended, just after the client read it
-        while state.metrics.in_flight or state.model.engine.stats()["kv_blocks_used"]:
+        while state.metrics.in_flight or state.model.engine.stats().kv_blocks_used:
             assert time.monotonic() < deadline, "the failed stream's request was never closed"
             time.sleep(0.01)
 

@@ -2,11 +2,12 @@
 HTTP with the official `openai` client, against a live server over the fake engine.
 
 The fake engine is deterministic per (prompt, seed), so each choice is checked against a single
-request of its own; it has no logits, so what needs a model (grammars, penalties) is in
+request of its own; what needs a real model's logits (penalties, grammars on real text) is in
 test_openai_model_features.py.
 """
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -149,12 +150,35 @@ def test_tool_choice_none_answers_in_text(client):
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
 
 
-def test_structured_output_without_grammar_support_is_a_400(http):
-    """The fake's tokenizer cannot feed llguidance: constrained requests are refused, never ignored."""
-    for body in ({"response_format": {"type": "json_object"}}, {"tool_choice": "required", "tools": TOOLS},
-                 {"guided_regex": "[0-9]+"}):
-        err = assert_openai_error(http.post("/v1/chat/completions", json={"model": "fake", "messages": MSG, **body}))
-        assert err["param"] in ("response_format", "tool_choice", "guided_regex")
+def test_structured_output_on_the_fake_engine_is_honoured(http):
+    """The fake's byte tokenizer feeds llguidance and its rows go through the one sampling path:
+    a constrained request gets text its grammar accepts."""
+    schema = {"type": "string", "enum": ["red", "green", "blue"]}
+    body = {"model": "fake", "messages": MSG, "temperature": 0, "max_tokens": 20,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}
+    choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert json.loads(choice["message"]["content"]) in schema["enum"] and choice["finish_reason"] == "stop"
+    body = {"model": "fake", "messages": MSG, "temperature": 0, "max_tokens": 8, "guided_regex": "[0-9]+"}
+    assert re.fullmatch("[0-9]{8}", http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"][
+        "content"])
+
+
+class TextOnlyTokenizer(FakeTokenizer):
+    byte_level = False  # a tokenizer whose tokens are not byte strings cannot feed llguidance
+
+
+def test_structured_output_without_grammar_support_is_a_400(serve):
+    """Constrained requests on a tokenizer that cannot feed llguidance are refused, never ignored."""
+    model, _ = fake_backend(step_ms=1.0)
+    model.tokenizer = TextOnlyTokenizer()
+    try:
+        with serve(create_app(model, None, ServerConfig())) as url, httpx.Client(base_url=url, timeout=20) as http:
+            for body in ({"response_format": {"type": "json_object"}}, {"tool_choice": "required", "tools": TOOLS},
+                         {"guided_regex": "[0-9]+"}):
+                r = http.post("/v1/chat/completions", json={"model": "fake", "messages": MSG, **body})
+                assert assert_openai_error(r)["param"] in ("response_format", "tool_choice", "guided_regex")
+    finally:
+        model.engine.shutdown(drain=False)
 
 
 @pytest.mark.parametrize("name,endpoint,raw", CORPUS, ids=[c[0] for c in CORPUS])
@@ -171,7 +195,7 @@ def test_server_healthy_after_the_corpus(http, fake_server):
     assert all(r.status_code == 200 for r in rs)
     assert http.get("/health").json()["status"] == "ok"
     state = fake_server[1].state.server
-    assert state.metrics.in_flight == 0 and state.model.engine.stats()["kv_blocks_used"] == 0
+    assert state.metrics.in_flight == 0 and state.model.engine.stats().kv_blocks_used == 0
 
 
 def test_openapi_describes_the_request_bodies(http):

@@ -142,7 +142,7 @@ def test_n4_shares_kv_blocks_and_equals_four_seeded_runs(client, real):
     question = "Write a short poem about the sea. " * 12  # a prompt of many blocks
     kw = {"model": "default", "max_tokens": 12, "temperature": 0.9}
     group = client.completions.create(prompt=question, n=4, seed=1000, **kw)
-    group_peak = engine.stats()["kv_blocks_peak"]
+    group_peak = engine.stats().kv_blocks_peak
     singles = [client.completions.create(prompt=question, seed=1000 + i, **kw).choices[0].text for i in range(4)]
     assert [c.text for c in group.choices] == singles
     assert len(set(singles)) > 1
@@ -156,8 +156,8 @@ def test_n4_shares_kv_blocks_and_equals_four_seeded_runs(client, real):
         t.start()
     for t in threads:
         t.join()
-    separate_peak = engine.stats()["kv_blocks_peak"]
-    block_bytes = engine.stats()["kv_block_bytes"]
+    separate_peak = engine.stats().kv_blocks_peak
+    block_bytes = engine.stats().kv_block_bytes
     print(f"\nKV peak, prompt of {group.usage.prompt_tokens} tokens: n=4 on one prompt {group_peak} blocks "
           f"({group_peak * block_bytes / 2**20:.1f} MiB); "
           f"4 separate requests {separate_peak} blocks ({separate_peak * block_bytes / 2**20:.1f} MiB)")

@@ -128,7 +128,7 @@ def test_disconnect_returns_blocks_to_the_pool(real):
         time.sleep(0.01)
     assert metric(m, "kv_blocks_used") == 0, "blocks were not returned after the client left"
     assert [v for k, v in m.items() if k.startswith("scratchllm:request_success_total") and 'abort' in k] == [1.0]
-    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.stats().kv_blocks_used == 0
 
 
 def test_static_engine_equals_the_continuous_engine(real):
@@ -149,10 +149,10 @@ def test_static_engine_equals_the_continuous_engine(real):
         assert run(static.engine) == run(continuous.engine)
         # a row's stream ends with its last token; the batch's cache is released just after
         deadline = time.monotonic() + 10
-        while static.engine.stats()["kv_blocks_used"] and time.monotonic() < deadline:
+        while static.engine.stats().kv_blocks_used and time.monotonic() < deadline:
             time.sleep(0.01)
         stats = static.engine.stats()
         # the padded cache held [3 rows, longest prompt + longest output] while the batch ran
-        assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_peak"] >= 3 * (16 + 16) // 16
+        assert stats.kv_blocks_used == 0 and stats.kv_blocks_peak >= 3 * (16 + 16) // 16
     finally:
         static.engine.shutdown()

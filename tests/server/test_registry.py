@@ -51,7 +51,7 @@ def test_requests_reach_the_model_they_name(serve):
     assert m['scratchllm:generation_tokens_total{model_name="alpha"}'] == 3
     assert m['scratchllm:generation_tokens_total{model_name="beta"}'] == 5
     assert engines["alpha"] is not engines["beta"]
-    assert sum(engines["alpha"].stats()["finished"].values()) == 1 == sum(engines["beta"].stats()["finished"].values())
+    assert sum(engines["alpha"].stats().finished.values()) == 1 == sum(engines["beta"].stats().finished.values())
     assert listed == [("alpha", "generate", "loaded"), ("beta", "generate", "loaded"),
                       ("fake-embed", "embed", "loaded")]
 

@@ -49,7 +49,7 @@ def test_min_tokens_above_max_tokens_is_refused():
 def events(params: SamplingParams, text: str) -> tuple[str, str | None]:
     """The text and finish reason the output path gives for `text` fed byte by byte (fake tokenizer)."""
     tok = FakeTokenizer()
-    out = OutputProcessor("r", params, tok.detokenizer(), eos_token_id=None, arrival=0.0)
+    out = OutputProcessor("r", params, tok.detokenizer(), end_token_ids=(), arrival=0.0)
     shown, reason = "", None
     for t in tok.encode(text):
         e = out.process(t, now=0.0)
@@ -77,7 +77,7 @@ def test_stop_token_text_shows_only_with_include_stop_str_in_output():
     stop = tok.encode("!")[0]
     for include, expected in ((False, "hi"), (True, "hi!")):
         p = SamplingParams(max_tokens=9, stop_token_ids=(stop,), include_stop_str_in_output=include)
-        out = OutputProcessor("r", p, tok.detokenizer(), eos_token_id=None, arrival=0.0)
+        out = OutputProcessor("r", p, tok.detokenizer(), end_token_ids=(), arrival=0.0)
         text = "".join(out.process(t, now=0.0).text for t in tok.encode("hi!"))
         assert text == expected and out.finish_reason == "stop"
 
@@ -141,7 +141,7 @@ def test_skip_special_tokens_false_shows_special_tokens():
     ids = [*tok.encode("hi", add_special_tokens=False), special]
     for skip, expected in ((True, tok.decode(ids, skip_special_tokens=True)), (False, tok.decode(ids))):
         p = SamplingParams(max_tokens=9, skip_special_tokens=skip, ignore_eos=True)
-        out = OutputProcessor("r", p, tok.detokenizer(skip_special_tokens=p.skip_special_tokens), eos_token_id=None,
+        out = OutputProcessor("r", p, tok.detokenizer(skip_special_tokens=p.skip_special_tokens), end_token_ids=(),
                               arrival=0.0)
         text = "".join(out.process(t, now=0.0).text for t in ids) + "".join(
             [out.process(ids[0], context_full=True, now=0.0).text])
