@@ -219,8 +219,12 @@ def sample_token(logits: Logits, params: SamplingParams, rng: np.random.Generato
     """One token id from one row of logits [V]."""
     if params.greedy:
         return int(np.argmax(logits))
-    p = filtered_probs(logits, params)
-    # inverse-CDF draw with one uniform: the same seed gives the same token on every machine
+    return draw(filtered_probs(logits, params), rng)
+
+
+def draw(p: npt.NDArray[np.float64], rng: np.random.Generator) -> int:
+    """One index drawn from the weights p [V] (not necessarily summing to 1): the inverse CDF at
+    one uniform, so that the same seed gives the same token on every machine."""
     u = rng.random()
     idx = int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"))
     return min(idx, len(p) - 1)

@@ -16,7 +16,7 @@ def test_a_short_round_measures_every_row(monkeypatch):
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     args = parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
-                              "--bandwidth-mb", "64", "--decode-context", "40"])
+                              "--bandwidth-mb", "64", "--decode-context", "40", "--spec-cases", "0"])
     r = peers.run(args)
     assert r["inputs"]["decode_context"] == 40
     ours = r["figures"]["ours"]
@@ -38,7 +38,7 @@ def test_the_peer_runs_the_same_file():
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     r = peers.run(parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
-                                     "--bandwidth-mb", "64"]))
+                                     "--bandwidth-mb", "64", "--spec-cases", "0"]))
     for key, _, _ in peers.ROWS:
         assert r["figures"][peers.PEER][key] > 0 and r["advantage"][key] > 0, key
     # the same file and ids on both sides: their greedy tokens agree at every step, or part only at
@@ -55,7 +55,7 @@ def test_llama_cpp_programs_are_measured_at_each_concurrency(monkeypatch):
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     r = peers.run(parser.parse_args(["--rounds", "1", "--prompt-tokens", "24", "--new-tokens", "3", "--batch", "2",
-                                     "--bandwidth-mb", "64", "--sequences", "1,2"]))
+                                     "--bandwidth-mb", "64", "--sequences", "1,2", "--spec-cases", "1"]))
     rows = r["llama_cpp_tools"]["rows"]
     for key in ("prefill", "decode"):
         assert rows[key]["ours"] > 0 and rows[key]["llama.cpp"] > 0 and rows[key]["advantage"] > 0
@@ -66,6 +66,10 @@ def test_llama_cpp_programs_are_measured_at_each_concurrency(monkeypatch):
         assert cell["kv_dtype"] == "float16"
     text = peers.render(r)
     assert "llama-bench pp24" in text and "2 at once, 32 + 3 each" in text
+    # the speculative-decoding rows (bench spec's, one code edit here): ours beside llama.cpp's n-gram modes
+    spec = r["sections"]["spec"]["rows"]["code-edits"]
+    assert all(spec[side]["decode_tok_s"] > 0 for side in ("off", "ngram", "ngram-simple", "ngram-mod", "lookup"))
+    assert "speculative decoding, code edits" in text
 
 
 def test_step_breakdown_splits_a_decode_step(tmp_path):

@@ -10,7 +10,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "scratchllm"
 CONTRACT = {"TokenEvent", "RequestMetrics", "RequestOutput", "RequestStream", "EngineClient", "EngineStats"}
 SCHEDULER_STATE = {"running", "resumed", "policy", "high", "low", "queue"}
-BLOCK_MUTATORS = {"free", "allocate_prefix", "ensure_slots", "cache_full_blocks", "begin_step", "end_step", "fork"}
+BLOCK_MUTATORS = {"free", "allocate_prefix", "ensure_slots", "cache_full_blocks", "begin_step", "end_step", "fork",
+                  "trim"}
 
 
 def _modules():

@@ -1,9 +1,10 @@
 """llama.cpp's own programs as peers: where `make peers` installs them, and running them.
 
-`make peers` (scripts/build_peers.py) builds `llama-bench`, `llama-batched-bench` and
-`llama-server` with CMake from the llama.cpp sources that the pinned llama-cpp-python sdist
-vendors, and installs them into `<virtualenv>/peers/llama.cpp/bin`, next to a `build.json` that
-says what was built with which options. Every checkout that runs with that virtualenv finds them
+`make peers` (scripts/build_peers.py) builds `llama-bench`, `llama-batched-bench`,
+`llama-server`, `llama-cli`, `llama-speculative-simple` and `llama-lookup` with CMake from the
+llama.cpp sources that the pinned llama-cpp-python sdist vendors, and installs them into
+`<virtualenv>/peers/llama.cpp/bin`, next to a `build.json` that says what was built with which
+options. Every checkout that runs with that virtualenv finds them
 there; SCRATCHLLM_LLAMA_CPP names another folder.
 
 Peak RSS of a program we did not write: its /proc/<pid>/status VmHWM (the kernel's high-water
@@ -14,6 +15,7 @@ child's starts at its parent's resident set (copied at fork, kept across exec).
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -72,11 +74,13 @@ class PeakSampler:
 
 @dataclass
 class ToolRun:
-    """A finished run of a program: its standard output, wall seconds and peak RSS."""
+    """A finished run of a program: its standard output, wall seconds and peak RSS (and its
+    standard error, where llama.cpp's examples print their figures)."""
 
     stdout: str
     seconds: float
     peak_rss_mb: float
+    stderr: str = ""
 
 
 def run_tool(argv: list[str], timeout: float = 1800) -> ToolRun:
@@ -96,7 +100,7 @@ def run_tool(argv: list[str], timeout: float = 1800) -> ToolRun:
             peak = sampler.stop()
     if proc.returncode:
         raise ConfigError(f"{' '.join(argv)} failed (exit {proc.returncode}): {err.strip()[-800:]}")
-    return ToolRun(out, time.perf_counter() - t, peak)
+    return ToolRun(out, time.perf_counter() - t, peak, err)
 
 
 def bench_args(model: str, threads: int, prompt: int, new: int, reps: int) -> list[str]:
@@ -129,4 +133,51 @@ def parse_batched(stdout: str) -> dict[int, dict[str, float]]:
             out[int(row["pl"])] = {"aggregate_tok_s": float(row["speed"]), "prefill_tok_s": float(row["speed_pp"]),
                                    "decode_tok_s": float(row["speed_tg"]),
                                    "generated_tok_s": int(row["pl"]) * int(row["tg"]) / float(row["t"])}
+    return out
+
+
+# --- speculative decoding: llama-speculative-simple (a draft model, or its n-gram types) and llama-lookup ---
+# The n-gram types of llama-speculative-simple's --spec-type that draft without a model (its --help)
+NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-mod")
+
+
+def speculative_args(model: str, prompt_file: str, threads: int, new_tokens: int, ctx: int, draft_max: int,
+                     spec_type: str = "draft-simple", draft_model: str | None = None) -> list[str]:
+    """llama-speculative-simple's command line: greedy, `new_tokens` after the prompt in `prompt_file`,
+    drafting with `draft_model` (spec_type draft-simple, at most draft_max tokens) or one of
+    NGRAM_SPEC_TYPES (at their own defaults: their lookup and draft lengths are their own knobs)."""
+    argv = ["-m", model, "-f", prompt_file, "-n", str(new_tokens), "-t", str(threads), "-tb", str(threads),
+            "-c", str(ctx), "--temp", "0", "--spec-type", spec_type]
+    if draft_model is not None:
+        argv += ["-md", draft_model, "--spec-draft-n-max", str(draft_max), "-td", str(threads),
+                 "-tbd", str(threads)]
+    return argv
+
+
+def lookup_args(model: str, prompt_file: str, threads: int, new_tokens: int, ctx: int, draft_max: int) -> list[str]:
+    """llama-lookup's command line: n-gram lookup decoding, greedy, at most draft_max tokens drafted."""
+    return ["-m", model, "-f", prompt_file, "-n", str(new_tokens), "-t", str(threads), "-tb", str(threads),
+            "-c", str(ctx), "--temp", "0", "--spec-draft-n-max", str(draft_max)]
+
+
+_FIGURE = re.compile(r"\b(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+_COUNT = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)")
+
+
+def parse_speculative(log: str) -> dict[str, float]:
+    """The figures llama-speculative-simple and llama-lookup print at their end (on stderr):
+    {"prefill_tok_s", "decode_tok_s", "decoded", "drafted", "accepted", "accept_rate"}; decode
+    speed is theirs: the tokens decoded over the time from the first to the last, drafting included."""
+    out: dict[str, float] = {}
+    for kind, tokens, _seconds, speed in _FIGURE.findall(log):
+        out["prefill_tok_s" if kind == "encoded" else "decode_tok_s"] = float(speed)
+        if kind == "decoded":
+            out["decoded"] = int(tokens)
+    counts = dict(_COUNT.findall(log))
+    if "decode_tok_s" not in out or "n_drafted" not in counts:
+        from scratchllm.errors import ConfigError
+
+        raise ConfigError(f"no speculative figures in the program's output: {log.strip()[-400:]}")
+    out["drafted"], out["accepted"] = int(counts["n_drafted"]), int(counts.get("n_accept", 0))
+    out["accept_rate"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
     return out

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.bench import peers_llama_cpp
+from scratchllm.bench import spec as spec_bench
 from scratchllm.bench.common import (
     LoadedModel,
     add_kv_cache_dtype_argument,
@@ -118,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="array size for the bandwidth probe")
     parser.add_argument("--sequences", default="1,4,16",
                         help="sequences at once of the rows against llama-batched-bench (default 1,4,16)")
+    parser.add_argument("--spec-cases", type=int, default=2,
+                        help="code edits of the speculative-decoding rows (bench spec's; 0: none; default 2)")
+    parser.add_argument("--spec-draft", default=None, metavar="MODEL",
+                        help="a draft model for those rows, both sides (default: n-gram rows only)")
     add_kv_cache_dtype_argument(parser)
 
 
@@ -402,7 +407,7 @@ def measure_tools(spec: Spec, sequences: list[int], rounds: int, ours_rounds: li
 
 
 # Further comparisons (see the module doc); each runs after the tables above.
-SECTIONS: list[Section] = []
+SECTIONS: list[Section] = [spec_bench.PEERS_SECTION]
 
 
 def render(r: dict[str, Any]) -> str:

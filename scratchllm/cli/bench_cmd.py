@@ -32,6 +32,7 @@ BENCHES = {
     "cluster": "replicas on Ray Serve: KV-block router vs round robin vs power of two, hit rate and TTFT",
     "structured_http": "structured output through the server: json_schema vs unconstrained chat requests",
     "soak": "a bounded soak of one server: cancellations, bursts, hostile bodies, slow clients; 5xx, leaks, fds",
+    "spec": "speculative decoding: n-gram and draft model, ours vs llama-speculative-simple and llama-lookup",
 }
 
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from scratchllm.cli import Subparsers
-from scratchllm.cli.options import add_threads_argument
+from scratchllm.cli.options import add_speculative_arguments, add_threads_argument, speculative_config
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.errors import ConfigError
 
@@ -33,6 +33,7 @@ def add_parser(sub: Subparsers) -> None:
     add_threads_argument(p)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     p.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
+    add_speculative_arguments(p)
     p.set_defaults(func=run, intermixed_parser=p)
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    llm = LLM(model, threads=args.threads, dtype=args.dtype)
+    llm = LLM(model, threads=args.threads, dtype=args.dtype, speculative_config=speculative_config(args))
 
     def show(_token_id: int, text: str) -> None:
         sys.stdout.write(text)
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         m = out.metrics.summary() if out.metrics is not None else {}
         decode = f"{m['decode_tok_s']:.1f} tok/s" if m.get("decode_tok_s") else "n/a"
+        drafts = f", {m['spec_accepted']} of {m['spec_drafted']} drafted accepted" if m.get("spec_drafted") else ""
         print(f"[{m['prompt_tokens']} prompt tokens, {m['completion_tokens']} generated ({out.finish_reason}); "
-              f"load {llm.load_s:.2f} s, prefill {m['prefill_tok_s']:.0f} tok/s, decode {decode}"
+              f"load {llm.load_s:.2f} s, prefill {m['prefill_tok_s']:.0f} tok/s, decode {decode}{drafts}"
               f"{'' if use_chat else ', raw prompt'}]", file=sys.stderr)
     return 0

@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 from scratchllm.cli import Subparsers
 from scratchllm.cli.listen import listen, url
-from scratchllm.cli.options import add_kv_cache_dtype_argument, add_threads_argument
+from scratchllm.cli.options import (
+    add_kv_cache_dtype_argument,
+    add_speculative_arguments,
+    add_threads_argument,
+    speculative_config,
+)
 from scratchllm.cli.serve_config import apply_config, environment_defaults, render_config, track_given
 from scratchllm.dtypes import DTYPE_HELP, DTYPES
 from scratchllm.engine.config import POLICY_NAMES
@@ -102,6 +107,7 @@ def add_parser(sub: Subparsers) -> None:
                    help="context length (default: the model's, or what the memory plan's KV pool holds when that "
                         "is less, at least 4096 tokens; said at start)")
     add_kv_cache_dtype_argument(p)
+    add_speculative_arguments(p)
     p.add_argument("--prefix-cache-memory", type=cache_size, default=None, metavar="SIZE",
                    help="memory the prefix cache may keep beyond the KV blocks the work holds, e.g. 64MiB or 0 "
                         "(cached prefixes only in memory the work made resident); default: as much as the most "
@@ -290,6 +296,11 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         options["target_tpot_s"] = args.target_tpot_ms / 1000
     if args.threads is not None and args.batching == "continuous":
         options["num_threads"] = args.threads
+    spec = speculative_config(args)
+    if spec is not None:
+        if args.batching != "continuous":
+            raise ConfigError("speculative decoding runs in the continuous engine, not --batching static")
+        options["speculative_config"] = spec
     return options
 
 
@@ -311,7 +322,8 @@ def build(args: argparse.Namespace) -> ModelRegistry:
     if args.fake_engine:
         from scratchllm.server.backend import fake_specs
 
-        for flag, given in (("--chat-template", args.chat_template), ("--priority-feedback", args.priority_feedback)):
+        for flag, given in (("--chat-template", args.chat_template), ("--priority-feedback", args.priority_feedback),
+                            ("--speculative-config", args.speculative_config), ("--model-draft", args.model_draft)):
             if given:
                 raise ConfigError(f"{flag} needs a model (not --fake-engine)")
 

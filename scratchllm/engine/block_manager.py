@@ -255,6 +255,19 @@ class BlockManager:
                     dropped += 1
         return dropped
 
+    def trim(self, seq: Request) -> int:
+        """Release the blocks past the sequence's tokens: after a verification, the ones that held
+        only rejected drafts' slots. Returns how many went back."""
+        keep = -(-seq.num_tokens // self.block_size)
+        released = 0
+        for pool, table in zip(self.groups, self.tables(seq), strict=True):
+            while len(table) > keep:
+                block_id = table.pop()
+                if block_id != DROPPED:
+                    pool.release(block_id)
+                    released += 1
+        return released
+
     def fork(self, parent: Request, child: Request) -> None:
         """`child` shares all of `parent`'s blocks (n > 1 sampling); writes will copy-on-write."""
         assert not child.block_table and not child.window_table

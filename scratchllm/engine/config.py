@@ -6,8 +6,10 @@ operator can pin or change it.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from scratchllm.engine.kv_sizing import KV_DTYPE_CHOICES
+from scratchllm.engine.speculative.config import SpeculativeConfig
 from scratchllm.errors import ConfigError
 
 # The admission policies (engine/policy.py), the one list every option that names one reads:
@@ -49,6 +51,10 @@ class EngineConfig:
     max_priority_adjust_s: float = 2.0  # the priority hook's offsets are clamped to +-this
     # --- numerics ---
     num_threads: int = 0  # threads of the attention kernel (our pool, kernels/pool.pyx); 0 = the pool's count
+    # --- speculative decoding (docs/speculative-decoding.md) ---
+    # vLLM's speculative_config: a SpeculativeConfig, its dict or its JSON text (made a
+    # SpeculativeConfig here); None: every step decodes one token per request
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, rule: str) -> None:
@@ -74,3 +80,10 @@ class EngineConfig:
         need("aging_s", self.aging_s > 0, "> 0")
         need("max_priority_adjust_s", self.max_priority_adjust_s >= 0, ">= 0")
         need("num_threads", self.num_threads >= 0, ">= 0 (0 = all cores)")
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """speculative_config, parsed (__post_init__ made it one)."""
+        assert self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig)
+        return self.speculative_config

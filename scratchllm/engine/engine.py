@@ -26,8 +26,11 @@ from scratchllm.engine.model_runner import ModelRunner
 from scratchllm.engine.output import OutputCollector, OutputProcessor, end_token_ids
 from scratchllm.engine.protocol import FINISH_REASONS, EngineStats, RequestOutput, TokenEvent
 from scratchllm.engine.request import Priority, Request
-from scratchllm.engine.sampler import SampledToken, sample
+from scratchllm.engine.sampler import SampledToken, sample, verify
 from scratchllm.engine.scheduler import Scheduler
+from scratchllm.engine.speculative.draft_model import DraftModel
+from scratchllm.engine.speculative.speculator import Speculator, by_request, draft_rows
+from scratchllm.engine.speculative.vocabulary import Vocabulary, check_same_vocabulary
 from scratchllm.engine.streams import RequestIds
 from scratchllm.engine.tracing import StepTracer
 from scratchllm.engine.validate import RequestLimits
@@ -45,7 +48,10 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, model: Model, config: EngineConfig | None = None, tokenizer: TokenizerLike | None = None,
                  eos_token_id: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 trace: TraceWriter | None = None):
+                 trace: TraceWriter | None = None, draft_model: Model | None = None,
+                 draft_tokenizer: TokenizerLike | None = None):
+        """`draft_model` (and its tokenizer): the draft of a speculative config with a "model",
+        already loaded; None: loaded here from the config's reference."""
         self.model = model
         self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
@@ -57,7 +63,15 @@ class LLMEngine:
         self.eos_token_id = eos_token_id
         self.end_token_ids = end_token_ids(tokenizer, eos_token_id)  # every token that ends a request
         ctx = min(mc.max_position_embeddings, config.max_model_len or mc.max_position_embeddings)
-        self.plan: MemoryPlan = plan_memory(model, config, ctx)
+        spec = config.speculative
+        if spec is not None and spec.uses_draft_model:
+            assert spec.model is not None
+            if draft_model is None:
+                draft_model, draft_tokenizer = load_weights(spec.model, "auto", tokenizer is not None)
+            _check_draft(model, tokenizer, draft_model, draft_tokenizer, spec.model)
+        else:
+            draft_model = None
+        self.plan: MemoryPlan = plan_memory(model, config, ctx, draft=draft_model)
         num_blocks = self.plan.num_kv_blocks
         # a sequence can never outgrow the pool: cap the context there (a windowed pool holds windows)
         self.max_model_len = ctx if self.plan.all_windowed else min(ctx, num_blocks * config.block_size)
@@ -75,6 +89,13 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.num_threads, window_pool,
                                   self.plan.kv_dtype)
+        # speculative decoding: the drafts of each step's decodes (speculative/speculator.py)
+        self.speculator: Speculator | None = None
+        if spec is not None:
+            draft = None if draft_model is None else DraftModel(
+                draft_model, self.plan.num_draft_blocks, config.block_size, config.num_threads, self.plan.kv_dtype,
+                spec.draft_p_min)
+            self.speculator = Speculator(spec, self.max_model_len, draft, self.end_token_ids)
         self.requests: dict[str, Request] = {}
         self._outputs: dict[str, OutputProcessor] = {}
         self._ids = RequestIds("req")  # for requests added without one
@@ -162,6 +183,8 @@ class LLMEngine:
         self.scheduler.abort(req)  # blocks: deferred by the block manager if a step is in flight
         req.finish("abort", self.clock())
         self.finished["abort"] += 1
+        if self.speculator is not None:
+            self.speculator.release(req.request_id)
         event = self._outputs.pop(req.request_id).abort()
         event.metrics = req.metrics()
         if self.tracer is not None:
@@ -183,8 +206,11 @@ class LLMEngine:
     # --- the step ---
     def step(self) -> list[TokenEvent]:
         start_ns = time.monotonic_ns()
+        propose_start = self.clock()
+        # speculative decoding: drafts for the decoding requests, verified in this step's forward
+        proposals = self.speculator.propose(self.scheduler.decoding()) if self.speculator is not None else None
         schedule_time = self.clock()
-        batch = self.scheduler.schedule(schedule_time)
+        batch = self.scheduler.schedule(schedule_time, proposals)
         self.last_step_tokens = batch.num_tokens
         if not batch.items:
             return []
@@ -198,7 +224,10 @@ class LLMEngine:
         events: list[TokenEvent] = []
         finished: list[Request] = []
         forks: list[tuple[Request, Request]] = []
-        for row, (req, sampled) in enumerate(zip(reqs, sample(logits, reqs, self.end_token_ids), strict=True)):
+        emitted: dict[Request, int] = {}
+        sampled = (verify(logits, reqs, *draft_rows(reqs, batch.drafts), end_token_ids=self.end_token_ids)
+                   if batch.drafts else sample(logits, reqs, self.end_token_ids))
+        for row, req, tokens in by_request(reqs, sampled):
             if req.fork_children and req.num_output_tokens == 0:  # its prefill is done: the others fork
                 kids, req.fork_children = req.fork_children, []
                 rows = np.repeat(logits[row : row + 1], len(kids), axis=0)
@@ -207,9 +236,24 @@ class LLMEngine:
                     kid.prompt_logprobs = req.prompt_logprobs  # the prompt was computed once, for all
                     if not self._emit(kid, kid_sampled, now, events, finished):
                         forks.append((req, kid))
-            self._emit(req, sampled, now, events, finished)
-        self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks)
-        self.scheduler.observe_step(batch.num_tokens, self.clock() - schedule_time)
+            n = 0
+            for token in tokens:  # one, or a verification's accepted drafts and the target's own
+                n += 1
+                if self._emit(req, token, now, events, finished):
+                    break
+            draft = batch.drafts.get(req)
+            if draft is not None:
+                assert self.speculator is not None
+                emitted[req] = n
+                accepted = next((i for i, (t, d) in enumerate(zip(tokens, draft.tokens, strict=False))
+                                 if t.token != d), min(len(tokens), len(draft.tokens)))
+                # drafts accepted and emitted (a request that ended on one drops the rest)
+                self.speculator.verified(req, len(draft.tokens), min(accepted, n), n)
+        self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks, emitted)
+        step_s = self.clock() - schedule_time
+        self.scheduler.observe_step(batch.num_tokens, self.clock() - propose_start)
+        if self.speculator is not None and all(n == 1 or r in batch.drafts for r, n in batch.items):
+            self.speculator.observe_step(batch.num_tokens, step_s)  # decodes only: a row's cost
         if self.tracer is not None:
             bm, s = self.block_manager, self.scheduler
             self.tracer.step(self.num_steps, start_ns, time.monotonic_ns(), events, self.requests,
@@ -234,6 +278,8 @@ class LLMEngine:
             return False
         req.finish(event.finish_reason, now)
         self.finished[event.finish_reason] += 1
+        if self.speculator is not None:
+            self.speculator.release(req.request_id)
         event.metrics = req.metrics()
         finished.append(req)
         del self.requests[req.request_id], self._outputs[req.request_id]
@@ -258,6 +304,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm, s = self.block_manager, self.scheduler
+        spec = self.speculator.counters if self.speculator is not None else None
         return EngineStats(
             running=s.num_running(), waiting=s.num_waiting(), finished=dict(self.finished),
             preemptions=s.num_preemptions, steps=self.num_steps,
@@ -266,7 +313,23 @@ class LLMEngine:
             kv_bytes_used=bm.bytes_used, kv_bytes_peak=bm.stats.peak_bytes,
             kv_bytes_resident=sum(g.num_resident * b for g, b in zip(bm.groups, bm.block_bytes, strict=False)),
             prefix_cache_free_blocks=bm.num_cached_free, prefix_cache_queries=bm.stats.prefix_queries,
-            prefix_cache_hits=bm.stats.prefix_hits, priority_adjusted=s.num_priority_adjusted)
+            prefix_cache_hits=bm.stats.prefix_hits, priority_adjusted=s.num_priority_adjusted,
+            spec_decode_num_drafts=spec.drafts if spec else None,
+            spec_decode_num_draft_tokens=spec.draft_tokens if spec else None,
+            spec_decode_num_accepted_tokens=spec.accepted_tokens if spec else None,
+            spec_decode_num_emitted_tokens=spec.emitted_tokens if spec else None)
+
+
+def _check_draft(model: Model, tokenizer: TokenizerLike | None, draft: Model, draft_tokenizer: TokenizerLike | None,
+                 name: str) -> None:
+    """A draft model must have the target's vocabulary (speculative/vocabulary.py); without
+    tokenizers only the widths of their logits can be compared."""
+    target_v, draft_v = model.config.vocab_size, draft.config.vocab_size
+    if isinstance(tokenizer, Vocabulary) and isinstance(draft_tokenizer, Vocabulary):
+        check_same_vocabulary(tokenizer, draft_tokenizer, target_v, draft_v, f"draft model {name!r}")
+    elif target_v != draft_v:
+        raise ConfigError(f"draft model {name!r} cannot draft for this model: its vocabulary differs (logits over "
+                          f"{draft_v} token ids, the target's over {target_v})")
 
 
 def _priority(priority: Priority | str | int | None) -> Priority | None:

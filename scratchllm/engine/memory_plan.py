@@ -54,14 +54,26 @@ class MemoryPlan:
     num_window_blocks: int = 0
     kv_dtype: str = "float32"  # the KV cache's element type (resolved: never "auto")
     kv_bytes_per_token: float = 0.0  # K and V of one token of context, every layer, in kv_dtype
+    # a draft model (speculative decoding): its weights, its own KV pool (every layer, in
+    # kv_dtype) and its step's activations; all 0 without one
+    draft_weights_bytes: int = 0
+    draft_kv_block_bytes: int = 0
+    num_draft_blocks: int = 0
+    draft_activation_bytes: int = 0
 
     @property
     def kv_bytes(self) -> int:
         return self.kv_block_bytes * self.num_kv_blocks + self.window_block_bytes * self.num_window_blocks
 
     @property
+    def draft_bytes(self) -> int:
+        """The draft model's weights, KV pool and activations."""
+        kv = self.draft_kv_block_bytes * self.num_draft_blocks
+        return self.draft_weights_bytes + kv + self.draft_activation_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.activation_bytes
+        return self.weights_bytes + self.kv_bytes + self.activation_bytes + self.draft_bytes
 
     @property
     def all_windowed(self) -> bool:
@@ -80,9 +92,14 @@ class MemoryPlan:
         if self.num_window_blocks:
             pools += (f" + windowed ({self.window} tokens) {self.num_window_blocks} blocks x "
                       f"{self.window_block_bytes / 1024:.1f} KiB")
+        draft = ""
+        if self.num_draft_blocks:
+            draft = (f" + draft model (weights {self.draft_weights_bytes / MiB:.1f} MiB, KV {self.num_draft_blocks} "
+                     f"blocks x {self.draft_kv_block_bytes / 1024:.1f} KiB, activations "
+                     f"{self.draft_activation_bytes / MiB:.1f} MiB)")
         return (f"weights {self.weights_bytes / MiB:.1f} MiB + KV pool ({self.kv_dtype}, "
                 f"{self.kv_bytes_per_token / 1024:.1f} KiB per token) {pools} = {self.kv_bytes / MiB:.1f} MiB"
-                f" + activations {self.activation_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB "
+                f" + activations {self.activation_bytes / MiB:.1f} MiB{draft} = {self.total_bytes / MiB:.1f} MiB "
                 f"(of {self.budget_bytes / MiB:.1f} MiB it may use)")
 
 
@@ -149,15 +166,27 @@ def activation_bytes(mc: ModelConfig, cfg: EngineConfig, max_model_len: int) -> 
     return 4 * (T * per_token + cfg.max_num_seqs * mc.vocab_size + threads * mc.num_heads * (max_model_len + 2 * D))
 
 
-def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True) -> MemoryPlan:
+def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_already_loaded: bool = True,
+                draft: Model | None = None) -> MemoryPlan:
     """Size the KV pool and check the whole against the budget.
 
     Budget: cfg.memory_budget_bytes, else the memory available now plus the weights (they are
     already loaded, so MemAvailable no longer counts them). Pool: cfg.num_kv_blocks, else
     cfg.kv_cache_memory_bytes, else what max_num_seqs sequences of max_model_len tokens need, at
-    most 1 GiB and at most what the budget leaves."""
+    most 1 GiB and at most what the budget leaves.
+
+    `draft`: a draft model (speculative decoding), whose weights, activations and KV pool are in
+    the plan: its pool holds as many blocks as the target's (every sequence's context, in the
+    draft's own layers) and, per sequence, the most drafted tokens' blocks besides; where the
+    budget sizes the target's pool, each target block is planned with its draft block."""
     mc = model.config
     w = weights_bytes(model)
+    dw = weights_bytes(draft) if draft is not None else 0
+    dblock = block_bytes(draft.config, cfg.block_size, None, resolve_kv_dtype(cfg.kv_cache_dtype)) if draft else 0
+    dact = activation_bytes(draft.config, cfg, max_model_len) if draft is not None else 0
+    spec = cfg.speculative
+    k = spec.num_speculative_tokens or 0 if spec is not None else 0
+    draft_extra = cfg.max_num_seqs * (-(-k // cfg.block_size) + 1) if draft is not None else 0
     groups = layer_groups(mc)
     bs = cfg.block_size
     dtype = resolve_kv_dtype(cfg.kv_cache_dtype)
@@ -169,7 +198,7 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
     full_need = -(-max_model_len // bs)  # blocks of one sequence at full length
     wblocks = 0
     act = activation_bytes(mc, cfg, max_model_len)
-    budget = cfg.memory_budget_bytes or (available_bytes() + (w if weights_already_loaded else 0))
+    budget = cfg.memory_budget_bytes or (available_bytes() + (w + dw if weights_already_loaded else 0))
     if cfg.num_kv_blocks is not None:  # the windowed pool never needs more than the full one
         blocks = cfg.num_kv_blocks
         wblocks = min(blocks, windowed_need)
@@ -179,9 +208,12 @@ def plan_memory(model: Model, cfg: EngineConfig, max_model_len: int, weights_alr
     else:  # every sequence at full length: more could never be used at once
         wblocks = windowed_need if wblock else 0
         per_seq = windowed_need if window and not wblock else cfg.max_num_seqs * full_need
-        blocks = min(DEFAULT_KV_BYTES, per_seq * block, budget - w - act - wblocks * wblock) // block
-    plan = MemoryPlan(w, block, int(max(blocks, 0)), act, int(budget), window, wblock,
-                      int(max(wblocks, 0)) if wblock else 0, dtype, kv_bytes_per_token(mc, dtype, block_size=bs))
+        left = budget - w - act - wblocks * wblock - dw - dact - draft_extra * dblock
+        blocks = min(DEFAULT_KV_BYTES // block, per_seq, left // (block + dblock))
+    blocks = int(max(blocks, 0))
+    plan = MemoryPlan(w, block, blocks, act, int(budget), window, wblock,
+                      int(max(wblocks, 0)) if wblock else 0, dtype, kv_bytes_per_token(mc, dtype, block_size=bs),
+                      dw, dblock, blocks + draft_extra if draft is not None else 0, dact)
     # one sequence of max_model_len must fit, or a long request could never run
     min_blocks = window_blocks(window, bs) + 1 if plan.all_windowed else full_need
     if plan.total_bytes > budget or plan.num_kv_blocks < 1 or (wblock and plan.num_window_blocks < 1):

@@ -25,7 +25,9 @@ class ModelRunner:
                                                   num_window_blocks, kv_dtype)
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Request], npt.NDArray[np.float32]]:
-        """Run the step's forward. Returns (requests that get a token, their logits [R, V])."""
+        """Run the step's forward. Returns (the request of each row of logits, the logits [R, V]):
+        one row for a request that gets a token, k + 1 consecutive rows for one that verifies k
+        drafts (after its last token and after each draft)."""
         for group in range(self.attention.num_groups):  # copy-on-write before anything reads them
             self.attention.copy_blocks([(src, dst) for g, src, dst in batch.copies if g == group], group)
         items = batch.items
@@ -37,11 +39,15 @@ class ModelRunner:
         n_total = 0
         for req, n in items:
             c = req.num_computed_tokens
-            ids.extend(req.token_ids[c : c + n])
+            draft = batch.drafts.get(req)
+            ids.extend(req.token_ids[c : c + n] if draft is None else [req.token_ids[c], *draft.tokens])
             pos.extend(range(c, c + n))
             lens.append(n)
             n_total += n
-            if c + n == req.num_tokens:  # the step reaches the last known token: sample after it
+            if draft is not None:  # its last token and its drafts: every row's logits are verified
+                sample_reqs.extend([req] * n)
+                rows.extend(range(n_total - n, n_total))
+            elif c + n == req.num_tokens:  # the step reaches the last known token: sample after it
                 sample_reqs.append(req)
                 rows.append(n_total - 1)
         token_seq = np.repeat(np.arange(len(items), dtype=np.int32), lens)

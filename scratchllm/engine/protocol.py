@@ -48,6 +48,9 @@ class RequestMetrics:
     completion_tokens: int
     num_preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    # speculative decoding: tokens drafted for the request and verified, and those accepted
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     @property
     def queue_ms(self) -> float:
@@ -77,7 +80,8 @@ class RequestMetrics:
             "arrival": self.arrival, "first_scheduled": self.first_scheduled, "first_token": self.first_token,
             "finished": self.finished, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "num_preemptions": self.num_preemptions,
-            "cached_tokens": self.cached_tokens, "queue_ms": self.queue_ms, "prefill_ms": self.prefill_ms,
+            "cached_tokens": self.cached_tokens, "spec_drafted": self.spec_drafted,
+            "spec_accepted": self.spec_accepted, "queue_ms": self.queue_ms, "prefill_ms": self.prefill_ms,
             "decode_ms": self.decode_ms, "prefill_s": prefill_s, "decode_s": decode_s,
             "ttft_s": (self.queue_ms + self.prefill_ms) / 1e3,
             "prefill_tok_s": self.prompt_tokens / prefill_s if prefill_s > 0 else None,
@@ -145,6 +149,14 @@ class EngineStats:
     prefix_cache_hits: int | None = None
     # Requests whose priority the evaluation feedback moved: /metrics (priority_adjusted).
     priority_adjusted: int | None = None
+    # Speculative decoding, since start (None: the engine does not speculate): verifications,
+    # tokens drafted, drafts accepted, tokens the verifications emitted (accepted + one each).
+    # /metrics (spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
+    # _num_emitted_tokens), bench spec, `LLM.stats()`.
+    spec_decode_num_drafts: int | None = None
+    spec_decode_num_draft_tokens: int | None = None
+    spec_decode_num_accepted_tokens: int | None = None
+    spec_decode_num_emitted_tokens: int | None = None
     # The chained hashes of the blocks the prefix cache holds, filled only by a cluster replica's
     # engine (cluster/residency.py), which translates them for the router (cluster/replica.py).
     resident_block_hashes: tuple[int, ...] = ()

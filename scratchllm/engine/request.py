@@ -56,6 +56,9 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache held at first admission
+    # speculative decoding: tokens drafted for this request and verified, and those accepted
+    spec_drafted: int = 0
+    spec_accepted: int = 0
     # n > 1 sampling: the other choices of this prompt wait here until this request's prefill is
     # done, then fork its KV blocks (block_manager.fork) and sample from the same logits
     fork_children: list["Request"] = field(default_factory=list)
@@ -115,4 +118,6 @@ class Request:
             completion_tokens=self.num_output_tokens,
             num_preemptions=self.num_preemptions,
             cached_tokens=self.num_cached_tokens,
+            spec_drafted=self.spec_drafted,
+            spec_accepted=self.spec_accepted,
         )

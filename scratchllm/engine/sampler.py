@@ -23,7 +23,9 @@ verifies drafted tokens this way: the rows after the last accepted token and aft
 one, with `drafts[i]` the token row i + 1 of the same request presupposes; once a row's token
 differs from its draft, the request's later rows are not drawn (None), and the tokens the
 request keeps are its drawn ones. With deterministic drafts this gives exactly the tokens (and
-rng state) of one token per step.
+rng state) of one token per step. A sampled request's draft drawn from a distribution q (a draft
+model's) is kept with probability min(1, p / q), else replaced by a draw from max(0, p - q)
+(speculative/acceptance.py), p being the distribution this path draws from.
 
 Invariant (grammar): after the call a request's guide has consumed its output plus the tokens
 returned for it; the engine appends those same tokens, so the next call's sync is a no-op.
@@ -38,7 +40,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from scratchllm.sampling import SamplingParams, make_rng, sample_token, shaped_logits, top_logprobs
+from scratchllm.engine.speculative.acceptance import accept_draft
+from scratchllm.sampling import SamplingParams, filtered_probs, make_rng, sample_token, shaped_logits, top_logprobs
 from scratchllm.structured import GrammarMatcher, guide_for
 
 
@@ -104,16 +107,19 @@ def sample(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState],
 
 
 def verify(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], drafts: Sequence[int | None],
+           draft_probs: Sequence[npt.NDArray[np.floating] | None] | None = None,
            end_token_ids: Collection[int] = ()) -> list[SampledToken | None]:
     """`sample` for drafted tokens: drafts[i] is the token row i + 1 of the same request was
-    computed after (None on a request's last row). A request's rows after its first token that
-    differs from its draft are not drawn (None)."""
-    assert len(drafts) == len(seqs)
-    return _draw(logits, seqs, drafts, end_token_ids)
+    computed after (None on a request's last row), draft_probs[i] the distribution q it was
+    drawn from (None: a point mass). A request's rows after its first token that differs from
+    its draft are not drawn (None)."""
+    assert len(drafts) == len(seqs) and (draft_probs is None or len(draft_probs) == len(seqs))
+    return _draw(logits, seqs, drafts, end_token_ids, draft_probs)
 
 
 def _draw(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], drafts: Sequence[int | None] | None,
-          end_token_ids: Collection[int]) -> list[SampledToken | None]:
+          end_token_ids: Collection[int],
+          draft_probs: Sequence[npt.NDArray[np.floating] | None] | None = None) -> list[SampledToken | None]:
     assert logits.ndim == 2 and logits.shape[0] == len(seqs), (logits.shape, len(seqs))
     greedy = np.argmax(logits, axis=1) if len(seqs) else np.empty(0, dtype=np.int64)  # every plain greedy row
     drawn: dict[int, list[int]] = {}  # id(request) -> tokens drawn for its earlier rows in this call
@@ -130,13 +136,14 @@ def _draw(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], draft
         if key not in guides:  # once per request per call: brought in step with its output
             guides[key] = guide_for(seq) if params.grammar is not None else None
         guide = guides[key]
+        q = draft_probs[r] if draft_probs is not None else None
         if params.uses_processors or guide is not None:
             output_ids = list(seq.output_token_ids) + earlier if earlier else seq.output_token_ids
             row = shaped_logits(logits[r], params, seq.prompt_token_ids, output_ids,
                                 guide.allowed() if guide is not None else None, end_token_ids)
-            token = int(np.argmax(row)) if params.greedy else sample_token(row, params, seq.rng)
+            token = int(np.argmax(row)) if params.greedy else _sampled(row, params, seq.rng, drafts, r, q)
         else:
-            token = int(greedy[r]) if params.greedy else sample_token(logits[r], params, seq.rng)
+            token = int(greedy[r]) if params.greedy else _sampled(logits[r], params, seq.rng, drafts, r, q)
         if guide is not None:
             guide.consume(token)  # and the next mask starts computing now
         earlier.append(token)
@@ -148,3 +155,13 @@ def _draw(logits: npt.NDArray[np.floating], seqs: Sequence[SamplingState], draft
         if drafts is not None and drafts[r] is not None and drafts[r] != token:
             rejected.add(key)
     return out
+
+
+def _sampled(row: npt.NDArray[np.floating], params: SamplingParams, rng: np.random.Generator,
+             drafts: Sequence[int | None] | None, r: int, q: npt.NDArray[np.floating] | None) -> int:
+    """A sampled row's token: the rejection rule where the row's draft came from a distribution q,
+    else the plain draw (which verifies a point-mass draft: see the module doc)."""
+    draft = drafts[r] if drafts is not None else None
+    if draft is None or q is None:
+        return sample_token(row, params, rng)
+    return accept_draft(filtered_probs(row, params), draft, q, rng)[0]

@@ -28,24 +28,28 @@ starved) nor than 1, so admission stops adding sequences once the decodes fill i
 import bisect
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scratchllm.engine.block_manager import BlockManager
 from scratchllm.engine.config import EngineConfig
 from scratchllm.engine.policy import POLICIES, AdmissionPolicy
 from scratchllm.engine.request import Request, RequestStatus
+from scratchllm.engine.speculative.draft import Draft
 from scratchllm.engine.step_time import StepTimeModel
 
 
 @dataclass
 class ScheduledBatch:
-    """One step's work: for each request, how many of its uncomputed tokens to compute."""
+    """One step's work: for each request, how many of its uncomputed tokens to compute. A decoding
+    request that verifies drafted tokens computes its last token and the drafts: its item counts
+    1 + len(drafts[req].tokens) rows."""
 
     items: list[tuple[Request, int]] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # CoW (group, src, dst) copies to do first
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    drafts: dict[Request, Draft] = field(default_factory=dict)  # speculative decoding: what each verifies
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +134,11 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def decoding(self) -> list[Request]:
+        """The running requests whose next step is a decode (one token not yet computed), in the
+        order the next schedule() takes them: the ones a proposer may draft for."""
+        return sorted((r for r in self.running if r.num_tokens - r.num_computed_tokens == 1), key=self._order_key)
+
     def utilization(self, tokens_in_step: int) -> float:
         fill = tokens_in_step / self.config.max_num_batched_tokens
         return max(self.bm.occupancy, fill)
@@ -149,7 +158,11 @@ class Scheduler:
         return budget
 
     # --- one step ---
-    def schedule(self, now: float | None = None) -> ScheduledBatch:
+    def schedule(self, now: float | None = None, proposals: Mapping[Request, Draft] | None = None) -> ScheduledBatch:
+        """This step's batch. `proposals`: drafted tokens of decoding requests (speculative
+        decoding), each verified this step if the budget and the free blocks allow, cut to what
+        they allow otherwise: a draft never preempts, nor takes the blocks the decodes after it
+        need (one each)."""
         now = self.clock() if now is None else now
         bm = self.bm
         batch = ScheduledBatch()
@@ -159,7 +172,7 @@ class Scheduler:
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         budget = self.last_token_budget = self.token_budget(len(decodes))
-        for req in decodes + prefills:
+        for i, req in enumerate(decodes + prefills):
             if budget == 0:
                 break
             if req.status != RequestStatus.RUNNING:  # preempted as a victim in this loop
@@ -167,10 +180,17 @@ class Scheduler:
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch):
                 continue  # req itself was the victim
-            batch.copies += bm.ensure_slots(req, req.num_computed_tokens + n)
-            batch.items.append((req, n))
+            draft = proposals.get(req) if proposals and i < len(decodes) else None
+            k = min(len(draft.tokens), budget - n) if draft is not None else 0
+            if k and not bm.can_allocate(bm.blocks_needed(req, req.num_computed_tokens + n + k),
+                                         reserve=len(decodes) - i - 1):
+                k = 0
+            batch.copies += bm.ensure_slots(req, req.num_computed_tokens + n + k)
+            batch.items.append((req, n + k))
+            if draft is not None and k:
+                batch.drafts[req] = draft.head(k)
             scheduled.add(id(req))
-            budget -= n
+            budget -= n + k
 
         if not batch.preempted:
             self._admit(now, budget, batch)
@@ -188,16 +208,28 @@ class Scheduler:
             self.bm.end_step()
 
     def update(self, batch: ScheduledBatch, finished: list[Request],
-               forks: Sequence[tuple[Request, Request]] = ()) -> None:
+               forks: Sequence[tuple[Request, Request]] = (), emitted: Mapping[Request, int] | None = None) -> None:
         """After the forward: the batch's K/V is computed (full blocks enter the prefix cache);
         each (parent, child) fork makes the child share the parent's blocks and run from the
         next step; then the requests that finished this step leave the running set with their
-        blocks (a finished parent's blocks stay while a child holds them)."""
+        blocks (a finished parent's blocks stay while a child holds them).
+
+        A request that verified drafts (batch.drafts) emitted `emitted[req]` tokens: its accepted
+        drafts and one more. Its computed positions are its last token's and the accepted drafts'
+        (the rows before the first rejected one): min(rows, emitted). The K/V of rejected drafts
+        lies past them, is rewritten when those positions are computed again, and the blocks that
+        hold only such slots go back to the pool."""
         for req, n in batch.items:
+            verified = req in batch.drafts
+            if verified:
+                assert emitted is not None and emitted[req] >= 1, "a verification emits at least one token"
+                n = min(n, emitted[req])
             req.num_computed_tokens += n
             assert req.num_computed_tokens <= req.num_tokens
             self.bm.cache_full_blocks(req)
             self.bm.release_outside_window(req)  # windowed layers: blocks no later query reads
+            if verified and not req.status.done:
+                self.bm.trim(req)
         for parent, child in forks:
             assert child.fork_parent is parent and not child.block_table
             self.bm.fork(parent, child)

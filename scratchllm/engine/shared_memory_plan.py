@@ -14,6 +14,8 @@ Each model's need:
   activations  options, against what the models before it left of the budget
   activations  an embedder's: one batch of EMBED_PLAN_ROWS inputs of its longest length (hidden
                states, the attention scores and the feed-forward's inner layer, float32)
+  draft model  a generator's speculative config may name one: its weights (the same bound, at its
+               "auto" dtype), KV pool and activations are the generator's too
 
 A package model cut into chunk packages that is not joined yet is planned from its first
 chunk's header (formats.load_header): the join waits for its load, on first use with `serve
@@ -157,15 +159,24 @@ def model_need(ref: str, engine_options: dict[str, Any], budget_bytes: int) -> M
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     ctx = min(mc.max_position_embeddings, cfg.max_model_len or mc.max_position_embeddings)
+    draft = None
+    spec = cfg.speculative
+    if spec is not None and spec.model is not None:  # a draft model: its weights, KV and activations too
+        draft_ckpt = load_header(spec.model)
+        draft_mc = read_config(Path(draft_ckpt.path), draft_ckpt)
+        draft = _HeaderModel(draft_mc)
+        weights += estimated_weights_bytes(draft_ckpt, auto_dtype(draft_ckpt, draft_mc))
+        cfg = EngineConfig(**options, memory_budget_bytes=budget_bytes - weights)
     try:
-        plan = plan_memory(_HeaderModel(mc), cfg, ctx, weights_already_loaded=False)
+        plan = plan_memory(_HeaderModel(mc), cfg, ctx, weights_already_loaded=False, draft=draft)
     except MemoryPlanError as err:  # its figures count no weights: say whose they are, and the weights
         raise MemoryPlanError(f"model '{ref}' (weights {weights / MiB:.1f} MiB, planned apart): {err}") from None
-    assert plan.weights_bytes == 0, "a header-only model has no arrays to count"
+    assert plan.weights_bytes == 0 and plan.draft_weights_bytes == 0, "a header-only model has no arrays to count"
     choice = context_choice(mc.max_position_embeddings, cfg.max_model_len, plan, cfg.block_size)
-    least = plan.kv_bytes_for(min(MIN_DEFAULT_CONTEXT, ctx), cfg.block_size)
-    return ModelNeed(ref, "generate", weights, plan.kv_bytes, plan.activation_bytes, choice.used, details, choice,
-                     least)
+    draft_kv = plan.draft_kv_block_bytes * plan.num_draft_blocks  # the draft's pool, sized by the plan apart
+    least = plan.kv_bytes_for(min(MIN_DEFAULT_CONTEXT, ctx), cfg.block_size) + draft_kv
+    return ModelNeed(ref, "generate", weights, plan.kv_bytes + draft_kv,
+                     plan.activation_bytes + plan.draft_activation_bytes, choice.used, details, choice, least)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ Names: `<prefix>time_to_first_token_seconds`, `inter_token_latency_seconds`,
 `finished_reason`), `prompt_tokens_total`, `generation_tokens_total`, `prefix_cache_queries_total`,
 `prefix_cache_hits_total` (counters); every series has the label `model_name`. The prefix is
 "scratchllm:" (`serve --metrics-prefix vllm:` gives exactly vLLM's names, for a dashboard or an
-endpoint picker configured for vLLM). Ours besides: requests_in_flight, requests_rejected_total,
-kv_blocks_used / _peak / _total, kv_cache_used_bytes / _peak_bytes, priority_adjusted_total.
+endpoint picker configured for vLLM). With speculative decoding, vLLM's counters
+`spec_decode_num_drafts_total`, `_num_draft_tokens_total`, `_num_accepted_tokens_total` and
+`_num_emitted_tokens_total` (accepted / draft tokens is the acceptance rate). Ours besides:
+requests_in_flight, requests_rejected_total, kv_blocks_used / _peak / _total, kv_cache_used_bytes /
+_peak_bytes, priority_adjusted_total.
 
 A server of several models (server/registry.py) has one page: each family once, a series per
 model (`model_name`), as vLLM's page lists its models. A model that loads on demand also has
@@ -237,6 +240,14 @@ class _EngineCollector:
                 (stats.prefix_cache_queries, "prefix_cache_queries", "Prompt blocks looked up in the cache"),
                 (stats.prefix_cache_hits, "prefix_cache_hits", "Prompt blocks found in the prefix cache"),
                 (stats.priority_adjusted, "priority_adjusted",
-                 "Requests whose priority the evaluation feedback moved")):
+                 "Requests whose priority the evaluation feedback moved"),
+                (stats.spec_decode_num_drafts, "spec_decode_num_drafts",
+                 "Speculative decoding: verifications of drafted tokens"),
+                (stats.spec_decode_num_draft_tokens, "spec_decode_num_draft_tokens",
+                 "Speculative decoding: tokens drafted and verified"),
+                (stats.spec_decode_num_accepted_tokens, "spec_decode_num_accepted_tokens",
+                 "Speculative decoding: drafted tokens the model accepted"),
+                (stats.spec_decode_num_emitted_tokens, "spec_decode_num_emitted_tokens",
+                 "Speculative decoding: tokens the verifications emitted (accepted, and the model's own one each)")):
             if value is not None:
                 add(counter, name, doc, value)

@@ -29,6 +29,10 @@ def timings(metrics: RequestMetrics | None) -> dict[str, Any] | None:
         "decode_tokens_per_s": _rate(decoded, metrics.decode_ms),
         "ttft_ms": _since(metrics.arrival, metrics.first_token),
         "e2e_ms": _since(metrics.arrival, metrics.finished),
+        # speculative decoding (llama.cpp's names): tokens drafted for the request and verified,
+        # and those the model accepted; 0 without speculation
+        "draft_n": metrics.spec_drafted,
+        "draft_n_accepted": metrics.spec_accepted,
     }
 
 

@@ -1,7 +1,8 @@
 """The engine contract (scratchllm/engine/protocol.py), case by case, over every implementation:
 the continuous engine (AsyncEngine), the static baseline (StaticEngine), the fake engine and the
 cluster's RemoteEngine (here over a stand-in for Serve's handle to the replicas that streams from
-a fake engine in this process, on an event loop of its own). A case that passes for one and
+a fake engine in this process, on an event loop of its own), and the continuous engine again with
+speculative decoding, by n-gram lookup and by a draft model. A case that passes for one and
 fails for another is a drift the server would otherwise meet. All four have the same limits
 (the tiny model's: a context of 512 tokens, a vocabulary of 97), so they accept and refuse the
 same requests with the same error (engine/validate.py)."""
@@ -84,10 +85,23 @@ def loop():
     loop.close()
 
 
-ENGINES = ["continuous", "static", "fake", "remote"]
+ENGINES = ["continuous", "static", "fake", "remote", "ngram", "draft"]
+# The continuous engine with speculative decoding, drafting on every step it can (adaptive off):
+# n-gram lookup from one token on (its drafts mostly rejected on these random prompts), and a
+# draft model that is the target itself (its drafts all accepted: several tokens a step).
+SPECULATIVE = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                         "prompt_lookup_max": 3, "adaptive": False},
+               "draft": {"model": "the target's twin", "num_speculative_tokens": 3, "adaptive": False}}
+
+
+def speculative_engine(kind, model, tokenizer):
+    config = EngineConfig(num_kv_blocks=256, speculative_config=SPECULATIVE[kind])
+    return AsyncEngine(LLMEngine(model, config, tokenizer=tokenizer, draft_model=model if kind == "draft" else None))
 
 
 def make_engine(kind, model, loop):
+    if kind in SPECULATIVE:
+        return speculative_engine(kind, model, LetterTokenizer())
     if kind == "continuous":
         return AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=LetterTokenizer()))
     if kind == "static":
@@ -369,11 +383,15 @@ def byte_engine(request, loop):
     from scratchllm.engine.fake import BYTE_TOKENS, FakeTokenizer
 
     kind = request.param
-    if kind in ("continuous", "static"):
+    if kind in ("continuous", "static", *SPECULATIVE):
         model = tiny_llama(seed=7, vocab=BYTE_TOKENS)
         tok = FakeTokenizer(BYTE_TOKENS)
-        e = AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=tok)) if kind == "continuous" \
-            else StaticEngine(model, tok, batch_size=4)
+        if kind in SPECULATIVE:
+            e = speculative_engine(kind, model, tok)
+        elif kind == "continuous":
+            e = AsyncEngine(LLMEngine(model, EngineConfig(num_kv_blocks=256), tokenizer=tok))
+        else:
+            e = StaticEngine(model, tok, batch_size=4)
     elif kind == "fake":
         e = FakeEngine(step_ms=0.5, max_running=4, max_model_len=CONTEXT, vocab_size=BYTE_TOKENS)
     else:
