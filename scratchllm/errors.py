@@ -24,3 +24,9 @@ class ConfigError(ScratchLLMError, ValueError):
 
 class MemoryPlanError(ScratchLLMError):
     """The memory plan does not fit the budget: refused at start, never an OOM mid-traffic."""
+
+
+class UnsupportedCPUError(ScratchLLMError, ImportError):
+    """No build of the kernels runs on this CPU, or SCRATCHLLM_CPU_LEVEL names one that is not
+    built or not runnable here (scratchllm/kernels/cpu_features.py). An ImportError too: it is
+    raised by `import scratchllm.kernels`, instead of a crash with an illegal instruction."""

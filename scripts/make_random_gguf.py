@@ -4,6 +4,7 @@
     python scripts/make_random_gguf.py out/tiny.gguf --size tiny
     python scripts/make_random_gguf.py out/small-q4_k_m.gguf --size small --quant-mix q4_k_m
     python scripts/make_random_gguf.py out/tiny.gguf --size tiny --split-max-tensors 7   # 3 shards
+    python scripts/make_random_gguf.py /big/disk/qwen-7b-q4_k_m.gguf --size 7b --quant-mix q4_k_m   # ~4.4 GB
 
 Quantization mixes (--quant-mix):
   q4_0    (default) layer matrices Q4_0 (--layer-type), the tied embedding Q8_0.
@@ -20,7 +21,11 @@ test requirement). The types it cannot quantize (K-quants, IQ4) are random but v
 random bytes, with each block's float16 scales set to finite values that give weights of about
 the size of the others. Norms are ones. The tokenizer is copied from the default model's GGUF,
 so the vocabulary (49152) is SmolLM2's and both runtimes can load the file (or, with
-`tokenizer_from=None`, no tokenizer and a `vocab` of your choice: enough to load the weights).
+`tokenizer_from=None`, no tokenizer and a `vocab` of your choice: enough to load the weights);
+`--size 7b` (Qwen2.5-7B's shape: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 KV
+heads) copies Qwen2.5-Coder's tokenizer instead, for its vocabulary of 151,936 (the package model
+qwen2.5-coder-1.5b). Tensors are made and written one at a time, so the 7B's 4.4 GB never sit
+in memory at once.
 Random weights make meaningless text, but every byte is read and multiplied as in a trained
 model of the shape: the cost of growth is measured, not guessed.
 """
@@ -31,12 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-# TinyLlama-1.1B's shape (vocabulary aside); "tiny" and "small" (rows of whole K-quant blocks) for tests
+# TinyLlama-1.1B's shape (vocabulary aside); Qwen2.5-7B's (no q|k|v biases; the vocabulary: its
+# tokenizer, TOKENIZER); "tiny" and "small" (rows of whole K-quant blocks) for tests
 SIZES = {"1b": {"hidden": 2048, "intermediate": 5632, "layers": 22, "heads": 32, "kv_heads": 4},
+         "7b": {"hidden": 3584, "intermediate": 18944, "layers": 28, "heads": 28, "kv_heads": 4},
          "small": {"hidden": 256, "intermediate": 512, "layers": 4, "heads": 4, "kv_heads": 2},
          "tiny": {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2}}
 
 QUANT_MIXES = ("q4_0", "q4_k_m", "every")
+TOKENIZER = {"7b": "qwen2.5-coder-1.5b"}  # the model reference whose tokenizer a size copies (else "default")
 EVERY = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 GGUF_QUANTIZES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the types gguf.quants.quantize implements
 FALLBACK_32 = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
@@ -85,6 +93,17 @@ def random_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def _copy_tokenizer(reader, writer):
+    """Every tokenizer.* key of the file `reader` reads, into `writer`'s, with its GGUF type."""
+    import gguf
+
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[1] if kind == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+
+
 def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
                             tokenizer_from=None, layer_type: str = "Q4_0", embed_type: str = "Q8_0", seed: int = 0,
                             quant_mix: str = "q4_0", vocab: int | None = None, split_max_tensors: int = 0):
@@ -114,23 +133,30 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(vocab)
     if tokenizer_from is not None:
-        for key, field in reader.fields.items():
-            if key.startswith("tokenizer."):
-                kind = field.types[0]
-                sub = field.types[1] if kind == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+        _copy_tokenizer(reader, writer)
     rng = np.random.default_rng(seed)
+    plan = []  # (name, rows, cols, type name) of every tensor in file order; "F32": a norm of ones
 
     def matrix(name, rows, cols, type_name):
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
         if cols % block:  # llama.cpp's fallback for rows of partial 256-blocks
             type_name = FALLBACK_32[type_name]
-        qtype = gguf.GGMLQuantizationType[type_name]
+            block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+        writer.add_tensor_info(name, (rows, cols // block * nbytes), np.dtype(np.uint8), rows * cols // block * nbytes,
+                               raw_dtype=gguf.GGMLQuantizationType[type_name])
+        plan.append((name, rows, cols, type_name))
+
+    def ones(name, n):
+        writer.add_tensor_info(name, (n,), np.dtype(np.float32), 4 * n)
+        plan.append((name, n, 1, "F32"))
+
+    def made(rows, cols, type_name):  # the tensor's data, drawn from rng in file order
+        if type_name == "F32":
+            return np.ones(rows, dtype=np.float32)
         if type_name in GGUF_QUANTIZES:
             w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, random_blocks(type_name, rows, cols, rng), raw_dtype=qtype)
+            return gguf.quants.quantize(w, gguf.GGMLQuantizationType[type_name])
+        return random_blocks(type_name, rows, cols, rng)
 
     D = hidden // heads
     tied = quant_mix != "q4_k_m"
@@ -138,12 +164,12 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
            embed_type if quant_mix == "q4_0" else mix_type(quant_mix, "token_embd", None, 0, layers, layer_type))
     if not tied:
         matrix("output.weight", vocab, hidden, mix_type(quant_mix, "output", None, 0, layers, layer_type))
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    ones("output_norm.weight", hidden)
     index = 0
     for i in range(layers):
         b = f"blk.{i}."
-        writer.add_tensor(b + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        writer.add_tensor(b + "ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        ones(b + "attn_norm.weight", hidden)
+        ones(b + "ffn_norm.weight", hidden)
         for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv_heads * D, hidden),
                                  ("attn_v", kv_heads * D, hidden), ("attn_output", hidden, hidden),
                                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),
@@ -153,7 +179,9 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
     first = writer.format_shard_names(path)[0]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, rows, cols, type_name in plan:
+        writer.write_tensor_data(made(rows, cols, type_name))
     writer.close()
     return first
 
@@ -161,7 +189,8 @@ def write_random_llama_gguf(path, hidden: int, intermediate: int, layers: int, h
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="the .gguf file to write")
-    parser.add_argument("--size", choices=SIZES, default="1b")
+    parser.add_argument("--size", choices=SIZES, default="1b",
+                        help="1b: TinyLlama-1.1B's shape; 7b: Qwen2.5-7B's, with Qwen's tokenizer; tiny, small: tests")
     parser.add_argument("--quant-mix", choices=QUANT_MIXES, default="q4_0")
     parser.add_argument("--layer-type", choices=["Q4_0", "Q4_1", "Q8_0"], default="Q4_0", help="of the q4_0 mix")
     parser.add_argument("--seed", type=int, default=0)
@@ -172,7 +201,8 @@ def main() -> int:
     from scratchllm.formats.refs import resolve_model
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    first = write_random_llama_gguf(args.out, **SIZES[args.size], tokenizer_from=resolve_model("default"),
+    tokenizer = resolve_model(TOKENIZER.get(args.size, "default"))
+    first = write_random_llama_gguf(args.out, **SIZES[args.size], tokenizer_from=tokenizer,
                                     layer_type=args.layer_type, seed=args.seed, quant_mix=args.quant_mix,
                                     split_max_tensors=args.split_max_tensors)
     shards = " and its other shards" if first != args.out else ""

@@ -46,17 +46,20 @@ STRATEGY_NAMES = {"prefix": "KV-block router", "round_robin": "round robin", "po
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' (a random Llama, written here) or a model reference")
     parser.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
-    parser.add_argument("--systems", type=int, default=8, help="shared system prompts (default 8)")
-    parser.add_argument("--per-system", type=int, default=8, help="requests per system prompt (default 8)")
+    parser.add_argument("--systems", type=int, default=16, help="shared system prompts (default 16)")
+    parser.add_argument("--per-system", type=int, default=16, help="requests per system prompt (default 16)")
     parser.add_argument("--system-len", type=int, default=256, help="tokens per system prompt (default 256)")
     parser.add_argument("--user-len", default="8,40", help="user part lengths LO,HI in tokens (default 8,40)")
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request (default 4)")
     parser.add_argument("--concurrency", type=int, default=4, help="clients in the closed loop (default 4)")
-    parser.add_argument("--kv-blocks", type=int, default=112,
-                        help="KV blocks per replica (default 112: ~6 system prompts of 16 blocks)")
+    parser.add_argument("--kv-blocks", type=int, default=224,
+                        help="KV blocks per replica (default 224: ~12 of the 16 system prompts of 16 blocks)")
     parser.add_argument("--strategies", default="prefix,round_robin,power_of_two",
                         help="routing strategies to compare (default all three)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="repeat the comparison (each strategy on fresh replicas each time): medians, and the "
+                             "ratios' spread")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (default: a local one)")
 
 
@@ -221,14 +224,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}})
                 serve.start(proxy_location="Disabled")  # handles only: no HTTP here
             try:
-                results = [run_strategy(s, model_ref, requests, args) for s in strategies]
+                runs = [{r["strategy"]: r for r in (run_strategy(s, model_ref, requests, args) for s in strategies)}
+                        for _ in range(args.runs)]
             finally:
                 if own:
                     serve.shutdown()
                     ray.shutdown()
         total_s = time.perf_counter() - started
-    by = {r["strategy"]: r for r in results}
     best = oracle(requests, args.system_len)
+    inputs = {k: getattr(args, k) for k in ("model", "replicas", "systems", "per_system", "system_len", "user_len",
+                                            "max_tokens", "concurrency", "kv_blocks", "seed", "runs")}
+    return {"bench": "cluster", "inputs": inputs, "oracle": best, **summarize(runs, best), "total_s": total_s,
+            "machine": machine_facts()}
+
+
+def summarize(runs: list[dict[str, dict[str, Any]]], best: dict[str, float]) -> dict[str, Any]:
+    """Each run's figures (per strategy) and ratios; over the runs, each figure's and ratio's
+    median, and each ratio's smallest and largest (one run: its own figures)."""
+    per_run: list[dict[str, Any]] = [{"figures": by, "ratios": ratios_of(by, best)} for by in runs]
+
+    def median(values: list[Any]) -> Any:  # of counts (KV blocks, bytes): one run's, not a half
+        return statistics.median_low(values) if all(isinstance(v, int) for v in values) else statistics.median(values)
+
+    figures = {s: {k: (median([r["figures"][s][k] for r in per_run]) if isinstance(v, int | float) else v)
+                   for k, v in fig.items()} for s, fig in per_run[0]["figures"].items()}
+    ratios = {k: statistics.median(r["ratios"][k] for r in per_run) for k in per_run[0]["ratios"]}
+    spread = {k: {"min": min(r["ratios"][k] for r in per_run), "max": max(r["ratios"][k] for r in per_run)}
+              for k in ratios}
+    return {"figures": figures, "ratios": ratios, "spread": spread, "runs": per_run}
+
+
+def ratios_of(by: dict[str, dict[str, Any]], best: dict[str, float]) -> dict[str, float]:
+    """Ours against the oracle and each baseline measured in the same run."""
     ratios: dict[str, float] = {}
     if "prefix" in by:
         ours = by["prefix"]
@@ -237,10 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if base in by:
                 ratios[f"hit_rate_vs_{base}"] = ours["hit_rate"] / max(by[base]["hit_rate"], 1e-9)
                 ratios[f"ttft_mean_{base}_over_ours"] = by[base]["ttft_ms_mean"] / ours["ttft_ms_mean"]
-    inputs = {k: getattr(args, k) for k in ("model", "replicas", "systems", "per_system", "system_len", "user_len",
-                                            "max_tokens", "concurrency", "kv_blocks", "seed")}
-    return {"bench": "cluster", "inputs": inputs, "oracle": best, "figures": by, "ratios": ratios,
-            "total_s": total_s, "machine": machine_facts()}
+    return ratios
 
 
 def render(result: dict[str, Any]) -> str:
@@ -260,7 +284,17 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['computed_prompt_tok_per_s_per_replica']:.0f} computed prompt tok/s, "
                      f"{r['output_tok_per_s_per_replica']:.1f} output tok/s; KV block {r['kv_block_bytes']} bytes "
                      f"x {r['kv_blocks_total']}")
-    lines += [f"  {k}: {v:.3f}" for k, v in result["ratios"].items()]
+    runs = result["runs"]
+    if len(runs) > 1:
+        lines.insert(1, f"medians of {len(runs)} runs (each on fresh replicas):")
+        for i, r in enumerate(runs, 1):
+            each = [f"{STRATEGY_NAMES[s]} {f['hit_rate']:.3f} / {f['ttft_ms_mean']:.0f} ms"
+                    for s, f in r["figures"].items()]
+            lines.append(f"  run {i} (hit rate / TTFT mean): " + ", ".join(each))
+        lines += [f"  {k}: {v:.3f} (runs: {result['spread'][k]['min']:.3f} - {result['spread'][k]['max']:.3f})"
+                  for k, v in result["ratios"].items()]
+    else:
+        lines += [f"  {k}: {v:.3f}" for k, v in result["ratios"].items()]
     lines.append(f"  ({result['total_s']:.0f} s in all; hit = the engine reported cached prompt tokens; TTFT from "
                  "submit to first token through Ray; pred. agree = the router's predicted hit/miss was the engine's)")
     return "\n".join(lines)

@@ -44,6 +44,7 @@ class MachineFacts(TypedDict):
     numpy: str
     blas: list[str]  # each BLAS library: its API, version and thread count
     platform: str
+    kernels: str | None  # the level of our kernels that ran (scratchllm/kernels/cpu_features.py)
 
 
 def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +81,8 @@ def median(values: Iterable[float]) -> float:
 
 
 def machine_facts() -> MachineFacts:
-    """Enough to tell two runs' machines apart: CPU model, cores, NumPy and its BLAS."""
+    """Enough to tell two runs' machines apart: CPU model, cores, NumPy and its BLAS (the `bench` extra
+    names it), the level of our kernels."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -99,6 +101,8 @@ def machine_facts() -> MachineFacts:
         ]
     except ImportError:
         blas = []
+    from scratchllm.kernels import LEVEL
+
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -106,6 +110,7 @@ def machine_facts() -> MachineFacts:
         "numpy": np.__version__,
         "blas": blas,
         "platform": platform.platform(),
+        "kernels": LEVEL,
     }
 
 

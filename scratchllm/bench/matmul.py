@@ -24,6 +24,7 @@ import numpy as np
 from scratchllm.bench.common import machine_facts, median
 from scratchllm.bench.references import ARTICLE_MATMUL_300 as PUBLISHED_300
 from scratchllm.errors import ConfigError
+from scratchllm.extras import need
 from scratchllm.kernels import cachemodel, cachesim, matmul
 
 K = TypeVar("K", bound=Hashable)
@@ -265,6 +266,7 @@ def _sim_sweep(args: argparse.Namespace, caches: list[cachesim.CacheConfig]) -> 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    need("threadpoolctl", THREADPOOLCTL_FOR)  # before any measuring
     sizes, threads_list = _ints(args.sizes), _ints(args.threads)
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
@@ -326,11 +328,11 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+THREADPOOLCTL_FOR = "bench matmul (to set NumPy's BLAS threads)"
+
+
 def threadpool_limits(n: int) -> AbstractContextManager[object]:
-    """NumPy's BLAS threads for a block of code (threadpoolctl, a dependency of our test stack)."""
-    try:
-        from threadpoolctl import threadpool_limits as limits
-    except ImportError as e:
-        raise ConfigError("bench matmul needs threadpoolctl to set NumPy's threads: pip install threadpoolctl") from e
+    """NumPy's BLAS threads for a block of code (threadpoolctl, the `bench` extra)."""
+    limits = need("threadpoolctl", THREADPOOLCTL_FOR).threadpool_limits
     limited: AbstractContextManager[object] = limits(n)
     return limited

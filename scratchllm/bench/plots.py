@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from scratchllm.extras import need
+
 if TYPE_CHECKING:
     from scratchllm.bench.loadgen import LoadRun
     from scratchllm.trace.analysis import Trace
@@ -88,6 +90,7 @@ def rate(times_s: npt.ArrayLike, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_runs(runs: list[RunSeries], path: str | Path, title: str = "", width: int = 1500, height: int = 450,
               bin_s: float | None = None) -> Path:
+    need("matplotlib", "the benches' --plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

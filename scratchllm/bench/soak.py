@@ -41,6 +41,7 @@ from scratchllm.bench import http_client, serving_peer
 from scratchllm.bench.serving import _first_model
 from scratchllm.cluster.soak import _one
 from scratchllm.errors import ConfigError
+from scratchllm.extras import need
 
 RSS_SLACK_BYTES = 100_000_000  # 100 MB: the interpreter, the libraries, the HTTP side and activations
 FD_SLACK = 4  # descriptors the server may hold at the end beyond the warm-up's (a log file, an epoll)
@@ -395,7 +396,7 @@ def render(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str | Path) -> None:
     """RSS, open fds and threads, and KV blocks in use over the run, one panel each."""
-    import matplotlib
+    matplotlib = need("matplotlib", "the soak's picture")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

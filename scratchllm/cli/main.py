@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from scratchllm import __version__
 from scratchllm.errors import ScratchLLMError
 
-COMMANDS = ["inspect", "generate", "serve", "run-batch", "models", "bench", "trace", "eval"]
+COMMANDS = ["inspect", "generate", "serve", "run-batch", "models", "bench", "trace", "eval", "version"]
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

@@ -29,6 +29,8 @@ def spec_from_args(args: Any, server: ServerConfig) -> Any:
 
         options = {k: getattr(args, k) for k in ("max_num_seqs", "num_kv_blocks", "max_model_len", "policy")
                    if getattr(args, k) is not None}
+        if args.prefix_cache_memory is not None:  # else the replica's default: the prefix cache may fill the pool
+            options["prefix_cache_memory_bytes"] = args.prefix_cache_memory
         # a model that is not there, a broken header or tokenizer, a bad engine option: one clear
         # error here, before Ray starts, not a failed deploy of every replica and the ingress
         load_frontend(args.model, options)

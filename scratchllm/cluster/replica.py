@@ -6,8 +6,8 @@ TokenEvents as the engine makes them. When the caller goes away Serve cancels th
 the request is aborted, so its KV blocks go back to the pool. `record_routing_stats` is Serve's
 hook for custom request routers: Serve's controller calls it every
 `request_routing_stats_period_s` and hands the result to every router of this deployment
-(request_router.py), here the routing hashes of the resident prefix blocks and the load, with
-the replica's process id and requests served (shown in /cluster/stats).
+(request_router.py), here the routing hashes of the resident prefix blocks, the load and the
+batch capacity, with the replica's process id and requests served (shown in /cluster/stats).
 """
 
 from __future__ import annotations
@@ -41,23 +41,37 @@ class ReplicaSpec:
         return self.model == "fake"
 
 
-def build_engine(spec: ReplicaSpec) -> tuple[EngineClient, HashTranslator | PrefixCacheModel]:
-    """The replica's engine and its source of resident block hashes (residency.py)."""
+# The prefix cache may fill the pool (bytes beyond any pool's size). The router gives each replica
+# its share of the prefixes and counts on it to keep them; the one-process server's default cap
+# (as many cached blocks as the most the work has held at once, for its memory) evicted a share
+# that the batch's peak did not cover while up to a quarter of the pool was never written.
+PREFIX_CACHE_FILLS_POOL = 1 << 62
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    engine: EngineClient
+    residency: HashTranslator | PrefixCacheModel  # the source of its resident block hashes (residency.py)
+    capacity: int  # requests it runs at once (the router keeps a prefix's claim while one more fits)
+
+
+def build_engine(spec: ReplicaSpec) -> BuiltEngine:
+    """The replica's engine, its source of resident block hashes and its batch capacity."""
     if spec.fake:
         from scratchllm.engine.fake import FakeEngine
 
-        engine = FakeEngine(**spec.engine_options)
-        return engine, PrefixCacheModel(engine.num_blocks, engine.block_size)
+        fake = FakeEngine(**spec.engine_options)
+        return BuiltEngine(fake, PrefixCacheModel(fake.num_blocks, fake.block_size), fake.max_running)
     from scratchllm.engine.async_engine import AsyncEngine
 
+    options = {"prefix_cache_memory_bytes": PREFIX_CACHE_FILLS_POOL, **spec.engine_options}
     try:
-        llm = ReportingEngine.from_pretrained(spec.model, tokenizer=spec.tokenizer, dtype=spec.dtype,
-                                              **spec.engine_options)
+        llm = ReportingEngine.from_pretrained(spec.model, tokenizer=spec.tokenizer, dtype=spec.dtype, **options)
     except TypeError as err:  # an option EngineConfig does not have
         raise ConfigError(f"engine option: {err}") from None
     if llm.config.block_size != 16:
         raise ConfigError(f"the router hashes blocks of 16 tokens; this engine's are {llm.config.block_size}")
-    return AsyncEngine(llm), HashTranslator(4 * llm.block_manager.num_blocks)
+    return BuiltEngine(AsyncEngine(llm), HashTranslator(4 * llm.block_manager.num_blocks), llm.config.max_num_seqs)
 
 
 def _rss_bytes() -> int:
@@ -76,7 +90,8 @@ class EngineReplica:
         from ray import serve
 
         self.spec = spec
-        self.engine, self.residency = build_engine(spec)
+        built = build_engine(spec)
+        self.engine, self.residency, self.capacity = built.engine, built.residency, built.capacity
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.reports = 0
         self.served = 0  # requests this replica has started (the fault tests see a restarted one used)
@@ -112,7 +127,7 @@ class EngineReplica:
             hashes = self.residency.translate(stats.resident_block_hashes)
         self.reports += 1
         return {"hashes": hashes[-REPORT_CAP:], "load": stats.running + stats.waiting,
-                "seq": self.reports, "kv_blocks_used": stats.kv_blocks_used,
+                "capacity": self.capacity, "seq": self.reports, "kv_blocks_used": stats.kv_blocks_used,
                 "kv_blocks_total": stats.kv_blocks_total, "rss_bytes": _rss_bytes(), "pid": os.getpid(),
                 "served": self.served}
 

@@ -55,8 +55,10 @@ class KVBlockRequestRouter(FIFOMixin, RequestRouter):
             seq = stats.get("seq")
             if seq is not None and self._seen.get(rid) != seq:
                 self._seen[rid] = seq
-                facts = {k: v for k, v in stats.items() if k not in ("hashes", "load")}
-                self.view.report(rid, stats.get("hashes", ()), int(stats.get("load", 0)), facts=facts)
+                facts = {k: v for k, v in stats.items() if k not in ("hashes", "load", "capacity")}
+                capacity = stats.get("capacity")
+                self.view.report(rid, stats.get("hashes", ()), int(stats.get("load", 0)), facts=facts,
+                                 capacity=None if capacity is None else int(capacity))
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -1,15 +1,27 @@
 """The KV-block-aware routing decision, as a pure function of the replicas' reported state.
 
-Each replica reports the chained hashes of the full prefix blocks resident in its KV cache and
-its load (running + waiting requests). A prompt's leading blocks hash the same way (block size
-16, `prefix_hashes`), so "how much of this prompt would replica r serve from cache" is the
-length of the run of leading hashes r holds. The rule:
+Each replica reports the chained hashes of the full prefix blocks resident in its KV cache, its
+load (running + waiting requests) and its capacity (the requests its engine runs at once). A
+prompt's leading blocks hash the same way (block size 16, `prefix_hashes`), so "how much of this
+prompt would replica r serve from cache" is the length of the run of leading hashes r holds.
+The rule:
 
-  1. the replica with the longest run wins, unless its load exceeds the least loaded replica's
-     by more than the bound (`max(min_slack, slack_fraction * least)`): a replica far busier
-     than the least busy loses its claim, because queueing behind it costs more than a prefill;
+  1. the replica with the longest run wins while it can start the request at once (its load is
+     below its capacity: a continuous-batching engine adds the request to the running batch), or
+     else while its load exceeds the least loaded replica's by no more than the bound
+     (`max(min_slack, slack_fraction * least)`): a replica whose request would wait in its
+     queue, far behind the least busy, loses its claim, because queueing there costs more than
+     a prefill;
   2. otherwise (no replica holds any leading block, or the holder is too busy): power of two
      choices, two replicas drawn at random, the less loaded one taken.
+
+Why a free batch slot keeps the claim: a hit saves the prefill of the cached blocks, and one
+more sequence in a decode step costs a replica little (the default model's step of 16 sequences
+takes 7.0 ms, one sequence's 5.1 ms: docs/kernels.md), where spilling to an idle replica
+recomputes the whole prefix there and makes a second copy of it in a pool that has room for
+only its share of the prefixes. Before it (a holder lost its claim 3 requests above the least,
+whatever its batch), `bench cluster`'s 2 replicas with 4 clients spilled 5-6 of its 56 repeated
+prompts, each a miss and a second copy.
 
 The engine reuses cached blocks only as an unbroken run from the first block, and always leaves
 at least one prompt token to compute (its forward makes the first output token), so only the
@@ -50,6 +62,11 @@ class ReplicaState:
     replica_id: str
     resident: Collection[int]  # routing hashes of full blocks in its KV cache (a set: `in` is O(1))
     load: int  # running + waiting requests
+    capacity: int | None = None  # requests its engine runs at once (a batch); None: not reported
+
+    def starts_at_once(self) -> bool:
+        """One more request would join the running batch rather than wait."""
+        return self.capacity is not None and self.load < self.capacity
 
     def leading_run(self, hashes: Sequence[int]) -> int:
         """How many of the prompt's leading blocks this replica holds, as an unbroken run."""
@@ -93,8 +110,9 @@ def choose(replicas: Sequence[ReplicaState], hashes: Sequence[int], rng: random.
     least = min(r.load for r in replicas)
     # longest run first; among equal runs the less loaded; then the first listed (deterministic)
     best = min(range(len(replicas)), key=lambda i: (-runs[i], replicas[i].load, i))
-    if runs[best] > 0 and replicas[best].load <= policy.bound(least):
-        return Decision(replicas[best].replica_id, runs[best], runs[best] * block_size, "prefix")
+    holder = replicas[best]
+    if runs[best] > 0 and (holder.starts_at_once() or holder.load <= policy.bound(least)):
+        return Decision(holder.replica_id, runs[best], runs[best] * block_size, "prefix")
     picks = rng.sample(range(len(replicas)), 2) if len(replicas) >= 2 else [0]
     pick = min(picks, key=lambda i: (replicas[i].load, -runs[i]))
     return Decision(replicas[pick].replica_id, runs[pick], runs[pick] * block_size, "balance")

@@ -44,6 +44,7 @@ class _Replica:
     resident: frozenset[int] = frozenset()
     assumed: dict[int, float] = field(default_factory=dict)  # hash -> when it was routed here
     reported_load: int = 0
+    capacity: int | None = None  # requests its engine runs at once, as reported
     facts: dict[str, Any] = field(default_factory=dict)  # the report's other numbers (KV blocks used, RSS)
     in_flight: int = 0
 
@@ -112,12 +113,13 @@ class ClusterView:
         self._lock = threading.Lock()
 
     def report(self, replica_id: str, hashes: Iterable[int], load: int, made_at: float | None = None,
-               facts: dict[str, Any] | None = None) -> None:
-        """A replica's resident blocks and load as of `made_at` (the router's clock)."""
+               facts: dict[str, Any] | None = None, capacity: int | None = None) -> None:
+        """A replica's resident blocks, load and capacity as of `made_at` (the router's clock)."""
         made_at = self.clock() if made_at is None else made_at
         with self._lock:
             r = self.replicas.setdefault(replica_id, _Replica(replica_id))
             r.resident, r.reported_load, r.facts = frozenset(hashes), load, dict(facts or {})
+            r.capacity = capacity
             r.assumed = {h: t for h, t in r.assumed.items() if t > made_at - ASSUME_GRACE_S}
 
     def forget(self, replica_id: str) -> None:
@@ -136,7 +138,7 @@ class ClusterView:
         for rid in ids:
             r = self.replicas.setdefault(rid, _Replica(rid))
             load = max(r.reported_load, r.in_flight, loads.get(rid, 0))
-            out.append(ReplicaState(rid, _Holds(r), load))  # type: ignore[arg-type]
+            out.append(ReplicaState(rid, _Holds(r), load, r.capacity))  # type: ignore[arg-type]
         return out
 
     def decide(self, token_ids: Sequence[int], candidates: Sequence[str],

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+from scratchllm.extras import need
+
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
@@ -41,8 +43,7 @@ def fleiss_kappa(counts: ArrayLike) -> float | None:
 def ordinal_alpha(matrix: ArrayLike, value_domain: Sequence[float] = (-1, 0, 1)) -> float | None:
     """Krippendorff's alpha, ordinal, of a [coders, units] matrix with NaN where a coder did not
     score a unit. None when it is undefined (fewer than two pairable values, or one value only)."""
-    import krippendorff
-
+    krippendorff = need("krippendorff", "eval report's agreement (Krippendorff's alpha)")
     data = np.asarray(matrix, dtype=np.float64)
     pairable = (np.sum(~np.isnan(data), axis=0) >= 2).sum()
     values = np.unique(data[~np.isnan(data)])

@@ -13,16 +13,18 @@ the same buffers, so the same bits (tests/models/test_llama_blocks.py). It cover
 family's variations: QK-norm (Qwen3, Gemma 3), the sublayers' output norms and GeGLU (Gemma 2/3),
 Gemma 3's second rope base on its sliding-window layers, and, from the engine's paged attention,
 per-layer sliding windows in a pool of their own, the softmax scale and the scores' soft-cap.
-Float32 or quantized matrices, no biases: the packer (models/llama_pack.check_fused_coverage)
-decides from the model's config and dtype whether these blocks run it, before it binds them; a
-model with biases or bfloat16 matrices keeps the Python loop. Handed layers it does not cover,
-`LlamaBlocks` raises ValueError: the caller's bug, never a fallback.
+Float32 or quantized matrices, with or without q|k|v and o biases (Qwen2, Llama's
+attention_bias): the packer (models/llama_pack.check_fused_coverage) decides from the model's
+config and dtype whether these blocks run it, before it binds them; a model with bfloat16
+matrices keeps the Python loop. Handed layers it does not cover, `LlamaBlocks` raises ValueError:
+the caller's bug, never a fallback.
 
 Each call also measures where its time went (matmuls, attention, the other kernels), with a
 monotonic clock read around each kernel: 9 kernels x 30 blocks, tens of nanoseconds each.
 """
 
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from scratchllm.kernels cimport packed_gemm, paged_attention, pointwise
 from scratchllm.kernels.packed_gemm cimport GemmWeight
@@ -51,6 +53,8 @@ cdef struct Block:
     const float *k_norm  # [D]
     const float *attn_out_norm  # [C] the norm of the attention's output, or NULL (Gemma's post-norms)
     const float *mlp_out_norm  # [C] the norm of the MLP's output, or NULL
+    const float *qkv_bias  # [(H + 2 KVH) D] added to q|k|v's rows, or NULL (none; Qwen2 has one)
+    const float *o_bias  # [C] added to the attention's output projection, or NULL
     bint local_rope  # rotates by the second rope's angles (Gemma 3's sliding-window layers)
     GemmWeight qkv  # [C, (H + 2 KVH) D]
     GemmWeight o  # [H D, C]
@@ -85,9 +89,6 @@ cdef class LlamaBlocks:
         local = list(local_rope) or [False] * self.num_layers
         if len(local) != self.num_layers:
             raise ValueError(f"local_rope has {len(local)} entries for {self.num_layers} layers")
-        for p in layers:
-            if p.qkv_bias is not None or p.o_bias is not None:
-                raise ValueError("blocks with biases are not these blocks' to run (models/llama.blocks_into)")
         self.blocks = <Block *> malloc(max(1, self.num_layers) * sizeof(Block))
         if self.blocks == NULL:
             raise MemoryError()
@@ -99,6 +100,8 @@ cdef class LlamaBlocks:
                 shape = shapes[name]
                 if tuple(getattr(matrix, "shape", ())) != shape or not hasattr(matrix, "panels"):
                     raise ValueError(f"block {i}: {name} is not a packed [{shape[0]}, {shape[1]}] matrix")
+                if matrix.dtype == "bfloat16":
+                    raise ValueError(f"block {i}: {name} is bfloat16, not these blocks' to run (models/llama.blocks_into)")
             packed_gemm.bind_weight(p.qkv, shapes["qkv"][1], &self.blocks[i].qkv)
             packed_gemm.bind_weight(p.o, self.C, &self.blocks[i].o)
             packed_gemm.bind_weight(p.gate_up, 2 * self.I, &self.blocks[i].gate_up)
@@ -111,6 +114,8 @@ cdef class LlamaBlocks:
                 raise ValueError(f"block {i}: a q_norm without a k_norm, or the reverse")
             self.blocks[i].attn_out_norm = _norm(p.attn_out_norm, "attn_out_norm", self.C, i, True)
             self.blocks[i].mlp_out_norm = _norm(p.mlp_out_norm, "mlp_out_norm", self.C, i, True)
+            self.blocks[i].qkv_bias = _norm(p.qkv_bias, "qkv_bias", shapes["qkv"][1], i, True)
+            self.blocks[i].o_bias = _norm(p.o_bias, "o_bias", self.C, i, True)
             self.blocks[i].local_rope = bool(local[i])
             keep.append(p)
         self.keep = keep
@@ -124,7 +129,7 @@ cdef class LlamaBlocks:
             int num_threads=0, *, const float[:, ::1] cos_local=None, const float[:, ::1] sin_local=None,
             k_window=None, v_window=None, const int[:, ::1] window_tables=None,
             const int[:, ::1] layer_slots=None, float softcap=0.0, k_scale=None, v_scale=None,
-            k_window_scale=None, v_window_scale=None):
+            k_window_scale=None, v_window_scale=None, const int[::1] out_rows=None):
         """x [N, C], the residual stream, through every block in place; `buf`: the step's
         StepBuffers (models/workspace.py) of N rows. The attention is the engine's paged one
         (engine/paged_attention.PagedAttention): its pools [L, blocks, ...] of any KV-cache element
@@ -136,7 +141,13 @@ cdef class LlamaBlocks:
         says, per layer, its pool (0 or 1), its index in that pool and its window in tokens (0:
         none). Without it, layer i is index i of the first pool, with no window. `softcap`: of the
         scores (0: off). cos_local, sin_local: the angles of the layers that rotate by the second
-        rope."""
+        rope.
+
+        `out_rows` (strictly increasing row indices, or None: all): the rows whose output is used
+        (those that get logits). The last block then runs its attention's output projection and
+        its MLP on those rows only, moved to the front of x: x[:len(out_rows)] is what x[out_rows]
+        would have been, bit for bit (every kernel computes a row alone); the other rows of x are
+        left undefined. Every row's K and V are written as before."""
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
         cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
         cdef KVCache kvs[2]
@@ -162,6 +173,8 @@ cdef class LlamaBlocks:
                           or sin_local.shape[0] != N or cos_local.shape[1] != D // 2 or sin_local.shape[1] != D // 2):
             raise ValueError(f"the second rope's rotary angles must be [{N}, {D // 2}]")
         # each layer's (pool, index in it, window); each pool's layers must be exactly those slotted to it
+        cdef const int *rows = NULL  # out_rows' first, or NULL
+        cdef Py_ssize_t i
         cdef int *slots = <int *> malloc(max(1, 3 * self.num_layers) * sizeof(int))
         if slots == NULL:
             raise MemoryError()
@@ -173,9 +186,16 @@ cdef class LlamaBlocks:
                 raise ValueError("a windowed pool needs window_tables, a row per sequence")
             if softcap < 0:
                 raise ValueError(f"softcap must be >= 0, got {softcap}")
+            if out_rows is not None and out_rows.shape[0]:
+                rows = &out_rows[0]
+            if out_rows is not None:
+                for i in range(out_rows.shape[0]):
+                    if not (out_rows[i] < N and (out_rows[i] >= 0 if i == 0 else out_rows[i] > out_rows[i - 1])):
+                        raise ValueError(f"out_rows must be strictly increasing rows of the {N}")
             self._run(x, h, qkv, attn, delta, gate_up, act, cos, sin, cos_local if any_local else cos,
                       sin_local if any_local else sin, kvs, block_tables, window_tables if k_window is not None
-                      else None, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots)
+                      else None, token_seq, token_pos, max_ctx, scale, softcap, num_threads, slots, rows,
+                      -1 if out_rows is None else out_rows.shape[0])
         finally:
             free(slots)
 
@@ -184,7 +204,7 @@ cdef class LlamaBlocks:
                    const float[:, ::1] sin, const float[:, ::1] cos_local, const float[:, ::1] sin_local,
                    const KVCache *kvs, const int[:, ::1] block_tables, const int[:, ::1] window_tables,
                    const int[::1] token_seq, const int[::1] token_pos, Py_ssize_t max_ctx, float scale,
-                   float softcap, int num_threads, const int *slots) except *:
+                   float softcap, int num_threads, const int *slots, const int *out_rows, Py_ssize_t nout) except *:
         cdef Py_ssize_t N = x.shape[0], C = self.C, I = self.I, H = self.H, KVH = self.KVH, D = self.D
         cdef Py_ssize_t W = (H + 2 * KVH) * D, layer
         self.matmul_ns = self.attention_ns = self.other_ns = 0
@@ -228,6 +248,8 @@ cdef class LlamaBlocks:
                 t1 = _now_ns(); other += t1 - t0; t0 = t1
                 packed_gemm.gemm(&b.qkv, hp, N, qkvp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
+                if b.qkv_bias != NULL:  # linear_into's `out += b`: one float32 add per element
+                    _add_bias(qkvp, ldq, b.qkv_bias, N, W)
                 if b.q_norm != NULL:  # QK-norm: each head of q and of k a row of its own (llama.head_norm_)
                     for i in range(N):
                         pointwise.rms_norm_rows(qkvp + i * ldq, D, b.q_norm, self.eps, qkvp + i * ldq, D, H, D)
@@ -244,8 +266,16 @@ cdef class LlamaBlocks:
                                              D, 1, &kvs[group], pool_index, &layouts[group], slots[3 * layer + 2],
                                              softcap, H, scale, attnp, num_threads)
                 t1 = _now_ns(); at += t1 - t0; t0 = t1
+                if nout >= 0 and layer == self.num_layers - 1:  # the rest of the last block: the used rows only
+                    for i in range(nout):
+                        if out_rows[i] != i:
+                            memcpy(attnp + i * lda_attn, attnp + out_rows[i] * lda_attn, H * D * sizeof(float))
+                            memcpy(xp + i * ldx, xp + out_rows[i] * ldx, C * sizeof(float))
+                    N = nout
                 packed_gemm.gemm(&b.o, attnp, N, dp)
                 t1 = _now_ns(); mm += t1 - t0; t0 = t1
+                if b.o_bias != NULL:
+                    _add_bias(dp, ldd, b.o_bias, N, C)
                 if b.attn_out_norm != NULL:
                     pointwise.rms_norm_rows(dp, ldd, b.attn_out_norm, self.eps, dp, ldd, N, C)
                 pointwise.add_rms_norm_rows(xp, ldx, dp, ldd, b.mlp_norm, self.eps, hp, ldh, N, C)
@@ -270,9 +300,16 @@ cdef class LlamaBlocks:
         self.matmul_ns, self.attention_ns, self.other_ns = mm, at, other
 
 
+cdef inline void _add_bias(float *y, Py_ssize_t ld, const float *bias, Py_ssize_t N, Py_ssize_t W) noexcept nogil:
+    cdef Py_ssize_t i, j
+    for i in range(N):
+        for j in range(W):
+            y[i * ld + j] = y[i * ld + j] + bias[j]
+
+
 cdef const float *_norm(norm, str name, Py_ssize_t size, Py_ssize_t i, bint optional) except? NULL:
-    """The pointer to block i's norm weight `norm` (its role `name`) of `size` floats; NULL for an
-    optional one it lacks."""
+    """The pointer to block i's norm weight (or bias) `norm` (its role `name`) of `size` floats; NULL
+    for an optional one it lacks."""
     cdef const float[::1] w
     if norm is None:
         if optional:

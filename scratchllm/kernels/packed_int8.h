@@ -45,64 +45,81 @@ typedef struct {
    8, the high nibbles rows 1, 3, 5, 7; so q holds x's rows 0 2 4 6 1 3 5 7). */
 enum { PG_X8_NATURAL = 0, PG_X8_EVEN_ODD = 1 };
 
-static inline void pg_x8_order(const int8_t *tmp, int8_t *q, int order) {
-    if (order == PG_X8_EVEN_ODD) {
-        for (int r = 0; r < 4; r++)
-            for (int i = 0; i < 4; i++) {
-                q[8 * r + i] = tmp[8 * r + 2 * i];
-                q[8 * r + 4 + i] = tmp[8 * r + 2 * i + 1];
-            }
-    } else {
-        memcpy(q, tmp, 32);
-    }
-}
-
 /* One run of 32 values. amax = max |x|, d1 = amax / 127, inv = 127 / amax (0 where amax = 0),
    q1 = rint(x inv) (nearest, ties to even); two levels: r = x - q1 d1 (one FMA: rounded once),
    q2 = rint(r (256 inv)) clamped to +-127. The same scalar and lane operations on every
    instruction set, so every build rounds x alike. A NaN in the run makes d1 NaN (and an
-   infinity makes it infinite): the products come out NaN, where the exact path's would too. */
+   infinity makes it infinite): the products come out NaN, where the exact path's would too.
+   The vector paths put the values in the k order first (a permutation within runs of 8: the
+   rounding is lane by lane, the sums do not depend on the order) and store the bytes in place. */
+static inline void pg_x8_scales(float amax, int nan, int two, float *scale, float *inv, float *inv2) {
+    *scale = nan ? NAN : amax / 127.0f;
+    *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *inv2 = *inv * 256.0f;
+    (void)two;
+}
+
+/* the run's d, s = d sum(Q), sum(Q) and the sums of its halves, from the halves' sums */
+static inline void pg_x8_sums(const int32_t half[2], float scale, int two, float *d, float *s, int32_t *sum,
+                              int32_t *sum16) {
+    int32_t total = half[0] + half[1];
+    float dq = two ? scale * (1.0f / 256) : scale;  /* exact: a power of two */
+    *d = dq;
+    *s = dq * (float)total;
+    *sum = total;
+    sum16[0] = half[0];
+    sum16[1] = half[1];
+}
+
 static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, float *s, int32_t *sum,
                                int32_t *sum16, int order) {
-    float amax = 0.0f;
-#if PG_VL == 16
-    __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
-    amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-#elif defined(__AVX2__) && defined(__FMA__)
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 v[4], mx;
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-    mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    amax = _mm_cvtss_f32(m4);
-#else
-    for (int i = 0; i < 32; i++)
-        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-#endif
-    int nan = 0;  /* a NaN in x makes the run's scale NaN, so that the products carry it as the exact path's do */
-    for (int i = 0; i < 32; i++)
-        nan |= x[i] != x[i];
-    const float scale = nan ? NAN : amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f, inv2 = inv * 256.0f;
-    int8_t t1[32], t2[32];  /* rint(x inv) and the clamped rint(r 256 inv): integers in -127..127 */
+    float scale, inv, inv2;
+    int32_t half[2];  /* sum(Q) of rows 0..15 and 16..31 */
 #if PG_VL == 16
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const int nan = (_mm512_cmp_ps_mask(v[0], v[0], _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v[1], v[1], _CMP_UNORD_Q)) != 0;
+    pg_x8_scales(amax, nan, q2 != NULL, &scale, &inv, &inv2);
+    if (order == PG_X8_EVEN_ODD) {
+        const __m512i eo = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+        v[0] = _mm512_permutexvar_ps(eo, v[0]);
+        v[1] = _mm512_permutexvar_ps(eo, v[1]);
+    }
     for (int i = 0; i < 2; i++) {
         __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(v[i], _mm512_set1_ps(inv)), rn);
-        _mm_storeu_si128((__m128i *)(t1 + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a)));  /* integral: exact */
+        __m128i ia8 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a));  /* integral: exact */
+        __m512i sums = _mm512_slli_epi32(_mm512_cvtepi8_epi32(ia8), q2 ? 8 : 0);  /* the bytes' sum, as stored */
+        _mm_storeu_si128((__m128i *)(q + 16 * i), ia8);
         if (q2) {
             __m512 r = _mm512_fnmadd_ps(a, _mm512_set1_ps(scale), v[i]);
             __m512 b = _mm512_roundscale_ps(_mm512_mul_ps(r, _mm512_set1_ps(inv2)), rn);
             __m512i ib = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(b, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f)));
-            _mm_storeu_si128((__m128i *)(t2 + 16 * i), _mm512_cvtepi32_epi8(ib));
+            _mm_storeu_si128((__m128i *)(q2 + 16 * i), _mm512_cvtepi32_epi8(ib));
+            sums = _mm512_add_epi32(sums, ib);
         }
+        half[i] = _mm512_reduce_add_epi32(sums);
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i i1[4], i2[4];
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v[4], mx, un;
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+    mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    un = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q), _mm256_cmp_ps(v[1], v[1], _CMP_UNORD_Q)),
+                      _mm256_or_ps(_mm256_cmp_ps(v[2], v[2], _CMP_UNORD_Q), _mm256_cmp_ps(v[3], v[3], _CMP_UNORD_Q)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    pg_x8_scales(_mm_cvtss_f32(m4), _mm256_movemask_ps(un) != 0, q2 != NULL, &scale, &inv, &inv2);
+    if (order == PG_X8_EVEN_ODD) {
+        const __m256i eo = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_permutevar8x32_ps(v[i], eo);
+    }
+    __m256i i1[4], i2[4], hs[2];
     for (int i = 0; i < 4; i++) {
         __m256 a = _mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)), rn);
         i1[i] = _mm256_cvtps_epi32(a);
@@ -112,37 +129,46 @@ static inline void pg_x8_block(const float *x, int8_t *q, int8_t *q2, float *d, 
             i2[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(b, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f)));
         }
     }
+    for (int h = 0; h < 2; h++) {
+        hs[h] = _mm256_add_epi32(i1[2 * h], i1[2 * h + 1]);
+        if (q2)
+            hs[h] = _mm256_add_epi32(_mm256_slli_epi32(hs[h], 8), _mm256_add_epi32(i2[2 * h], i2[2 * h + 1]));
+        __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(hs[h]), _mm256_extracti128_si256(hs[h], 1));
+        h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
+        h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
+        half[h] = _mm_cvtsi128_si32(h4);
+    }
     /* the packs work within 128-bit lanes: dwords of bytes v0[0:4] v1[0:4] v2[0:4] v3[0:4] |
        v0[4:8] v1[4:8] v2[4:8] v3[4:8], put back in order by one permutation */
     const __m256i order8 = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int level = 0; level < (q2 ? 2 : 1); level++) {
         __m256i *iv = level ? i2 : i1;
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-        _mm256_storeu_si256((__m256i *)(level ? t2 : t1), _mm256_permutevar8x32_epi32(p, order8));
+        _mm256_storeu_si256((__m256i *)(level ? q2 : q), _mm256_permutevar8x32_epi32(p, order8));
     }
 #else
+    float amax = 0.0f;
+    int nan = 0;  /* a NaN in x makes the run's scale NaN, so that the products carry it as the exact path's do */
     for (int i = 0; i < 32; i++) {
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        nan |= x[i] != x[i];
+    }
+    pg_x8_scales(amax, nan, q2 != NULL, &scale, &inv, &inv2);
+    half[0] = half[1] = 0;
+    for (int i = 0; i < 32; i++) {
+        /* value i goes to place i of the run (natural) or, within its run of 8, to the even-odd place */
+        int at = order == PG_X8_EVEN_ODD ? (i & ~7) + ((i & 1) ? 4 : 0) + ((i & 7) >> 1) : i;
         float a = rintf(x[i] * inv);  /* the rounding mode's nearest, ties to even */
-        t1[i] = (int8_t)a;
+        q[at] = (int8_t)a;
+        half[i / 16] += q2 ? 256 * (int32_t)a : (int32_t)a;
         if (q2) {
             float b = rintf(fmaf(-a, scale, x[i]) * inv2);
-            t2[i] = (int8_t)(b < -127.0f ? -127.0f : b > 127.0f ? 127.0f : b);
+            q2[at] = (int8_t)(b < -127.0f ? -127.0f : b > 127.0f ? 127.0f : b);
+            half[i / 16] += q2[at];
         }
     }
 #endif
-    int32_t half[2] = {0, 0};  /* sum(Q) of rows 0..15 and 16..31 */
-    for (int i = 0; i < 32; i++)
-        half[i / 16] += q2 ? 256 * t1[i] + t2[i] : t1[i];
-    pg_x8_order(t1, q, order);
-    if (q2)
-        pg_x8_order(t2, q2, order);
-    int32_t total = half[0] + half[1];
-    float dq = q2 ? scale * (1.0f / 256) : scale;  /* exact: a power of two */
-    *d = dq;
-    *s = dq * (float)total;
-    *sum = total;
-    sum16[0] = half[0];
-    sum16[1] = half[1];
+    pg_x8_sums(half, scale, q2 != NULL, d, s, sum, sum16);
 }
 
 /* x's M x K rounded values in this thread's buffer (grown as needed, kept for the next product:
@@ -440,7 +466,8 @@ static inline __attribute__((always_inline)) pg_iv pg_i8_finish(const int kind, 
 static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int kind, const int has_m, const int f16,
                                                          const int two, const pg_x8 *x, long r0, const uint8_t *q,
                                                          const void *d, const void *m, const pg_kq *k, long g0,
-                                                         long g1, float *c, long ldc, int cols, int first) {
+                                                         long g1, const pg_vec *pre, float *c, long ldc, int cols,
+                                                         int first) {
     const long G = x->K / 32;
     const int gsize = kind == PG_I8_Q6K || kind == PG_I8_Q3K || kind == PG_I8_Q2K ? 16 : 32, steps = gsize / 8;
     const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : kind == PG_I8_Q6K ? 32 : kind == PG_I8_Q3K ? 4 : has_m ? 0 : 8;
@@ -449,7 +476,12 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
         acc[i] = (pg_vec){0};
     for (long sg = g0 * 32 / gsize; sg < g1 * 32 / gsize; sg++) {
         pg_vec dv[2], mv[2] = {(pg_vec){0}, (pg_vec){0}};
-        pg_i8_scales(kind, f16, d, has_m ? m : NULL, k, sg, dv, mv);
+        if (pre) {  /* made once for all of the block's row tiles (pg_i8_prepare) */
+            const pg_vec *at = pre + 4 * (sg - g0 * 32 / gsize);
+            dv[0] = at[0], dv[1] = at[1], mv[0] = at[2], mv[1] = at[3];
+        } else {
+            pg_i8_scales(kind, f16, d, has_m ? m : NULL, k, sg, dv, mv);
+        }
         for (int h0 = 0; h0 < 2; h0 += PG_I8_HALVES) {
             pg_iv is[PG_I8_HALVES * PG_I8_MAXR1], is2[PG_I8_HALVES * PG_I8_MAXR1];
             for (int i = 0; i < PG_I8_HALVES * R; i++)
@@ -506,10 +538,11 @@ enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q
        PG_I8_Q5_K = 6, PG_I8_Q3_K = 7, PG_I8_Q2_K = 8 };
 
 static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
-                       const void *m, const pg_kq *k, long g0, long g1, float *c, long ldc, int cols, int first) {
+                       const void *m, const pg_kq *k, long g0, long g1, const pg_vec *pre, float *c, long ldc,
+                       int cols, int first) {
 #define PG_I8_CALL(v, kind, has_m, f16, two, n) \
     case ((v) * 2 + (two)) * 16 + n: \
-        pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, k, g0, g1, c, ldc, cols, first); break;
+        pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, k, g0, g1, pre, c, ldc, cols, first); break;
 #define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, two, n) \
     PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, two, n) \
     PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n) \
@@ -525,6 +558,26 @@ static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, con
     }
 #undef PG_I8_CALLS
 #undef PG_I8_CALL
+}
+
+/* The scales (and offsets) of scale groups sg0 .. sg1 - 1 of one panel, 4 vectors per group (d of
+   both halves, then m), as pg_i8_r would make them group by group: made once per block of a
+   panel when several row tiles share it. */
+static void pg_i8_prepare(int variant, const void *d, const void *m, const pg_kq *k, long sg0, long sg1, pg_vec *out) {
+    for (long sg = sg0; sg < sg1; sg++) {
+        pg_vec *at = out + 4 * (sg - sg0);
+        at[2] = at[3] = (pg_vec){0};
+        switch (variant) {
+#define PG_I8_PREP(v, kind, has_m, f16) \
+        case v: pg_i8_scales(kind, f16, d, has_m ? m : NULL, k, sg, at, at + 2); break;
+        PG_I8_PREP(PG_I8_Q4_0, PG_I8_Q4, 0, 1) PG_I8_PREP(PG_I8_Q4_1, PG_I8_Q4, 1, 1)
+        PG_I8_PREP(PG_I8_Q8_0, PG_I8_Q8, 0, 1) PG_I8_PREP(PG_I8_Q8_F32, PG_I8_Q8, 1, 0)
+        PG_I8_PREP(PG_I8_Q4_K, PG_I8_Q4K, 1, 0) PG_I8_PREP(PG_I8_Q6_K, PG_I8_Q6K, 0, 0)
+        PG_I8_PREP(PG_I8_Q5_K, PG_I8_Q5K, 1, 0) PG_I8_PREP(PG_I8_Q3_K, PG_I8_Q3K, 0, 0)
+        PG_I8_PREP(PG_I8_Q2_K, PG_I8_Q2K, 1, 0)
+#undef PG_I8_PREP
+        }
+    }
 }
 
 /* ---- one GEMM as pool tasks ---- */
@@ -549,6 +602,8 @@ static void pg_i8_task(void *ctx, long t) {
                         j->k.kind == PG_K_Q2K ? PG_I8_Q2_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
+    const long gsize = variant == PG_I8_Q6_K || variant == PG_I8_Q3_K || variant == PG_I8_Q2_K ? 16 : 32;
+    pg_vec scales[4 * PG_I8_KC / 16] __attribute__((aligned(64)));  /* a block's groups' scales (pg_i8_prepare) */
     long end = (t + 1) * j->chunk < j->P ? (t + 1) * j->chunk : j->P;
     for (long p = t * j->chunk; p < end; p++) {
         int cols = pg_panel_cols(j->n, p);
@@ -558,10 +613,15 @@ static void pg_i8_task(void *ctx, long t) {
         for (long g0 = 0; g0 < G; g0 += PG_I8_KC / 32) {
             long g1 = g0 + PG_I8_KC / 32 < G ? g0 + PG_I8_KC / 32 : G, r0;
             int rows;
+            const pg_vec *pre = NULL;
+            if (ntiles > 1) {  /* the block's scales once, not once per row tile */
+                pg_i8_prepare(variant, d, m, &k, g0 * 32 / gsize, g1 * 32 / gsize, scales);
+                pre = scales;
+            }
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
-                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, j->c + r0 * j->ldc + p * PG_NR, j->ldc,
-                           cols, g0 == 0);
+                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, j->c + r0 * j->ldc + p * PG_NR,
+                           j->ldc, cols, g0 == 0);
             }
         }
     }

@@ -241,13 +241,15 @@ def blocks_into(x: F32, params: LlamaParams, cfg: ModelConfig, angles: Sequence[
 
 
 def fused_blocks(x: F32, blocks: LlamaBlocks, angles: tuple[Angles, Angles | None], attention: Any,
-                 buf: StepBuffers) -> None:
+                 buf: StepBuffers, out_rows: npt.NDArray[np.int32] | None = None) -> None:
     """blocks_into's arithmetic in one C call (kernels/llama_blocks.pyx): the same bits, without
     Python between the kernels. `angles`: the rotation of the rope and of the second rope (Gemma
     3's sliding-window layers; None without one). `attention` is the engine's paged attention (or
     a sequence of its own, engine/paged_attention.PagedSequence): `paged_step(n)` lays out this
     step's n tokens and yields the PagedAttention that holds the pools, the windows and the
-    soft-cap. (Typed Any: that class lives in the engine, a layer above this one.)"""
+    soft-cap. (Typed Any: that class lives in the engine, a layer above this one.) `out_rows`: the
+    rows that get logits (strictly increasing): the last block finishes those alone, into
+    x[:len(out_rows)] (LlamaBlocks.run)."""
     (cos, sin), local = angles
     with attention.paged_step(x.shape[0]) as paged:
         window = paged.pools[1] if len(paged.pools) > 1 else (None, None)
@@ -258,7 +260,8 @@ def fused_blocks(x: F32, blocks: LlamaBlocks, angles: tuple[Angles, Angles | Non
                    cos_local=None if local is None else local[0], sin_local=None if local is None else local[1],
                    k_window=window[0], v_window=window[1], window_tables=paged.window_tables,
                    layer_slots=paged.layer_slots, softcap=paged.softcap, k_scale=paged.k_scale,
-                   v_scale=paged.v_scale, k_window_scale=window_scales[0], v_window_scale=window_scales[1])
+                   v_scale=paged.v_scale, k_window_scale=window_scales[0], v_window_scale=window_scales[1],
+                   out_rows=out_rows)
         paged.elapsed_ns += blocks.attention_ns  # the trace's attention share of a step
 
 
@@ -274,7 +277,10 @@ def llama(input_ids: Ints, positions: Ints, attention: Attention, params: LlamaP
     if workspace is not None and isinstance(x, np.ndarray):
         with workspace.rows(x.shape[0]) as buf:
             if params.blocks is not None and hasattr(attention, "paged_step"):
-                fused_blocks(x, params.blocks, pair, attention, buf)
+                kept = used_rows(logits_rows, x.shape[0])
+                fused_blocks(x, params.blocks, pair, attention, buf, None if kept is None else kept[0])
+                if kept is not None:  # the used rows lie first, in order: logits_rows picks among them
+                    x, logits_rows = x[: len(kept[0])], kept[1]
             else:
                 x = blocks_into(x, params, cfg, angles, attention, buf)
     else:
@@ -289,6 +295,17 @@ def llama(input_ids: Ints, positions: Ints, attention: Attention, params: LlamaP
         np.tanh(logits, out=logits)
         logits *= cap
     return logits
+
+
+def used_rows(logits_rows: Ints | Sequence[int] | None,
+              n: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.intp]] | None:
+    """The distinct rows of n that logits_rows takes (increasing), and logits_rows as indices into
+    them; None where every row is used (or logits_rows is None). The last block computes only
+    these rows past its attention, as llama.cpp does for the tokens whose output is unused."""
+    if logits_rows is None:
+        return None
+    rows, inverse = np.unique(np.arange(n)[np.asarray(logits_rows, dtype=np.intp)], return_inverse=True)
+    return None if len(rows) == n else (rows.astype(np.int32), inverse.reshape(-1))
 
 
 def rope_pair(positions: Ints, params: LlamaParams) -> tuple[Angles, Angles | None]:

@@ -64,10 +64,8 @@ class FusedPathNotCovered(Exception):
 
 def check_fused_coverage(cfg: ModelConfig, dtype: str) -> None:
     """Raise FusedPathNotCovered, saying why, for a model the fused C blocks do not run: they
-    multiply float32 and quantized panels and add no biases. Every other piece of the family
-    (QK-norm, sandwich norms, GeGLU, a second rope, windows, soft-caps) they run."""
-    if cfg.qkv_bias or cfg.o_bias:
-        raise FusedPathNotCovered("its attention has biases")
+    multiply float32 and quantized panels, not bfloat16 ones. Every piece of the family (q|k|v
+    and o biases, QK-norm, sandwich norms, GeGLU, a second rope, windows, soft-caps) they run."""
     if dtype == "bfloat16":
         raise FusedPathNotCovered("its matrices are bfloat16")
 

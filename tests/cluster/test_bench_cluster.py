@@ -38,6 +38,33 @@ def test_the_oracle_counts_every_repeat_of_a_system_prompt():
     assert best["cached_fraction"] == 3 * 32 / sum(len(p) for _, p in requests)  # 40 tokens: 2 full blocks
 
 
+def test_several_runs_give_medians_and_the_ratios_spread():
+    def run(ours, rr, ours_ttft, rr_ttft):
+        return {"prefix": {"strategy": "prefix", "hit_rate": ours, "ttft_ms_mean": ours_ttft},
+                "round_robin": {"strategy": "round_robin", "hit_rate": rr, "ttft_ms_mean": rr_ttft}}
+
+    best = {"hit_rate": 0.9, "cached_fraction": 0.8}
+    s = bench_cluster.summarize([run(0.81, 0.6, 100, 150), run(0.9, 0.5, 120, 240), run(0.72, 0.6, 90, 90)], best)
+    assert [r["ratios"]["hit_rate_vs_oracle"] for r in s["runs"]] == pytest.approx([0.9, 1.0, 0.8])
+    assert s["ratios"]["hit_rate_vs_oracle"] == pytest.approx(0.9)  # the median run's
+    assert s["spread"]["hit_rate_vs_oracle"] == pytest.approx({"min": 0.8, "max": 1.0})
+    assert s["spread"]["ttft_mean_round_robin_over_ours"] == pytest.approx({"min": 1.0, "max": 2.0})
+    assert s["figures"]["prefix"] == {"strategy": "prefix", "hit_rate": 0.81, "ttft_ms_mean": 100}
+    one = bench_cluster.summarize([run(0.81, 0.6, 100, 150)], best)
+    assert one["figures"]["round_robin"]["hit_rate"] == 0.6 and one["ratios"]["hit_rate_vs_round_robin"] == 1.35
+    two = bench_cluster.summarize([run(0.81, 0.6, 100.0, 150.0), run(0.9, 0.5, 120.0, 240.0)], best)
+    assert two["figures"]["prefix"]["ttft_ms_mean"] == 110  # a time's median: the mean of the middle two
+    assert two["figures"]["prefix"]["hit_rate"] == pytest.approx(0.855)
+
+
+def test_a_count_s_median_is_one_run_s_count():
+    runs = [{"prefix": {"strategy": "prefix", "hit_rate": 0.8, "ttft_ms_mean": 90.0, "kv_blocks_total": n}}
+            for n in (112, 224)]
+    s = bench_cluster.summarize(runs, {"hit_rate": 0.9, "cached_fraction": 0.8})
+    blocks = s["figures"]["prefix"]["kv_blocks_total"]
+    assert blocks == 112 and isinstance(blocks, int)
+
+
 def test_the_workload_is_seeded_and_shares_exactly_the_system_prompts():
     args = parse(["--systems", "3", "--per-system", "4", "--system-len", "32", "--user-len", "5,9"])
     one, two = bench_cluster.workload(args, 500), bench_cluster.workload(args, 500)

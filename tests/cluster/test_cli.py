@@ -47,6 +47,8 @@ def test_the_ingress_serves_with_every_http_option_one_process_takes(monkeypatch
 def test_a_model_replica_gets_the_engine_options():
     spec = spec_from_args(parse(["--replicas", "2", "--model", "default", "--max-num-seqs", "4", "--policy", "fcfs"]))
     assert spec.replica.model == "default" and spec.replica.engine_options == {"max_num_seqs": 4, "policy": "fcfs"}
+    capped = spec_from_args(parse(["--replicas", "2", "--model", "default", "--prefix-cache-memory", "64MiB"]))
+    assert capped.replica.engine_options == {"prefix_cache_memory_bytes": 64 * 2**20}
 
 
 def _started_spec(monkeypatch, argv):

@@ -49,5 +49,17 @@ def test_unknown_builder_args_are_refused():
 
 def test_the_containerfile_copies_what_exists():
     lines = (ROOT / "deploy" / "Containerfile").read_text().splitlines()
-    copied = [part for line in lines if line.startswith("COPY ") for part in line.split()[1:-1]]
+    # from the build context; `COPY --from=STAGE` copies from an earlier stage of the image
+    copied = [part for line in lines if line.startswith("COPY ") and "--from=" not in line
+              for part in line.split()[1:-1]]
     assert copied and all((ROOT / p).exists() for p in copied), copied
+
+
+def test_the_image_runs_a_wheel_without_a_compiler_or_the_extras():
+    """The compiler stays in the stage that builds the wheel (every x86-64 level of the kernels);
+    what runs installs that wheel, what serving needs and the cluster extra, nothing else."""
+    text = (ROOT / "deploy" / "Containerfile").read_text()
+    build, run = text.rsplit("\nFROM ", 1)
+    assert "build-essential" in build and "pip wheel" in build and "SCRATCHLLM_NATIVE" not in text
+    assert "build-essential" not in run and "gcc" not in run and "extras.txt" not in run
+    assert "COPY --from=wheel /wheels" in run and "requirements/cluster.txt" in run

@@ -76,7 +76,8 @@ def reference_choice(replicas, hashes, rng, min_slack=2, slack_fraction=0.5):
     longest = max(runs.values())
     holders = sorted((r for r in replicas if runs[r.replica_id] == longest),
                      key=lambda r: (r.load, replicas.index(r)))
-    if longest > 0 and holders[0].load - least <= max(min_slack, slack_fraction * least):
+    batch_slot = holders[0].capacity is not None and holders[0].load < holders[0].capacity
+    if longest > 0 and (batch_slot or holders[0].load - least <= max(min_slack, slack_fraction * least)):
         return holders[0].replica_id
     two = rng.sample(range(len(replicas)), 2) if len(replicas) > 1 else [0]
     a = min(two, key=lambda i: (replicas[i].load, -runs[replicas[i].replica_id]))
@@ -84,11 +85,13 @@ def reference_choice(replicas, hashes, rng, min_slack=2, slack_fraction=0.5):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), min_size=1, max_size=5),
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30), st.none() | st.integers(1, 16)), min_size=1,
+                max_size=5),
        st.integers(0, 6), st.integers(0, 2**16))
 def test_choose_follows_the_stated_rule(replicas, prompt_blocks, seed):
     hashes = list(range(100, 100 + prompt_blocks))
-    states = [ReplicaState(f"r{i}", set(hashes[:held]) | {7}, load) for i, (held, load) in enumerate(replicas)]
+    states = [ReplicaState(f"r{i}", set(hashes[:held]) | {7}, load, capacity)
+              for i, (held, load, capacity) in enumerate(replicas)]
     decision = choose(states, hashes, random.Random(seed))
     assert decision.replica_id == reference_choice(states, hashes, random.Random(seed))
     chosen = next(s for s in states if s.replica_id == decision.replica_id)
@@ -108,6 +111,21 @@ def test_the_holder_loses_its_claim_beyond_the_load_bound():
     assert choose(over, hashes, random.Random(0)).replica_id == "idle"
     strict = RoutingPolicy(min_slack=0, slack_fraction=0.0)
     assert choose([holder, idle], hashes, random.Random(0), strict).replica_id == "idle"
+
+
+def test_a_holder_with_a_free_batch_slot_keeps_its_claim():
+    """One more request joins a batch that has room (no wait) and hits; only a holder whose batch is
+    full, beyond the load bound, loses the prompt to an idle replica (which would recompute it)."""
+    hashes = [1, 2, 3]
+    idle = ReplicaState("idle", set(), 0, capacity=8)
+    for load in range(8):  # 3..7 running: beyond the bound of 2, but the batch has room
+        d = choose([ReplicaState("holder", {1, 2, 3}, load, capacity=8), idle], hashes, random.Random(0))
+        assert (d.replica_id, d.reason, d.predicted_cached_tokens) == ("holder", "prefix", 48)
+    full = ReplicaState("holder", {1, 2, 3}, 8, capacity=8)  # the request would wait: the bound decides
+    assert choose([full, idle], hashes, random.Random(0)).replica_id == "idle"
+    assert choose([full, ReplicaState("busy", set(), 7, 8)], hashes, random.Random(0)).replica_id == "holder"
+    unknown = ReplicaState("holder", {1, 2, 3}, 3)  # no capacity reported: the bound alone, as before
+    assert choose([unknown, idle], hashes, random.Random(0)).replica_id == "idle"
 
 
 def test_only_an_unbroken_run_from_the_first_block_counts():
@@ -147,6 +165,33 @@ def test_the_view_assumes_routed_blocks_until_a_report_and_forgets_the_dead():
     assert view.decide(prompt, ["a", "b"]).replica_id == other
     view.forget(other)
     assert view.decide(prompt, ["a", "b"]).predicted_cached_tokens == 0 and view.forgotten == 1
+
+
+def test_the_view_keeps_a_claim_while_the_reported_batch_has_room():
+    view = ClusterView(seed=0)
+    prompt = list(range(100))
+    view.report("a", prefix_hashes(prompt), load=5, capacity=8)  # 5 running, room for 3 more
+    view.report("b", [], load=0, capacity=8)
+    assert view.decide(prompt, ["a", "b"]).replica_id == "a"
+    view.report("a", prefix_hashes(prompt), load=8, capacity=8)  # full: the request would wait there
+    assert view.decide(prompt, ["a", "b"]).replica_id == "b"
+
+
+def test_a_replica_reports_its_batch_capacity_and_fills_its_pool_with_prefixes(tmp_path):
+    from scratchllm.bench.cluster import write_tiny_llama
+    from scratchllm.cluster.replica import ReplicaSpec, build_engine
+
+    fake = build_engine(ReplicaSpec("fake", {"max_running": 5}))
+    assert fake.capacity == 5
+    folder = write_tiny_llama(tmp_path / "m", vocab=64, hidden=32, layers=1, inter=48, ctx=256)
+    built = build_engine(ReplicaSpec(str(folder), {"num_kv_blocks": 40, "max_num_seqs": 6}, tokenizer=False))
+    try:
+        assert built.capacity == 6
+        llm = built.engine.engine  # type: ignore[attr-defined]
+        # the prefix cache may keep the whole pool: no cap at the peak of blocks held
+        assert all(g.residue_cap is None or g.residue_cap >= g.num_blocks for g in llm.block_manager.groups)
+    finally:
+        built.engine.shutdown(drain=False)
 
 
 def test_accuracy_and_usage_details():

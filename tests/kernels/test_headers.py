@@ -1,10 +1,11 @@
 """The kernels' C lives in header files and compiles without a warning.
 
 Each scratchllm/kernels/*.h is compiled on its own (a translation unit that includes Python.h, as
-every Cython module does first, then the header) at -Wall -Wextra -Werror, for the -march of the
-build and for the other instruction sets the headers have branches for: AVX2 (x86-64-v3, the
-portable build) and AVX-512 without BF16 (x86-64-v4). And no .pyx or .pxd holds C in a
-`cdef extern from *:` string any more, where no compiler test of the header kind can see it.
+every Cython module does first, then the header) at -Wall -Wextra -Werror, with the flags of every
+level the build makes (cpu_features.LEVELS: x86-64-v2, x86-64-v3, AVX-512 with VNNI), of
+-march=native, and of AVX-512 without VNNI (x86-64-v4) and with BF16, the other branches the
+headers have. And no .pyx or .pxd holds C in a `cdef extern from *:` string any more, where no
+compiler test of the header kind can see it.
 """
 
 import os
@@ -17,22 +18,24 @@ from pathlib import Path
 
 import pytest
 
+from scratchllm.kernels import cpu_features
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "scratchllm" / "kernels"
 HEADERS = sorted(KERNELS.glob("*.h"))
-BUILD_MARCH = os.environ.get("SCRATCHLLM_MARCH", "native")  # as setup.py reads it
-MARCHES = list(dict.fromkeys([BUILD_MARCH, "x86-64-v3", "x86-64-v4"]))
+FLAGS = {level.name: level.compile_args for level in (*cpu_features.LEVELS, cpu_features.NATIVE)} | {
+    "x86-64-v4": ("-march=x86-64-v4",), "avx512-bf16": ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16")}
 CC = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")  # as setup.py finds it
 
 # C in a Cython string: `cdef extern from *:` (or `* nogil:`) followed by a string literal.
 VERBATIM_C = re.compile(r'^[ \t]*cdef\s+extern\s+from\s+\*[^\n]*:[ \t]*\n\s*[rRuU]?("""|\'\'\'|"|\')', re.M)
 
 
-def compile_header(header: Path, march: str, extra: tuple[str, ...] = ()) -> list[str]:
+def compile_header(header: Path, flags: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
     """Compile a translation unit of just `header`; returns the compiler's diagnostics (lines)."""
     source = f'#include <Python.h>\n#include "{header.name}"\n'
     # -Wno-unused-function: a header's static functions are there for its module, not for this unit.
-    cmd = [*CC, f"-march={march}", "-O3", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function", "-fsyntax-only",
+    cmd = [*CC, *flags, "-O3", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function", "-fsyntax-only",
            "-I", str(header.parent), "-I", sysconfig.get_paths()["include"], *extra, "-x", "c", "-"]
     result = subprocess.run(cmd, input=source, capture_output=True, text=True, cwd=header.parent)
     return [line for line in result.stderr.splitlines() if line.strip()] if result.returncode else []
@@ -43,12 +46,12 @@ def test_the_kernels_have_headers():
 
 
 @pytest.mark.skipif(shutil.which(CC[0]) is None, reason=f"no C compiler ({CC[0]})")
-@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("level", FLAGS)
 @pytest.mark.parametrize("header", HEADERS, ids=lambda h: h.name)
-def test_header_compiles_without_warnings(header, march):
-    diagnostics = compile_header(header, march)
+def test_header_compiles_without_warnings(header, level):
+    diagnostics = compile_header(header, FLAGS[level])
     if diagnostics:
-        pytest.fail(f"{header.name} at -march={march}:\n" + "\n".join(diagnostics), pytrace=False)
+        pytest.fail(f"{header.name} at {' '.join(FLAGS[level])}:\n" + "\n".join(diagnostics), pytrace=False)
 
 
 @pytest.mark.skipif(shutil.which(CC[0]) is None, reason=f"no C compiler ({CC[0]})")
@@ -56,7 +59,7 @@ def test_a_warning_fails_the_check(tmp_path):
     """The check itself: a header with an unused variable is refused, the warning named."""
     planted = tmp_path / "planted.h"
     planted.write_text("static inline int planted(int x) { int unused = x; return 0; }\n")
-    diagnostics = compile_header(planted, BUILD_MARCH)
+    diagnostics = compile_header(planted, cpu_features.NATIVE.compile_args)
     assert any("unused" in line for line in diagnostics), diagnostics
 
 

@@ -8,6 +8,7 @@ windows in one pool or two, the scores' soft-cap), checked against the Python lo
 block-by-block definition, bit for bit, on an engine step of several sequences and on decode steps
 that go past the windows."""
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -39,7 +40,10 @@ def forward_both(model, ids, pos, make_attention):
 
 
 def test_engine_step_of_many_sequences_bit_for_bit():
-    model = tiny_llama(seed=11, layers=3)
+    engine_step_bit_for_bit(tiny_llama(seed=11, layers=3))
+
+
+def engine_step_bit_for_bit(model):
     cfg = model.config
     lens = [5, 1, 17, 2]  # prefills and single decode rows in one step, one sequence over two blocks
     seq = np.repeat(np.arange(4), lens).astype(np.int32)
@@ -94,22 +98,40 @@ def test_time_split_is_measured_and_attention_is_traced():
     assert cache.attention.elapsed_ns == blocks.attention_ns  # the engine trace's attention share
 
 
-def test_models_with_biases_keep_the_python_loop(caplog):
+@pytest.mark.parametrize("o_bias", [False, True])
+def test_models_with_biases_run_in_the_c_blocks_bit_for_bit(o_bias):
+    """q|k|v biases (Qwen2) and an o bias (Llama's attention_bias): added in the C blocks as
+    linear_into adds them, on an engine step of several sequences and on decode steps."""
+    model = with_biases(tiny_llama(seed=15, layers=3), o_bias=o_bias)
+    assert isinstance(model.params.blocks, LlamaBlocks)
+    engine_step_bit_for_bit(model)
+    assert_paths_equal(model, lambda cfg: PagedSequence(cfg, 48), prompt_len=7, steps=5)
+
+
+def test_a_bias_of_the_wrong_size_is_refused():
+    model = with_biases(tiny_llama(seed=15), o_bias=True)
+    layers = list(model.params.layers)
+    layers[1] = dataclasses.replace(layers[1], o_bias=layers[1].o_bias[:-1])
+    with pytest.raises(ValueError, match="o_bias"):
+        LlamaBlocks(layers, model.config)
+
+
+def test_bfloat16_models_keep_the_python_loop(caplog):
     """Coverage is decided from the description before the blocks are bound, and said once in the
     log; the kernel, handed layers it does not cover, raises ValueError (the caller's bug), not a
     TypeError a fallback could swallow."""
+    tiny = tiny_llama(seed=16)
     with caplog.at_level(logging.INFO, logger="scratchllm.models.llama_pack"):
-        model = with_biases(tiny_llama(seed=15), o_bias=False)
-        with_biases(tiny_llama(seed=16), o_bias=False)
+        model = LlamaModel(tiny.config, dict(tiny.weights.items()), dtype="bfloat16")
+        LlamaModel(tiny.config, dict(tiny.weights.items()), dtype="bfloat16")
     assert model.params.blocks is None
     said = [r.getMessage() for r in caplog.records if "blocks_into" in r.getMessage()]
-    assert len(said) <= 1 and all("its attention has biases" in m for m in said)  # once per process
-    with pytest.raises(FusedPathNotCovered, match="biases"):
-        check_fused_coverage(model.config, "float32")
+    assert len(said) <= 1 and all("bfloat16" in m for m in said)  # once per process
     with pytest.raises(FusedPathNotCovered, match="bfloat16"):
-        check_fused_coverage(tiny_llama(seed=17).config, "bfloat16")
-    check_fused_coverage(tiny_llama(seed=17).config, "quantized")  # covered: no exception
-    with pytest.raises(ValueError, match="biases"):
+        check_fused_coverage(tiny.config, "bfloat16")
+    check_fused_coverage(tiny.config, "quantized")  # covered: no exception
+    check_fused_coverage(with_biases(tiny, o_bias=True).config, "float32")  # biases too
+    with pytest.raises(ValueError, match="bfloat16"):
         LlamaBlocks(model.params.layers, model.config)
 
 
@@ -141,6 +163,9 @@ def test_bad_arguments_are_errors_not_crashes():
     other = PagedAttention(cfg.num_layers + 1, 2, 16, cfg.num_kv_heads, cfg.head_dim)
     with pytest.raises(ValueError, match="pools"):
         blocks.run(x, StepBuffers.allocate(cfg, 3), cos, cos, other.k_cache, other.v_cache, *args[2:])
+    for bad in ([1, 1], [2, 0], [3], [-1]):  # the rows that get logits: increasing rows of the step
+        with pytest.raises(ValueError, match="out_rows"):
+            blocks.run(x, StepBuffers.allocate(cfg, 3), cos, cos, *args, out_rows=np.array(bad, np.int32))
     full = PagedSequence(cfg, 4)
     with pytest.raises(ValueError, match="holds 16 positions"):
         model.forward(np.arange(20) % cfg.vocab_size, np.arange(20), full)
@@ -261,3 +286,43 @@ def test_architecture_engine_step_bit_for_bit(arch):
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_architecture_decode_past_the_windows_bit_for_bit(arch):
     assert_paths_equal(random_model(arch, seed=2), lambda cfg: PagedSequence(cfg, 64), prompt_len=7, steps=12)
+
+
+@pytest.mark.parametrize("rows", [[-1], [4, 0, 9, 4], [2], []])
+def test_the_last_block_finishes_only_the_rows_that_get_logits(rows):
+    """logits_rows through the C blocks (the last block past its attention on those rows alone)
+    equal the Python loop's logits of the same rows, bit for bit, with repeats, negatives and in
+    any order; and the step's K/V are the same for every row (a decode step after it agrees)."""
+    model = with_biases(tiny_llama(seed=21, layers=3), o_bias=False)
+    ids, pos = np.arange(10) * 3 % model.config.vocab_size, np.arange(10)
+    caches = [PagedSequence(model.config, 32), PagedSequence(model.config, 32)]
+    blocks = model.params.blocks
+    out = []
+    for cache, use_c in zip(caches, (True, False), strict=True):
+        model.params.blocks = blocks if use_c else None
+        try:
+            out.append((model.forward(ids, pos, cache, logits_rows=rows),
+                        model.forward(np.array([5]), np.array([10]), cache)))
+        finally:
+            model.params.blocks = blocks
+    assert out[0][0].shape == (len(rows), model.config.vocab_size)
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
+def test_run_with_out_rows_puts_those_rows_first():
+    model = tiny_llama(seed=23, layers=2)
+    cfg, blocks = model.config, model.params.blocks
+    N, rows = 6, np.array([1, 3, 5], np.int32)
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((N, cfg.hidden_size)).astype(np.float32)
+    angle = rng.standard_normal((N, cfg.head_dim // 2)).astype(np.float32)
+    out = []
+    for out_rows in (None, rows):
+        att = PagedAttention.for_model(cfg, num_blocks=1, block_size=16)
+        att.set_layout(np.array([[0]], np.int32), np.zeros(N, np.int32), np.arange(N, dtype=np.int32))
+        x = x0.copy()
+        blocks.run(x, StepBuffers.allocate(cfg, N), np.cos(angle), np.sin(angle), att.k_cache, att.v_cache,
+                   att.block_tables, att.token_seq, att.token_pos, att.max_ctx, att.scale, out_rows=out_rows)
+        out.append((x, att.k_cache.copy(), att.v_cache.copy()))
+    assert np.array_equal(out[1][0][: len(rows)], out[0][0][rows])
+    assert np.array_equal(out[1][1], out[0][1]) and np.array_equal(out[1][2], out[0][2])  # every row's K/V

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scratchllm.extras import need
 from scratchllm.trace.views.diagnosis import Finding, LatencyGrid
 
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
@@ -25,6 +26,7 @@ def draw_heatmap(grid: LatencyGrid | list[tuple[str, LatencyGrid]], findings: li
                  title: str = "token latency") -> Path:
     """The PNG: one panel per (label, grid), stacked, on one colour scale (so two models'
     latencies compare by colour), the findings printed under them. One grid: one panel."""
+    need("matplotlib", "the latency heatmap (a PNG)")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
