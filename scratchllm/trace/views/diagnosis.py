@@ -158,7 +158,7 @@ def _stalls(trace: Trace, grid: LatencyGrid, stalled: list[int], durations: dict
                 cause = _count(int(rec["preempted"]), "preemption") if rec["preempted"] else "a preemption"
             elif rec["flags"] & StepFlag.PREFILL and rec["step_tokens"] > 2 * usual_tokens:
                 cause = f"a prefill of {int(rec['step_tokens'])} tokens (a usual step has {usual})"
-        hit = int(np.count_nonzero(grid.step[:, 1:] == s))
+        hit = int(np.count_nonzero((grid.step[:, 1:] == s).any(axis=1)))  # requests (a step of drafts: several tokens)
         delayed = f"{hit} request's token" if hit == 1 else f"{hit} requests' tokens"
         parts.append(f"step {s}: {durations[s]:.0f} ms, {delayed} delayed, {cause}")
     more = f"; {len(stalled) - 5} more" if len(stalled) > 5 else ""

@@ -1,7 +1,7 @@
 """The latency heatmap as a PNG: x = token position in its request, y = requests in arrival
 order, colour = that token's latency (log scale), with the diagnosis printed under it. A request
 with no last token in the ring (still running, or cut off by a killed server) ends in an x. A
-token that was drafted and accepted by a verification step (speculative decoding) carries a dot:
+token that was drafted and accepted by a verification step (speculative decoding) carries a white dot:
 it came out of the step of the token after it, with the same latency. A
 ring of several models gets one panel per model on one colour scale.
 
@@ -120,7 +120,8 @@ def _mark_drafted(ax: "Axes", grid: LatencyGrid) -> None:
     if grid.drafted is None:
         return
     rows, cols = np.nonzero(grid.drafted)
-    ax.scatter(cols, rows, marker=".", s=6, color="#2ca02c", linewidths=0,
+    size = float(np.clip(20_000 / grid.drafted.size, 2, 16))  # points^2: smaller as the cells get smaller
+    ax.scatter(cols, rows, marker="o", s=size, color="white", edgecolors="#2ca02c", linewidths=0.8,
                label="accepted draft (speculative decoding: made by its successor's verification step)")
     ax.legend(loc="upper right", fontsize=8)
 
