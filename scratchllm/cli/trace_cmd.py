@@ -153,6 +153,11 @@ def _figure_lines(fig: LiveFigures, indent: str = "  ") -> list[str]:
         last = "no token yet" if fig.last_token_s is None else \
             f"last token at t = {fig.last_token_s:.1f} s, {_duration(fig.idle_s)} ago"
         return [f"{indent}idle: no tokens in the last {fig.window_s:.1f} s ({last})"]
+    a = fig.speculation
+    spec = [] if a is None else [
+        f"{indent}drafted / accepted  {f'{a.drafted} / {a.accepted}':>10}   tokens, in {a.steps} verification steps",
+        f"{indent}acceptance rate     {f'{100 * a.rate:.1f}%':>10}   (speculative decoding)",
+    ]
     return [
         f"{indent}tokens/s            {fig.tokens_per_s:10.1f}   ({fig.tokens} tokens, {fig.requests_seen} requests)",
         f"{indent}inter-token p50/p99 {_ms(fig.itl_ms):>18}",
@@ -160,6 +165,7 @@ def _figure_lines(fig: LiveFigures, indent: str = "  ") -> list[str]:
         f"{indent}batch size (mean)   {'-' if fig.batch_size is None else f'{fig.batch_size:.1f}':>10}",
         f"{indent}KV in use           {kv:>10}",
         f"{indent}queue               {'-' if fig.waiting is None else fig.waiting:>10}",
+        *spec,
     ]
 
 

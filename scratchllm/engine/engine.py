@@ -209,6 +209,7 @@ class LLMEngine:
         propose_start = self.clock()
         # speculative decoding: drafts for the decoding requests, verified in this step's forward
         proposals = self.speculator.propose(self.scheduler.decoding()) if self.speculator is not None else None
+        draft_ns = time.monotonic_ns() - start_ns
         schedule_time = self.clock()
         batch = self.scheduler.schedule(schedule_time, proposals)
         self.last_step_tokens = batch.num_tokens
@@ -225,6 +226,7 @@ class LLMEngine:
         finished: list[Request] = []
         forks: list[tuple[Request, Request]] = []
         emitted: dict[Request, int] = {}
+        accepted_by: dict[str, int] = {}  # request id -> its drafts accepted and emitted in this step
         sampled = (verify(logits, reqs, *draft_rows(reqs, batch.drafts), end_token_ids=self.end_token_ids)
                    if batch.drafts else sample(logits, reqs, self.end_token_ids))
         for row, req, tokens in by_request(reqs, sampled):
@@ -248,7 +250,8 @@ class LLMEngine:
                 accepted = next((i for i, (t, d) in enumerate(zip(tokens, draft.tokens, strict=False))
                                  if t.token != d), min(len(tokens), len(draft.tokens)))
                 # drafts accepted and emitted (a request that ended on one drops the rest)
-                self.speculator.verified(req, len(draft.tokens), min(accepted, n), n)
+                accepted_by[req.request_id] = min(accepted, n)
+                self.speculator.verified(req, len(draft.tokens), accepted_by[req.request_id], n)
         self.scheduler.update(batch, [r for r in finished if r.fork_parent is None or r.block_table], forks, emitted)
         step_s = self.clock() - schedule_time
         self.scheduler.observe_step(batch.num_tokens, self.clock() - propose_start)
@@ -260,7 +263,8 @@ class LLMEngine:
                              forward_ns=forward_ns, attention_ns=self.runner.attention.elapsed_ns,
                              step_tokens=batch.num_tokens, running=s.num_running() + len(finished),
                              waiting=s.num_waiting(), kv_used=bm.num_used, kv_total=bm.num_blocks,
-                             preempted=len(batch.preempted))
+                             preempted=len(batch.preempted), accepted=accepted_by,
+                             drafted=sum(len(d.tokens) for d in batch.drafts.values()), draft_ns=draft_ns)
         return events
 
     def _emit(self, req: Request, sampled: SampledToken, now: float, events: list[TokenEvent],

@@ -9,6 +9,12 @@ the step, KV use, queue, preemptions). Per finished request, its queued / prefil
 spans from its own RequestMetrics. The writer never blocks and never allocates per token; this
 module's Python is the cost `scratchllm bench trace` measures.
 
+A step that verified drafted tokens (speculative decoding) is flagged StepFlag.VERIFY and
+followed by a VERIFY record: tokens drafted, accepted, requests with drafts, the drafting's time.
+A request's accepted drafts and the target's own token after them come out of that one step:
+the drafts are flagged TokenFlag.DRAFTED and every one of them has the latency its siblings have
+(the step's end minus the request's previous token), not zero.
+
 Per step with text, one DETOKENIZE span (request key STEP_KEY, index = the step): the time the
 step's output path spent in the detokenizers, summed over the step's tokens and drawn from the
 first one's start (a sum, as the step's matmul / attention split is). One span per step, not
@@ -105,8 +111,14 @@ class StepTracer:
 
     def step(self, step: int, start_ns: int, end_ns: int, events: list[TokenEvent], requests: dict[str, Request],
              *, forward_ns: int, attention_ns: int, step_tokens: int, running: int, waiting: int,
-             kv_used: int, kv_total: int, preempted: int) -> None:
+             kv_used: int, kv_total: int, preempted: int, accepted: dict[str, int] | None = None, drafted: int = 0,
+             draft_ns: int = 0) -> None:
+        """`accepted`: {request id: drafted tokens it accepted} of each request whose drafts the
+        step verified (its first that many tokens of the step are drafts); `drafted`: the step's
+        drafted tokens in all; `draft_ns`: the time their drafting took."""
         t = time.perf_counter_ns()
+        accepted = accepted or {}
+        drafts_left = dict(accepted)  # per request: how many of its next tokens are accepted drafts
         n = sum(e.token_id is not None for e in events)
         keys = np.empty(n, np.uint64)
         pos, ids, lat, kv, flags, phase = (np.empty(n, np.int64) for _ in range(6))
@@ -123,22 +135,31 @@ class StepTracer:
                 self._preemptions[rid] = seen
             if e.finish_reason is not None:
                 f |= TokenFlag.FINISHED
+            if drafts_left.get(rid, 0) > 0:
+                f |= TokenFlag.DRAFTED
+                drafts_left[rid] -= 1
             p = Phase.PREFILL if f & (TokenFlag.FIRST | TokenFlag.RESUMED) else Phase.DECODE
             prefill |= p == Phase.PREFILL
             keys[i], pos[i], ids[i] = self._keys[rid], e.index, e.token_id
             lat[i] = end_ns - self._last_ns.get(rid, end_ns)
             kv[i] = len(req.block_table) if req is not None else 0
             flags[i], phase[i] = f, p
-            self._last_ns[rid] = end_ns
             i += 1
+        for e in events:  # after all the step's tokens: a request's tokens of one step share their latency
+            if e.token_id is not None:
+                self._last_ns[e.request_id] = end_ns
         w = self.writer
         if n:
             w.tokens(keys, pos, ids, lat, step=step, time_ns=end_ns, kv_blocks=kv, phase=phase, flags=flags,
                      batch_size=running, step_tokens=step_tokens)
-        step_flags = (StepFlag.PREEMPTION if preempted else 0) | (StepFlag.PREFILL if prefill else 0)
+        step_flags = ((StepFlag.PREEMPTION if preempted else 0) | (StepFlag.PREFILL if prefill else 0)
+                      | (StepFlag.VERIFY if accepted else 0))
         w.step(step, start_ns, end_ns, matmul_ns=max(forward_ns - attention_ns, 0), attention_ns=attention_ns,
                batch_size=running, step_tokens=step_tokens, kv_blocks=kv_used, kv_total=kv_total, waiting=waiting,
                preempted=preempted, flags=step_flags)
+        if accepted:
+            w.verify(step, end_ns, drafted=drafted, accepted=sum(accepted.values()), requests=len(accepted),
+                     draft_ns=draft_ns)
         d = self.detokenize
         if d.first_ns:
             w.span(STEP_KEY, Phase.DETOKENIZE, d.first_ns, d.first_ns + d.total_ns, count=d.tokens, index=step)

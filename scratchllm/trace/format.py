@@ -7,9 +7,13 @@ Record i of the whole run (0-based, counting every record ever written) lives in
 i % capacity and carries the stamp i + 1 in its last 8 bytes; stamp 0 means "empty, or being
 written". Every kind of record shares two fields: `kind` (byte 0) and `seq` (bytes 56-63, the
 stamp); the 55 bytes between are the kind's own (TOKEN_DTYPE, STEP_DTYPE, SPAN_DTYPE,
-NAME_DTYPE below), each with a `model` byte: the index of the model that wrote it in the
+NAME_DTYPE, VERIFY_DTYPE below), each with a `model` byte: the index of the model that wrote it in the
 header's table of model names (0: none named). docs/tracing.md has the tables, the stamp
 protocol and the arithmetic.
+
+Speculative decoding added, within version 2, the VERIFY kind (a step's drafted and accepted
+token counts: the STEP record has no free byte for them), TokenFlag.DRAFTED and StepFlag.VERIFY.
+A reader that predates them skips the kind and the bits, so they needed no new version.
 
 Version 1 rings (no model byte, no port, no model table; a STEP record's `preempted` two bytes
 wide) are still read: `upgrade` turns their records into this version's.
@@ -55,6 +59,7 @@ class Kind(enum.IntEnum):
     STEP = 2  # one engine step: its duration and split, batch, KV use, queue
     SPAN = 3  # one phase of one request: [start, end]
     NAME = 4  # the string id behind a request key
+    VERIFY = 5  # one step's speculative decoding: drafted and accepted tokens (after the step's STEP record)
 
 
 class Phase(enum.IntEnum):
@@ -75,11 +80,13 @@ class TokenFlag(enum.IntFlag):
     PREEMPTED = 2  # the request was preempted (its KV freed) since its previous token
     RESUMED = 4  # the request re-prefilled after a preemption to make this token
     FINISHED = 8  # the request's last token
+    DRAFTED = 16  # a drafted token verification accepted: emitted by the step of its request's next token
 
 
 class StepFlag(enum.IntFlag):
     PREEMPTION = 1  # the scheduler preempted at least one request in this step
     PREFILL = 2  # the step computed at least one prefill chunk
+    VERIFY = 4  # the step verified drafted tokens (speculative decoding): a VERIFY record has its counts
 
 
 HEADER_DTYPE = np.dtype({
@@ -131,7 +138,12 @@ SPAN_DTYPE = _record([
     ("end_ns", "<i8", 24), ("count", "<u8", 32), ("model", "u1", 40),
 ])
 NAME_DTYPE = _record([("length", "u1", 1), ("model", "u1", 2), ("request", "<u8", 8), ("text", f"S{NAME_BYTES}", 16)])
-RECORD_DTYPES = {Kind.TOKEN: TOKEN_DTYPE, Kind.STEP: STEP_DTYPE, Kind.SPAN: SPAN_DTYPE, Kind.NAME: NAME_DTYPE}
+VERIFY_DTYPE = _record([
+    ("model", "u1", 1), ("requests", "<u2", 2), ("step", "<u4", 4), ("time_ns", "<i8", 8), ("drafted", "<u4", 16),
+    ("accepted", "<u4", 20), ("draft_ns", "<i8", 24),
+])
+RECORD_DTYPES = {Kind.TOKEN: TOKEN_DTYPE, Kind.STEP: STEP_DTYPE, Kind.SPAN: SPAN_DTYPE, Kind.NAME: NAME_DTYPE,
+                 Kind.VERIFY: VERIFY_DTYPE}
 # Version 1's STEP record: `preempted` two bytes wide where version 2 has preempted and model. In
 # the other kinds version 2's model byte was padding, always written as zero: NO_MODEL.
 STEP_DTYPE_V1 = _record([

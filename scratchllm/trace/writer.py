@@ -88,11 +88,13 @@ MIN_RING_BYTES = HEADER_SIZE + 16 * RECORD_SIZE
 _STEP = struct.Struct("<BBHIqqqqHBBIII")
 _SPAN = struct.Struct("<BBHIQqqQB15x")
 _NAME = struct.Struct(f"<BBB5xQ{NAME_BYTES}s")
+_VERIFY = struct.Struct("<BBHIqIIq24x")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 Column = npt.NDArray[Any] | Sequence[int]  # one value per record of a tokens() call
 _KIND_STEP, _KIND_SPAN, _KIND_NAME = int(Kind.STEP), int(Kind.SPAN), int(Kind.NAME)  # plain ints pack faster
-assert _STEP.size == _SPAN.size == _NAME.size == STAMP_OFFSET
+_KIND_VERIFY = int(Kind.VERIFY)
+assert _STEP.size == _SPAN.size == _NAME.size == _VERIFY.size == STAMP_OFFSET
 LOCK_TRIES = 20  # a reader's probe holds a shared lock for microseconds: try again before calling a ring in use
 LOCK_WAIT_S = 0.01
 
@@ -307,6 +309,14 @@ class TraceWriter:
         self._write_one(_STEP, _KIND_STEP, flags, min(waiting, 0xFFFF), step, start_ns, end_ns, matmul_ns,
                         attention_ns, min(batch_size, 0xFFFF), min(preempted, 0xFF), self.model, step_tokens,
                         kv_blocks, kv_total)
+
+    def verify(self, step: int, time_ns: int, *, drafted: int, accepted: int, requests: int = 0,
+               draft_ns: int = 0) -> None:
+        """One VERIFY record: step `step` (ended at time_ns) verified `drafted` drafted tokens
+        of `requests` requests and accepted `accepted` of them; drafting them took draft_ns.
+        Written after the step's STEP record (flagged StepFlag.VERIFY)."""
+        self._write_one(_VERIFY, _KIND_VERIFY, self.model, min(requests, 0xFFFF), step, time_ns, drafted, accepted,
+                        draft_ns)
 
     def span(self, request: int | str, phase: Phase, start_ns: int, end_ns: int, *, count: int = 0, index: int = 0,
              flags: int = 0) -> None:

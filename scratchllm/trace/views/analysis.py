@@ -12,7 +12,16 @@ import numpy as np
 import numpy.typing as npt
 
 from scratchllm.errors import ConfigError
-from scratchllm.trace.format import NO_MODEL, SPAN_DTYPE, STEP_DTYPE, TOKEN_DTYPE, Kind, Phase, TokenFlag
+from scratchllm.trace.format import (
+    NO_MODEL,
+    SPAN_DTYPE,
+    STEP_DTYPE,
+    TOKEN_DTYPE,
+    VERIFY_DTYPE,
+    Kind,
+    Phase,
+    TokenFlag,
+)
 from scratchllm.trace.reader import ReadResult, RingReader
 
 
@@ -37,6 +46,7 @@ class Trace:
     port: int = 0  # the writing server's port (0: none, or a version 1 ring)
     models: dict[int, str] = field(default_factory=dict)  # model byte -> name (the header's table)
     request_models: dict[int, int] = field(default_factory=dict)  # request key -> model byte (NAME records)
+    verifies: npt.NDArray[np.void] = field(default_factory=lambda: np.zeros(0, VERIFY_DTYPE))  # speculation
 
     @classmethod
     def empty(cls, origin_ns: int = 0, capacity: int = 0) -> "Trace":
@@ -64,6 +74,7 @@ class Trace:
         self.tokens = np.concatenate([self.tokens, got.of(Kind.TOKEN)])
         self.steps = np.concatenate([self.steps, got.of(Kind.STEP)])
         self.spans = np.concatenate([self.spans, got.of(Kind.SPAN)])
+        self.verifies = np.concatenate([self.verifies, got.of(Kind.VERIFY)])
         self.names.update(got.names())
         self.request_models.update(got.request_models())
         self.models = reader.models
@@ -94,6 +105,7 @@ class Trace:
         out = Trace(**{**self.__dict__})
         out.tokens = self.tokens[self.tokens["model"] == model]
         out.steps = self.steps[self.steps["model"] == model]
+        out.verifies = self.verifies[self.verifies["model"] == model]
         keys = set(out.tokens["request"].tolist()) | {k for k, m in self.request_models.items() if m == model}
         spans = self.spans
         mine = (spans["model"] == model) | ((spans["model"] == NO_MODEL) & np.isin(spans["request"], list(keys)))
@@ -130,7 +142,18 @@ class Trace:
         out.tokens = self.tokens[(self.tokens["time_ns"] >= lo) & (self.tokens["time_ns"] <= hi)]
         out.steps = self.steps[(self.steps["end_ns"] >= lo) & (self.steps["start_ns"] <= hi)]
         out.spans = self.spans[(self.spans["end_ns"] >= lo) & (self.spans["start_ns"] <= hi)]
+        out.verifies = self.verifies[(self.verifies["time_ns"] >= lo) & (self.verifies["time_ns"] <= hi)]
         return out
+
+    def speculation(self) -> "Speculation | None":
+        """Speculative decoding's figures over these records (one model's, for a rate that
+        means something), or None when no step verified drafts."""
+        v = self.verifies
+        if not len(v):
+            return None
+        return Speculation(steps=len(v), drafted=int(v["drafted"].sum()), accepted=int(v["accepted"].sum()),
+                          drafted_tokens=int(np.count_nonzero(self.tokens["flags"] & TokenFlag.DRAFTED)),
+                          draft_ms=float(v["draft_ns"].sum()) / 1e6)
 
     def arrivals(self) -> dict[int, int]:
         """Each request's arrival (ns): the start of its QUEUED or REQUEST span, else its first
@@ -145,6 +168,27 @@ class Trace:
         for key, when in zip(s["request"].tolist(), s["start_ns"].tolist(), strict=True):
             arrival[key] = min(when, arrival.get(key, when))
         return arrival
+
+
+@dataclass
+class Speculation:
+    """Speculative decoding in a trace: steps that verified drafts, drafted tokens, those
+    accepted (emitted without a step of their own) and the time spent drafting."""
+
+    steps: int
+    drafted: int
+    accepted: int
+    drafted_tokens: int  # TOKEN records flagged DRAFTED (= accepted unless the ring lost some)
+    draft_ms: float
+
+    @property
+    def rate(self) -> float:
+        """Accepted / drafted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def text(self) -> str:
+        return (f"speculative decoding: {self.accepted} of {self.drafted} drafted tokens accepted "
+                f"({100 * self.rate:.0f}%) in {self.steps} verification steps")
 
 
 def percentile(values: npt.ArrayLike, q: float) -> float | None:
@@ -171,6 +215,7 @@ class LiveFigures:
     retention_s: float | None = None  # how long the ring holds at this record rate
     idle_s: float | None = None  # a running writer that made no token in the window: since its last one
     last_token_s: float | None = None  # the newest token's time, seconds since the writer started
+    speculation: Speculation | None = None  # speculative decoding in the window (None: no step verified drafts)
 
 
 def live_figures(trace: Trace, window_s: float = 10.0, now_s: float | None = None) -> LiveFigures:
@@ -185,9 +230,10 @@ def live_figures(trace: Trace, window_s: float = 10.0, now_s: float | None = Non
     t = w.tokens
     lat_ms = t["latency_ns"] / 1e6
     first_tok = (t["flags"] & TokenFlag.FIRST) != 0
-    records = len(t) + len(w.steps) + len(w.spans)
+    records = len(t) + len(w.steps) + len(w.spans) + len(w.verifies)
     fig = LiveFigures(window_s=span, end_s=last, tokens=len(t), tokens_per_s=len(t) / span,
-                      records_per_s=records / span, requests_seen=len(np.unique(t["request"])))
+                      records_per_s=records / span, requests_seen=len(np.unique(t["request"])),
+                      speculation=w.speculation())
     fig.itl_ms = {"p50": percentile(lat_ms[~first_tok], 50), "p99": percentile(lat_ms[~first_tok], 99)}
     fig.ttft_ms = {"p50": percentile(lat_ms[first_tok], 50), "p99": percentile(lat_ms[first_tok], 99)}
     if len(w.steps):

@@ -41,6 +41,7 @@ class LatencyGrid:
     step: npt.NDArray[np.int64]  # [R, P]: the step that made the token, -1 = none
     first_ms: npt.NDArray[np.float64]  # [R] time to first token (NaN if its first token is not in the ring)
     finished: npt.NDArray[np.bool_]  # [R]: the request's last token is in the ring (False: cut or still running)
+    drafted: npt.NDArray[np.bool_] | None = None  # [R, P]: an accepted draft (TokenFlag.DRAFTED); None: no such token
 
     @classmethod
     def from_trace(cls, trace: Trace, max_requests: int | None = None) -> "LatencyGrid":
@@ -67,7 +68,12 @@ class LatencyGrid:
         first[rows[is_first]] = t["latency_ns"][is_first] / 1e6
         finished = np.zeros(len(keys), dtype=bool)
         finished[rows[(t["flags"] & TokenFlag.FINISHED) != 0]] = True
-        return cls(keys, lat, step, first, finished)
+        is_drafted = (t["flags"] & TokenFlag.DRAFTED) != 0
+        drafted = None
+        if is_drafted.any():
+            drafted = np.zeros((len(keys), width), dtype=bool)
+            drafted[rows[is_drafted], cols[is_drafted]] = True
+        return cls(keys, lat, step, first, finished, drafted)
 
     @property
     def cut(self) -> npt.NDArray[np.bool_]:
@@ -78,7 +84,7 @@ class LatencyGrid:
 
 @dataclass
 class Finding:
-    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform" | "models"
+    pattern: str  # "stalled_steps" | "late_tokens" | "slow_rows" | "cut" | "uniform" | "models" | "speculation"
     text: str
     values: dict[str, object] = field(default_factory=dict)
 
@@ -130,6 +136,12 @@ def diagnose(trace: Trace, grid: LatencyGrid | None = None) -> list[Finding]:
         ratio = float(np.percentile(lat, 99) / np.percentile(lat, 50)) if len(lat) else float("nan")
         findings.append(Finding("uniform", f"no stalls, no trend with position, no slow requests: decode latency "
                                            f"p99/p50 = {ratio:.2f}", {"p99_over_p50": ratio}))
+    spec = trace.speculation()
+    if spec is not None:
+        findings.append(Finding("speculation", spec.text() + ("; accepted drafts marked with dots" if spec.accepted
+                                                              else ""),
+                                {"drafted": spec.drafted, "accepted": spec.accepted, "rate": spec.rate,
+                                 "steps": spec.steps}))
     return findings
 
 
@@ -146,7 +158,7 @@ def _stalls(trace: Trace, grid: LatencyGrid, stalled: list[int], durations: dict
                 cause = _count(int(rec["preempted"]), "preemption") if rec["preempted"] else "a preemption"
             elif rec["flags"] & StepFlag.PREFILL and rec["step_tokens"] > 2 * usual_tokens:
                 cause = f"a prefill of {int(rec['step_tokens'])} tokens (a usual step has {usual})"
-        hit = int(np.count_nonzero(grid.step[:, 1:] == s))
+        hit = int(np.count_nonzero((grid.step[:, 1:] == s).any(axis=1)))  # requests (a step of drafts: several tokens)
         delayed = f"{hit} request's token" if hit == 1 else f"{hit} requests' tokens"
         parts.append(f"step {s}: {durations[s]:.0f} ms, {delayed} delayed, {cause}")
     more = f"; {len(stalled) - 5} more" if len(stalled) > 5 else ""

@@ -1,6 +1,8 @@
 """The latency heatmap as a PNG: x = token position in its request, y = requests in arrival
 order, colour = that token's latency (log scale), with the diagnosis printed under it. A request
 with no last token in the ring (still running, or cut off by a killed server) ends in an x. A
+token that was drafted and accepted by a verification step (speculative decoding) carries a white dot:
+it came out of the step of the token after it, with the same latency. A
 ring of several models gets one panel per model on one colour scale.
 
 Matplotlib's object API on the Agg canvas (no pyplot, no global state, no display needed); the
@@ -61,6 +63,7 @@ def draw_heatmap(grid: LatencyGrid | list[tuple[str, LatencyGrid]], findings: li
         if norm is not None and lat.count():
             image = ax.imshow(np.ma.masked_less_equal(lat, 0), aspect="auto", interpolation="nearest",
                               cmap=_cmap(), norm=norm, origin="upper")
+            _mark_drafted(ax, g)
             _mark_cut(ax, g)
         else:
             ax.text(0.5, 0.5, "no token records", ha="center", va="center", transform=ax.transAxes)
@@ -111,6 +114,16 @@ def tick_label(value: float) -> str:
     """A colour bar label: three significant figures, never in exponent form (2100, not 2.1e+03;
     0.0123, not 1.23e-02)."""
     return str(np.format_float_positional(value, precision=3, unique=False, fractional=False, trim="-"))
+
+
+def _mark_drafted(ax: "Axes", grid: LatencyGrid) -> None:
+    if grid.drafted is None:
+        return
+    rows, cols = np.nonzero(grid.drafted)
+    size = float(np.clip(20_000 / grid.drafted.size, 2, 16))  # points^2: smaller as the cells get smaller
+    ax.scatter(cols, rows, marker="o", s=size, color="white", edgecolors="#2ca02c", linewidths=0.8,
+               label="accepted draft (speculative decoding: made by its successor's verification step)")
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def _mark_cut(ax: "Axes", grid: LatencyGrid) -> None:

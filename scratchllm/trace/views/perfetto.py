@@ -3,7 +3,8 @@
 Tracks:
   * thread "engine steps" (one per model, "engine steps: MODEL", when the ring holds several:
     each model's engine numbers its own steps): one complete ("X") slice per step, args = its
-    split, batch, KV use;
+    split, batch, KV use; a step that verified drafted tokens (speculative decoding) adds
+    drafted_tokens, accepted_tokens and draft_ms (its VERIFY record);
     inside it, three slices laid end to end: matmul, attention, other. They are the step's sums
     per kind, drawn in that order for their sizes, not the order the work ran in. Inside "other",
     a "detokenize" slice: the step's time in the detokenizers (a sum over its tokens, from the
@@ -60,7 +61,8 @@ def trace_events(trace: Trace) -> list[Event]:
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID + model,
                        "args": {"name": "engine steps" + label}})
         events += _step_events(trace.steps[trace.steps["model"] == model], pid, STEPS_TID + model,
-                               f" ({name})" if len(models) > 1 and name else "", us)
+                               f" ({name})" if len(models) > 1 and name else "", us,
+                               trace.verifies[trace.verifies["model"] == model])
     detok = trace.spans[(trace.spans["request"] == STEP_KEY) & (trace.spans["phase"] == Phase.DETOKENIZE)]
     for d in detok:
         events.append({"ph": "X", "name": "detokenize", "cat": "step.detokenize", "pid": pid,
@@ -72,9 +74,11 @@ def trace_events(trace: Trace) -> list[Event]:
 
 
 def _step_events(steps: npt.NDArray[np.void], pid: int, tid: int, counter_suffix: str,
-                 us: Callable[[int], float]) -> list[Event]:
-    """One engine's steps: a slice each (its split inside), and the batch, KV and queue counters."""
+                 us: Callable[[int], float], verifies: npt.NDArray[np.void]) -> list[Event]:
+    """One engine's steps: a slice each (its split inside), and the batch, KV and queue
+    counters. `verifies`: the engine's VERIFY records, whose counts go on their steps' args."""
     events: list[Event] = []
+    verified = {int(v["step"]): v for v in verifies}
     for s in steps:
         start, dur = us(s["start_ns"]), (int(s["end_ns"]) - int(s["start_ns"])) / 1e3
         matmul, attention = int(s["matmul_ns"]) / 1e3, int(s["attention_ns"]) / 1e3
@@ -82,6 +86,9 @@ def _step_events(steps: npt.NDArray[np.void], pid: int, tid: int, counter_suffix
         args = {"matmul_ms": matmul / 1e3, "attention_ms": attention / 1e3, "other_ms": other / 1e3,
                 "batch_size": int(s["batch_size"]), "tokens": int(s["step_tokens"]), "kv_blocks": int(s["kv_blocks"]),
                 "kv_total": int(s["kv_total"]), "waiting": int(s["waiting"]), "preempted": int(s["preempted"])}
+        if (v := verified.get(int(s["step"]))) is not None:
+            args |= {"drafted_tokens": int(v["drafted"]), "accepted_tokens": int(v["accepted"]),
+                     "draft_ms": int(v["draft_ns"]) / 1e6}
         events.append({"ph": "X", "name": f"step {int(s['step'])}", "cat": "step", "pid": pid, "tid": tid,
                        "ts": start, "dur": dur, "args": args})
         if matmul or attention:
