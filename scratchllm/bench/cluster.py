@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scratchllm.bench.common import machine_facts
+from scratchllm.bench.common import machine_facts, require_at_least_one
 
 if TYPE_CHECKING:
     from scratchllm.cluster.remote import RemoteEngine
@@ -198,6 +198,8 @@ def run_strategy(strategy: str, model_ref: str, requests: list[tuple[int, list[i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    require_at_least_one(args, "replicas", "systems", "per_system", "system_len", "max_tokens", "concurrency",
+                         "kv_blocks", "runs")
     import ray
     from ray import serve
 

@@ -113,3 +113,11 @@ def test_json_on_stdout_is_the_json_alone():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["bench"] == "cluster" and result["figures"]["prefix"]["requests"] == 2
+
+
+@pytest.mark.parametrize("flag", ["--runs", "--replicas", "--concurrency"])
+def test_a_count_below_one_is_one_line_before_ray_starts(flag, capsys):
+    from scratchllm.cli.main import main
+
+    assert main(["bench", "cluster", flag, "0"]) == 2
+    assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
