@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from scratchllm.tokenizer import Tokenizer
 
     require_at_least_one(args, "rounds", "threads", "draft_max")
+    require_at_least_one(args, *(name for name in ("cases", "max_tokens") if getattr(args, name) is not None))
     sides = list(dict.fromkeys(s.strip() for s in args.sides.split(",") if s.strip() and s.strip() != "none"))
     unknown = sorted(set(sides) - set(OURS + spec_peers.MODES))
     batches = [int(b) for b in (args.batch_sizes or "").split(",") if b.strip().isdigit() and int(b) >= 1]

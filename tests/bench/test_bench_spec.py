@@ -77,3 +77,11 @@ def test_a_short_run_of_ours_measures_and_checks_identity():
     assert r["rows"]["peak_rss_mb"]["draft"] > 0 and "draft model" in r["rounds"][0]["draft"]["memory_plan"]
     text = spec.render(r)
     assert "code-edits:" in text and "ours ngram" in text and "command: scratchllm" in text
+
+
+@pytest.mark.parametrize("flag", ["--cases", "--max-tokens"])
+def test_a_count_below_one_is_one_line(flag, capsys):
+    from scratchllm.cli.main import main
+
+    assert main(["bench", "spec", flag, "0"]) == 2
+    assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
