@@ -13,8 +13,9 @@ DEFAULT_DTYPE = "auto"
 # "int16" (16 bits as two 8-bit levels, two dot products per weight byte: logits about 256 times
 # closer, nearly as fast where memory binds)
 ACTIVATIONS = ("float32", "int8", "int16")
-DTYPE_HELP = ("weight matrices: auto (default: for a Llama GGUF file with quantized blocks int16 where the "
-              "CPU has VNNI dot products, quantized elsewhere; float32 otherwise); float32 (the reference's "
+DTYPE_HELP = ("weight matrices: auto (default: for a Llama GGUF file with quantized blocks, where the CPU "
+              "has VNNI dot products, int8 for models of 0.4B parameters or more and int16 below, quantized "
+              "on other CPUs; float32 otherwise); float32 (the reference's "
               "numbers); bfloat16 (Llama; about 1.7x faster matmuls with AVX512-BF16, logits differ in the "
               "third digit); quantized (Llama from a GGUF file: keeps its quantized blocks, exact float32 "
               "products: the dequantized float32 model's logits bit for bit); int16 (the same blocks times "

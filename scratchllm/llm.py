@@ -50,14 +50,15 @@ class LLM:
     `max_model_len`: the longest prompt + completion (default: the model's context).
     `threads`: matmul (and BLAS) threads for this process (default: leave as is). 1 is often
     faster on a machine whose cores other jobs share; see scratchllm/models/threads.py.
-    `dtype`: "auto" (default: for a Llama GGUF file with quantized blocks "int16" where the
-    CPU has VNNI dot products and "quantized" elsewhere, else "float32"), "float32" (the
+    `dtype`: "auto" (default: for a Llama GGUF file with quantized blocks, where the CPU has VNNI
+    dot products, "int8" for models of 0.4B parameters or more and "int16" below; "quantized" on
+    other CPUs; else "float32"), "float32" (the
     reference's numbers), "bfloat16" (faster matmuls, logits that differ in the third digit),
     "quantized" (a GGUF file's quantized blocks kept as they are, exact float32 products: the
     dequantized float32 model's logits bit for bit), "int16"
     (the same blocks times activations rounded to 16 bits, integer dot products: faster, logits
-    within about 1e-3 of float32's) or "int8" (activations rounded to 8 bits, as llama.cpp does:
-    the fastest); see scratchllm/models/packed.py.
+    within about 1e-3 of float32's) or "int8" (activations rounded to 8 bits per 32 values, as
+    llama.cpp does: the fastest); see scratchllm/models/packed.py.
     `trace`: a path: the engine writes every token into a trace ring there (docs/tracing.md;
     read it with `scratchllm trace watch|heatmap|export PATH`).
     A step of the load that runs over a second (packing a large model's matrices on its first

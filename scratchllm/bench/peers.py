@@ -56,6 +56,7 @@ from scratchllm.bench.common import (
     status_mb,
     weight_bytes_per_token,
 )
+from scratchllm.dtypes import DEFAULT_DTYPE, DTYPES
 
 if TYPE_CHECKING:  # for the annotation only: a child process imports it where it loads the model
     from scratchllm.llm import LLM
@@ -97,6 +98,7 @@ class Spec(TypedDict):
     batch_ids: NotRequired[list[list[int]]]  # the peer's batch alone, on these prompts (peer_batch)
     sequences: NotRequired[int]  # ours: only the n-sequence row (load, then n prompts of 32 ids at once)
     kv_cache_dtype: NotRequired[str]  # ours: the engine's KV-cache dtype (default auto)
+    dtype: NotRequired[str]  # ours: the weights' dtype (load_model's; default auto)
 
 
 class Ids(TypedDict):
@@ -124,6 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-draft", default=None, metavar="MODEL",
                         help="a draft model for those rows, both sides (default: n-gram rows only)")
     add_kv_cache_dtype_argument(parser)
+    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE,
+                        help="our side's weight dtype (default auto; int8 rounds x to 8 bits as llama.cpp does)")
 
 
 def peer_installed() -> bool:
@@ -171,12 +175,14 @@ def _ours(spec: Spec, probe: Callable[[str, "LLM"], None] = _no_probe) -> dict[s
     from scratchllm.sampling import SamplingParams
 
     t = time.perf_counter()
-    llm = LLM(spec["path"], threads=spec["threads"], kv_cache_dtype=spec.get("kv_cache_dtype", "auto"))
+    llm = LLM(spec["path"], threads=spec["threads"], kv_cache_dtype=spec.get("kv_cache_dtype", "auto"),
+              dtype=spec.get("dtype", DEFAULT_DTYPE))
     out: dict[str, Any] = {"load_s": time.perf_counter() - t, "rss_after_load_mb": _rss_mb()}
     probe("load", llm)
     model: LoadedModel = llm.model
     kv_dtype = llm.engine.plan.kv_dtype
     out["kv_cache_dtype"] = kv_dtype
+    out["dtype"] = llm.model.dtype
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0.0, ignore_eos=True)
     if "sequences" in spec:  # the n-sequence row alone: n prompts of 32 ids at once
         prompts = np.random.default_rng(2).integers(min(100, model.config.vocab_size // 2), model.config.vocab_size,
@@ -334,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec: Spec
     spec = {"path": str(path), "threads": args.threads, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "decode_context": args.decode_context, "batch": args.batch,
-            "kv_cache_dtype": args.kv_cache_dtype}
+            "kv_cache_dtype": args.kv_cache_dtype, "dtype": args.dtype}
     context = ckpt.metadata.get(f"{ckpt.metadata.get('general.architecture')}.context_length")
     if context is not None and _positions_needed(spec) > context:
         raise ConfigError(f"the rows need {_positions_needed(spec)} positions (--prompt-tokens, --decode-context + "
@@ -373,6 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                         "top2_gap": gaps}
         result["inputs"]["peer_version"] = rounds[PEER][0]["version"]
     result["inputs"]["ours_kv_cache_dtype"] = rounds["ours"][0]["kv_cache_dtype"]
+    result["inputs"]["ours_dtype"] = rounds["ours"][0].get("dtype")
     if peers_llama_cpp.available():
         result["llama_cpp_tools"] = measure_tools(spec, sequences, args.rounds, rounds["ours"])
     for section in SECTIONS:
@@ -442,7 +449,7 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"  they part at step {g['step']} (ours {g['ours_token']}, {PEER} {g['peer_token']}), "
                          f"where the two best logits were {g['top2_gap']['ours']:.3g} apart for ours and "
                          f"{g['top2_gap'][PEER]:.3g} for {PEER}: a near-tie if small beside the logits' spread")
-    lines.append(f"ours: KV cache {i.get('ours_kv_cache_dtype', '?')}")
+    lines.append(f"ours: weights {i.get('ours_dtype', '?')}, KV cache {i.get('ours_kv_cache_dtype', '?')}")
     if "llama_cpp_tools" in r:
         lines += peers_llama_cpp.render(r["llama_cpp_tools"], i)
     else:

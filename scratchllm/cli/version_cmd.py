@@ -55,7 +55,8 @@ def report() -> dict[str, Any]:
             "compiled_features": list(packed_gemm.COMPILED_FEATURES),
             "floats_per_vector": packed_gemm.NR // 2, "panel_width": packed_gemm.NR, "tile_rows": packed_gemm.MAXR,
             "integer_products": packed_gemm.INT8_DOT, "bfloat16_dot_instruction": packed_gemm.HAVE_AVX512_BF16,
-            "auto_dtype_for_quantized_gguf": "int16" if packed_gemm.INT_DOT_INSTRUCTION else "quantized",
+            "auto_dtype_for_quantized_gguf": ("int8 (0.4B parameters or more), int16 (smaller)"
+                                             if packed_gemm.INT_DOT_INSTRUCTION else "quantized"),
         }
     return out
 

@@ -262,25 +262,44 @@ def log_float32_matrices(model: FamilyModel, weights: GGUFAsHF, ckpt: Checkpoint
                     len(names), f32_bytes / 2**20, file_bytes / 2**20, ", ".join(n for _, n in sorted(names)))
 
 
+# "auto" rounds x to 8 bits (dtype "int8") for models of at least this many parameters, to 16
+# bits ("int16") below. Measured with `scratchllm bench accuracy` against the dequantized float32
+# model (docs/kernels.md): on Qwen2.5-Coder 0.5B and 1.5B, int8's logits are closer to float32's
+# than llama.cpp's on every count (largest difference, argmax, greedy agreement); on SmolLM2-135M
+# and Gemma 3 270M they are further on some prompts' greedy agreement, so those keep int16.
+# int8 halves the products' arithmetic: at 1.5B, 1.4x int16's prefill and 16-sequence throughput.
+INT8_MIN_PARAMETERS = 400_000_000
+
+
+def parameter_count(ckpt: Checkpoint) -> int:
+    """Elements of every tensor in the checkpoint (the model's parameters)."""
+    return sum(info.numel for info in ckpt.infos.values())
+
+
 def auto_dtype(ckpt: Checkpoint, config: ModelConfig) -> str:
     """What dtype "auto" means for this checkpoint: its own quantized blocks where the model can
     compute on them (Llama family, GGUF tensors of ggml_quants.KERNEL_TYPES), else float32. The
-    blocks are multiplied by activations rounded to 16 bits ("int16": within about 1e-3 of the
-    exact logits) where this build has a dot-product instruction (AVX512-VNNI, AVX-VNNI), with
-    which that beats the exact "quantized" products at every batch size measured; without it
-    (AVX2), "int16" is faster at decode but slower at prefill, and auto keeps the exact path
-    (docs/kernels.md)."""
+    blocks are multiplied by activations rounded to integers where this build has a dot-product
+    instruction (AVX512-VNNI, AVX-VNNI), with which that beats the exact "quantized" products at
+    every batch size measured: to 8 bits ("int8", as llama.cpp does) for models of
+    INT8_MIN_PARAMETERS or more, where that was measured no further from float32's logits than
+    llama.cpp's, to 16 bits ("int16": within about 1e-3 of the exact logits) for smaller ones.
+    Without such an instruction (AVX2), the integer products are faster at decode but slower at
+    prefill, and auto keeps the exact path (docs/kernels.md)."""
     if config.family != "llama" or not _has_quantized_blocks(ckpt):
         return "float32"
-    return "int16" if packed_gemm.INT_DOT_INSTRUCTION else "quantized"
+    if not packed_gemm.INT_DOT_INSTRUCTION:
+        return "quantized"
+    return "int8" if parameter_count(ckpt) >= INT8_MIN_PARAMETERS else "int16"
 
 
 def load_model(ref: str | Path = "default", dtype: str = "auto", checkpoint: Checkpoint | None = None) -> FamilyModel:
     """`default`, `minilm`, a .gguf / .safetensors / pytorch_model.bin file or a model folder.
 
     `dtype`: how the weight matrices are stored and multiplied. "auto" (default) is, for a
-    Llama-family GGUF file that has quantized matrices, "int16" where the build has VNNI dot
-    products and "quantized" elsewhere (auto_dtype), and "float32" otherwise. "float32" computes
+    Llama-family GGUF file that has quantized matrices, "int8" (0.4B parameters or more) or
+    "int16" (smaller models) where the build has VNNI dot products and "quantized" elsewhere
+    (auto_dtype), and "float32" otherwise. "float32" computes
     what the reference computes; "bfloat16" (Llama family) halves the weight bytes and runs the
     matmuls on AVX512-BF16, at the price of logits that differ in the third digit; "quantized"
     (Llama family, GGUF files) keeps the file's quantized matrices in memory (Q4_0 / Q4_1 as 4 bits
