@@ -57,3 +57,35 @@ def test_measured_steps_decide_over_the_fit():
     assert plan([0.9], [5], cost) == [2]
     assert plan([0.9], [5], StepCost(fixed=1.0, per_row=0.2)) == [5]  # the fit alone: linear, cheap rows
     assert cost.seconds(3) == 1.2 and cost.seconds(9) == 1.0 + 0.2 * 9 and cost.added(3, 1) == 0.8
+
+
+def test_a_request_the_rule_keeps_from_drafting_is_probed_with_backoff():
+    """A request whose estimate rests on a pessimistic prior never drafts by the rule, so it would
+    never be measured: after PROBE_INTERVAL steps without a draft it drafts PROBE_LENGTH tokens;
+    a probe with nothing accepted doubles the interval, one accepted resets it."""
+    from scratchllm.engine.request import Request
+    from scratchllm.engine.speculative import speculator as sp
+    from scratchllm.engine.speculative.config import SpeculativeConfig
+    from scratchllm.sampling import SamplingParams
+
+    spec = sp.Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
+                                           prompt_lookup_max=2), max_model_len=10_000)
+    spec.cost = lambda: StepCost(1.0, 5.0)  # a row costs five steps: the rule never drafts
+    req = Request("r", [1, 2, 3] * 50, SamplingParams(max_tokens=1000), None)  # lookups always find a proposal
+
+    def steps_to_probe() -> int:
+        for n in range(1, 1000):
+            drafts = spec.propose([req])
+            if drafts:
+                assert len(drafts[req].tokens) == sp.PROBE_LENGTH
+                return n
+        raise AssertionError("no probe")
+
+    assert steps_to_probe() == sp.PROBE_INTERVAL
+    spec.verified(req, sp.PROBE_LENGTH, 0, 1)  # rejected: the next probe waits twice as long
+    assert steps_to_probe() == 2 * sp.PROBE_INTERVAL
+    spec.verified(req, sp.PROBE_LENGTH, 2, 3)  # accepted: back to the first interval
+    assert steps_to_probe() == sp.PROBE_INTERVAL
+    adaptive_off = sp.Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
+                                                   prompt_lookup_max=2, adaptive=False), max_model_len=10_000)
+    assert len(adaptive_off.propose([req])[req].tokens) == 4  # no rule, no probes: the fixed length

@@ -13,7 +13,8 @@ often chance, a 4-token one rarely), for a draft model one source.
 Per step: nothing when `disable_by_batch_size` requests or more decode (the hard switch); else
 each request's most drafts (the config's k, its tokens left before max_tokens, its positions left
 before the context's end, and for n-grams what its lookup found), then the draft-length rule
-(draft_length.plan) over the measured cost of the step's rows and draft forwards, then the drafts
+(draft_length.plan) over the measured cost of the step's rows and draft forwards, with a short
+probe for a request that has not drafted for a while (PROBE_INTERVAL), then the drafts
 themselves: the n-gram proposals cut to length, or the draft model's forwards.
 
 The cost of a step is measured on steps that only decode (a prefill chunk's rows cost more each,
@@ -52,6 +53,13 @@ IDLE_DECAY = 0.99  # per step without a draft: the estimate drifts back toward t
 # cost fit and the acceptance estimate are estimates, and a wrong draft costs a row for nothing
 MARGIN = 1.1
 MEASURED_ROWS = 64  # steps of up to this many rows are timed by their size (the products' cost is not linear)
+# A request the rule keeps from drafting is measured no more, and its estimate rests on the prior:
+# after PROBE_INTERVAL steps without a draft it drafts PROBE_LENGTH tokens anyway (a probe), and
+# the interval doubles after each probe that had nothing accepted (up to PROBE_MAX_INTERVAL), so
+# a method that does not pay costs at most a short draft every so often.
+PROBE_INTERVAL = 16
+PROBE_MAX_INTERVAL = 256
+PROBE_LENGTH = 2
 
 
 @dataclass
@@ -85,6 +93,8 @@ class Speculator:
         self.step_time = StepTimeModel()
         self.row_seconds: dict[int, float] = {}  # a decode-only step's seconds by its rows (moving averages)
         self.counters = SpecCounters()
+        self.probes: dict[str, list[int]] = {}  # request id -> [steps without a draft, its probe interval]
+        self.probing: set[str] = set()  # requests whose draft this step is a probe
 
     # --- before the step ---
     def propose(self, decodes: list[Request]) -> dict[Request, Draft]:
@@ -113,6 +123,7 @@ class Speculator:
                 prior = self.by_source.get(n, Acceptance()).rate(overall, PRIOR_WEIGHT)
                 rates.append(self.acceptance.setdefault(r.request_id, Acceptance()).rate(prior, PRIOR_WEIGHT))
             ks = plan(rates, limits, self.cost(), cfg.draft_min, MARGIN)
+            ks = self._probe(decodes, limits, ks)
         else:
             ks = [k if k >= max(cfg.draft_min, 1) else 0 for k in limits]
         self._idle([r for r, k in zip(decodes, ks, strict=True) if k == 0])
@@ -124,6 +135,23 @@ class Speculator:
             drafts = {r: d for (r, _), d in zip(chosen, made, strict=True) if d.tokens}
         drafts = {r: self._to_end(r, d) for r, d in drafts.items()}
         return {r: d for r, d in drafts.items() if d.tokens and len(d.tokens) >= cfg.draft_min}
+
+    def _probe(self, decodes: list[Request], limits: list[int], ks: list[int]) -> list[int]:
+        """ks with a probe for each request that has not drafted for its probe interval."""
+        self.probing = set()
+        length = max(PROBE_LENGTH, self.config.draft_min)
+        out = []
+        for r, limit, k in zip(decodes, limits, ks, strict=True):
+            state = self.probes.setdefault(r.request_id, [0, PROBE_INTERVAL])
+            if k == 0:
+                state[0] += 1
+                if state[0] >= state[1] and limit >= length:
+                    k = length
+                    self.probing.add(r.request_id)
+            if k:
+                state[0] = 0
+            out.append(k)
+        return out
 
     def _to_end(self, req: Request, draft: Draft) -> Draft:
         """The draft up to its first end token (the request's stop tokens, the model's tokens that
@@ -181,6 +209,9 @@ class Speculator:
         self.acceptance.setdefault(req.request_id, Acceptance()).record(drafted, accepted, DECAY)
         self.overall.record(drafted, accepted, 1.0)
         self.by_source.setdefault(self.sources.get(req.request_id, 0), Acceptance()).record(drafted, accepted, 1.0)
+        state = self.probes.get(req.request_id)
+        if state is not None and req.request_id in self.probing:  # a probe: back off while it finds nothing
+            state[1] = PROBE_INTERVAL if accepted else min(2 * state[1], PROBE_MAX_INTERVAL)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step that only decoded (verifications included) computed `rows` rows in `seconds`."""
@@ -193,6 +224,7 @@ class Speculator:
     def release(self, request_id: str) -> None:
         self.indexes.pop(request_id, None)
         self.acceptance.pop(request_id, None)
+        self.probes.pop(request_id, None)
         if self.draft is not None:
             self.draft.release(request_id)
 
