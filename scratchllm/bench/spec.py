@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default=None, metavar="B,B,...",
                         help="also code edits B at once, without, with forced and with default n-gram speculation "
                              "(scratchllm/bench/spec_batch.py: the measurement behind disable_by_batch_size)")
+    parser.add_argument("--in-turns", action="store_true",
+                        help="run our sides in one process, taking turns case by case (on a machine whose speed "
+                             "drifts between processes, their ratios are then paired in time; peak RSS is the "
+                             "process's, all sides together)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
 
@@ -69,28 +73,52 @@ def speculative_config(side: str, spec: dict[str, Any]) -> dict[str, Any] | None
     return None
 
 
-def _ours(spec: dict[str, Any]) -> dict[str, Any]:
-    """One of our configurations on every case (a child process's work)."""
+def _load(side: str, spec: dict[str, Any]) -> Any:
     from scratchllm.llm import LLM
     from scratchllm.sampling import SamplingParams
 
-    llm = LLM(spec["model"], threads=spec["threads"], speculative_config=speculative_config(spec["side"], spec))
+    llm = LLM(spec["model"], threads=spec["threads"], speculative_config=speculative_config(side, spec))
     cases = load_cases(spec["workloads"], spec["cases"])
     llm.chat(cases[0].messages, SamplingParams(max_tokens=8, temperature=0.0))  # warm: page tables, caches
-    out = []
-    for case in cases:
-        params = SamplingParams(max_tokens=spec["max_tokens"] or case.max_tokens, temperature=0.0)
-        result = llm.chat(case.messages, params)
-        m = result.metrics
-        assert m is not None
-        out.append({"workload": case.workload, "id": case.case_id, "decoded": len(result.token_ids) - 1,
-                    "decode_s": m.decode_ms / 1e3, "drafted": m.spec_drafted, "accepted": m.spec_accepted,
-                    "token_ids": result.token_ids})
+    return llm
+
+
+def _case(llm: Any, case: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    from scratchllm.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=spec["max_tokens"] or case.max_tokens, temperature=0.0)
+    result = llm.chat(case.messages, params)
+    m = result.metrics
+    assert m is not None
+    return {"workload": case.workload, "id": case.case_id, "decoded": len(result.token_ids) - 1,
+            "decode_s": m.decode_ms / 1e3, "drafted": m.spec_drafted, "accepted": m.spec_accepted,
+            "token_ids": result.token_ids}
+
+
+def _ours(spec: dict[str, Any]) -> dict[str, Any]:
+    """One of our configurations on every case (a child process's work)."""
+    llm = _load(spec["side"], spec)
+    out = [_case(llm, case, spec) for case in load_cases(spec["workloads"], spec["cases"])]
     return {"cases": out, "peak_rss_mb": status_mb("self", "VmHWM"), "memory_plan": llm.engine.plan.describe()}
 
 
+def _ours_in_turns(spec: dict[str, Any]) -> dict[str, Any]:
+    """Our configurations spec["sides"] in one process, taking turns on each case (the order
+    reversed every other case): {side: its figures}, as _ours gives them."""
+    sides: list[str] = spec["sides"]
+    llms = {side: _load(side, spec) for side in sides}
+    out: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for i, case in enumerate(load_cases(spec["workloads"], spec["cases"])):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            out[side].append(_case(llms[side], case, spec))
+    peak = status_mb("self", "VmHWM")
+    return {side: {"cases": out[side], "peak_rss_mb": peak, "memory_plan": llms[side].engine.plan.describe()}
+            for side in sides}
+
+
 def child_main() -> None:
-    print(json.dumps(_ours(json.loads(sys.argv[1]))))
+    spec = json.loads(sys.argv[1])
+    print(json.dumps(_ours_in_turns(spec) if "sides" in spec else _ours(spec)))
 
 
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +128,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     if done.returncode:
         from scratchllm.errors import ConfigError
 
-        raise ConfigError(f"our {spec['side']} side failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
+        who = spec.get("side") or ",".join(spec["sides"])
+        raise ConfigError(f"our {who} side failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
 
@@ -143,12 +172,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tok = Tokenizer.from_pretrained(args.model)
     prompts = [(c.workload, c.case_id, tok.apply_chat_template(c.messages, add_generation_prompt=True), c.max_tokens)
                for c in cases]
-    jobs = sides + (["tg128"] if peers else [])
+    ours = [s for s in sides if s in OURS]
+    in_turns = bool(args.in_turns and ours)
+    jobs = (["ours"] if in_turns else ours) + peers + (["tg128"] if peers else [])
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         done: dict[str, Any] = {"loadavg_1min": []}
         for side in jobs if r % 2 == 0 else jobs[::-1]:
-            if side in OURS:
+            if side == "ours":
+                done |= run_ours({**spec, "sides": ours if r % 2 == 0 else ours[::-1]})
+            elif side in OURS:
                 done[side] = run_ours({**spec, "side": side})
             elif side == "tg128":
                 done[side] = spec_peers.tg128(spec["target_path"], args.threads)
@@ -156,7 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 done[side] = run_peer(side, spec, prompts)
             done["loadavg_1min"].append(os.getloadavg()[0])
         rounds.append(done)
-    result: dict[str, Any] = {"bench": "spec", "inputs": dict(spec), "sides": sides,
+    result: dict[str, Any] = {"bench": "spec", "inputs": {**spec, "in_turns": in_turns}, "sides": sides,
                               "rows": summarize(rounds, sides, workloads) if sides else {}, "rounds": rounds,
                               "machine": machine_facts(), "command": "scratchllm " + " ".join(sys.argv[1:])}
     if batches:
@@ -236,6 +269,8 @@ def render(r: dict[str, Any]) -> str:
             best = rows[w]["ngram"]["vs_best_llama_ngram"]
             lines.append(f"ours ngram / the best of llama.cpp's n-gram modes: {best:.2f}x")
     lines += ["", "peak RSS, MB: " + ", ".join(f"{s} {mb:.0f}" for s, mb in rows["peak_rss_mb"].items())]
+    if r["inputs"].get("in_turns"):
+        lines.append("ours: every side in one process, taking turns case by case (its peak RSS is theirs together)")
     if "draft" in r["sides"]:
         lines.append("ours draft, its memory plan: " + r["rounds"][0]["draft"]["memory_plan"])
     lines += extra

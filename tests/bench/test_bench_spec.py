@@ -79,6 +79,25 @@ def test_a_short_run_of_ours_measures_and_checks_identity():
     assert "code-edits:" in text and "ours ngram" in text and "command: scratchllm" in text
 
 
+@pytest.mark.slow
+def test_in_turns_runs_our_sides_in_one_process_case_by_case():
+    import argparse
+
+    from scratchllm.bench import spec
+
+    parser = argparse.ArgumentParser()
+    spec.add_arguments(parser)
+    r = spec.run(parser.parse_args(["--model", "default", "--draft", "default", "--cases", "1", "--max-tokens", "12",
+                                    "--rounds", "2", "--sides", "off,ngram", "--in-turns", "--workloads",
+                                    "code-edits"]))
+    assert r["inputs"]["in_turns"] and len(r["rounds"]) == 2
+    for rnd in r["rounds"]:  # one process: every side reports that process's peak
+        assert rnd["off"]["peak_rss_mb"] == rnd["ngram"]["peak_rss_mb"] > 0
+    row = r["rows"]["code-edits"]
+    assert row["ngram"]["identical"] == "2/2" and row["off"]["decode_tok_s"] > 0
+    assert "taking turns case by case" in spec.render(r)
+
+
 @pytest.mark.parametrize("flag", ["--cases", "--max-tokens"])
 def test_a_count_below_one_is_one_line(flag, capsys):
     from scratchllm.cli.main import main
