@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from scratchllm.formats.refs import resolve_model  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
 from scratchllm.tokenizer import Tokenizer  # noqa: E402
+from tests.gguf_reference import file_config, gguf_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -26,17 +27,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a t
 def reference():
     """transformers' reading of the file: its config and its dequantized, renamed tensors (what
     from_pretrained(gguf_file=) does, without the accelerate package it asks for)."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
     path = resolve_model("gemma3-270m")
-    config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    config = file_config(path)
     config._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]  # ~40 s: once
-    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    model.tie_weights()
-    return model.eval()
+    return gguf_model(path, config)  # ~40 s: once
 
 
 @pytest.fixture(scope="module")

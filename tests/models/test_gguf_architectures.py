@@ -31,6 +31,7 @@ gguf = pytest.importorskip("gguf")
 from scratchllm.engine.paged_attention import PagedSequence  # noqa: E402
 from scratchllm.formats import load_checkpoint  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+from tests.gguf_reference import file_config, gguf_model  # noqa: E402
 from tests.models.test_kquant_gguf import _our_greedy, _script  # noqa: E402
 
 TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q4_0", "Q4_1", "Q8_0")
@@ -177,10 +178,8 @@ def reference(path: Path, name: str):
     head size (attention.key_length) and Llama 3's rope scaling (the file's rope_freqs.weight,
     from these parameters)."""
     if path not in _REFERENCES:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
         extra = ARCHS[name][3]
-        config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = file_config(path)
         if name in ("mistral", "phi3"):
             config.sliding_window = extra["sliding_window"]
         if name == "gemma2":
@@ -198,19 +197,14 @@ def reference(path: Path, name: str):
             config.rope_parameters = dict(LLAMA3_ROPE)
         config.pad_token_id = config.eos_token_id = None  # the file has no tokenizer (Phi-3's defaults are 32000)
         config._attn_implementation = "eager"
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        assert type(model).__name__.lower().startswith(name.rstrip("3") if name != "gemma3" else name), model
         # transformers finds the file's name for each tensor through gguf-py's table of
         # architectures, which lists no "mistral" (llama.cpp files Mistral under llama): the
         # tensors are read for a Llama of the same shape, whose parameters have the same names
-        names = model if name != "mistral" else transformers.LlamaForCausalLM(
+        names = None if name != "mistral" else transformers.LlamaForCausalLM(
             transformers.LlamaConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"}))
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names)["tensors"]
-        missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-        if config.tie_word_embeddings:
-            model.tie_weights()
-        _REFERENCES[path] = model.eval()
+        model = gguf_model(path, config, names)
+        assert type(model).__name__.lower().startswith(name.rstrip("3") if name != "gemma3" else name), model
+        _REFERENCES[path] = model
     return _REFERENCES[path]
 
 

@@ -24,6 +24,7 @@ from scratchllm.formats import ggml_quants as gq  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
 from scratchllm.models.llama_params import QuantizedRows  # noqa: E402
 from scratchllm.models.packed import PackedWeight  # noqa: E402
+from tests.gguf_reference import gguf_model  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_random_gguf.py"
 VOCAB = 320
@@ -54,16 +55,7 @@ def reference(path: Path):
     config from the file, and load_gguf_checkpoint, the reader from_pretrained(gguf_file=) calls:
     from_pretrained itself insists on the `accelerate` package)."""
     if path not in _REFERENCES:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-        missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}
-        if config.tie_word_embeddings:
-            model.tie_weights()
-        _REFERENCES[path] = model.eval()
+        _REFERENCES[path] = gguf_model(path)
     return _REFERENCES[path]
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
+from tests.gguf_reference import gguf_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -22,21 +23,8 @@ CHAT_PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520
 
 @pytest.fixture(scope="module")
 def reference(default_gguf):
-    """transformers' LlamaForCausalLM with the GGUF's weights, dequantized by the `gguf` package.
-
-    from_pretrained(gguf_file=...) insists on the `accelerate` package only to place weights on
-    devices; we take its two documented halves instead: the config from the file, and
-    load_gguf_checkpoint (the same reader from_pretrained calls) for the tensors.
-    """
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config = transformers.AutoConfig.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(default_gguf), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
-    model.tie_weights()
-    return model.eval()
+    """transformers' LlamaForCausalLM with the GGUF's weights, dequantized by the `gguf` package."""
+    return gguf_model(default_gguf)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,8 @@ from scratchllm.tokenizer.fim import RepoFile
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.gguf_reference import gguf_model  # noqa: E402
+
 pytestmark = pytest.mark.slow
 MODEL = "qwen2.5-coder-0.5b"
 FILES = [RepoFile("math_utils.py", "def square(x):\n    return x * x\n"),
@@ -53,15 +55,8 @@ def documented(prefix, suffix, files):
 @pytest.fixture(scope="module")
 def reference():
     """transformers' model (the GGUF dequantized to float32, as test_smollm2.py loads it) and tokenizer."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
     path = resolve_model(MODEL)
-    config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    model.tie_weights()
+    model = gguf_model(path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tokenizer
 

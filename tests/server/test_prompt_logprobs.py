@@ -76,16 +76,10 @@ PROMPTS = ["The capital of France is Paris.", "def add(a, b):\n    return a + b"
 @pytest.mark.slow
 def test_prompt_logprobs_equal_transformers_on_the_default_model(serve, default_gguf):
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    pytest.importorskip("transformers")
+    from tests.gguf_reference import gguf_model
 
-    # transformers reads the same GGUF, dequantized to float32 (tests/models/test_smollm2.py)
-    config = transformers.AutoConfig.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
-    reference = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(default_gguf), return_tensors=True, model_to_load=reference)["tensors"]
-    reference.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    reference.tie_weights()
-    reference.eval()
+    reference = gguf_model(default_gguf)  # transformers reads the same GGUF, dequantized to float32
     # chunks of 8 tokens: every prompt's prefill runs in several steps
     served = load_model("default", "default", {"dtype": "float32", "kv_cache_dtype": "float32",
                                                 "max_num_batched_tokens": 8})
