@@ -60,7 +60,7 @@ def console_sink(model: str, stream: IO[str] | None = None, show_after_s: float 
     def sink(step: str, done: int, total: int) -> None:
         began = started.setdefault(step, time.monotonic())
         if step not in shown and done < total and time.monotonic() - began >= after:
-            shown[step] = (progress_class(out)(total=total, initial=done, desc=f"{model}: {step}", unit="part",
+            shown[step] = (progress_class(out)(total=total, initial=done, desc=f"{model}: {step}", unit="parts",
                                                file=out), done)
         if step in shown:
             bar, counted = shown[step]
