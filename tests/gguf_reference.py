@@ -39,3 +39,19 @@ def gguf_model(path: Path, config: Any = None, names: Any = None) -> Any:
     else:
         assert not missing, missing
     return model.eval()
+
+
+def steps_before_near_tie(got: list[int], want: Any, near_tie: float) -> int:
+    """Our greedy picks `got` against transformers' logits rows `want` (row i: before pick i), up
+    to the first row whose top two are within `near_tie` of its largest |logit| (from there either
+    pick is right): each pick must be the row's argmax. The steps checked."""
+    import numpy as np
+
+    checked = 0
+    for step, row in enumerate(want[: len(got)]):
+        top2 = np.sort(row)[-2:]
+        if top2[1] - top2[0] < near_tie * np.abs(row).max():
+            break  # a near-tie: from here the two greedy paths may part
+        assert got[step] == int(row.argmax()), f"step {step}: we picked {got[step]}, transformers {row.argmax()}"
+        checked += 1
+    return checked

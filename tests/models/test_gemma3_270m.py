@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from scratchllm.formats.refs import resolve_model  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
 from scratchllm.tokenizer import Tokenizer  # noqa: E402
-from tests.gguf_reference import file_config, gguf_model  # noqa: E402
+from tests.gguf_reference import file_config, gguf_model, steps_before_near_tie  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,11 +73,5 @@ def test_greedy_past_the_sliding_window(ours, reference):
         got.append(int(logits[-1].argmax()))
         logits = model.forward(np.array(got[-1:]), np.array([len(prompt) + step]), cache)
     want = _ref_logits(reference, prompt + got, steps + 1)  # transformers' logits before each of our picks
-    checked = 0
-    for step, row in enumerate(want[:steps]):
-        top2 = np.sort(row)[-2:]
-        if top2[1] - top2[0] < NEAR_TIE * np.abs(row).max():
-            break  # a near-tie: from here the two greedy paths may part
-        assert got[step] == int(row.argmax()), f"step {step}: we picked {got[step]}, transformers {row.argmax()}"
-        checked += 1
+    checked = steps_before_near_tie(got, want, NEAR_TIE)
     assert checked >= 4, f"only {checked} steps before a near-tie"

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from scratchllm.formats.refs import resolve_model  # noqa: E402
 from scratchllm.models import ContiguousKVCache, load_model  # noqa: E402
 from scratchllm.tokenizer import Tokenizer  # noqa: E402
-from tests.gguf_reference import file_config, gguf_model  # noqa: E402
+from tests.gguf_reference import file_config, gguf_model, steps_before_near_tie  # noqa: E402
 
 LARGE = os.environ.get("SCRATCHLLM_TEST_LARGE") == "1"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LARGE, reason="minutes of transformers on 2 cores: "
@@ -77,14 +77,7 @@ def _check(pair, prompt: list[int]) -> int:
     got = _ours_greedy(model, prompt, STEPS)
     with torch.no_grad():
         want = reference(torch.tensor([prompt + got]), logits_to_keep=STEPS + 1).logits[0].numpy()
-    checked = 0
-    for step, row in enumerate(want[:STEPS]):
-        top2 = np.sort(row)[-2:]
-        if top2[1] - top2[0] < NEAR_TIE * np.abs(row).max():
-            break  # a near-tie: from here the two greedy paths may part
-        assert got[step] == int(row.argmax()), f"step {step}: we picked {got[step]}, transformers {row.argmax()}"
-        checked += 1
-    return checked
+    return steps_before_near_tie(got, want, NEAR_TIE)
 
 
 @pytest.mark.parametrize("kind", ["chat", "code", "chinese"])
