@@ -62,7 +62,8 @@ def test_measured_steps_decide_over_the_fit():
 def test_a_request_the_rule_keeps_from_drafting_is_probed_with_backoff():
     """A request whose estimate rests on a pessimistic prior never drafts by the rule, so it would
     never be measured: after PROBE_INTERVAL steps without a draft it drafts PROBE_LENGTH tokens;
-    a probe with nothing accepted doubles the interval, one accepted resets it."""
+    each probe doubles the interval, accepted or not (drafts that are accepted yet do not pay must
+    not be probed every PROBE_INTERVAL steps); a draft the rule itself chooses resets it."""
     from scratchllm.engine.request import Request
     from scratchllm.engine.speculative import speculator as sp
     from scratchllm.engine.speculative.config import SpeculativeConfig
@@ -84,7 +85,15 @@ def test_a_request_the_rule_keeps_from_drafting_is_probed_with_backoff():
     assert steps_to_probe() == sp.PROBE_INTERVAL
     spec.verified(req, sp.PROBE_LENGTH, 0, 1)  # rejected: the next probe waits twice as long
     assert steps_to_probe() == 2 * sp.PROBE_INTERVAL
-    spec.verified(req, sp.PROBE_LENGTH, 2, 3)  # accepted: back to the first interval
+    spec.verified(req, sp.PROBE_LENGTH, 2, 3)  # accepted, but a row still costs five steps: twice again
+    assert steps_to_probe() == 4 * sp.PROBE_INTERVAL
+    for _ in range(10):
+        spec.verified(req, sp.PROBE_LENGTH, 0, 1)
+        steps_to_probe()
+    assert steps_to_probe() == sp.PROBE_MAX_INTERVAL  # the backoff's ceiling
+    spec.cost = lambda: StepCost(1.0, 0.01)  # rows now cheap: the rule drafts, and the probes start over
+    assert spec.propose([req])  # the step right after a probe: a draft only the rule can have chosen
+    spec.cost = lambda: StepCost(1.0, 5.0)
     assert steps_to_probe() == sp.PROBE_INTERVAL
     adaptive_off = sp.Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
                                                    prompt_lookup_max=2, adaptive=False), max_model_len=10_000)

@@ -51,9 +51,11 @@ class DraftModel:
         self.num_blocks = num_blocks
         self.p_min = p_min
         self.seqs: dict[str, _Sequence] = {}
-        # seconds of a draft forward of one row per request (a moving average; None before one):
-        # the draft-length rule's cost of a draft. A forward that catches a request up (a prompt)
-        # is a prefill, not counted.
+        # seconds of one draft position (a moving average; None before one): a proposal's whole
+        # time (forwards, choosing, the catch-up of the one or two tokens the last verification
+        # emitted) over its forwards; the draft-length rule's cost of a draft. A proposal that
+        # catches a request up by more (a prompt, a stretch without drafts) is not counted: that
+        # is a prefill, paid once.
         self.forward_s: float | None = None
 
     @property
@@ -93,6 +95,7 @@ class DraftModel:
 
     def propose(self, reqs: list[Request], lengths: list[int]) -> list[Draft]:
         """Up to lengths[i] draft tokens for each request (fewer where p_min stops it or the pool is full)."""
+        start = time.perf_counter()
         drafts = [Draft(probs=None if r.params.greedy else []) for r in reqs]
         live: list[int] = []
         feeds: list[list[int]] = []
@@ -104,7 +107,10 @@ class DraftModel:
             if self._grow(seq, len(seq.fed) + len(catch_up) + k - 1):
                 live.append(i)
                 feeds.append(catch_up)
+        regular = all(len(f) <= 2 for f in feeds)  # only what a verification emits to catch up
+        forwards = 0
         while live:
+            forwards += 1
             logits = self._forward([reqs[i] for i in live], feeds)
             nxt_live, nxt_feeds = [], []
             for row, i in enumerate(live):
@@ -117,6 +123,9 @@ class DraftModel:
                     nxt_live.append(i)
                     nxt_feeds.append([token])
             live, feeds = nxt_live, nxt_feeds
+        if forwards and regular:
+            seconds = (time.perf_counter() - start) / forwards
+            self.forward_s = seconds if self.forward_s is None else 0.8 * self.forward_s + 0.2 * seconds
         return drafts
 
     def _choose(self, req: Request, row: npt.NDArray[np.float32], draft: Draft) -> int | None:
@@ -140,7 +149,6 @@ class DraftModel:
 
     def _forward(self, reqs: list[Request], feeds: list[list[int]]) -> npt.NDArray[np.float32]:
         """One forward of the draft over each request's fed tokens; the logits of each one's last."""
-        start = time.perf_counter()
         ids: list[int] = []
         pos: list[int] = []
         lens: list[int] = []
@@ -163,7 +171,4 @@ class DraftModel:
         self.attention.set_layout(table, token_seq, positions)
         logits: Any = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.attention,
                                          logits_rows=np.asarray(rows, dtype=np.int64))
-        if len(ids) == len(reqs):
-            seconds = time.perf_counter() - start
-            self.forward_s = seconds if self.forward_s is None else 0.8 * self.forward_s + 0.2 * seconds
         return np.asarray(logits, dtype=np.float32)

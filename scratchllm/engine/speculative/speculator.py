@@ -54,9 +54,11 @@ IDLE_DECAY = 0.99  # per step without a draft: the estimate drifts back toward t
 MARGIN = 1.1
 MEASURED_ROWS = 64  # steps of up to this many rows are timed by their size (the products' cost is not linear)
 # A request the rule keeps from drafting is measured no more, and its estimate rests on the prior:
-# after PROBE_INTERVAL steps without a draft it drafts PROBE_LENGTH tokens anyway (a probe), and
-# the interval doubles after each probe that had nothing accepted (up to PROBE_MAX_INTERVAL), so
-# a method that does not pay costs at most a short draft every so often.
+# after PROBE_INTERVAL steps without a draft it drafts PROBE_LENGTH tokens anyway (a probe). The
+# interval doubles after each probe (up to PROBE_MAX_INTERVAL) and starts over only when the rule
+# itself drafts again: a probe whose drafts are accepted but do not pay (a draft model that agrees
+# with the target yet costs more than it saves) must not recur every PROBE_INTERVAL steps, as
+# each one costs a short draft and, with a draft model, its catch-up over the steps since.
 PROBE_INTERVAL = 16
 PROBE_MAX_INTERVAL = 256
 PROBE_LENGTH = 2
@@ -94,7 +96,6 @@ class Speculator:
         self.row_seconds: dict[int, float] = {}  # a decode-only step's seconds by its rows (moving averages)
         self.counters = SpecCounters()
         self.probes: dict[str, list[int]] = {}  # request id -> [steps without a draft, its probe interval]
-        self.probing: set[str] = set()  # requests whose draft this step is a probe
 
     # --- before the step ---
     def propose(self, decodes: list[Request]) -> dict[Request, Draft]:
@@ -138,18 +139,17 @@ class Speculator:
 
     def _probe(self, decodes: list[Request], limits: list[int], ks: list[int]) -> list[int]:
         """ks with a probe for each request that has not drafted for its probe interval."""
-        self.probing = set()
         length = max(PROBE_LENGTH, self.config.draft_min)
         out = []
         for r, limit, k in zip(decodes, limits, ks, strict=True):
             state = self.probes.setdefault(r.request_id, [0, PROBE_INTERVAL])
-            if k == 0:
+            if k:  # the rule drafts: probes start over from the first interval when it stops
+                state[:] = [0, PROBE_INTERVAL]
+            else:
                 state[0] += 1
                 if state[0] >= state[1] and limit >= length:
                     k = length
-                    self.probing.add(r.request_id)
-            if k:
-                state[0] = 0
+                    state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL)]
             out.append(k)
         return out
 
@@ -209,9 +209,6 @@ class Speculator:
         self.acceptance.setdefault(req.request_id, Acceptance()).record(drafted, accepted, DECAY)
         self.overall.record(drafted, accepted, 1.0)
         self.by_source.setdefault(self.sources.get(req.request_id, 0), Acceptance()).record(drafted, accepted, 1.0)
-        state = self.probes.get(req.request_id)
-        if state is not None and req.request_id in self.probing:  # a probe: back off while it finds nothing
-            state[1] = PROBE_INTERVAL if accepted else min(2 * state[1], PROBE_MAX_INTERVAL)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step that only decoded (verifications included) computed `rows` rows in `seconds`."""
