@@ -62,7 +62,7 @@ def test_a_full_pool_drafts_nothing():
 
 
 def test_a_draft_positions_cost_is_timed_on_regular_proposals_only(monkeypatch):
-    """forward_s, the draft-length rule's cost of one draft position, is a proposal's whole time
+    """draft_s, the draft-length rule's cost of one draft position, is a proposal's whole time
     over its forwards when each request catches up by at most the two tokens a verification
     emits; a proposal that feeds a prompt (a prefill) leaves it as it was."""
     from types import SimpleNamespace
@@ -74,7 +74,7 @@ def test_a_draft_positions_cost_is_timed_on_regular_proposals_only(monkeypatch):
     runner = DraftModel(tiny_llama(seed=7), num_blocks=32, block_size=4)
     req = request([1, 2, 3, 4, 5, 6])
     d = runner.propose([req], [3])[0]
-    assert len(d.tokens) == 3 and runner.forward_s is None  # the prompt's catch-up: not timed
+    assert len(d.tokens) == 3 and runner.draft_s is None  # the prompt's catch-up: not timed
     req.token_ids += d.tokens + [9]  # all three accepted, and the target's own token: catch-up of 2
     runner.propose([req], [2])
-    assert runner.forward_s == 6 / 2  # one 6 s proposal, two forwards
+    assert runner.draft_s == 6 / 2  # one 6 s proposal, two forwards

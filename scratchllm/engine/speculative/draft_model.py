@@ -56,7 +56,7 @@ class DraftModel:
         # emitted) over its forwards; the draft-length rule's cost of a draft. A proposal that
         # catches a request up by more (a prompt, a stretch without drafts) is not counted: that
         # is a prefill, paid once.
-        self.forward_s: float | None = None
+        self.draft_s: float | None = None
 
     @property
     def num_used_blocks(self) -> int:
@@ -125,7 +125,7 @@ class DraftModel:
             live, feeds = nxt_live, nxt_feeds
         if forwards and regular:
             seconds = (time.perf_counter() - start) / forwards
-            self.forward_s = seconds if self.forward_s is None else 0.8 * self.forward_s + 0.2 * seconds
+            self.draft_s = seconds if self.draft_s is None else 0.8 * self.draft_s + 0.2 * seconds
         return drafts
 
     def _choose(self, req: Request, row: npt.NDArray[np.float32], draft: Draft) -> int | None:

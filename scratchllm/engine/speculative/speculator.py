@@ -192,7 +192,7 @@ class Speculator:
             fixed, per_row = 1.0, PRIOR_ROW_COST
         per_draft = 0.0
         if self.draft is not None:
-            measured = self.draft.forward_s
+            measured = self.draft.draft_s
             per_draft = measured if measured is not None else PRIOR_DRAFT_COST * fixed
         return StepCost(fixed, per_row, per_draft, self.row_seconds)
 
