@@ -356,16 +356,21 @@ enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4, 
 /* Register budget: per row of a tile 2 float accumulators and, per half of a pass, 1 integer
    sum per level; per pass 2 byte vectors per half, 2 broadcasts of x per level, 1 mask.
    AVX-512 (32 zmm) takes both halves per pass: 4 R + 7 (one level: R <= 6), 6 R + 9 (two:
-   R <= 3). AVX2 (16 ymm) one half per pass: 3 R + 5 (R <= 3), 4 R + 7 (R <= 2). */
+   R <= 3). AVX2 (16 ymm) one half per pass: 3 R + 5 (R <= 3), 4 R + 7 (R <= 2). Beside them a
+   scale group's d (and m) of both halves: panels with offsets (m) hold 4 more vectors, and a
+   6-row tile of them spills (35 of 32), so they tile at most PG_I8_MAXR1M rows: with 5, 16 rows
+   of Q4_K and Q5_K ran 3-10% faster; Q6_K (no offsets) ran 3% slower with 5 (docs/kernels.md). */
 #if PG_VL == 16
 #define PG_I8_HALVES 2
 #define PG_I8_MAXR1 6
+#define PG_I8_MAXR1M 5
 #define PG_I8_MAXR2 3
 #define PG_I8_CASES1 PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
 #define PG_I8_CASES2 PG_CASE(1) PG_CASE(2) PG_CASE(3)
 #else
 #define PG_I8_HALVES 1
 #define PG_I8_MAXR1 3
+#define PG_I8_MAXR1M 3
 #define PG_I8_MAXR2 2
 #define PG_I8_CASES1 PG_CASE(1) PG_CASE(2) PG_CASE(3)
 #define PG_I8_CASES2 PG_CASE(1) PG_CASE(2)
@@ -409,6 +414,31 @@ static inline __attribute__((always_inline)) void pg_i8_step(const int kind, con
         b[0] = pg_iv_or(b[0], pg_q5k_high(H, v));
         b[1] = pg_iv_or(b[1], pg_q5k_high(H, v + 1));
     }
+}
+
+/* Where several row tiles share a block, the first is the one that reads the panel from memory:
+   at each step it prefetches (into L2) the bytes of the step PG_I8_PF_STEPS ahead, two blocks on,
+   a line or two a step. The hardware prefetcher alone leaves that tile waiting at every block:
+   with it, 16 rows ran 8-16% faster on one thread (Q4_K; Q6_K, whose high bits are a second
+   stream, 8-11%) and a 16-sequence decode step of the 1.5B about 20% faster on two. Prefetching
+   the scales too, or all of a block at once, made the products slower, and so did prefetching
+   in a single tile (one row, decode: the hardware's stream is all that memory's bandwidth
+   allows there) (docs/kernels.md). A task's panels lie one after another, so the steps past a
+   panel's end are the next panel's; none past the task's last panel (limit: its steps from q),
+   which another thread may be reading. */
+#define PG_I8_PF_STEPS (2 * PG_I8_KC / 8)
+static inline __attribute__((always_inline)) void pg_i8_prefetch(const int kind, const uint8_t *q, const uint8_t *qh,
+                                                                long ks, long limit) {
+    const long at = ks + PG_I8_PF_STEPS;
+    if (at >= limit)
+        return;
+    const int bytes = kind == PG_I8_Q8 ? 8 * PG_NR : 4 * PG_NR;  /* a step's bytes: 8 rows of k, NR columns */
+    for (int o = 0; o < bytes; o += 64)
+        __builtin_prefetch(q + at * bytes + o, 0, 2);
+    if (kind == PG_I8_Q6K)  /* a word a column per 2 steps */
+        __builtin_prefetch(qh + at * 2 * PG_NR, 0, 2);
+    if (kind == PG_I8_Q5K)  /* a word a column per 4 steps */
+        __builtin_prefetch(qh + at * PG_NR, 0, 2);
 }
 
 /* Scale group sg's scales (and offsets) of the panel's two halves: float16 d, m (4-bit panels, a
@@ -460,14 +490,15 @@ static inline __attribute__((always_inline)) pg_iv pg_i8_finish(const int kind, 
 /* Rows r0 .. r0 + R - 1 of x against k = 32 g0 .. 32 g1 - 1 of one panel (q, d, m, k from its
    row 0); c[0:R, 0:cols] (+)= the products. has_m: the panels store offsets (w = d u + m, or
    for 8-bit d q + m); otherwise the zero point: w = d (u - 8) (Q4_0), d (u - 32) (Q6_K) or d q
-   (Q8_0). two: x in two levels. R, kind, has_m, f16 and two are constants at every call site.
+   (Q8_0). two: x in two levels. R, kind, has_m, f16 and two are constants at every call site;
+   pf: this tile prefetches (pg_i8_prefetch) the steps before pf (counted from q's), 0: none.
    Per scale group, row and column: the integer sum of Q u, less the zero point times sum(Q),
    converted, times d dx, then + m s: the float operations of every build, in the same order. */
 static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int kind, const int has_m, const int f16,
                                                          const int two, const pg_x8 *x, long r0, const uint8_t *q,
                                                          const void *d, const void *m, const pg_kq *k, long g0,
                                                          long g1, const pg_vec *pre, float *c, long ldc, int cols,
-                                                         int first) {
+                                                         int first, long pf) {
     const long G = x->K / 32;
     const int gsize = kind == PG_I8_Q6K || kind == PG_I8_Q3K || kind == PG_I8_Q2K ? 16 : 32, steps = gsize / 8;
     const int zero = kind == PG_I8_Q8 ? PG_Q8_Z : kind == PG_I8_Q6K ? 32 : kind == PG_I8_Q3K ? 4 : has_m ? 0 : 8;
@@ -489,6 +520,8 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
             for (int st = 0; st < steps; st++) {
                 const long ks = sg * steps + st;
                 pg_iv b[2 * PG_I8_HALVES];
+                if (pf && h0 == 0)
+                    pg_i8_prefetch(kind, q, k->qh, ks, pf);
                 for (int hh = 0; hh < PG_I8_HALVES; hh++)
                     pg_i8_step(kind, q, k->qh, ks, h0 + hh, b + 2 * hh);
                 for (int r = 0; r < R; r++) {
@@ -537,17 +570,21 @@ static inline __attribute__((always_inline)) void pg_i8_r(const int R, const int
 enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q4_K = 4, PG_I8_Q6_K = 5,
        PG_I8_Q5_K = 6, PG_I8_Q3_K = 7, PG_I8_Q2_K = 8 };
 
+/* The kinds whose panels store offsets (w = d u + m): pg_i8_r's has_m. */
+#define PG_I8_OFFSETS(v) ((v) == PG_I8_Q4_1 || (v) == PG_I8_Q8_F32 || (v) == PG_I8_Q4_K || (v) == PG_I8_Q5_K || \
+                          (v) == PG_I8_Q2_K)
+
 static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
                        const void *m, const pg_kq *k, long g0, long g1, const pg_vec *pre, float *c, long ldc,
-                       int cols, int first) {
-#define PG_I8_CALL(v, kind, has_m, f16, two, n) \
+                       int cols, int first, long pf) {
+#define PG_I8_CALL(v, kind, f16, two, n) \
     case ((v) * 2 + (two)) * 16 + n: \
-        pg_i8_r(n, kind, has_m, f16, two, x, r0, q, d, m, k, g0, g1, pre, c, ldc, cols, first); break;
-#define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 0, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, 1, two, n) \
-    PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 0, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 1, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 1, 0, two, n) PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 1, 0, two, n)
+        pg_i8_r(n, kind, PG_I8_OFFSETS(v), f16, two, x, r0, q, d, m, k, g0, g1, pre, c, ldc, cols, first, pf); break;
+#define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, two, n) \
+    PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 0, two, n) PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, two, n) \
+    PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 0, two, n)
     switch ((variant * 2 + two) * 16 + R) {
 #define PG_CASE(n) PG_I8_CALLS(0, n)
     PG_I8_CASES1
@@ -568,13 +605,13 @@ static void pg_i8_prepare(int variant, const void *d, const void *m, const pg_kq
         pg_vec *at = out + 4 * (sg - sg0);
         at[2] = at[3] = (pg_vec){0};
         switch (variant) {
-#define PG_I8_PREP(v, kind, has_m, f16) \
-        case v: pg_i8_scales(kind, f16, d, has_m ? m : NULL, k, sg, at, at + 2); break;
-        PG_I8_PREP(PG_I8_Q4_0, PG_I8_Q4, 0, 1) PG_I8_PREP(PG_I8_Q4_1, PG_I8_Q4, 1, 1)
-        PG_I8_PREP(PG_I8_Q8_0, PG_I8_Q8, 0, 1) PG_I8_PREP(PG_I8_Q8_F32, PG_I8_Q8, 1, 0)
-        PG_I8_PREP(PG_I8_Q4_K, PG_I8_Q4K, 1, 0) PG_I8_PREP(PG_I8_Q6_K, PG_I8_Q6K, 0, 0)
-        PG_I8_PREP(PG_I8_Q5_K, PG_I8_Q5K, 1, 0) PG_I8_PREP(PG_I8_Q3_K, PG_I8_Q3K, 0, 0)
-        PG_I8_PREP(PG_I8_Q2_K, PG_I8_Q2K, 1, 0)
+#define PG_I8_PREP(v, kind, f16) \
+        case v: pg_i8_scales(kind, f16, d, PG_I8_OFFSETS(v) ? m : NULL, k, sg, at, at + 2); break;
+        PG_I8_PREP(PG_I8_Q4_0, PG_I8_Q4, 1) PG_I8_PREP(PG_I8_Q4_1, PG_I8_Q4, 1)
+        PG_I8_PREP(PG_I8_Q8_0, PG_I8_Q8, 1) PG_I8_PREP(PG_I8_Q8_F32, PG_I8_Q8, 0)
+        PG_I8_PREP(PG_I8_Q4_K, PG_I8_Q4K, 0) PG_I8_PREP(PG_I8_Q6_K, PG_I8_Q6K, 0)
+        PG_I8_PREP(PG_I8_Q5_K, PG_I8_Q5K, 0) PG_I8_PREP(PG_I8_Q3_K, PG_I8_Q3K, 0)
+        PG_I8_PREP(PG_I8_Q2_K, PG_I8_Q2K, 0)
 #undef PG_I8_PREP
         }
     }
@@ -595,12 +632,12 @@ typedef struct {
    panel block by block, row tile by row tile. */
 static void pg_i8_task(void *ctx, long t) {
     const pg_i8_job *j = (const pg_i8_job *)ctx;
-    const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_MAXR1;
-    const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
     const int variant = j->k.kind == PG_K_Q4K ? PG_I8_Q4_K : j->k.kind == PG_K_Q6K ? PG_I8_Q6_K :
                         j->k.kind == PG_K_Q5K || j->k.kind == PG_K_Q50 || j->k.kind == PG_K_Q51 ? PG_I8_Q5_K : j->k.kind == PG_K_Q3K ? PG_I8_Q3_K :
                         j->k.kind == PG_K_Q2K ? PG_I8_Q2_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
+    const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_OFFSETS(variant) ? PG_I8_MAXR1M : PG_I8_MAXR1;
+    const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
     const long gsize = variant == PG_I8_Q6_K || variant == PG_I8_Q3_K || variant == PG_I8_Q2_K ? 16 : 32;
     pg_vec scales[4 * PG_I8_KC / 16] __attribute__((aligned(64)));  /* a block's groups' scales (pg_i8_prepare) */
@@ -621,7 +658,7 @@ static void pg_i8_task(void *ctx, long t) {
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
                 pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, j->c + r0 * j->ldc + p * PG_NR,
-                           j->ldc, cols, g0 == 0);
+                           j->ldc, cols, g0 == 0, tt == 0 && ntiles > 1 ? (end - p) * (K / 8) : 0);
             }
         }
     }
