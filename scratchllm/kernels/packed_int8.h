@@ -358,8 +358,9 @@ enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4, 
    AVX-512 (32 zmm) takes both halves per pass: 4 R + 7 (one level: R <= 6), 6 R + 9 (two:
    R <= 3). AVX2 (16 ymm) one half per pass: 3 R + 5 (R <= 3), 4 R + 7 (R <= 2). Beside them a
    scale group's d (and m) of both halves: panels with offsets (m) hold 4 more vectors, and a
-   6-row tile of them spills (35 of 32), so they tile at most PG_I8_MAXR1M rows: with 5, 16 rows
-   of Q4_K and Q5_K ran 3-10% faster; Q6_K (no offsets) ran 3% slower with 5 (docs/kernels.md). */
+   6-row tile of them spills (35 of 32), so up to PG_I8_FEW_ROWS rows of x they tile at most
+   PG_I8_MAXR1M: with 5, 16 rows of Q4_K and Q5_K ran 3-10% faster; Q6_K (no offsets) ran 3%
+   slower with 5 (docs/kernels.md). */
 #if PG_VL == 16
 #define PG_I8_HALVES 2
 #define PG_I8_MAXR1 6
@@ -427,6 +428,12 @@ static inline __attribute__((always_inline)) void pg_i8_step(const int kind, con
    panel's end are the next panel's; none past the task's last panel (limit: its steps from q),
    which another thread may be reading. */
 #define PG_I8_PF_STEPS (2 * PG_I8_KC / 8)
+
+/* Rows of x up to which a product tiles offsets' panels in PG_I8_MAXR1M rows and prefetches:
+   a batch of sequences decoding. Above (a prefill) the two together cost more than they gave:
+   250 rows of Q5_K ran 0.78-0.83x and Q4_K 0.89-0.91x with them; with this limit 0.91-0.96x
+   (the harness's run-to-run layout noise is a few percent). */
+#define PG_I8_FEW_ROWS 24
 static inline __attribute__((always_inline)) void pg_i8_prefetch(const int kind, const uint8_t *q, const uint8_t *qh,
                                                                 long ks, long limit) {
     const long at = ks + PG_I8_PF_STEPS;
@@ -636,8 +643,10 @@ static void pg_i8_task(void *ctx, long t) {
                         j->k.kind == PG_K_Q5K || j->k.kind == PG_K_Q50 || j->k.kind == PG_K_Q51 ? PG_I8_Q5_K : j->k.kind == PG_K_Q3K ? PG_I8_Q3_K :
                         j->k.kind == PG_K_Q2K ? PG_I8_Q2_K :
                         j->bits == 4 ? (j->m ? PG_I8_Q4_1 : PG_I8_Q4_0) : j->half ? PG_I8_Q8_0 : PG_I8_Q8_F32;
-    const int two = j->x->q2 != NULL, maxr = two ? PG_I8_MAXR2 : PG_I8_OFFSETS(variant) ? PG_I8_MAXR1M : PG_I8_MAXR1;
-    const long K = j->x->K, G = K / 32, M = j->x->M, ntiles = (M + maxr - 1) / maxr;
+    const long K = j->x->K, G = K / 32, M = j->x->M;
+    const int few = M <= PG_I8_FEW_ROWS, two = j->x->q2 != NULL;
+    const int maxr = two ? PG_I8_MAXR2 : few && PG_I8_OFFSETS(variant) ? PG_I8_MAXR1M : PG_I8_MAXR1;
+    const long ntiles = (M + maxr - 1) / maxr;
     const long qbytes = (j->bits == 8 ? K : K / 2) * PG_NR, sbytes = (j->bits == 4 || j->half ? 2 : 4) * G * PG_NR;
     const long gsize = variant == PG_I8_Q6_K || variant == PG_I8_Q3_K || variant == PG_I8_Q2_K ? 16 : 32;
     pg_vec scales[4 * PG_I8_KC / 16] __attribute__((aligned(64)));  /* a block's groups' scales (pg_i8_prepare) */
@@ -658,7 +667,7 @@ static void pg_i8_task(void *ctx, long t) {
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
                 pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, j->c + r0 * j->ldc + p * PG_NR,
-                           j->ldc, cols, g0 == 0, tt == 0 && ntiles > 1 ? (end - p) * (K / 8) : 0);
+                           j->ldc, cols, g0 == 0, tt == 0 && ntiles > 1 && few ? (end - p) * (K / 8) : 0);
             }
         }
     }
