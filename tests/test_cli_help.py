@@ -100,6 +100,28 @@ def test_serve_on_a_port_in_use_is_one_clear_error_before_loading(busy_port, cap
     assert not ring.exists()
 
 
+def test_the_printed_address_accepts_connections_before_the_server_loop_runs(capsys, monkeypatch, tmp_path):
+    """Scripts take the address line as "ready" and connect at once; the server's loop starts a
+    moment later. A connection made in between waits in the backlog instead of being refused."""
+    import re
+
+    import uvicorn
+
+    seen = []
+
+    def loop_not_yet_running(self, sockets=None):
+        address = re.search(r"on http://([\d.]+):(\d+)", capsys.readouterr().err)
+        assert address, "the address line comes before the loop runs"
+        with socket.create_connection((address.group(1), int(address.group(2))), timeout=5):
+            seen.append(address.group(0))  # connected: nothing refused it
+        for sock in sockets:
+            sock.close()  # what the loop does when it stops
+
+    monkeypatch.setattr(uvicorn.Server, "run", loop_not_yet_running)
+    assert main(["serve", "--fake-engine", "--trace", "none", "--embedding-model", "none", "--port", "0"]) == 0
+    assert len(seen) == 1
+
+
 def test_a_command_builds_only_its_own_parser_and_parses_as_the_whole_one_does():
     """`scratchllm serve` is a long-running process: its parser must not import the benches (their
     HTTP clients and parsers, about 7 MB of a server's resident memory), and what it parses must

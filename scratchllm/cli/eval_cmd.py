@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from scratchllm.cli import Subparsers, help_func
-from scratchllm.cli.listen import listen, url
+from scratchllm.cli.listen import listen, ready_url
 from scratchllm.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def _annotate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--classes takes some of {', '.join(CLASSES)}, got {args.classes!r}")
     app = open_run(args.run, classes)
     sock = listen(args.host, args.port, "scratchllm eval annotate")
-    print(f"annotation page: {url(sock)}/ ({len(app.state.annotation.eligible_ids())} diffs to score)",
+    print(f"annotation page: {ready_url(sock)}/ ({len(app.state.annotation.eligible_ids())} diffs to score)",
           file=sys.stderr)
     serve(app, sock)
     return 0

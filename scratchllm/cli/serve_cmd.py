@@ -37,7 +37,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from scratchllm.cli import Subparsers
-from scratchllm.cli.listen import listen, url
+from scratchllm.cli.listen import listen, ready_url
 from scratchllm.cli.options import (
     add_kv_cache_dtype_argument,
     add_speculative_arguments,
@@ -575,7 +575,7 @@ def run(args: argparse.Namespace) -> int:
     # the address line comes once the models are loaded: scripts read it as "ready" (so the loads
     # at start show their progress on a terminal only, never as lines before it)
     names = registry.names("generate") or registry.names("embed")
-    serve_log(args).ready(f"{', '.join(names)} on {url(sock)}")
+    serve_log(args).ready(f"{', '.join(names)} on {ready_url(sock)}")
     args._serving = True  # loads from now on (first use, after an unload) show progress as lines too
     plan = getattr(args, "_memory_plan", None)
     if plan is not None and len(plan.needs) > 1:
