@@ -366,15 +366,15 @@ enum { PG_I8_Q4 = 0, PG_I8_Q8 = 1, PG_I8_Q4K = 2, PG_I8_Q6K = 3, PG_I8_Q5K = 4, 
 #define PG_I8_MAXR1 6
 #define PG_I8_MAXR1M 5
 #define PG_I8_MAXR2 3
-#define PG_I8_CASES1 PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-#define PG_I8_CASES2 PG_CASE(1) PG_CASE(2) PG_CASE(3)
+#define PG_I8_CASES1(C, a, b) C(a, 1, b) C(a, 2, b) C(a, 3, b) C(a, 4, b) C(a, 5, b) C(a, 6, b)
+#define PG_I8_CASES2(C, a, b) C(a, 1, b) C(a, 2, b) C(a, 3, b)
 #else
 #define PG_I8_HALVES 1
 #define PG_I8_MAXR1 3
 #define PG_I8_MAXR1M 3
 #define PG_I8_MAXR2 2
-#define PG_I8_CASES1 PG_CASE(1) PG_CASE(2) PG_CASE(3)
-#define PG_I8_CASES2 PG_CASE(1) PG_CASE(2)
+#define PG_I8_CASES1(C, a, b) C(a, 1, b) C(a, 2, b) C(a, 3, b)
+#define PG_I8_CASES2(C, a, b) C(a, 1, b) C(a, 2, b)
 #endif
 #define PG_I8_KC 512  /* k per block of a panel: 4-bit 8 KiB, 8-bit 16 KiB, read once per row tile from L1 */
 
@@ -431,8 +431,8 @@ static inline __attribute__((always_inline)) void pg_i8_step(const int kind, con
 
 /* Rows of x up to which a product tiles offsets' panels in PG_I8_MAXR1M rows and prefetches:
    a batch of sequences decoding. Above (a prefill) the two together cost more than they gave:
-   250 rows of Q5_K ran 0.78-0.83x and Q4_K 0.89-0.91x with them; with this limit 0.91-0.96x
-   (the harness's run-to-run layout noise is a few percent). */
+   250 rows of Q5_K ran 0.78-0.83x and Q4_K 0.89-0.91x with them. (Their tiles run a function of
+   their own, pg_i8_tile_pf: with one function for both, 500 rows still ran 0.85-0.96x.) */
 #define PG_I8_FEW_ROWS 24
 static inline __attribute__((always_inline)) void pg_i8_prefetch(const int kind, const uint8_t *q, const uint8_t *qh,
                                                                 long ks, long limit) {
@@ -581,28 +581,34 @@ enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q
 #define PG_I8_OFFSETS(v) ((v) == PG_I8_Q4_1 || (v) == PG_I8_Q8_F32 || (v) == PG_I8_Q4_K || (v) == PG_I8_Q5_K || \
                           (v) == PG_I8_Q2_K)
 
-static void pg_i8_tile(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d,
-                       const void *m, const pg_kq *k, long g0, long g1, const pg_vec *pre, float *c, long ldc,
-                       int cols, int first, long pf) {
-#define PG_I8_CALL(v, kind, f16, two, n) \
+/* One row tile: pg_i8_r at the tile's constants. pg_i8_tile_pf is the same for the tiles that
+   prefetch (pf, pg_i8_r's); the others, every tile of a prefill's product among them, run
+   pg_i8_tile, the code they ran before prefetching came in: with one function for both (the
+   prefetch test a runtime branch, or a constant 0 at the calls that do not prefetch), 500 rows
+   ran 0.85-0.96x as fast as with this one. */
+#define PG_I8_CALL(v, kind, f16, two, n, pfv) \
     case ((v) * 2 + (two)) * 16 + n: \
-        pg_i8_r(n, kind, PG_I8_OFFSETS(v), f16, two, x, r0, q, d, m, k, g0, g1, pre, c, ldc, cols, first, pf); break;
-#define PG_I8_CALLS(two, n) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 1, two, n) PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, two, n) \
-    PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 1, two, n) PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 0, two, n) PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 0, two, n) PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, two, n) \
-    PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 0, two, n)
-    switch ((variant * 2 + two) * 16 + R) {
-#define PG_CASE(n) PG_I8_CALLS(0, n)
-    PG_I8_CASES1
-#undef PG_CASE
-#define PG_CASE(n) PG_I8_CALLS(1, n)
-    PG_I8_CASES2
-#undef PG_CASE
-    }
+        pg_i8_r(n, kind, PG_I8_OFFSETS(v), f16, two, x, r0, q, d, m, k, g0, g1, pre, c, ldc, cols, first, pfv); \
+        break;
+#define PG_I8_CALLS(two, n, pfv) PG_I8_CALL(PG_I8_Q4_0, PG_I8_Q4, 1, two, n, pfv) \
+    PG_I8_CALL(PG_I8_Q4_1, PG_I8_Q4, 1, two, n, pfv) PG_I8_CALL(PG_I8_Q8_0, PG_I8_Q8, 1, two, n, pfv) \
+    PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 0, two, n, pfv) \
+    PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 0, two, n, pfv) \
+    PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 0, two, n, pfv)
+#define PG_I8_COMMA ,
+#define PG_I8_TILE(name, pf_param, pfv) \
+static void name(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d, \
+                 const void *m, const pg_kq *k, long g0, long g1, const pg_vec *pre, float *c, long ldc, \
+                 int cols, int first pf_param) { \
+    switch ((variant * 2 + two) * 16 + R) { \
+    PG_I8_CASES1(PG_I8_CALLS, 0, pfv) PG_I8_CASES2(PG_I8_CALLS, 1, pfv) \
+    } \
+}
+PG_I8_TILE(pg_i8_tile, , 0)
+PG_I8_TILE(pg_i8_tile_pf, PG_I8_COMMA long pf, pf)
+#undef PG_I8_TILE
 #undef PG_I8_CALLS
 #undef PG_I8_CALL
-}
 
 /* The scales (and offsets) of scale groups sg0 .. sg1 - 1 of one panel, 4 vectors per group (d of
    both halves, then m), as pg_i8_r would make them group by group: made once per block of a
@@ -666,8 +672,12 @@ static void pg_i8_task(void *ctx, long t) {
             }
             for (long tt = 0; tt < ntiles; tt++) {
                 pg_tile(M, tt, ntiles, &r0, &rows);
-                pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, j->c + r0 * j->ldc + p * PG_NR,
-                           j->ldc, cols, g0 == 0, tt == 0 && ntiles > 1 && few ? (end - p) * (K / 8) : 0);
+                float *c = j->c + r0 * j->ldc + p * PG_NR;
+                if (tt == 0 && ntiles > 1 && few)
+                    pg_i8_tile_pf(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, c, j->ldc, cols, g0 == 0,
+                                  (end - p) * (K / 8));
+                else
+                    pg_i8_tile(variant, two, rows, j->x, r0, q, d, m, &k, g0, g1, pre, c, j->ldc, cols, g0 == 0);
             }
         }
     }
