@@ -138,7 +138,8 @@ def add_parser(sub: Subparsers) -> None:
                    help="the token trace ring file the engine writes every token into, read by `scratchllm trace "
                         "watch|heatmap|export` (default: on, at $SCRATCHLLM_TRACE or scratchllm-trace-UID-PORT.ring "
                         "in the temporary directory, one per server; a ring another live server writes is never "
-                        "taken: this one then writes RING.pid-PID; 'none' turns it off)")
+                        "taken: this one then writes RING.pid-PID; of the default rings whose servers have ended, "
+                        "the newest 4 are kept and older ones removed at start; 'none' turns it off)")
     p.add_argument("--trace-ring-mb", type=int, default=128, help="size of the trace ring in MiB (default 128)")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="also export one OpenTelemetry span per request (OTLP over HTTP, e.g. "
@@ -467,7 +468,8 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     if getattr(args, "_trace_writer", False) is not False:
         made: TraceWriter | None = args._trace_writer
         return made
-    from scratchllm.trace.format import default_ring_path, own_ring_path
+    from scratchllm.trace.format import default_ring_path, own_ring_path, ring_folder
+    from scratchllm.trace.rings import KEEP_FINISHED, prune_rings
     from scratchllm.trace.writer import RingInUse, TraceWriter
 
     writer: TraceWriter | None = None
@@ -487,6 +489,11 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
         except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
             print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
                   f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
+        if not args.trace:  # a default name: the default folder's finished rings are ours to keep bounded
+            removed = prune_rings()
+            if removed:
+                serve_log(args).say(f"removed {len(removed)} trace ring(s) of earlier runs from {ring_folder()} "
+                                    f"(the newest {KEEP_FINISHED} of finished runs are kept)")
     args._trace_writer = writer
     return writer
 

@@ -7,8 +7,14 @@ use takes PATH.pid-PID. So the rings of this user are the files
 described from its header alone: who writes it (pid, port, models), since when, and whether that
 writer is still running (it holds the file's lock), died without closing it (a crash: its
 records are the flight recorder's), or closed it.
+
+Rings outlive their writers, so the default ones are pruned (prune_rings): every server that
+makes a default ring removes this user's default rings whose writers are gone, all but the
+newest KEEP_FINISHED, and never one a live writer holds. Without it every run on port 0 (a
+test, a script) would leave its ring behind, 128 MiB of reserved disk each, for good.
 """
 
+import fcntl
 import os
 import time
 from dataclasses import dataclass
@@ -19,6 +25,7 @@ from scratchllm.trace.format import ring_folder, ring_prefix
 from scratchllm.trace.reader import RingReader
 
 CURRENT = ("running", "died")  # the rings a reader is asked about; a closed ring is a finished run
+KEEP_FINISHED = 4  # default rings kept whose writers are gone (closed or died), newest first
 
 
 @dataclass(frozen=True)
@@ -69,3 +76,33 @@ def find_rings(folder: str | os.PathLike[str] | None = None) -> list[RingInfo]:
     """Every ring of this user (ring_files), described; newest first."""
     rings = [info for info in map(describe_ring, ring_files(folder)) if info is not None]
     return sorted(rings, key=lambda r: r.started_ns, reverse=True)
+
+
+def prune_rings(folder: str | os.PathLike[str] | None = None, keep: int = KEEP_FINISHED) -> list[Path]:
+    """Remove this user's default rings in `folder` (the temporary directory), their `.prev`
+    copies included, whose writers are gone, all but the `keep` newest (by the time their
+    writers started); return the paths removed. A ring is removed only while this process
+    holds its exclusive lock, so a live writer's ring (or one a reader is probing this
+    instant) is never touched, and a writer rotating the same file meanwhile finds it gone
+    (writer._Ring._rotate). Files with the prefix that are not rings are left alone. Errors
+    removing one file (another user's folder rights, a race) skip that file."""
+    assert keep >= 0
+    where = Path(folder or ring_folder())
+    paths = sorted({*where.glob(f"{ring_prefix()}*.ring"), *where.glob(f"{ring_prefix()}*.ring.prev")})
+    finished = [info for info in map(describe_ring, paths) if info is not None and info.state != "running"]
+    finished.sort(key=lambda r: r.started_ns, reverse=True)
+    removed = []
+    for info in finished[keep:]:
+        try:
+            fd = os.open(info.path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(info.path)
+            removed.append(info.path)
+        except OSError:
+            continue  # held meanwhile (a new writer linked its ring there, a reader's probe), or gone
+        finally:
+            os.close(fd)
+    return removed

@@ -127,6 +127,16 @@ def _header_pid(fd: int) -> int:
     return int.from_bytes(raw, "little") if len(raw) == 4 else 0
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` names the file open as `fd` (False when nothing is there)."""
+    try:
+        at = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (at.st_dev, at.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class _Ring:
     """The mapped file, its lock and its counters: what every model's writer of one ring shares."""
 
@@ -189,6 +199,12 @@ class _Ring:
         try:
             if not _try_lock(fd):
                 raise RingInUse(self.path, _header_pid(fd))
+            # Only the file we locked: while we waited, another writer may have moved it to .prev (or
+            # rings.prune_rings removed it) and a new live ring may be at the path now. Whoever
+            # moves or removes a ring holds its lock, and a link never replaces a file, so the
+            # path cannot change between this check and the rename.
+            if not _same_file(fd, self.path):
+                return
             os.replace(self.path, self.path.with_name(self.path.name + ".prev"))
         finally:
             os.close(fd)  # and with it the lock on the old file
