@@ -476,6 +476,11 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
     if (args.trace or "").lower() != "none":
         if args.trace_ring_mb < 1:
             raise ConfigError(f"--trace-ring-mb must be >= 1, got {args.trace_ring_mb}")
+        if not args.trace:  # a default name: the default folder's finished rings are ours to keep bounded
+            removed = prune_rings()  # before this one reserves its space: a disk they filled gets it back
+            if removed:
+                serve_log(args).say(f"removed {len(removed)} trace ring(s) of earlier runs from {ring_folder()} "
+                                    f"(the newest {KEEP_FINISHED} of finished runs are kept)")
         port = getattr(args, "_port", 0)
         path = args.trace or default_ring_path(port=port)
         try:
@@ -489,11 +494,6 @@ def trace_writer(args: argparse.Namespace) -> TraceWriter | None:
         except OSError as err:  # a full disk, a read-only folder: serving matters more than the trace
             print(f"scratchllm serve: no token trace: could not make the {args.trace_ring_mb} MiB ring {path} "
                   f"({err.strerror or err}); serving without one", file=sys.stderr, flush=True)
-        if not args.trace:  # a default name: the default folder's finished rings are ours to keep bounded
-            removed = prune_rings()
-            if removed:
-                serve_log(args).say(f"removed {len(removed)} trace ring(s) of earlier runs from {ring_folder()} "
-                                    f"(the newest {KEEP_FINISHED} of finished runs are kept)")
     args._trace_writer = writer
     return writer
 

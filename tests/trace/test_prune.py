@@ -1,8 +1,11 @@
 """Default rings outlive their writers, so they are pruned: a server that makes a default ring
-removes the finished ones beyond the newest few, never one a live writer holds, never a file
+removes the finished ones beyond the newest few (before it reserves its own space: the disk the
+old ones filled is where the new one goes), never one a live writer holds, never a file
 that is not a ring, never a ring named by the user; and a writer rotating a ring that was
 removed (or replaced by a live one) meanwhile leaves the live one where it is."""
 
+import errno
+import os
 import tempfile
 
 import pytest
@@ -88,6 +91,14 @@ def test_serve_with_the_default_ring_prunes_the_rings_of_earlier_runs(tmp_path, 
             sock.close()
 
     monkeypatch.setattr(uvicorn.Server, "run", run)
+    real_fallocate = os.posix_fallocate
+
+    def disk_full_of_old_rings(fd, offset, size):  # the earlier rings filled the disk: no room while 5 are left
+        if len(list(tmp_path.glob(f"{ring_prefix()}*.ring"))) > KEEP_FINISHED:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fallocate(fd, offset, size)
+
+    monkeypatch.setattr(os, "posix_fallocate", disk_full_of_old_rings)
     assert main(["serve", "default", "--embedding-model", "none", "--threads", "1", "--port", "0"]) == 0
 
     assert len(seen) == 1  # the server ran with the two oldest rings gone and its own made
@@ -96,5 +107,6 @@ def test_serve_with_the_default_ring_prunes_the_rings_of_earlier_runs(tmp_path, 
     assert len(own) == 1 and own[0].name.startswith(ring_prefix())
     err = capsys.readouterr().err
     assert f"removed 2 trace ring(s) of earlier runs from {tmp_path}" in err
+    assert f"token trace in {own[0]}" in err and "no token trace" not in err  # pruned first, then made
     serve_help = build_parser(only="serve")._subparsers._group_actions[0].choices["serve"].format_help()
     assert f"the newest {KEEP_FINISHED} are kept" in " ".join(serve_help.split())
