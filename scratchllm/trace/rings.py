@@ -23,6 +23,7 @@ from pathlib import Path
 from scratchllm.errors import FormatError
 from scratchllm.trace.format import ring_folder, ring_prefix
 from scratchllm.trace.reader import RingReader
+from scratchllm.trace.writer import same_file
 
 CURRENT = ("running", "died")  # the rings a reader is asked about; a closed ring is a finished run
 KEEP_FINISHED = 4  # default rings kept whose writers are gone (closed or died), newest first
@@ -99,6 +100,8 @@ def prune_rings(folder: str | os.PathLike[str] | None = None, keep: int = KEEP_F
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not same_file(fd, info.path):
+                continue  # moved while we opened it (a writer rotated it); what is there now is not what we read
             os.unlink(info.path)
             removed.append(info.path)
         except OSError:

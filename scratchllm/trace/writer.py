@@ -127,8 +127,11 @@ def _header_pid(fd: int) -> int:
     return int.from_bytes(raw, "little") if len(raw) == 4 else 0
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether `path` names the file open as `fd` (False when nothing is there)."""
+def same_file(fd: int, path: Path) -> bool:
+    """Whether `path` names the file open as `fd` (False when nothing is there). What a process
+    that moves or removes a ring checks once it holds the ring's lock: the invariant is that
+    whoever moves or removes a ring file holds its lock, and a link never replaces a file, so
+    while the lock is held the answer cannot go stale."""
     try:
         at = os.stat(path)
     except FileNotFoundError:
@@ -200,10 +203,8 @@ class _Ring:
             if not _try_lock(fd):
                 raise RingInUse(self.path, _header_pid(fd))
             # Only the file we locked: while we waited, another writer may have moved it to .prev (or
-            # rings.prune_rings removed it) and a new live ring may be at the path now. Whoever
-            # moves or removes a ring holds its lock, and a link never replaces a file, so the
-            # path cannot change between this check and the rename.
-            if not _same_file(fd, self.path):
+            # rings.prune_rings removed it) and a new live ring may be at the path now.
+            if not same_file(fd, self.path):
                 return
             os.replace(self.path, self.path.with_name(self.path.name + ".prev"))
         finally:

@@ -110,3 +110,35 @@ def test_serve_with_the_default_ring_prunes_the_rings_of_earlier_runs(tmp_path, 
     assert f"token trace in {own[0]}" in err and "no token trace" not in err  # pruned first, then made
     serve_help = build_parser(only="serve")._subparsers._group_actions[0].choices["serve"].format_help()
     assert f"the newest {KEEP_FINISHED} are kept" in " ".join(serve_help.split())
+
+
+def test_a_ring_rotated_while_prune_opens_it_leaves_the_new_live_ring_in_place(tmp_path, monkeypatch):
+    """prune_rings reads a finished ring at PATH and opens it; before it takes the lock, a new
+    writer rotates that ring to PATH.prev and links its live ring at PATH. prune must not remove
+    the name of the live ring: the file it locked is no longer the one at PATH."""
+    import fcntl
+
+    from scratchllm.trace import rings
+
+    path = finished_ring(tmp_path / f"{ring_prefix()}9100.ring")
+    real_flock = fcntl.flock
+    others: list[TraceWriter] = []
+    started = []
+
+    def meanwhile(fd, op):
+        if op == fcntl.LOCK_EX | fcntl.LOCK_NB and not started:  # prune's lock (the writer's own go straight on)
+            started.append(True)
+            others.append(TraceWriter(path, ring_bytes=SMALL))  # rotates the old ring, links a live one
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(rings.fcntl, "flock", meanwhile)
+    try:
+        assert prune_rings(tmp_path, keep=0) == []
+        monkeypatch.undo()
+        assert path.exists() and path.with_name(path.name + ".prev").exists()
+        with RingReader(path) as reader:
+            assert reader.writer_state() == "running" and reader.pid == os.getpid()
+        assert prune_rings(tmp_path, keep=0) == [path.with_name(path.name + ".prev")]  # now the old one goes
+    finally:
+        for other in others:
+            other.close()
