@@ -595,17 +595,16 @@ enum { PG_I8_Q4_0 = 0, PG_I8_Q4_1 = 1, PG_I8_Q8_0 = 2, PG_I8_Q8_F32 = 3, PG_I8_Q
     PG_I8_CALL(PG_I8_Q8_F32, PG_I8_Q8, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q4_K, PG_I8_Q4K, 0, two, n, pfv) \
     PG_I8_CALL(PG_I8_Q6_K, PG_I8_Q6K, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q5_K, PG_I8_Q5K, 0, two, n, pfv) \
     PG_I8_CALL(PG_I8_Q3_K, PG_I8_Q3K, 0, two, n, pfv) PG_I8_CALL(PG_I8_Q2_K, PG_I8_Q2K, 0, two, n, pfv)
-#define PG_I8_COMMA ,
-#define PG_I8_TILE(name, pf_param, pfv) \
+#define PG_I8_TILE(name, pfv, ...) \
 static void name(int variant, int two, int R, const pg_x8 *x, long r0, const uint8_t *q, const void *d, \
                  const void *m, const pg_kq *k, long g0, long g1, const pg_vec *pre, float *c, long ldc, \
-                 int cols, int first pf_param) { \
+                 int cols, __VA_ARGS__) { \
     switch ((variant * 2 + two) * 16 + R) { \
     PG_I8_CASES1(PG_I8_CALLS, 0, pfv) PG_I8_CASES2(PG_I8_CALLS, 1, pfv) \
     } \
 }
-PG_I8_TILE(pg_i8_tile, , 0)
-PG_I8_TILE(pg_i8_tile_pf, PG_I8_COMMA long pf, pf)
+PG_I8_TILE(pg_i8_tile, 0, int first)
+PG_I8_TILE(pg_i8_tile_pf, pf, int first, long pf)
 #undef PG_I8_TILE
 #undef PG_I8_CALLS
 #undef PG_I8_CALL
